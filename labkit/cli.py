@@ -1,0 +1,61 @@
+"""`labkit` command line: thin subcommands over the library. Each area registers its own subcommands."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+import yaml
+
+# Modules that add subcommands: each has `register(subparsers)`, adding parsers whose `func(args) -> int` runs them.
+COMMAND_MODULES = [
+    "labkit.cli",
+]
+
+
+def register(sub) -> None:
+    p = sub.add_parser("validate", help="check a run spec and print it resolved (exit 2 with every error)")
+    p.add_argument("spec", help="YAML or JSON run spec")
+    p.add_argument("--json", action="store_true", help="print the resolved spec as JSON")
+    p.set_defaults(func=_validate)
+
+
+def _validate(args) -> int:
+    from labkit.spec import SpecError, load_spec, resolved_summary
+
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as exc:
+        print(f"{args.spec}: {len(exc.errors)} error(s)", file=sys.stderr)
+        for error in exc.errors:
+            print(f"  - {error}", file=sys.stderr)
+        return 2
+    resolved = {"spec": spec.to_dict(), "resolved": resolved_summary(spec)}
+    if args.json:
+        print(json.dumps(resolved, indent=2))
+    else:
+        print(yaml.safe_dump(resolved, sort_keys=False), end="")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="labkit", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        module = sys.modules[__name__] if name == __name__ else importlib.import_module(name)
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 1
+    return args.func(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

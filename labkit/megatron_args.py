@@ -1,0 +1,110 @@
+"""Run spec -> Megatron-LM command-line flags: the one place where labkit's names meet Megatron's."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from labkit.spec import RunSpec
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DEFAULT_VOCAB = DATA_DIR / "tokenizer" / "vocab.json"
+DEFAULT_MERGES = DATA_DIR / "tokenizer" / "merges.txt"
+
+
+def pipeline_layout(partition: list[int]) -> str:
+    """Transformer layers per stage -> megatron-core's layout string, embedding (E) first and loss (L) last.
+
+    [0, 11, 8, 5, 0] -> "E|t*11|t*8|t*5|L"; stages with no transformer layer are allowed, as in seed 000.
+    """
+    stages = []
+    for i, layers in enumerate(partition):
+        parts = []
+        if i == 0:
+            parts.append("E")
+        if layers:
+            parts.append(f"t*{layers}")
+        if i == len(partition) - 1:
+            parts.append("L")
+        stages.append(",".join(parts))
+    return "|".join(stages)
+
+
+def megatron_args(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike | None = None) -> list[str]:
+    """The flags `python -m labkit.train` (and Megatron-LM's pretrain_gpt.py) take for this spec.
+
+    `legacy=True` writes recomputation the way Megatron-LM before 2022 and the NVIDIA workshop notebook spell it
+    (`--checkpoint-activations --activations-checkpoint-method uniform`).
+    """
+    m, par, b, opt, tr, data = spec.model, spec.parallel, spec.batch, spec.optimizer, spec.train, spec.data
+    args = [
+        "--num-layers", m.num_layers,
+        "--hidden-size", m.hidden_size,
+        "--num-attention-heads", m.num_attention_heads,
+    ]
+    if m.num_query_groups and m.num_query_groups != m.num_attention_heads:
+        args += ["--group-query-attention", "--num-query-groups", m.num_query_groups]
+    if m.ffn_hidden_size:
+        args += ["--ffn-hidden-size", m.ffn_hidden_size]
+    args += ["--seq-length", m.seq_length, "--max-position-embeddings", m.seq_length]
+    if m.swiglu:
+        args += ["--swiglu"]
+    if m.untie_embeddings:
+        args += ["--untie-embeddings-and-output-weights"]
+
+    args += ["--tensor-model-parallel-size", par.tensor, "--pipeline-model-parallel-size", par.pipeline]
+    if par.virtual_stages > 1:
+        args += ["--num-layers-per-virtual-pipeline-stage", m.num_layers // par.pipeline // par.virtual_stages]
+    if par.partition:
+        args += ["--pipeline-model-parallel-layout", pipeline_layout(par.partition)]
+    if par.sequence_parallel:
+        args += ["--sequence-parallel"]
+
+    args += ["--micro-batch-size", b.micro, "--global-batch-size", b.global_]
+
+    if spec.precision == "fp16":
+        args += ["--fp16"]
+        if opt.loss_scale is not None:
+            args += ["--loss-scale", opt.loss_scale]
+        else:
+            args += ["--initial-loss-scale", opt.initial_loss_scale]
+    elif spec.precision == "bf16":
+        args += ["--bf16"]
+
+    r = spec.recompute
+    if r is not None and legacy and r.granularity == "full":
+        args += ["--checkpoint-activations", "--activations-checkpoint-method", r.method,
+                 "--activations-checkpoint-num-layers", r.num_layers]
+    elif r is not None and r.granularity == "full":
+        args += ["--recompute-granularity", "full", "--recompute-method", r.method, "--recompute-num-layers", r.num_layers]
+    elif r is not None:
+        args += ["--recompute-granularity", "selective"]
+
+    args += ["--optimizer", opt.name, "--lr", opt.lr, "--min-lr", opt.min_lr, "--lr-decay-style", opt.lr_decay_style,
+             "--lr-warmup-fraction", opt.lr_warmup_fraction, "--weight-decay", opt.weight_decay,
+             "--clip-grad", opt.clip_grad]
+    if opt.name == "adam":
+        args += ["--adam-beta1", opt.adam_beta1, "--adam-beta2", opt.adam_beta2]
+    if opt.distributed:
+        args += ["--use-distributed-optimizer"]
+
+    args += ["--train-iters", tr.iters, "--log-interval", tr.log_interval, "--seed", tr.seed]
+    if tr.eval_interval:
+        args += ["--eval-interval", tr.eval_interval, "--eval-iters", tr.eval_iters]
+    else:
+        args += ["--eval-iters", 0]
+    save = save_dir if save_dir is not None else tr.save
+    if save:
+        args += ["--save", save]
+        if tr.save_interval:
+            args += ["--save-interval", tr.save_interval]
+    if tr.load:
+        args += ["--load", tr.load]
+
+    if data.path and not data.mock:
+        args += ["--data-path", data.path, "--split", data.split,
+                 "--vocab-file", data.vocab_file or DEFAULT_VOCAB, "--merge-file", data.merge_file or DEFAULT_MERGES]
+    else:
+        args += ["--mock-data", "--vocab-size", m.vocab_size]
+    args += ["--log-throughput"]
+    args += list(spec.job.extra_args)
+    return [str(a) for a in args]
