@@ -1,4 +1,7 @@
-"""`labkit` command line: thin subcommands over the library. Each area registers its own subcommands."""
+"""labkit: plan, launch and read distributed GPT training runs (Megatron on Slurm, or locally).
+
+Each area of the library registers its own subcommands here; the commands are thin over the library functions.
+"""
 from __future__ import annotations
 
 import argparse

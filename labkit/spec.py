@@ -367,17 +367,10 @@ def load_spec(source) -> RunSpec:
             data["cluster"] = None
     spec = _build(RunSpec, data, "", errors)
     _apply_preset(spec, errors)
-    errors += validate(spec, raise_errors=False) if not errors else _validate_quietly(spec)
+    errors += validate(spec, raise_errors=False)
     if errors:
         raise SpecError(errors)
     return spec
-
-
-def _validate_quietly(spec: RunSpec) -> list[str]:
-    try:
-        return validate(spec, raise_errors=False)
-    except Exception:  # a spec already broken at read time may not be checkable further
-        return []
 
 
 def _apply_preset(spec: RunSpec, errors: list[str]) -> None:
@@ -442,7 +435,7 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
     groups = m.query_groups
     if m.num_query_groups is not None and m.num_attention_heads % groups:
         errors.append(f"model.num_query_groups: {groups} does not divide num_attention_heads={m.num_attention_heads}")
-    elif groups % t:
+    elif m.num_query_groups is not None and groups % t:
         errors.append(f"model.num_query_groups: {groups} query groups do not split over parallel.tensor={t}; "
                       f"use a tensor size that divides {groups}")
     if par.sequence_parallel and t == 1:

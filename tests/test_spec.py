@@ -1,0 +1,198 @@
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from labkit.spec import RunSpec, SpecError, load_spec, resolved_summary
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def hetero() -> dict:
+    return yaml.safe_load((EXAMPLES / "gpt2-xl-hetero.yaml").read_text())
+
+
+def changed(data: dict, dotted: str, value) -> dict:
+    """A copy of `data` with one dotted path ("cluster.nodes.1.gpu") set to `value`."""
+    data = copy.deepcopy(data)
+    node = data
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    if isinstance(node, list):
+        node[int(leaf)] = value
+    else:
+        node[leaf] = value
+    return data
+
+
+def errors_of(data: dict) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        load_spec(data)
+    return info.value.errors
+
+
+def test_seed_hetero_spec_resolves():
+    spec = load_spec(EXAMPLES / "gpt2-xl-hetero.yaml")
+    summary = resolved_summary(spec)
+    assert summary["world_size"] == 32
+    assert summary["data"] == 4
+    assert summary["num_micro_batches"] == 16
+    assert summary["partition"] == "0-11-8-8-8-8-5-0"
+    assert summary["stage_gpus"] == ["A100-40GB"] + ["A10"] * 7
+    assert spec.model.hidden_size == 1600 and spec.model.num_layers == 48
+
+
+def test_data_size_is_derived_from_the_cluster_when_omitted():
+    data = hetero()
+    del data["parallel"]["data"]
+    spec = load_spec(data)
+    assert spec.data_parallel == 4
+    assert spec.num_micro_batches == 64 // (1 * 4)
+
+
+def test_explicit_model_fields_override_the_preset():
+    data = hetero()
+    data["model"]["num_layers"] = 40
+    data["parallel"]["partition"] = [0, 10, 8, 8, 8, 6, 0, 0]
+    spec = load_spec(data)
+    assert spec.model.num_layers == 40
+    assert spec.model.hidden_size == 1600
+
+
+def test_vendor_gpu_spellings_resolve():
+    data = changed(hetero(), "cluster.nodes.0.gpu", "A100-SXM4-40GB")
+    data["cluster"]["nodes"][1]["gpu"] = "a10"
+    assert load_spec(data).stage_gpus[:2] == ["A100-40GB", "A10"]
+    data["cluster"]["nodes"][0]["gpu"] = "H100-SXM5-80GB"
+    assert load_spec(data).stage_gpus[0] == "H100-SXM"
+
+
+def test_named_cluster_and_recompute_none():
+    spec = load_spec(EXAMPLES / "tiny-cpu.yaml")
+    assert spec.recompute is None
+    assert spec.world_size == 2 and spec.data_parallel == 2
+
+
+def test_round_trip_through_dict_keeps_everything():
+    spec = load_spec(EXAMPLES / "gpt2-xl-hetero.yaml")
+    again = load_spec(spec.to_dict())
+    assert again == spec
+    assert yaml.safe_load(spec.to_yaml())["batch"]["global"] == 64
+
+
+def test_replace_makes_a_validated_copy():
+    spec = load_spec(EXAMPLES / "tiny-cpu.yaml")
+    bf16 = spec.replace(precision="bf16", **{"batch.micro": 4})
+    assert (bf16.precision, bf16.batch.micro, spec.precision) == ("bf16", 4, "fp32")
+    with pytest.raises(SpecError, match="batch.global"):
+        spec.replace(**{"batch.micro": 3})
+
+
+def test_python_built_spec_defaults_to_one_cpu_host():
+    spec = load_spec(RunSpec())
+    assert spec.world_size == 1 and spec.stage_gpus == ["cpu"]
+
+
+# Each case: a change to the seeds' valid spec, and the field the error must name (plus a fragment of the fix).
+INVALID = {
+    "world size mismatch": ({"parallel.data": 2}, "parallel.data", "set parallel.data to 4"),
+    "heads vs tensor": ({"parallel.tensor": 2, "parallel.data": 2}, "model.num_attention_heads", "divides 25"),
+    "partition length": ({"parallel.partition": [0, 24, 24, 0]}, "parallel.partition", "pipeline is 8"),
+    "partition sum": ({"parallel.partition": [0, 11, 8, 8, 8, 8, 6, 0]}, "parallel.partition", "add up to 48"),
+    "negative partition": ({"parallel.partition": [-1, 12, 8, 8, 8, 8, 5, 0]}, "parallel.partition", "zero or more"),
+    "global vs micro*data": ({"batch.global": 66}, "batch.global", "multiple of 4"),
+    "zero micro batch": ({"batch.micro": 0}, "batch.micro", "positive"),
+    "negative layers": ({"model.num_layers": -4}, "model.num_layers", "positive"),
+    "zero tensor": ({"parallel.tensor": 0}, "parallel.tensor", "positive"),
+    "unknown preset": ({"model.preset": "gpt2-xxl"}, "model.preset", "gpt2-xl"),
+    "unknown gpu": ({"cluster.nodes.1.gpu": "A10X"}, "cluster.nodes[1].gpu", "A10"),
+    "precision name": ({"precision": "fp8"}, "precision", "fp32, fp16, bf16"),
+    "seq parallel without tp": ({"parallel.sequence_parallel": True}, "parallel.sequence_parallel", "tensor > 1"),
+    "virtual stages with partition": ({"parallel.virtual_stages": 2}, "parallel.virtual_stages", "partition"),
+    "recompute granularity": ({"recompute": {"granularity": "partial"}}, "recompute.granularity", "selective"),
+    "recompute method": ({"recompute": {"granularity": "full", "method": "zigzag", "num_layers": 1}},
+                         "recompute.method", "uniform, block"),
+    "recompute as bad string": ({"recompute": "sometimes"}, "recompute", "recompute: none"),
+    "unknown top-level key": ({"paralel": {"tensor": 1}}, "paralel", "did you mean 'parallel'"),
+    "unknown nested key": ({"batch.globl": 64}, "batch.globl", "'global'"),
+    "typo in optimizer": ({"optimizer.lr_decay": "cosine"}, "optimizer.lr_decay", "lr_decay_style"),
+    "wrong type": ({"train.iters": "many"}, "train.iters", "whole number"),
+    "bool as text": ({"optimizer.distributed": "yes"}, "optimizer.distributed", "true or false"),
+    "node count zero": ({"cluster.nodes.0.count": 0}, "cluster.nodes[0].count", "positive"),
+    "link speed negative": ({"cluster.inter_node_gbps": -5}, "cluster.inter_node_gbps", "Gbit/s"),
+    "unknown optimizer": ({"optimizer.name": "lion"}, "optimizer.name", "adam, sgd"),
+    "unknown cluster name": ({"cluster": "a10x9"}, "cluster", "a10x8"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INVALID))
+def test_invalid_spec_names_the_field_and_the_fix(name):
+    changes, field, fix = INVALID[name]
+    data = hetero()
+    for dotted, value in changes.items():
+        data = changed(data, dotted, value)
+    errors = errors_of(data)
+    matching = [e for e in errors if e.startswith(field + ":") or e.startswith(field + " ")]
+    assert matching, f"no error names {field!r}: {errors}"
+    assert any(fix in e for e in matching), f"no fix {fix!r} in {matching}"
+
+
+def test_bf16_on_v100_and_t4_is_refused_with_the_alternative():
+    data = hetero()
+    data["cluster"]["nodes"] = [{"gpu": "V100-16GB", "count": 4, "gpus_per_node": 4},
+                                {"gpu": "T4", "count": 4, "gpus_per_node": 4}]
+    data["precision"] = "bf16"
+    errors = errors_of(data)
+    assert any("V100-16GB" in e and "use fp16" in e for e in errors)
+    assert any("T4" in e and "use fp16" in e for e in errors)
+
+
+def test_query_groups_must_divide_heads_and_split_over_tensor():
+    data = hetero()
+    data["model"] = {"preset": "llama2-7b", "num_query_groups": 6}
+    data["parallel"] = {"tensor": 4, "pipeline": 8, "data": 1}
+    errors = errors_of(data)
+    assert any(e.startswith("model.num_query_groups:") and "does not divide" in e for e in errors)
+    data["model"]["num_query_groups"] = 2
+    errors = errors_of(data)
+    assert any(e.startswith("model.num_query_groups:") and "parallel.tensor=4" in e for e in errors)
+
+
+def test_interleaving_needs_micro_batches_in_multiples_of_pipeline():
+    data = {"model": {"preset": "gpt2-medium"}, "parallel": {"pipeline": 4, "virtual_stages": 2},
+            "batch": {"micro": 1, "global": 6}, "cluster": {"nodes": [{"gpu": "A100-80GB", "count": 1, "gpus_per_node": 4}]}}
+    errors = errors_of(data)
+    assert any(e.startswith("parallel.virtual_stages:") and "multiple of parallel.pipeline" in e for e in errors)
+    data["parallel"]["virtual_stages"] = 4  # 24 layers / 4 stages = 6 per stage, not divisible by 4
+    data["batch"]["global"] = 8
+    errors = errors_of(data)
+    assert any(e.startswith("parallel.virtual_stages:") and "does not divide the layers per stage" in e for e in errors)
+    data["parallel"]["virtual_stages"] = 3
+    data["batch"]["global"] = 8
+    assert load_spec(data).parallel.virtual_stages == 3
+
+
+def test_all_errors_are_collected_not_only_the_first():
+    data = hetero()
+    data["batch"]["global"] = 66
+    data["parallel"]["partition"] = [0, 11, 8, 8, 8, 8, 6, 0]
+    data["traing"] = {}
+    data["cluster"]["nodes"][1]["gpu"] = "A1O"
+    errors = errors_of(data)
+    fields = {e.split(":")[0] for e in errors}
+    assert {"traing", "cluster.nodes[1].gpu"} <= fields
+    data.pop("traing")
+    data["cluster"]["nodes"][1]["gpu"] = "A10"
+    fields = {e.split(":")[0] for e in errors_of(data)}
+    assert {"batch.global", "parallel.partition"} <= fields
+
+
+def test_missing_spec_file_is_a_spec_error(tmp_path):
+    with pytest.raises(SpecError, match="does not exist"):
+        load_spec(tmp_path / "nope.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model: [unclosed")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(broken)
