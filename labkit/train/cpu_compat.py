@@ -1,0 +1,167 @@
+"""Run megatron-core 0.16.1 on a machine without CUDA: the small, isolated layer that makes that possible.
+
+megatron-core hard-codes CUDA in a few places (the list is in docs and tests: `device="cuda"` tensor factories,
+`torch.cuda.current_device()`, `torch.cuda.synchronize()`, the CUDA RNG state used by the tensor-parallel RNG tracker
+and by activation recomputation, `Tensor.cuda()`, and optimizer checks on `Tensor.type()` names). This module answers
+those calls with their CPU equivalents, and only when `torch.cuda.is_available()` is false.
+
+How: every loaded `megatron.core` module that refers to the global name `torch` gets a `_TorchOnCPU` object in its
+place. It forwards every attribute to the real `torch` (cached after the first look-up, so ordinary ops cost nothing
+extra) except the few tensor factories and `torch.cuda` functions above. Two methods of `torch.Tensor` are patched
+process-wide: `.cuda()` returns the tensor itself, and `.type()` without arguments reports the `torch.cuda.*` name
+megatron's optimizer asserts on. Because this touches megatron-core internals, labkit pins megatron-core exactly and
+tests this layer against that version (tests/test_train_cpu_compat.py).
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+
+import torch
+
+MEGATRON_MODULES = (
+    "megatron.core.utils",
+    "megatron.core.timers",
+    "megatron.core.parallel_state",
+    "megatron.core.tensor_parallel",
+    "megatron.core.tensor_parallel.random",
+    "megatron.core.models.gpt.gpt_model",
+    "megatron.core.models.common.language_module.language_module",
+    "megatron.core.pipeline_parallel.schedules",
+    "megatron.core.pipeline_parallel.p2p_communication",
+    "megatron.core.distributed",
+    "megatron.core.distributed.finalize_model_grads",
+    "megatron.core.optimizer",
+    "megatron.core.optimizer.clip_grads",
+    "megatron.core.optimizer.grad_scaler",
+    "megatron.core.optimizer.distrib_optimizer",
+    "megatron.core.datasets.blended_megatron_dataset_builder",
+)
+
+_FACTORIES = ("empty", "zeros", "ones", "full", "tensor", "arange", "rand", "randn", "randint", "as_tensor")
+_CPU = torch.device("cpu")
+_state: dict = {}
+
+
+def _on_cpu(device):
+    """Device arguments meaning a GPU ('cuda', 'cuda:0', torch.device('cuda'), an int index) -> the CPU."""
+    if device is None:
+        return None
+    if isinstance(device, int) or (isinstance(device, str) and device.startswith("cuda")):
+        return _CPU
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return _CPU
+    return device
+
+
+def _factory(fn):
+    def on_cpu(*args, **kwargs):
+        if "device" in kwargs:
+            kwargs["device"] = _on_cpu(kwargs["device"])
+        kwargs.pop("pin_memory", None)  # pinning needs a CUDA host allocator
+        return fn(*args, **kwargs)
+    on_cpu.__name__ = fn.__name__
+    return on_cpu
+
+
+def _no_op(*args, **kwargs):
+    return None
+
+
+def _cuda_namespace() -> types.SimpleNamespace:
+    """What megatron calls under `torch.cuda`, answered for the CPU; anything else falls through to torch.cuda."""
+    random = types.SimpleNamespace(get_rng_state=lambda device=None: torch.get_rng_state(),
+                                   set_rng_state=lambda state, device=None: torch.set_rng_state(state))
+    names = dict(
+        current_device=lambda: _CPU,
+        synchronize=_no_op,
+        empty_cache=_no_op,
+        get_rng_state=random.get_rng_state,
+        set_rng_state=random.set_rng_state,
+        manual_seed=lambda seed: torch.manual_seed(seed) and None,
+        random=random,
+    )
+    return _Fallthrough(torch.cuda, names)
+
+
+class _Fallthrough:
+    """An object that answers `overrides` first and every other attribute from `target` (cached on first use)."""
+
+    def __init__(self, target, overrides: dict):
+        self.__dict__.update(overrides)
+        self._target = target
+
+    def __getattr__(self, name):
+        value = getattr(self._target, name)
+        setattr(self, name, value)
+        return value
+
+
+class _TorchOnCPU(_Fallthrough):
+    def __init__(self):
+        super().__init__(torch, {name: _factory(getattr(torch, name)) for name in _FACTORIES})
+        self.cuda = _cuda_namespace()
+
+
+def _tensor_cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
+    return self
+
+
+def _tensor_type(self, dtype=None, non_blocking=False, **kwargs):
+    if dtype is None and not kwargs:
+        name = _state["type"](self)
+        return name.replace("torch.", "torch.cuda.", 1) if not self.is_cuda and "cuda" not in name else name
+    return _state["type"](self, dtype, non_blocking, **kwargs)
+
+
+def _cpu_rng_get(device="cuda", clone=False, graph_safe=False):
+    return torch.get_rng_state()
+
+
+def _cpu_rng_set(new_state, device=-1, graph_safe=False):
+    torch.set_rng_state(new_state)
+
+
+def needed() -> bool:
+    return not torch.cuda.is_available()
+
+
+def is_applied() -> bool:
+    return bool(_state)
+
+
+def apply() -> bool:
+    """Patch megatron-core for CPU execution when there is no GPU. Returns whether the layer is (now) active."""
+    if _state:
+        return True
+    if not needed():
+        return False
+    for name in MEGATRON_MODULES:
+        importlib.import_module(name)
+    proxy = _TorchOnCPU()
+    replaced = {}
+    for name, module in list(sys.modules.items()):
+        if name.startswith("megatron.core") and getattr(module, "torch", None) is torch:
+            module.torch = proxy
+            replaced[name] = module
+    rng = sys.modules["megatron.core.tensor_parallel.random"]
+    _state.update(modules=replaced, rng=(rng._get_cuda_rng_state, rng._set_cuda_rng_state),
+                  cuda=torch.Tensor.cuda, type=torch.Tensor.type)
+    rng._get_cuda_rng_state, rng._set_cuda_rng_state = _cpu_rng_get, _cpu_rng_set
+    torch.Tensor.cuda = _tensor_cuda
+    torch.Tensor.type = _tensor_type
+    return True
+
+
+def remove() -> None:
+    """Undo `apply` (tests and the overhead benchmark use this)."""
+    if not _state:
+        return
+    for module in _state["modules"].values():
+        module.torch = torch
+    rng = sys.modules["megatron.core.tensor_parallel.random"]
+    rng._get_cuda_rng_state, rng._set_cuda_rng_state = _state["rng"]
+    torch.Tensor.cuda = _state["cuda"]
+    torch.Tensor.type = _state["type"]
+    _state.clear()
