@@ -14,6 +14,7 @@ import yaml
 # Modules that add subcommands: each has `register(subparsers)`, adding parsers whose `func(args) -> int` runs them.
 COMMAND_MODULES = [
     "labkit.cli",
+    "labkit.data_prep",
 ]
 
 
