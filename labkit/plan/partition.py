@@ -7,12 +7,15 @@ exactly by bisection on the bottleneck time with a greedy feasibility test: for 
 many layers as fit under T (and under its memory cap) reaches the end of the model if and only if some partition with
 bottleneck <= T exists, because a stage's time only grows with the layers it holds. The answer is one of the finitely
 many stage times, so bisection to float resolution finds it; the partition is then read off at that bound.
+When each stage's layers all cost the same (profiles of identical transformer layers, analytic costs), the optimum is
+found directly: hand out layers one at a time to the stage whose time would grow to the smallest value.
 
 FASOP moves one layer at a time from the slowest stage to the fastest, which can stop in a local minimum.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+import heapq
 from bisect import bisect_left
 from itertools import accumulate
 
@@ -48,6 +51,8 @@ def min_max_partition(per_layer: list[list[float]], fixed: list[float], max_laye
     caps = list(max_layers) if max_layers is not None else [num_layers] * stages
     if sum(min(c, num_layers) for c in caps) < num_layers:
         return None
+    if all(min(costs) == max(costs) for costs in {id(c): c for c in per_layer}.values()):
+        return _uniform_partition([costs[0] for costs in per_layer], fixed, caps, num_layers)
     prefix_cache: dict[int, list[float]] = {}
     prefixes = []
     for costs in per_layer:  # identical lists (same GPU type) share one prefix-sum array
@@ -82,10 +87,8 @@ def min_max_partition(per_layer: list[list[float]], fixed: list[float], max_laye
         hi = lo
     elif pack(hi) is None:
         return None  # only the memory caps can make even the loosest bound infeasible
-    for _ in range(200):
+    while hi - lo > 1e-10 * hi:
         mid = (lo + hi) / 2
-        if mid <= lo or mid >= hi:
-            break
         if pack(mid) is None:
             lo = mid
         else:
@@ -98,3 +101,18 @@ def _first_at_least(prefix: list[float], target: float, end: int) -> int:
     """Smallest index a <= end with prefix[a] >= target (prefix is non-decreasing)."""
     return min(bisect_left(prefix, target, 0, end + 1), end)
 
+
+def _uniform_partition(cost: list[float], fixed: list[float], caps: list[int], num_layers: int) -> Partition:
+    """Stage i takes fixed[i] + n * cost[i]. Each layer goes where the stage time after taking it is smallest; the
+    last layer handed out sets the bottleneck, and no split can do better because every earlier choice was the
+    cheapest way to place one more layer under that bound."""
+    layers = [0] * len(fixed)
+    heap = [(f + c, i) for i, (f, c) in enumerate(zip(fixed, cost)) if caps[i] > 0]
+    heapq.heapify(heap)
+    for _ in range(num_layers):
+        _, i = heapq.heappop(heap)
+        layers[i] += 1
+        if layers[i] < caps[i]:
+            heapq.heappush(heap, (fixed[i] + (layers[i] + 1) * cost[i], i))
+    times = [f + n * c for f, n, c in zip(fixed, layers, cost)]
+    return Partition(layers, times)
