@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# Start a real Slurm on this host: munged, slurmctld and one slurmd per emulated node (n1..nN), with fake typed GPUs.
+# Installs the Debian packages first when they are missing (root only). Idempotent: daemons already running with the
+# same configuration are left alone; a changed configuration restarts them. Prints the line that points clients at it:
+#   export SLURM_CONF=<runtime dir>/etc/slurm.conf
+# Settings: see common.sh. Stop with stop.sh (same environment).
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$HERE/common.sh"
+
+install_packages() {
+    local missing=()
+    local tool
+    for tool in munged slurmctld slurmd sbatch; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    [ "$(id -u)" -eq 0 ] || die "Slurm is not installed (${missing[*]} missing) and installing it needs root"
+    command -v apt-get >/dev/null || die "Slurm is not installed (${missing[*]} missing) and there is no apt-get to install it"
+    say "installing slurmctld slurmd slurm-client munge ..."
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
+}
+
+write_config() {
+    local dir=$1 k name gres gpu_type gpu_count
+    {
+        echo "# Written by slurm/local/start.sh; rewritten on every start."
+        echo "ClusterName=local"
+        echo "SlurmctldHost=$HOST(127.0.0.1)"
+        echo "SlurmctldPort=$CTLD_PORT"
+        echo "AuthType=auth/munge"
+        echo "CredType=cred/munge"
+        echo "AuthInfo=socket=$MUNGE/munge.socket.2"
+        echo "SlurmUser=root"
+        echo "SlurmdUser=root"
+        echo "StateSaveLocation=$SLURM_DIR/state/ctld"
+        echo "SlurmdSpoolDir=$SLURM_DIR/state/d/%n"
+        echo "SlurmctldPidFile=$RUN/slurmctld.pid"
+        echo "SlurmdPidFile=$RUN/slurmd-%n.pid"
+        echo "SlurmctldLogFile=$LOG/slurmctld.log"
+        echo "SlurmdLogFile=$LOG/slurmd-%n.log"
+        echo "ProctrackType=proctrack/linuxproc"
+        echo "TaskPlugin=task/none"
+        echo "SelectType=select/cons_tres"
+        echo "SelectTypeParameters=CR_Core"
+        echo "SchedulerType=sched/backfill"
+        # Emulated nodes declare more CPUs than the host has.
+        echo "SlurmdParameters=config_overrides"
+        echo "ReturnToService=2"
+        # Impossible requests are rejected at submit time instead of pending forever.
+        echo "EnforcePartLimits=ALL"
+        # A job whose afterok dependency failed is cancelled rather than left pending.
+        echo "DependencyParameters=kill_invalid_depend"
+        # Cancelled or timed-out jobs get SIGTERM, then SIGKILL this many seconds later.
+        echo "KillWait=5"
+        echo "MailProg=/bin/true"
+        echo "MinJobAge=300"
+        echo "AccountingStorageType=accounting_storage/none"
+        echo "JobCompType=jobcomp/filetxt"
+        echo "JobCompLoc=$LOG/jobcomp.txt"
+        echo "GresTypes=gpu"
+        for k in "${!NODE_NAMES[@]}"; do
+            name=${NODE_NAMES[$k]}
+            gres=${NODE_GRES[$k]}
+            echo "NodeName=$name NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((CTLD_PORT + 10001 + k))" \
+                "CPUs=$CPUS_PER_NODE RealMemory=$MEMORY_MB${gres:+ Gres=$gres} State=UNKNOWN"
+        done
+        echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+    } >"$dir/slurm.conf"
+    {
+        # Typed GPUs need one character device per GPU (regular files or CountOnly leave the node INVAL).
+        echo "AutoDetect=off"
+        for k in "${!NODE_NAMES[@]}"; do
+            name=${NODE_NAMES[$k]}
+            gres=${NODE_GRES[$k]}
+            [ -n "$gres" ] || continue
+            IFS=: read -r _ gpu_type gpu_count <<<"$gres"
+            echo "NodeName=$name Name=gpu Type=$gpu_type File=$SLURM_DIR/dev/$name-gpu[0-$((gpu_count - 1))]"
+        done
+    } >"$dir/gres.conf"
+}
+
+make_fake_gpus() {
+    local k name gres gpu_count i
+    mkdir -p "$SLURM_DIR/dev"
+    for k in "${!NODE_NAMES[@]}"; do
+        name=${NODE_NAMES[$k]}
+        gres=${NODE_GRES[$k]}
+        [ -n "$gres" ] || continue
+        gpu_count=${gres##*:}
+        for ((i = 0; i < gpu_count; i++)); do
+            [ -c "$SLURM_DIR/dev/$name-gpu$i" ] || mknod "$SLURM_DIR/dev/$name-gpu$i" c 1 3
+        done
+    done
+}
+
+start_munged() {
+    live_pid "$MUNGE/munged.pid" >/dev/null && return 0
+    if [ ! -s "$MUNGE/munge.key" ]; then
+        mungekey --create --keyfile="$MUNGE/munge.key"
+    fi
+    chown -R munge:munge "$MUNGE" "$LOG/munge"
+    chmod 0755 "$MUNGE"
+    chmod 0600 "$MUNGE/munge.key"
+    rm -f "$MUNGE/munge.socket.2" "$MUNGE/munge.socket.2.lock"
+    runuser -u munge -- munged --socket="$MUNGE/munge.socket.2" --key-file="$MUNGE/munge.key" \
+        --pid-file="$MUNGE/munged.pid" --log-file="$LOG/munge/munged.log" --seed-file="$MUNGE/munged.seed" 9>&-
+}
+
+port_busy() { ss -Hltn "sport = :$1" | grep -q .; }
+
+# Wait until every node is usable; nodes whose slurmd was just started must have registered since `since` (after a
+# restart the controller may still show the previous registration as IDLE).
+wait_for_nodes() {
+    local since=$1 deadline=$((SECONDS + 60)) line name state started ready
+    while ((SECONDS < deadline)); do
+        ready=0
+        while read -r line; do
+            name=$(sed -n 's/^NodeName=\([^ ]*\).*/\1/p' <<<"$line")
+            state=$(sed -n 's/.* State=\([^ ]*\).*/\1/p' <<<"$line")
+            started=$(sed -n 's/.* SlurmdStartTime=\([^ ]*\).*/\1/p' <<<"$line")
+            [[ " ${NODE_NAMES[*]} " == *" $name "* ]] || continue
+            [[ $state =~ ^(IDLE|MIXED|ALLOCATED)$ ]] || continue
+            if [[ " ${STARTED_NODES[*]} " == *" $name "* ]]; then
+                [[ $started =~ ^[0-9] ]] && (($(date -d "$started" +%s) >= since)) || continue
+            fi
+            ready=$((ready + 1))
+        done < <(scontrol -o show node 2>/dev/null || true)
+        ((ready == ${#NODE_NAMES[@]})) && return 0
+        sleep 0.5
+    done
+    scontrol -o show node >&2 || true
+    die "nodes did not come up within 60 s; see $LOG/slurmctld.log and $LOG/slurmd-*.log"
+}
+
+main() {
+    install_packages
+    # The lock's descriptor (9) is closed for the daemons so that it is released when this script ends.
+    lock_runtime_dir
+    mkdir -p "$SLURM_DIR/etc" "$RUN" "$LOG/munge" "$MUNGE" "$SLURM_DIR/state/ctld" "$SLURM_DIR/state/d"
+    fresh=$(mktemp -d)
+    trap 'rm -rf "$fresh"' EXIT
+    write_config "$fresh"
+    if ! cmp -s "$fresh/slurm.conf" "$CONF" || ! cmp -s "$fresh/gres.conf" "$SLURM_DIR/etc/gres.conf"; then
+        if live_pid "$RUN/slurmctld.pid" >/dev/null; then
+            say "configuration changed: restarting"
+            stop_all
+        fi
+        cp "$fresh/slurm.conf" "$fresh/gres.conf" "$SLURM_DIR/etc/"
+    fi
+    make_fake_gpus
+    export SLURM_CONF=$CONF
+
+    local since
+    since=$(date +%s)
+    start_munged
+    if ! live_pid "$RUN/slurmctld.pid" >/dev/null; then
+        port_busy "$CTLD_PORT" && die "port $CTLD_PORT is taken by another program; set LABKIT_SLURM_PORT"
+        slurmctld -f "$CONF" 9>&-
+    fi
+    local k name
+    STARTED_NODES=()
+    for k in "${!NODE_NAMES[@]}"; do
+        name=${NODE_NAMES[$k]}
+        live_pid "$RUN/slurmd-$name.pid" >/dev/null && continue
+        port_busy $((CTLD_PORT + 10001 + k)) && die "port $((CTLD_PORT + 10001 + k)) (slurmd $name) is taken; set LABKIT_SLURM_PORT"
+        slurmd -f "$CONF" -N "$name" 9>&-
+        STARTED_NODES+=("$name")
+    done
+    wait_for_nodes "$since"
+
+    # Plain `sinfo`/`sbatch` in a shell or notebook find this cluster when the host has no Slurm config of its own.
+    if [ "$(id -u)" -eq 0 ] && [ ! -e /etc/slurm/slurm.conf ] && [ ! -L /etc/slurm/slurm.conf ]; then
+        mkdir -p /etc/slurm && ln -s "$CONF" /etc/slurm/slurm.conf
+    fi
+    echo "export SLURM_CONF=$CONF" >"$SLURM_DIR/env"
+    say "up: ${#NODE_NAMES[@]} nodes ($(sinfo -h -o '%N %G' | tr '\n' ' ')); runtime dir $SLURM_DIR"
+    echo "export SLURM_CONF=$CONF"
+}
+
+main "$@"

@@ -1,0 +1,79 @@
+"""Suite-wide fixtures. Tests marked `slurm` run against a real local Slurm (slurm/local/), started once per session."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SLURM_LOCAL = ROOT / "slurm" / "local"
+SLURM_TOOLS = ("sbatch", "squeue", "scontrol", "slurmctld", "slurmd", "munged")
+
+
+@dataclass
+class LocalSlurm:
+    runtime_dir: Path
+    conf: Path  # what SLURM_CONF points at
+
+    @property
+    def jobcomp(self) -> Path:
+        return self.runtime_dir / "log" / "jobcomp.txt"
+
+
+def why_slurm_cannot_be_installed() -> str | None:
+    """The reason to skip Slurm tests on this host, or None when Slurm is installed or can be."""
+    if all(shutil.which(tool) for tool in SLURM_TOOLS):
+        return None
+    if os.geteuid() != 0:
+        return ("Slurm is not installed and installing it needs root: run `sudo make slurm-up` once "
+                "(Debian packages slurmctld slurmd slurm-client munge), or run the suite as root")
+    if not shutil.which("apt-get"):
+        return ("Slurm is not installed and this host has no apt-get to install it: install slurmctld, slurmd, "
+                "slurm-client and munge with your package manager")
+    return None
+
+
+def _daemon_alive(pid_file: Path) -> bool:
+    try:
+        return Path(f"/proc/{int(pid_file.read_text().strip())}").exists()
+    except (OSError, ValueError):
+        return False
+
+
+@pytest.fixture(scope="session")
+def local_slurm():
+    """Install (when missing, as root), start and share the local Slurm; SLURM_CONF points at it for the session.
+
+    Sessions may share one cluster: each registers itself under users/, and the cluster is stopped at the end only by
+    the session that started it, once no other session is still using it.
+    """
+    reason = why_slurm_cannot_be_installed()
+    if reason:
+        pytest.skip(reason)
+    runtime_dir = Path(os.environ.get("LABKIT_SLURM_DIR", "/tmp/labkit-slurm"))
+    was_running = _daemon_alive(runtime_dir / "run" / "slurmctld.pid")
+    started = subprocess.run(["bash", str(SLURM_LOCAL / "start.sh")], capture_output=True, text=True)
+    if started.returncode != 0:
+        pytest.fail(f"slurm/local/start.sh failed (exit {started.returncode}):\n{started.stdout}{started.stderr}")
+    users = runtime_dir / "users"
+    users.mkdir(exist_ok=True)
+    me = users / str(os.getpid())
+    me.touch()
+    cluster = LocalSlurm(runtime_dir=runtime_dir, conf=runtime_dir / "etc" / "slurm.conf")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SLURM_CONF", str(cluster.conf))
+        yield cluster
+    me.unlink(missing_ok=True)
+    others = [u for u in users.iterdir() if u.name.isdigit() and Path(f"/proc/{u.name}").exists()]
+    if not was_running and not others:
+        subprocess.run(["bash", str(SLURM_LOCAL / "stop.sh")], capture_output=True, text=True)
+
+
+@pytest.fixture(autouse=True)
+def _slurm_for_marked_tests(request):
+    if request.node.get_closest_marker("slurm"):
+        request.getfixturevalue("local_slurm")
