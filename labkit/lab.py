@@ -1,0 +1,278 @@
+"""Run the lab series headless: papermill executes each notebook into runs/lab-<timestamp>/, and an HTML index of the
+executed notebooks is written beside them that opens offline (plotly.js inlined, diagrams embedded).
+
+`labkit lab [--backend local|slurm] [-p key value] [--only NAMES]`, or `make lab`.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import html
+import json
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+RUNS_DIR = Path("runs")
+BACKENDS = ("local", "slurm")
+
+
+class LabError(ValueError):
+    """A bad request to run the labs (unknown notebook, unknown parameter); says what to change."""
+
+
+@dataclass
+class NotebookResult:
+    name: str
+    status: str  # "ok" | "failed"
+    seconds: float
+    output: str  # executed notebook, relative to the run directory
+    html: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class LabRun:
+    directory: Path
+    parameters: dict
+    results: list[NotebookResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.status == "ok" for r in self.results)
+
+    @property
+    def seconds(self) -> float:
+        return sum(r.seconds for r in self.results)
+
+    @property
+    def index(self) -> Path:
+        return self.directory / "index.html"
+
+    def summary(self) -> str:
+        width = max([len(r.name) for r in self.results] + [8])
+        lines = [f"{'notebook':<{width}}  {'status':<6}  {'seconds':>7}"]
+        lines += [f"{r.name:<{width}}  {r.status:<6}  {r.seconds:7.1f}" + (f"  {r.error}" if r.error else "")
+                  for r in self.results]
+        lines.append(f"{'total':<{width}}  {'ok' if self.ok else 'failed':<6}  {self.seconds:7.1f}")
+        return "\n".join(lines)
+
+
+def lab_notebooks(directory: Path | str = NOTEBOOK_DIR, only: list[str] | None = None) -> list[Path]:
+    """The series in order (NN_name.ipynb); `only` picks by number ("05"), name ("05_performance_estimation") or
+    a part of the name ("estimation")."""
+    directory = Path(directory)
+    notebooks = sorted(p for p in directory.glob("[0-9][0-9]_*.ipynb"))
+    if not notebooks:
+        raise LabError(f"no lab notebooks (NN_name.ipynb) in {directory}")
+    if not only:
+        return notebooks
+    chosen = []
+    for wanted in only:
+        matches = [p for p in notebooks if p.stem == wanted or p.stem.startswith(f"{wanted}_") or wanted in p.stem]
+        if not matches:
+            names = ", ".join(p.stem for p in notebooks)
+            raise LabError(f"--only {wanted!r} matches no notebook; choose from: {names}")
+        chosen += [p for p in matches if p not in chosen]
+    return sorted(chosen)
+
+
+def declared_parameters(notebook: Path) -> dict:
+    """The notebook's `parameters` cell as {name: default}."""
+    import papermill
+
+    return {name: info["default"] for name, info in papermill.inspect_notebook(str(notebook)).items()}
+
+
+def new_run_directory(runs_dir: Path | str = RUNS_DIR, now: dt.datetime | None = None) -> Path:
+    """runs/lab-YYYYmmdd-HHMMSS, with -2, -3... when that name is taken: an earlier run is never overwritten."""
+    runs_dir = Path(runs_dir)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    stamp = (now or dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    for attempt in range(1, 1000):
+        candidate = runs_dir / (f"lab-{stamp}" if attempt == 1 else f"lab-{stamp}-{attempt}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise LabError(f"could not create a new lab directory under {runs_dir}")
+
+
+def strip_widget_state(path: Path) -> None:
+    """Drop saved widget state: it only means something beside a live kernel, and it is most of a notebook's size."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    if nb.metadata.pop("widgets", None) is not None:
+        nbformat.write(nb, path)
+
+
+def run_lab(only: list[str] | None = None, parameters: dict | None = None, backend: str | None = None,
+            runs_dir: Path | str = RUNS_DIR, notebook_dir: Path | str = NOTEBOOK_DIR, progress: bool = True,
+            timeout_s: int = 600, html_index: bool = True) -> LabRun:
+    """Execute the chosen notebooks in order into a new run directory; a failing notebook is recorded and the series
+    goes on. Parameters are passed to the notebooks that declare them; one that no notebook declares is an error."""
+    import papermill
+    from tqdm.auto import tqdm
+
+    notebook_dir = Path(notebook_dir).resolve()
+    notebooks = lab_notebooks(notebook_dir, only)
+    parameters = dict(parameters or {})
+    if backend is not None:
+        if backend not in BACKENDS:
+            raise LabError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+        parameters["backend"] = backend
+    declared = {nb: declared_parameters(nb) for nb in notebooks}
+    unknown = sorted(set(parameters) - {name for params in declared.values() for name in params})
+    if unknown:
+        known = sorted({name for params in declared.values() for name in params})
+        raise LabError(f"parameter(s) {', '.join(unknown)} are declared by none of the chosen notebooks; "
+                       f"known parameters: {', '.join(known)}")
+
+    run = LabRun(directory=new_run_directory(runs_dir), parameters=parameters)
+    bar = tqdm(notebooks, desc="lab", unit="notebook", disable=not progress, file=sys.stderr)
+    for notebook in bar:
+        bar.set_postfix_str(notebook.stem)
+        output = run.directory / notebook.name
+        params = {k: v for k, v in parameters.items() if k in declared[notebook]}
+        start = time.perf_counter()
+        error = None
+        try:
+            papermill.execute_notebook(str(notebook), str(output), parameters=params, cwd=str(notebook_dir),
+                                       progress_bar=False, execution_timeout=timeout_s)
+        except papermill.PapermillExecutionError as exc:
+            error = f"{exc.ename}: {exc.evalue}".strip()
+        except Exception as exc:  # kernel died, timeout: the notebook failed, the series goes on
+            error = f"{type(exc).__name__}: {exc}".strip()
+        seconds = time.perf_counter() - start
+        if output.exists():
+            strip_widget_state(output)
+        run.results.append(NotebookResult(name=notebook.stem, status="failed" if error else "ok",
+                                          seconds=round(seconds, 2), output=output.name, error=error))
+        _write_record(run)
+    bar.close()
+    if html_index:
+        write_html_index(run, notebook_dir)
+    return run
+
+
+def _write_record(run: LabRun) -> None:
+    record = {"parameters": run.parameters, "ok": run.ok, "seconds": round(run.seconds, 2),
+              "notebooks": [asdict(r) for r in run.results]}
+    (run.directory / "lab.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+
+
+# --- HTML -------------------------------------------------------------------------------------------------------------
+
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+
+def plotly_outputs_to_html(nb) -> int:
+    """Give every plotly output a text/html rendering (a div and a Plotly.newPlot script); the first one carries
+    plotly.js itself, so the page draws its figures with no network. Returns the number of figures."""
+    import plotly.io as pio
+
+    figures = 0
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            figure = output.get("data", {}).get(PLOTLY_MIME)
+            if figure is None:
+                continue
+            output["data"]["text/html"] = pio.to_html(figure, include_plotlyjs=figures == 0, full_html=False,
+                                                      validate=False, div_id=f"labkit-figure-{figures}")
+            del output["data"][PLOTLY_MIME]
+            figures += 1
+    return figures
+
+
+def notebook_to_html(path: Path, resources_dir: Path) -> str:
+    """An executed notebook as a self-contained HTML page."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata.pop("widgets", None)  # widget views fall back to their text form; no widget JS exists offline
+    plotly_outputs_to_html(nb)
+    exporter = HTMLExporter(embed_images=True)
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(resources_dir)}})
+    # With require.js on the page, plotly.js registers as an AMD module instead of window.Plotly and no figure draws.
+    return re.sub(r'<script src="[^"]*require\.min\.js"></script>\s*', "", body)
+
+
+def write_html_index(run: LabRun, notebook_dir: Path | str = NOTEBOOK_DIR) -> Path:
+    """index.html linking each executed notebook's HTML page, with its status and run time."""
+    for result in run.results:
+        source = run.directory / result.output
+        if source.exists():
+            page = source.with_suffix(".html")
+            page.write_text(notebook_to_html(source, Path(notebook_dir)), encoding="utf-8")
+            result.html = page.name
+    rows = []
+    for r in run.results:
+        link = f'<a href="{html.escape(r.html)}">{html.escape(r.name)}</a>' if r.html else html.escape(r.name)
+        error = f"<br><code>{html.escape(r.error)}</code>" if r.error else ""
+        rows.append(f'<tr class="{r.status}"><td>{link}</td><td>{r.status}{error}</td>'
+                    f'<td class="num">{r.seconds:.1f}</td>'
+                    f'<td><a href="{html.escape(r.output)}">{html.escape(r.output)}</a></td></tr>')
+    params = html.escape(json.dumps(run.parameters)) if run.parameters else "defaults"
+    run.index.write_text(_INDEX_TEMPLATE.format(title=html.escape(run.directory.name), params=params,
+                                                rows="\n".join(rows), total=f"{run.seconds:.1f}"), encoding="utf-8")
+    _write_record(run)
+    return run.index
+
+
+_INDEX_TEMPLATE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>labkit {title}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em; }}
+table {{ border-collapse: collapse; }} td, th {{ padding: .3em .8em; border-bottom: 1px solid #ddd; text-align: left; }}
+td.num {{ text-align: right; font-variant-numeric: tabular-nums; }} tr.failed {{ background: #fde8e8; }}
+</style></head>
+<body><h1>labkit {title}</h1>
+<p>Parameters: <code>{params}</code></p>
+<table><thead><tr><th>lab</th><th>status</th><th>seconds</th><th>notebook</th></tr></thead>
+<tbody>
+{rows}
+</tbody>
+<tfoot><tr><th>total</th><th></th><td class="num">{total}</td><th></th></tr></tfoot></table>
+</body></html>
+"""
+
+
+# --- command line -----------------------------------------------------------------------------------------------------
+
+def _parameter(text: str):
+    return yaml.safe_load(text) if text.strip() else text
+
+
+def register(sub) -> None:
+    p = sub.add_parser("lab", help="run the lab notebooks headless into runs/lab-<timestamp>/ with an HTML index")
+    p.add_argument("--backend", choices=BACKENDS, help="where the labs' jobs run (default: each notebook's own)")
+    p.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
+                   help="set a notebook parameter (VALUE read as YAML: 10, true, bf16); repeatable")
+    p.add_argument("--only", action="append", default=[], metavar="NAMES",
+                   help="run only these labs: numbers or names, comma-separated (e.g. 05,08)")
+    p.add_argument("--runs-dir", default=str(RUNS_DIR), help="parent of the lab-<timestamp> directory (default runs)")
+    p.add_argument("--timeout", type=int, default=600, help="seconds a single cell may run (default 600)")
+    p.set_defaults(func=_lab_command)
+
+
+def _lab_command(args: argparse.Namespace) -> int:
+    only = [name.strip() for group in args.only for name in group.split(",") if name.strip()]
+    parameters = {key: _parameter(value) for key, value in args.parameter}
+    try:
+        run = run_lab(only=only or None, parameters=parameters, backend=args.backend, runs_dir=args.runs_dir,
+                      timeout_s=args.timeout)
+    except LabError as exc:
+        print(f"labkit lab: {exc}", file=sys.stderr)
+        return 2
+    print(run.summary())
+    print(f"executed notebooks and index: {run.index}")
+    return 0 if run.ok else 1

@@ -1,0 +1,126 @@
+import datetime as dt
+import json
+import re
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from labkit import cli, lab
+
+
+def _notebook(path, cells):
+    nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                            "language": "python"}})
+    nbformat.write(nb, path)
+
+
+@pytest.fixture(scope="module")
+def series(tmp_path_factory):
+    """Three tiny labs: one with a figure and a widget, one that fails, one that reads a parameter."""
+    root = tmp_path_factory.mktemp("series")
+    notebooks = root / "notebooks"
+    notebooks.mkdir()
+    params = new_code_cell("backend = 'local'\niterations = 2")
+    params.metadata["tags"] = ["parameters"]
+    _notebook(notebooks / "01_figure.ipynb", [
+        new_markdown_cell("# A figure and a widget"), params,
+        new_code_cell("import plotly.graph_objects as go\n"
+                      "go.Figure(go.Bar(x=['a', 'b'], y=[1, iterations])).show()"),
+        new_code_cell("import ipywidgets as w\n_ = w.interact(lambda n=3: n * 2, n=(1, 5))"),
+    ])
+    _notebook(notebooks / "02_broken.ipynb", [new_code_cell("raise RuntimeError('the lab broke here')")])
+    params3 = new_code_cell("iterations = 2")
+    params3.metadata["tags"] = ["parameters"]
+    _notebook(notebooks / "03_params.ipynb", [params3, new_code_cell("print('iterations', iterations)")])
+    runs = root / "runs"
+    run = lab.run_lab(parameters={"iterations": 7}, backend="slurm", runs_dir=runs, notebook_dir=notebooks,
+                      progress=False)
+    return notebooks, runs, run
+
+
+def test_every_notebook_runs_and_a_failure_does_not_stop_the_series(series):
+    _, _, run = series
+    assert [r.name for r in run.results] == ["01_figure", "02_broken", "03_params"]
+    assert [r.status for r in run.results] == ["ok", "failed", "ok"]
+    assert "the lab broke here" in run.results[1].error
+    assert not run.ok
+    assert all(r.seconds > 0 for r in run.results)
+
+
+def test_parameters_reach_only_the_notebooks_that_declare_them(series):
+    _, _, run = series
+    third = nbformat.read(run.directory / "03_params.ipynb", as_version=4)
+    assert "iterations 7" in "".join(o.get("text", "") for c in third.cells for o in c.get("outputs", []))
+    injected = [c for c in third.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert "backend" not in injected[0].source  # 03 declares no backend
+    first = nbformat.read(run.directory / "01_figure.ipynb", as_version=4)
+    injected = [c for c in first.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert "backend = \"slurm\"" in injected[0].source
+
+
+def test_record_lists_each_notebook_with_its_time(series):
+    _, _, run = series
+    record = json.loads((run.directory / "lab.json").read_text())
+    assert record["parameters"] == {"iterations": 7, "backend": "slurm"}
+    assert [n["status"] for n in record["notebooks"]] == ["ok", "failed", "ok"]
+    assert record["seconds"] == pytest.approx(sum(n["seconds"] for n in record["notebooks"]), abs=0.05)
+
+
+def test_widget_state_is_stripped_from_executed_notebooks(series):
+    _, _, run = series
+    nb = nbformat.read(run.directory / "01_figure.ipynb", as_version=4)
+    assert "widgets" not in nb.metadata
+    widget_outputs = [o for c in nb.cells for o in c.get("outputs", [])
+                      if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert widget_outputs, "interact should still leave its view output (rendered live by a kernel)"
+
+
+def test_html_index_opens_offline_with_plotly_inlined(series):
+    _, _, run = series
+    index = run.index.read_text()
+    assert 'href="01_figure.html"' in index and 'href="02_broken.html"' in index
+    assert "the lab broke here" in index
+    page = (run.directory / "01_figure.html").read_text()
+    assert "Plotly.newPlot" in page and 'id="labkit-figure-0"' in page
+    assert "plotly.js v" in page  # the library itself, not a link to it
+    external_scripts = re.findall(r'<script[^>]*src="([^"]+)"', page)
+    assert all("mathjax" in src for src in external_scripts), external_scripts  # only TeX needs the network
+
+
+def test_a_second_run_never_overwrites_the_first(tmp_path):
+    now = dt.datetime(2026, 1, 2, 3, 4, 5)
+    first = lab.new_run_directory(tmp_path, now)
+    second = lab.new_run_directory(tmp_path, now)
+    assert first.name == "lab-20260102-030405"
+    assert second.name == "lab-20260102-030405-2"
+
+
+def test_only_picks_by_number_or_name_and_rejects_unknown_names(series):
+    notebooks, _, _ = series
+    assert [p.stem for p in lab.lab_notebooks(notebooks, ["03", "figure"])] == ["01_figure", "03_params"]
+    with pytest.raises(lab.LabError, match="'09' matches no notebook; choose from: 01_figure"):
+        lab.lab_notebooks(notebooks, ["09"])
+
+
+def test_unknown_parameter_is_refused_before_anything_runs(series, tmp_path):
+    notebooks, _, _ = series
+    with pytest.raises(lab.LabError, match="itrations are declared by none"):
+        lab.run_lab(parameters={"itrations": 3}, runs_dir=tmp_path, notebook_dir=notebooks, progress=False)
+    assert not list(tmp_path.iterdir())
+
+
+def test_cli_parses_parameters_as_yaml_and_reports_bad_requests(capsys, monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_run_lab(**kwargs):
+        seen.update(kwargs)
+        raise lab.LabError("stop here")
+
+    monkeypatch.setattr(lab, "run_lab", fake_run_lab)
+    code = cli.main(["lab", "--backend", "local", "-p", "iterations", "10", "-p", "precision", "bf16",
+                     "-p", "profile", "true", "--only", "05,08", "--runs-dir", str(tmp_path)])
+    assert code == 2
+    assert "stop here" in capsys.readouterr().err
+    assert seen["parameters"] == {"iterations": 10, "precision": "bf16", "profile": True}
+    assert seen["only"] == ["05", "08"] and seen["backend"] == "local"
