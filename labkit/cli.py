@@ -14,6 +14,8 @@ import yaml
 # Modules that add subcommands: each has `register(subparsers)`, adding parsers whose `func(args) -> int` runs them.
 COMMAND_MODULES = [
     "labkit.cli",
+    "labkit.lab",
+    "labkit.diagrams",
     "labkit.data_prep",
 ]
 
