@@ -1,0 +1,653 @@
+"""torch.profiler Chrome traces -> tables: where the time of a training step goes.
+
+One trace per rank, as `torch.profiler` exports it (`export_chrome_trace`, `.json` or `.json.gz`). The same questions are
+answered for a CPU run (gloo; time is in CPU operators and gloo's worker threads) and a GPU run (NCCL; time is in
+kernels):
+
+- how many steps were profiled (`ProfilerStep#N` spans) and how long each took;
+- time by operator (self and total) and by kernel, and the share in matmul / attention / elementwise / the rest;
+- the tensor-core share of kernel time (the profiler's "GPU kernel view");
+- computation vs communication per rank, split like TensorBoard's distributed view (computation, overlapping,
+  communication, other), and communication per collective and per parallel group (tp / dp / pp);
+- the memory curve over the profiled steps, from the trace's `[memory]` events (`profile_memory=True`), and the
+  categorised memory timeline (parameters, activations, gradients, ...) from `export_memory_timeline`.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+CATEGORIES = ("matmul", "attention", "elementwise", "normalization", "communication", "memory", "other")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv", "reduce",
+               "barrier")
+GROUPS = ("tp", "dp", "pp", "cp", "ep", "embedding", "model", "world", "unknown")
+
+# Operator names (aten without the namespace, trailing "_" and "_backward"/"Backward0" removed) by category.
+_OPERATOR_CATEGORIES = [
+    ("attention", r"scaled_dot_product|flash_attention|efficient_attention|cudnn_attention|softmax|attention"),
+    ("matmul", r"^(mm|addmm|bmm|baddbmm|addbmm|matmul|linear|mv|dot|einsum|_scaled_mm|_addmm_activation|"
+               r"_int_mm|_grouped_mm|addmv)$"),
+    ("normalization", r"layer_norm|rms_norm|group_norm|batch_norm|instance_norm"),
+    ("elementwise", r"^(_foreach_\w+|add|sub|rsub|mul|div|pow|neg|abs|exp|log|sqrt|rsqrt|tanh|sigmoid|gelu|silu|relu|"
+                    r"threshold|clamp|clamp_min|clamp_max|where|masked_fill|dropout|native_dropout|bernoulli|copy|"
+                    r"_to_copy|to|fill|zero|zeros_like|ones_like|lerp|addcmul|addcdiv|maximum|minimum|reciprocal|"
+                    r"square|erf|cos|sin|_fused_dropout|fused_dropout|clone|sign|eq|ne|lt|gt|le|ge|logical_\w+|"
+                    r"bitwise_\w+|hardtanh|leaky_relu|_log_softmax_backward_data|nan_to_num|isinf|isnan|"
+                    r"_amp_foreach_non_finite_check_and_unscale|_amp_update_scale)$"),
+]
+# Kernel names by category (GPU traces).
+_KERNEL_CATEGORIES = [
+    ("communication", r"^nccl"),
+    ("attention", r"flash|fmha|attention|softmax|sdpa"),
+    ("matmul", r"gemm|matmul|cutlass|cublas|xmma|nvjet|gmma|hmma|splitk|dot_kernel"),
+    ("normalization", r"layer_?norm|rms_?norm|batch_?norm|group_?norm"),
+    ("elementwise", r"elementwise|pointwise|vectorized|triton_poi|fill|copy_kernel|dropout|foreach|adam|unrolled"),
+]
+# Kernels that run on tensor cores: the name fragments the PyTorch profiler's TensorBoard plugin uses (cuBLAS/cuDNN
+# HMMA/IMMA/XMMA kernels), plus Hopper's warp-group MMA (gmma), cuBLASLt's nvjet kernels and FlashAttention.
+_TENSOR_CORE = re.compile(r"h884|s884|h1688|s1688|c1688|hmma|imma|i8816|16816|xmma_gemm|xmma_implicit_gemm|"
+                          r"xmma_sparse|gmma|tensorop|nvjet|flash_fwd|flash_bwd|fmha", re.I)
+_COLLECTIVE_PATTERNS = [
+    ("reduce_scatter", r"reduce_?scatter"),
+    ("all_reduce", r"all_?reduce"),
+    ("all_gather", r"all_?gather"),
+    ("all_to_all", r"all_?to_?all"),
+    ("broadcast", r"broadcast|bcast"),
+    ("send_recv", r"send|recv"),
+    ("barrier", r"barrier"),
+    ("reduce", r"reduce"),
+]
+# Megatron-core's process-group descriptions (parallel_state `group_desc`) to parallel groups; first match wins.
+_GROUP_DESCRIPTIONS = [
+    ("ep", r"EXPERT"),
+    ("tp", r"TENSOR_MODEL_PARALLEL|TENSOR_AND_EXPERT"),
+    ("dp", r"DATA_PARALLEL|DISTRIBUTED_OPTIMIZER"),
+    ("pp", r"PIPELINE"),
+    ("cp", r"CONTEXT_PARALLEL"),
+    ("embedding", r"EMBEDDING"),
+    ("model", r"MODEL_PARALLEL"),
+    ("world", r"default_pg"),
+]
+
+
+@dataclass
+class Trace:
+    """One rank's profiler trace: its complete ("X") events, memory events and distributed info."""
+
+    path: Path
+    rank: int
+    world_size: int
+    backend: str | None
+    process_groups: list[dict]
+    events: pd.DataFrame = field(repr=False)
+    memory_events: pd.DataFrame = field(repr=False)
+
+    @property
+    def device(self) -> str:
+        """"cuda" when the trace holds GPU kernels, else "cpu"."""
+        return "cuda" if (self.events["cat"] == "kernel").any() else "cpu"
+
+    @cached_property
+    def step_windows(self) -> pd.DataFrame:
+        """`ProfilerStep#N` spans: step, start and end (µs, trace clock)."""
+        ev = self.events
+        steps = ev[(ev["cat"] == "user_annotation") & ev["name"].str.startswith("ProfilerStep#")]
+        out = pd.DataFrame({"step": steps["name"].str.slice(len("ProfilerStep#")).astype(int),
+                            "start": steps["ts"], "end": steps["ts"] + steps["dur"]})
+        return out.sort_values("start").reset_index(drop=True)
+
+    @cached_property
+    def window(self) -> tuple[float, float]:
+        """The profiled span used as 100%: first step start to last step end (the whole trace if it has no steps)."""
+        if len(self.step_windows):
+            return float(self.step_windows["start"].min()), float(self.step_windows["end"].max())
+        ev = self.events[self.events["cat"].isin(["cpu_op", "kernel"])]
+        return float(ev["ts"].min()), float((ev["ts"] + ev["dur"]).max())
+
+
+def load_trace(path) -> Trace:
+    """Read one Chrome trace JSON (`.json` or `.json.gz`) written by torch.profiler."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        raw = json.load(f)
+    if not isinstance(raw, dict) or "traceEvents" not in raw:
+        raise ValueError(f"{path}: not a Chrome trace (no 'traceEvents'); pass a torch.profiler trace JSON")
+    info = raw.get("distributedInfo") or {}
+    complete, memory = [], []
+    for e in raw["traceEvents"]:
+        ph = e.get("ph")
+        if ph == "X" and "dur" in e:
+            complete.append(e)
+        elif ph == "i" and e.get("name") == "[memory]":
+            memory.append(e)
+    return Trace(path=path, rank=int(info.get("rank", 0)), world_size=int(info.get("world_size", 1)),
+                 backend=info.get("backend"), process_groups=list(info.get("pg_config") or []),
+                 events=_events_frame(complete), memory_events=_memory_frame(memory))
+
+
+def find_traces(path) -> list[Path]:
+    """Trace files at PATH: the file itself, or every `*trace*.json[.gz]` below a run directory."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such trace file or run directory")
+    return sorted(p for p in path.rglob("*trace*.json*")
+                  if p.name.endswith((".json", ".json.gz")) and "memory" not in p.name)
+
+
+def load_traces(path) -> list[Trace]:
+    """All traces of a run directory (or one trace file), ordered by rank."""
+    files = find_traces(path)
+    if not files:
+        raise FileNotFoundError(f"{path}: no profiler trace (*trace*.json or .json.gz) found; run the driver with "
+                                f"--profile --profile-step-start N --profile-step-end M")
+    return sorted((load_trace(f) for f in files), key=lambda t: (t.rank, str(t.path)))
+
+
+# ---------------------------------------------------------------------------------------------------- tables
+
+def steps(trace: Trace) -> pd.DataFrame:
+    """Profiled steps: step number, start (ms from the first profiled step) and duration (ms)."""
+    w = trace.step_windows
+    t0 = w["start"].min() if len(w) else 0.0
+    return pd.DataFrame({"step": w["step"], "start_ms": (w["start"] - t0) / 1e3,
+                         "duration_ms": (w["end"] - w["start"]) / 1e3})
+
+
+def operators(trace: Trace) -> pd.DataFrame:
+    """CPU operators by self time: operator, category, calls, self_ms, total_ms, self_share (of all self time)."""
+    ops = trace.events[trace.events["cat"] == "cpu_op"]
+    table = ops.groupby("name").agg(calls=("dur", "size"), self_ms=("self_dur", "sum"), total_ms=("dur", "sum"))
+    table[["self_ms", "total_ms"]] /= 1e3
+    table = table.reset_index().rename(columns={"name": "operator"})
+    table.insert(1, "category", table["operator"].map(operator_category))
+    table["self_share"] = table["self_ms"] / table["self_ms"].sum() if len(table) else []
+    return table.sort_values("self_ms", ascending=False, ignore_index=True)
+
+
+def kernels(trace: Trace) -> pd.DataFrame:
+    """GPU kernels by time: kernel, category, tensor_core, calls, total_ms, mean_us, share. Empty for a CPU trace."""
+    k = trace.events[trace.events["cat"] == "kernel"]
+    table = k.groupby("name").agg(calls=("dur", "size"), total_ms=("dur", "sum"), mean_us=("dur", "mean"))
+    table["total_ms"] /= 1e3
+    table = table.reset_index().rename(columns={"name": "kernel"})
+    table.insert(1, "category", table["kernel"].map(kernel_category))
+    table.insert(2, "tensor_core", table["kernel"].map(lambda n: bool(_TENSOR_CORE.search(n))))
+    table["share"] = table["total_ms"] / table["total_ms"].sum() if len(table) else []
+    return table.sort_values("total_ms", ascending=False, ignore_index=True)
+
+
+def breakdown(trace: Trace) -> pd.DataFrame:
+    """Time by category (matmul, attention, elementwise, normalization, communication, memory, other): time_ms, share.
+
+    From GPU kernels (and memcpy/memset) on a GPU trace; from CPU operators' self time (on every thread, gloo's
+    worker threads included as communication) on a CPU trace.
+    """
+    ev = trace.events
+    if trace.device == "cuda":
+        gpu = ev[ev["cat"].isin(["kernel", "gpu_memcpy", "gpu_memset"])]
+        cats = np.where(gpu["cat"] == "kernel", gpu["name"].map(kernel_category), "memory")
+        times = gpu["dur"]
+    else:
+        ops = ev[(ev["cat"] == "cpu_op") | _is_comm_activity(ev)]
+        cats = ops["name"].map(operator_category)
+        times = ops["self_dur"].fillna(ops["dur"])
+    total = pd.Series(times.to_numpy(), index=cats).groupby(level=0).sum()
+    table = pd.DataFrame({"category": list(CATEGORIES)})
+    table["time_ms"] = table["category"].map(total).fillna(0.0) / 1e3
+    table["share"] = table["time_ms"] / table["time_ms"].sum() if table["time_ms"].sum() else 0.0
+    return table
+
+
+def tensor_core_share(trace: Trace) -> float | None:
+    """Fraction of GPU kernel time in tensor-core kernels (None for a CPU trace, which has no kernels)."""
+    k = kernels(trace)
+    if k.empty:
+        return None
+    return float(k.loc[k["tensor_core"], "total_ms"].sum() / k["total_ms"].sum())
+
+
+def communication(traces: Trace | Sequence[Trace], tensor: int = 1, pipeline: int = 1) -> pd.DataFrame:
+    """Communication per rank, collective and parallel group: calls, time_ms (activity time), elements.
+
+    The group comes from the process-group record of each call where the trace has one (NCCL: `record_param_comms`
+    with Megatron's group descriptions); otherwise from the run's layout (`tensor`, `pipeline`; data parallel is the
+    rest of the world): point-to-point is pp, a collective is the only one of tp/dp wider than 1, and with both wider
+    than 1 a collective on a flat (1-D) buffer is dp (Megatron's gradient buckets) and on an activation (2-D or more)
+    is tp.
+    """
+    rows = []
+    for t in _as_list(traces):
+        comm = _comm_activity(t, tensor, pipeline)
+        calls = _comm_calls(t, tensor, pipeline)
+        keys = sorted(set(zip(comm["collective"], comm["group"])) | set(zip(calls["collective"], calls["group"])))
+        for collective, group in keys:
+            a = comm[(comm["collective"] == collective) & (comm["group"] == group)]
+            c = calls[(calls["collective"] == collective) & (calls["group"] == group)]
+            rows.append({"rank": t.rank, "collective": collective, "group": group, "calls": len(c),
+                         "time_ms": _union_length(a["ts"], a["ts"] + a["dur"]) / 1e3,
+                         "elements": int(c["elements"].sum())})
+    return pd.DataFrame(rows, columns=["rank", "collective", "group", "calls", "time_ms", "elements"])
+
+
+def communication_by_group(traces: Trace | Sequence[Trace], tensor: int = 1, pipeline: int = 1) -> pd.DataFrame:
+    """Communication time per rank and parallel group (tp/dp/pp/...): time_ms, calls, and share of the profiled span."""
+    table = communication(traces, tensor, pipeline)
+    spans = {t.rank: (t.window[1] - t.window[0]) / 1e3 for t in _as_list(traces)}
+    out = table.groupby(["rank", "group"], as_index=False).agg(time_ms=("time_ms", "sum"), calls=("calls", "sum"))
+    out["share"] = out["time_ms"] / out["rank"].map(spans)
+    return out
+
+
+def compute_communication(traces: Trace | Sequence[Trace]) -> pd.DataFrame:
+    """Per rank, the profiled steps split as TensorBoard's distributed view does (ms and shares).
+
+    computation: only computing; overlapping: computing while communicating; communication: only communicating;
+    other: neither (host overhead, waiting, idle). Computing is GPU kernels on a GPU trace, and on a CPU trace the CPU
+    operators that are not communication and do not wait on it; communicating is NCCL kernels, or gloo's work.
+    """
+    rows = []
+    for t in _as_list(traces):
+        lo, hi = t.window
+        compute = _clip(_merge(*_compute_intervals(t)), lo, hi)
+        comm_ev = _comm_activity(t)
+        comm = _clip(_merge(comm_ev["ts"].to_numpy(), (comm_ev["ts"] + comm_ev["dur"]).to_numpy()), lo, hi)
+        span = hi - lo
+        both = _intersection_length(compute, comm)
+        c, m = _length(compute), _length(comm)
+        row = {"rank": t.rank, "steps": len(t.step_windows), "span_ms": span / 1e3,
+               "computation_ms": (c - both) / 1e3, "overlapping_ms": both / 1e3,
+               "communication_ms": (m - both) / 1e3, "other_ms": (span - c - m + both) / 1e3}
+        for part in ("computation", "overlapping", "communication", "other"):
+            row[f"{part}_share"] = row[f"{part}_ms"] / row["span_ms"] if span else 0.0
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def memory_curve(trace: Trace) -> pd.DataFrame:
+    """Allocated and reserved memory over the profiled steps, from the trace's `[memory]` events.
+
+    Columns: time_ms (from the first profiled step's start), step, allocated_mb, reserved_mb. The device is the GPU
+    when the trace holds GPU memory events, else the CPU (whose allocator counts bytes allocated since profiling
+    began, so levels are relative; differences and peaks within a step are what to read).
+    """
+    m = trace.memory_events
+    if m.empty:
+        return pd.DataFrame(columns=["time_ms", "step", "allocated_mb", "reserved_mb"])
+    device_type = 1 if (m["device_type"] == 1).any() else 0
+    m = m[m["device_type"] == device_type].sort_values("ts")
+    w = trace.step_windows
+    start = w["start"].min() if len(w) else m["ts"].min()
+    out = pd.DataFrame({"time_ms": (m["ts"] - start) / 1e3, "step": _step_of(trace, m["ts"]),
+                        "allocated_mb": m["allocated"] / 2**20, "reserved_mb": m["reserved"] / 2**20})
+    return out.reset_index(drop=True)
+
+
+def memory_per_step(trace: Trace) -> pd.DataFrame:
+    """Per profiled step: allocated at its start, peak allocated, and the growth during it (MB).
+
+    The growth is what a step holds at once beyond what it started with: saved activations and temporaries, the number
+    activation checkpointing lowers.
+    """
+    curve = memory_curve(trace)
+    rows = []
+    for _, s in steps(trace).iterrows():
+        before = curve[curve["time_ms"] < s["start_ms"]]
+        inside = curve[curve["step"] == s["step"]]
+        at_start = float(before["allocated_mb"].iloc[-1]) if len(before) else 0.0
+        peak = float(inside["allocated_mb"].max()) if len(inside) else at_start
+        rows.append({"step": int(s["step"]), "start_mb": at_start, "peak_mb": peak, "growth_mb": peak - at_start})
+    return pd.DataFrame(rows, columns=["step", "start_mb", "peak_mb", "growth_mb"])
+
+
+# torch.profiler._memory_profiler's category order (its `_CATEGORY_TO_INDEX`, None last); a test pins it to torch's.
+MEMORY_TIMELINE_CATEGORIES = ("parameter", "optimizer_state", "input", "temporary", "activation", "gradient",
+                              "autograd_detail", "unknown")
+
+
+def memory_timeline(path) -> pd.DataFrame:
+    """A memory timeline written by `profiler.export_memory_timeline(PATH.json[.gz])`, one column per category (MB).
+
+    Columns: time_ms (from the first sample), then one column per category of MEMORY_TIMELINE_CATEGORIES, and total_mb.
+    """
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        raw = json.load(f)
+    if not (isinstance(raw, list) and len(raw) == 2):
+        raise ValueError(f"{path}: not a memory timeline ([times, sizes]); write it with "
+                         f"profiler.export_memory_timeline('...json')")
+    times, sizes = np.asarray(raw[0], dtype=float), np.asarray(raw[1], dtype=float).reshape(len(raw[0]), -1)
+    # Column 0 is a base the exporter never fills; the categories follow in torch's order.
+    by_category = sizes[:, 1:1 + len(MEMORY_TIMELINE_CATEGORIES)] / 2**20
+    out = pd.DataFrame(by_category, columns=[f"{c}_mb" for c in MEMORY_TIMELINE_CATEGORIES])
+    out.insert(0, "time_ms", (times - times.min()) / 1e3 if len(times) else [])
+    out["total_mb"] = out[[f"{c}_mb" for c in MEMORY_TIMELINE_CATEGORIES]].sum(axis=1)
+    return out
+
+
+def find_memory_timelines(path) -> list[Path]:
+    """Memory timeline files (`*memory*.json[.gz]`) at PATH: the file itself or below a run directory."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob("*memory*.json*") if p.name.endswith((".json", ".json.gz")))
+
+
+def summary(traces: Trace | Sequence[Trace], tensor: int = 1, pipeline: int = 1, top: int = 10) -> dict:
+    """Everything above in one JSON-ready dict: per rank steps, step time, breakdown, compute/communication, memory."""
+    traces = _as_list(traces)
+    split = compute_communication(traces).set_index("rank")
+    groups = communication_by_group(traces, tensor, pipeline)
+    ranks = []
+    for t in traces:
+        st, mem = steps(t), memory_per_step(t)
+        parts = breakdown(t)
+        ranks.append({
+            "rank": t.rank, "path": str(t.path), "device": t.device, "backend": t.backend,
+            "profiled_steps": st["step"].tolist(),
+            "step_ms": round(float(st["duration_ms"].mean()), 3) if len(st) else None,
+            "breakdown": {r.category: round(float(r.share), 4) for r in parts.itertuples()},
+            "tensor_core_share": tensor_core_share(t),
+            "compute_communication": {k: round(float(split.loc[t.rank, f"{k}_share"]), 4)
+                                      for k in ("computation", "overlapping", "communication", "other")},
+            "communication_ms_by_group": {r.group: round(float(r.time_ms), 3)
+                                          for r in groups[groups["rank"] == t.rank].itertuples()},
+            "peak_memory_growth_mb": round(float(mem["growth_mb"].max()), 3) if len(mem) else None,
+            "top_operators": operators(t).head(top)[["operator", "category", "calls", "self_ms"]]
+            .round({"self_ms": 3}).to_dict("records"),
+        })
+    return {"world_size": traces[0].world_size, "traces": len(traces), "ranks": ranks}
+
+
+# ---------------------------------------------------------------------------------------------------- naming
+
+def operator_category(name: str) -> str:
+    """Category of a CPU operator (or a communication op name) among CATEGORIES."""
+    if _is_comm_name(name):
+        return "communication"
+    base = name.split("::")[-1]
+    base = re.sub(r"(Backward\d*|_backward(_data)?)$", "", base)
+    base = base.rstrip("_") if base != "_" else base
+    for category, pattern in _OPERATOR_CATEGORIES:
+        if re.search(pattern, base, re.I):
+            return category
+    return "other"
+
+
+def kernel_category(name: str) -> str:
+    """Category of a GPU kernel name among CATEGORIES."""
+    for category, pattern in _KERNEL_CATEGORIES:
+        if re.search(pattern, name, re.I):
+            return category
+    return "other"
+
+
+def collective_of(name: str) -> str | None:
+    """The collective an op, annotation or NCCL kernel name stands for (all_reduce, send_recv, ...), else None."""
+    if not _is_comm_name(name):
+        return None
+    key = name.split(":")[-1].lower().replace("devkernel", "").replace("kernel", "")
+    for collective, pattern in _COLLECTIVE_PATTERNS:
+        if re.search(pattern, key):
+            return collective
+    return None
+
+
+def group_of_description(description: str | None) -> str | None:
+    """Parallel group of a Megatron process-group description (e.g. TENSOR_MODEL_PARALLEL_GROUP -> tp)."""
+    for group, pattern in _GROUP_DESCRIPTIONS:
+        if description and re.search(pattern, description):
+            return group
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------- internals
+
+def _events_frame(events: list[dict]) -> pd.DataFrame:
+    frame = pd.DataFrame({
+        "name": [e.get("name", "") for e in events],
+        "cat": [e.get("cat", "") for e in events],
+        "pid": [str(e.get("pid")) for e in events],
+        "tid": [str(e.get("tid")) for e in events],
+        "ts": np.array([float(e["ts"]) for e in events]),
+        "dur": np.array([float(e["dur"]) for e in events]),
+        "args": [e.get("args") or {} for e in events],
+    })
+    frame["self_dur"], frame["has_comm_child"] = _nesting(frame)
+    return frame
+
+
+def _nesting(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Self time of each CPU operator (its time minus its direct children's, per thread), and whether it encloses a
+    communication op (so it waits on the network rather than computes)."""
+    self_dur = np.full(len(frame), np.nan)
+    has_comm = np.zeros(len(frame), dtype=bool)
+    cpu = frame[(frame["cat"] == "cpu_op") | ((frame["cat"] == "user_annotation") & _is_comm_activity(frame))]
+    comm = cpu["name"].map(_is_comm_name).to_numpy()
+    for _, idx in cpu.groupby(["pid", "tid"]).indices.items():
+        rows = cpu.index.to_numpy()[idx]
+        order = np.lexsort((-frame["dur"].to_numpy()[rows], frame["ts"].to_numpy()[rows]))
+        rows, is_comm = rows[order], comm[idx][order]
+        ts, dur = frame["ts"].to_numpy()[rows], frame["dur"].to_numpy()[rows]
+        own = dur.copy()
+        stack: list[int] = []
+        for i in range(len(rows)):
+            while stack and ts[i] >= ts[stack[-1]] + dur[stack[-1]]:
+                stack.pop()
+            if stack:
+                own[stack[-1]] -= dur[i]
+                if is_comm[i]:
+                    for j in stack:
+                        has_comm[rows[j]] = True
+            stack.append(i)
+        self_dur[rows] = np.maximum(own, 0.0)
+    return self_dur, has_comm
+
+
+def _memory_frame(events: list[dict]) -> pd.DataFrame:
+    args = [e.get("args") or {} for e in events]
+    return pd.DataFrame({
+        "ts": np.array([float(e["ts"]) for e in events]),
+        "allocated": np.array([float(a.get("Total Allocated", 0)) for a in args]),
+        "reserved": np.array([float(a.get("Total Reserved", 0)) for a in args]),
+        "bytes": np.array([float(a.get("Bytes", 0)) for a in args]),
+        "device_type": np.array([int(a.get("Device Type", 0)) for a in args]),
+    })
+
+
+def _is_comm_name(name: str) -> bool:
+    return name.startswith(("c10d::", "gloo:", "nccl:", "nccl")) or name == "record_param_comms"
+
+
+def _is_comm_activity(ev: pd.DataFrame) -> pd.Series:
+    """Events during which data moves: NCCL kernels on a GPU, gloo's work (annotated `gloo:*`) on a CPU."""
+    return ((ev["cat"] == "kernel") & ev["name"].str.startswith("nccl")) | \
+        ((ev["cat"] == "user_annotation") & ev["name"].str.startswith("gloo:"))
+
+
+def _comm_activity(trace: Trace, tensor: int = 1, pipeline: int = 1) -> pd.DataFrame:
+    ev = trace.events
+    act = ev[_is_comm_activity(ev)]
+    if act.empty:  # no worker-side events: the dispatching ops are all there is
+        act = ev[(ev["cat"] == "cpu_op") & ev["name"].str.startswith("c10d::")]
+    act = act.assign(collective=act["name"].map(collective_of)).dropna(subset=["collective"])
+    return act.assign(group=_groups(trace, act, tensor, pipeline))
+
+
+def _comm_calls(trace: Trace, tensor: int, pipeline: int) -> pd.DataFrame:
+    ev = trace.events
+    calls = ev[(ev["cat"] == "cpu_op") & ev["name"].str.startswith("c10d::")]
+    calls = calls.assign(collective=calls["name"].map(collective_of)).dropna(subset=["collective"])
+    calls = calls.assign(elements=[_numel(_first_shape(a.get("Input Dims"))) for a in calls["args"]])
+    return calls.assign(group=_groups(trace, calls, tensor, pipeline))
+
+
+def _groups(trace: Trace, comm: pd.DataFrame, tensor: int, pipeline: int) -> list[str]:
+    records = _ParamCommsRecords(trace)
+    data = max(1, trace.world_size // max(1, tensor * pipeline))
+    groups = []
+    for row in comm.itertuples():
+        record = records.describing(row)
+        if record is not None:
+            groups.append(_group_of_record(trace, record, tensor, pipeline))
+        elif row.collective == "send_recv":
+            groups.append("pp")
+        elif tensor > 1 and data > 1:
+            shape = _first_shape(row.args.get("Input Dims"))
+            groups.append("tp" if shape is not None and len(shape) >= 2 else "dp")
+        elif tensor > 1:
+            groups.append("tp")
+        elif data > 1:
+            groups.append("dp")
+        elif pipeline > 1:
+            groups.append("pp")
+        else:
+            groups.append("unknown")
+    return groups
+
+
+class _ParamCommsRecords:
+    """The `record_param_comms` events of a trace (NCCL writes one per call, with its process group)."""
+
+    def __init__(self, trace: Trace):
+        ev = trace.events
+        self.records = ev[ev["name"] == "record_param_comms"]
+        self.launches: dict = {}
+        if len(self.records):
+            runtime = ev[ev["cat"] == "cuda_runtime"]
+            self.launches = {a.get("correlation"): (ts, tid)
+                             for a, ts, tid in zip(runtime["args"], runtime["ts"], runtime["tid"])}
+
+    def describing(self, row) -> dict | None:
+        """The record of a communication event: for a dispatching op, the record inside it; for an NCCL kernel, the
+        record enclosing the runtime call that launched it (matched by correlation id)."""
+        r = self.records
+        if r.empty:
+            return None
+        if row.cat == "kernel":
+            launch = self.launches.get(row.args.get("correlation"))
+            if launch is None:
+                return None
+            ts, tid = launch
+            inside = r[(r["tid"] == tid) & (r["ts"] <= ts) & (r["ts"] + r["dur"] >= ts)]
+        else:
+            end = row.ts + row.dur
+            inside = r[(r["tid"] == row.tid) & (r["ts"] >= row.ts) & (r["ts"] <= end)]
+        return inside["args"].iloc[-1] if len(inside) else None
+
+
+def _group_of_record(trace: Trace, record: dict, tensor: int, pipeline: int) -> str:
+    description = record.get("Process Group Description")
+    name = record.get("Process Group Name")
+    if not description:
+        description = next((pg.get("pg_desc") for pg in trace.process_groups if str(pg.get("pg_name")) == str(name)),
+                           None)
+    group = group_of_description(description)
+    if group:
+        return group
+    ranks = record.get("Process Group Ranks")
+    if isinstance(ranks, str):
+        ranks = [int(r) for r in re.findall(r"\d+", ranks)]
+    return _group_of_ranks(trace.rank, trace.world_size, ranks, tensor, pipeline) if ranks else "unknown"
+
+
+def _group_of_ranks(rank: int, world: int, ranks: Iterable[int], tensor: int, pipeline: int) -> str:
+    """Which of Megatron's groups (order tp-dp-pp: rank = t + T*(d + D*p)) a set of ranks is, for this rank."""
+    ranks = sorted(ranks)
+    data = max(1, world // max(1, tensor * pipeline))
+    t, d, p = rank % tensor, (rank // tensor) % data, rank // (tensor * data)
+    layouts = {
+        "tp": [i + tensor * (d + data * p) for i in range(tensor)],
+        "dp": [t + tensor * (i + data * p) for i in range(data)],
+        "pp": [t + tensor * (d + data * i) for i in range(pipeline)],
+        "world": list(range(world)),
+    }
+    return next((g for g, members in layouts.items() if len(members) > 1 and members == ranks), "unknown")
+
+
+def _first_shape(dims) -> list[int] | None:
+    """The first tensor shape in a profiler "Input Dims" value (which nests lists for tensor-list arguments)."""
+    if not isinstance(dims, list):
+        return None
+    if dims and all(isinstance(d, int) for d in dims):
+        return dims
+    for d in dims:
+        shape = _first_shape(d)
+        if shape:
+            return shape
+    return None
+
+
+def _numel(shape) -> int:
+    return int(np.prod(shape)) if shape else 0
+
+
+def _compute_intervals(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    ev = trace.events
+    if trace.device == "cuda":
+        busy = ev[ev["cat"].isin(["kernel", "gpu_memcpy", "gpu_memset"]) & ~_is_comm_activity(ev)]
+    else:
+        busy = ev[(ev["cat"] == "cpu_op") & ~ev["name"].map(_is_comm_name) & ~ev["has_comm_child"]]
+    return busy["ts"].to_numpy(), (busy["ts"] + busy["dur"]).to_numpy()
+
+
+def _step_of(trace: Trace, ts: pd.Series) -> np.ndarray:
+    w = trace.step_windows
+    out = np.full(len(ts), -1)
+    for s in w.itertuples():
+        out[((ts >= s.start) & (ts <= s.end)).to_numpy()] = s.step
+    return out
+
+
+def _merge(starts, ends) -> np.ndarray:
+    """Union of intervals as a sorted (n, 2) array of disjoint intervals."""
+    starts, ends = np.asarray(starts, dtype=float), np.asarray(ends, dtype=float)
+    if not len(starts):
+        return np.empty((0, 2))
+    order = np.argsort(starts)
+    starts, ends = starts[order], ends[order]
+    running_end = np.maximum.accumulate(ends)
+    new = np.r_[True, starts[1:] > running_end[:-1]]
+    group = np.cumsum(new) - 1
+    merged_ends = pd.Series(running_end).groupby(group).max().to_numpy()
+    return np.column_stack([starts[new], merged_ends])
+
+
+def _clip(intervals: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    clipped = np.clip(intervals, lo, hi)
+    return clipped[clipped[:, 1] > clipped[:, 0]] if len(clipped) else clipped
+
+
+def _length(intervals: np.ndarray) -> float:
+    return float((intervals[:, 1] - intervals[:, 0]).sum()) if len(intervals) else 0.0
+
+
+def _union_length(starts, ends) -> float:
+    return _length(_merge(starts, ends))
+
+
+def _intersection_length(a: np.ndarray, b: np.ndarray) -> float:
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i, 0], b[j, 0]), min(a[i, 1], b[j, 1])
+        total += max(0.0, hi - lo)
+        if a[i, 1] < b[j, 1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def _as_list(traces) -> list[Trace]:
+    return [traces] if isinstance(traces, Trace) else list(traces)
