@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "labkit.lab",
     "labkit.diagrams",
     "labkit.data_prep",
+    "labkit.estimate.cli",
 ]
 
 

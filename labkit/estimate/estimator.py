@@ -1,0 +1,199 @@
+"""`estimate(spec)`: everything labkit predicts about a run before it is submitted, with the breakdown behind it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from labkit import catalog
+from labkit.estimate import flops as F
+from labkit.estimate.memory import GIB, memory_per_stage
+from labkit.estimate.params import Shape, stage_params, total_params
+from labkit.estimate.profiles import Profile, find_profile
+from labkit.estimate.timing import (ACTIVATION_BYTES, GRAD_REDUCE_BYTES, allreduce_time, optimizer_step_time,
+                                    p2p_time, pipeline_time, stage_time)
+from labkit.estimate.topology import Topology
+
+# Memory the estimate does not itemise (CUDA context, NCCL buffers, allocator fragmentation) is kept as this fraction
+# of each GPU's usable memory: a stage fits when its itemised total stays below (1 - margin) x the GPU's memory.
+MEMORY_MARGIN = 0.10
+
+
+@dataclass
+class Estimate:
+    params: int
+    flops_per_iteration: float          # executed (with recompute), the workshop's F
+    model_flops_per_iteration: float    # without recompute, the MFU numerator
+    iteration_time_s: float
+    tflops_per_gpu: float               # executed FLOPs per second per GPU
+    mfu: float
+    hfu: float
+    memory_gb_per_stage: list[float]
+    fits_in_memory: bool
+    breakdown: dict[str, float]
+    stage_times_s: list[float]          # forward + backward of one micro-batch per stage
+    stage_gpus: list[str]
+    stage_sources: list[str]            # "profile ..." or "analytic ..."
+    memory_detail: list[dict] = field(default_factory=list)
+    memory_limit_gb_per_stage: list[float] = field(default_factory=list)
+    params_per_stage: list[float] = field(default_factory=list)
+    num_gpus: int = 1
+    tokens_per_iteration: int = 0
+    tokens: float | None = None
+    training_days: float | None = None
+
+    def to_dict(self) -> dict:
+        out = {
+            "params": self.params,
+            "flops_per_iteration": self.flops_per_iteration,
+            "model_flops_per_iteration": self.model_flops_per_iteration,
+            "iteration_time_s": self.iteration_time_s,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "memory_gb_per_stage": self.memory_gb_per_stage,
+            "fits_in_memory": self.fits_in_memory,
+            "memory_margin": MEMORY_MARGIN,
+            "memory_limit_gb_per_stage": self.memory_limit_gb_per_stage,
+            "breakdown": dict(self.breakdown),
+            "stage_times_s": self.stage_times_s,
+            "stage_gpus": self.stage_gpus,
+            "stage_sources": self.stage_sources,
+            "memory_detail": self.memory_detail,
+            "params_per_stage": self.params_per_stage,
+            "num_gpus": self.num_gpus,
+            "tokens_per_iteration": self.tokens_per_iteration,
+        }
+        if self.tokens is not None:
+            out["tokens"] = self.tokens
+            out["training_days"] = self.training_days
+        return out
+
+
+def _profile_lookup(profiles, model: str | None):
+    """Normalise `profiles` (None, a mapping keyed by (gpu, tensor), or a callable) into lookup(gpu, tensor)."""
+    if profiles is None:
+        return lambda gpu, tensor: find_profile(model, gpu, tensor) if model else None
+    if callable(profiles) and not isinstance(profiles, dict):
+        return profiles
+    table = {}
+    for (gpu, tensor), prof in dict(profiles).items():
+        table[(catalog.resolve_gpu_name(gpu) or gpu, int(tensor))] = prof
+    return lambda gpu, tensor: table.get((catalog.resolve_gpu_name(gpu) or gpu, int(tensor)))
+
+
+def _usable(prof: Profile | None, shape: Shape) -> bool:
+    return prof is not None and (prof.seq_length is None or prof.seq_length == shape.seq_length)
+
+
+def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bool = False) -> Estimate:
+    """Predict parameters, FLOPs, memory per stage and iteration time of a RunSpec.
+
+    `profiles`: None looks up data/profiles for the spec's model preset; or a mapping {(gpu, tensor): Profile};
+    or a callable (gpu, tensor) -> Profile | None. Stages without a profile use analytic FLOPs / (peak x efficiency).
+    `overlap_dp`: gradient all-reduce overlapped with the last micro-batch's backward (Megatron --overlap-grad-reduce).
+    """
+    shape = Shape.of(spec.model)
+    par, b = spec.parallel, spec.batch
+    t, p, d, v = par.tensor, par.pipeline, spec.data_parallel, par.virtual_stages
+    m = spec.num_micro_batches
+    partition = spec.layer_partition
+    recompute = spec.recompute.granularity if spec.recompute is not None else None
+    precision = spec.precision
+    topo = Topology(spec)
+    lookup = _profile_lookup(profiles, spec.model.preset)
+
+    # Per-stage compute of one micro-batch.
+    stages, gpus, sources = [], [], []
+    first_layer = 0
+    for i, layers in enumerate(partition):
+        name = topo.stage_gpu(i)
+        prof = lookup(name, t)
+        source = prof if _usable(prof, shape) else catalog.gpu(name)
+        st = stage_time(source, layers, b.micro, t, shape=shape, precision=precision, first=i == 0, last=i == p - 1,
+                        recompute=recompute, first_layer=first_layer, tp_gbps=topo.tp_gbps(i))
+        stages.append(st)
+        gpus.append(name)
+        sources.append(st.source)
+        first_layer += layers
+
+    # Pipeline boundaries: each micro-batch's activations forward and their gradients back.
+    message = b.micro * shape.seq_length * shape.hidden * ACTIVATION_BYTES.get(precision, 2)
+    if par.sequence_parallel:
+        message /= t
+    boundaries = [p2p_time(message, topo.pair_gbps(i, i + 1)) for i in range(p - 1)]
+    pipe = pipeline_time([s.total_s for s in stages], boundaries, m, v)
+
+    # After the last backward: gradient all-reduce per stage, tied-embedding all-reduce, optimizer step.
+    per_stage_params = stage_params(shape, partition, t)
+    grad_bytes = GRAD_REDUCE_BYTES.get(precision, 4)
+    dp_exposed = []
+    for i, params in enumerate(per_stage_params):
+        reduce_s = allreduce_time(params * grad_bytes, d, topo.dp_gbps(i))
+        if overlap_dp:
+            reduce_s = max(0.0, reduce_s - stages[i].backward_s)
+        dp_exposed.append(reduce_s)
+    dp_comm = max(dp_exposed)
+    embedding_comm = 0.0
+    if p > 1 and shape.tied:
+        embedding_bytes = shape.vocab * shape.hidden / t * grad_bytes
+        embedding_comm = allreduce_time(embedding_bytes, 2, topo.pair_gbps(0, p - 1))
+    shards = d if spec.optimizer.distributed else 1
+    optimizer = max(optimizer_step_time(params / shards, catalog.gpu(gpus[i]).memory_bw_gb_s, precision)
+                    for i, params in enumerate(per_stage_params))
+
+    iteration = pipe.total_s + dp_comm + embedding_comm + optimizer
+    k = pipe.bottleneck_stage
+    bottleneck = stages[k]
+    tp_share = bottleneck.tp_comm_s / bottleneck.total_s if bottleneck.total_s else 0.0
+    breakdown = {
+        "compute": pipe.busy_s * (1 - tp_share),
+        "bubble": pipe.bubble_s,
+        "tp_comm": pipe.busy_s * tp_share,
+        "pp_comm": pipe.pp_comm_s,
+        "dp_comm": dp_comm,
+        "embedding_comm": embedding_comm,
+        "optimizer": optimizer,
+    }
+
+    # FLOPs and utilisation.
+    num_gpus = t * p * d
+    executed = F.hardware_flops(shape, b.global_, recompute)
+    model = F.model_flops(shape, b.global_)
+    peak_total = sum(catalog.gpu(topo.slots[r].gpu).peak(precision) for r in range(num_gpus))
+    tflops = F.achieved_tflops(executed, iteration, num_gpus)
+
+    # Memory.
+    mem = memory_per_stage(shape, partition, tensor=t, data_parallel=d, micro_batch=b.micro, num_micro_batches=m,
+                           precision=precision, recompute=recompute,
+                           recompute_layers=spec.recompute.num_layers if spec.recompute else 1,
+                           sequence_parallel=par.sequence_parallel, virtual_stages=v,
+                           distributed_optimizer=spec.optimizer.distributed, optimizer=spec.optimizer.name)
+    limits = [catalog.gpu(g).memory_limit_gb for g in gpus]
+    fits = all(s.total <= (1 - MEMORY_MARGIN) * lim for s, lim in zip(mem, limits))
+
+    tokens_per_iteration = b.global_ * shape.seq_length
+    days = tokens / tokens_per_iteration * iteration / F.SECONDS_PER_DAY if tokens is not None else None
+    return Estimate(
+        params=total_params(shape),
+        flops_per_iteration=executed,
+        model_flops_per_iteration=model,
+        iteration_time_s=iteration,
+        tflops_per_gpu=tflops,
+        mfu=F.utilization(model, iteration, peak_total),
+        hfu=F.utilization(executed, iteration, peak_total),
+        memory_gb_per_stage=[s.total for s in mem],
+        fits_in_memory=fits,
+        breakdown=breakdown,
+        stage_times_s=[s.total_s for s in stages],
+        stage_gpus=gpus,
+        stage_sources=sources,
+        memory_detail=[s.to_dict() for s in mem],
+        memory_limit_gb_per_stage=limits,
+        params_per_stage=per_stage_params,
+        num_gpus=num_gpus,
+        tokens_per_iteration=tokens_per_iteration,
+        tokens=tokens,
+        training_days=days,
+    )
+
+
+__all__ = ["Estimate", "estimate", "MEMORY_MARGIN", "GIB"]

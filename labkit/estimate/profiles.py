@@ -1,0 +1,161 @@
+"""Per-layer profiles: measured forward seconds of each layer at one micro-batch size, per GPU type and tensor size.
+
+Two formats load through `load_profile` (data/profiles/README.md documents both):
+- labkit's JSON: {"model", "gpu", "tensor", "micro_batch", "seq_length", "precision", "unit": "s",
+  "forward_s": {"embedding", "layers": [...], "output"}, "backward_factor", "source", "measured_on"};
+- FASOP's known_cost .npy, named <model>_<gpu>_<tensor>.npy, holding [embedding, layer..., output] forward seconds at
+  micro-batch 1 (FASOP takes forward + backward as 3 x forward and scales linearly with the micro-batch).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from labkit import catalog
+
+PROFILE_DIR = catalog.DATA_DIR / "profiles"
+
+# FASOP's file-name models -> labkit model presets (bert and T5 have no preset; they keep their own names).
+_FASOP_MODELS = {"gpt2XL": "gpt2-xl", "gpt2": "gpt2-small", "bert": "bert-large", "T5": "t5"}
+_FASOP_NAME = re.compile(r"^(?P<model>.+)_(?P<gpu>[^_]+)_(?P<tensor>\d+)$")
+
+
+@dataclass
+class Profile:
+    model: str
+    gpu: str
+    tensor: int
+    embedding_s: float
+    layers_s: list[float]
+    output_s: float
+    micro_batch: int = 1
+    seq_length: int | None = None
+    precision: str | None = None
+    backward_factor: float = 2.0
+    source: str = ""
+    measured_on: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def forward_s(self, first_layer: int, num_layers: int, micro_batch: int, embedding: bool = False,
+                  output: bool = False) -> tuple[float, float]:
+        """(transformer layers, embedding + output) forward seconds of one micro-batch of `micro_batch` sequences.
+
+        Layers past the end of the measured list (a deeper model than the profiled one) take the measured mean.
+        """
+        scale = micro_batch / self.micro_batch
+        measured = self.layers_s[first_layer:first_layer + num_layers]
+        mean = sum(self.layers_s) / len(self.layers_s) if self.layers_s else 0.0
+        layers = sum(measured) + (num_layers - len(measured)) * mean
+        ends = (self.embedding_s if embedding else 0.0) + (self.output_s if output else 0.0)
+        return layers * scale, ends * scale
+
+    def to_dict(self) -> dict:
+        out = {"model": self.model, "gpu": self.gpu, "tensor": self.tensor, "micro_batch": self.micro_batch,
+               "seq_length": self.seq_length, "precision": self.precision, "unit": "s",
+               "forward_s": {"embedding": self.embedding_s, "layers": list(self.layers_s), "output": self.output_s},
+               "backward_factor": self.backward_factor, "source": self.source, "measured_on": self.measured_on}
+        out.update(self.extra)
+        return out
+
+
+class ProfileError(ValueError):
+    pass
+
+
+_KNOWN_KEYS = {"model", "gpu", "tensor", "micro_batch", "seq_length", "precision", "unit", "forward_s",
+               "backward_factor", "source", "measured_on"}
+
+
+def _from_json(path: Path) -> Profile:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{path}: not valid JSON: {exc}") from None
+    missing = [k for k in ("model", "gpu", "tensor", "forward_s") if k not in data]
+    if missing:
+        raise ProfileError(f"{path}: missing {', '.join(missing)}; see data/profiles/README.md for the format")
+    if data.get("unit", "s") != "s":
+        raise ProfileError(f"{path}: unit {data['unit']!r} is not supported; write seconds (\"unit\": \"s\")")
+    fwd = data["forward_s"]
+    if not isinstance(fwd, dict) or not isinstance(fwd.get("layers"), list):
+        raise ProfileError(f"{path}: forward_s must be {{\"embedding\": s, \"layers\": [s, ...], \"output\": s}}")
+    return Profile(model=str(data["model"]), gpu=catalog.resolve_gpu_name(data["gpu"]) or str(data["gpu"]),
+                   tensor=int(data["tensor"]), embedding_s=float(fwd.get("embedding", 0.0)),
+                   layers_s=[float(x) for x in fwd["layers"]], output_s=float(fwd.get("output", 0.0)),
+                   micro_batch=int(data.get("micro_batch", 1)), seq_length=data.get("seq_length"),
+                   precision=data.get("precision"), backward_factor=float(data.get("backward_factor", 2.0)),
+                   source=str(data.get("source", "")), measured_on=str(data.get("measured_on", "")),
+                   extra={k: v for k, v in data.items() if k not in _KNOWN_KEYS})
+
+
+def _from_npy(path: Path) -> Profile:
+    import numpy as np
+
+    match = _FASOP_NAME.match(path.stem)
+    if not match:
+        raise ProfileError(f"{path}: a FASOP profile is named <model>_<gpu>_<tensor>.npy, e.g. gpt2XL_A100_1.npy")
+    values = [float(x) for x in np.load(path).reshape(-1)]
+    if len(values) < 3:
+        raise ProfileError(f"{path}: expected [embedding, layers..., output], got {len(values)} entries")
+    gpu = match["gpu"]
+    return Profile(model=_FASOP_MODELS.get(match["model"], match["model"]), gpu=catalog.resolve_gpu_name(gpu) or gpu,
+                   tensor=int(match["tensor"]), embedding_s=values[0], layers_s=values[1:-1], output_s=values[-1],
+                   micro_batch=1, seq_length=1024, precision="fp16", backward_factor=2.0,
+                   source=f"FASOP known_cost/{path.name} (forward seconds at micro-batch 1; fwd+bwd = 3 x fwd)",
+                   measured_on=f"{gpu}, Megatron-LM, FASOP authors")
+
+
+def load_profile(path) -> Profile:
+    """Read a profile from labkit JSON or a FASOP .npy file."""
+    path = Path(path)
+    if not path.exists():
+        raise ProfileError(f"{path}: no such profile file")
+    if path.suffix == ".npy":
+        return _from_npy(path)
+    return _from_json(path)
+
+
+def profile_filename(model: str, gpu: str, tensor: int) -> str:
+    return f"{model}_{catalog.resolve_gpu_name(gpu) or gpu}_tp{tensor}.json"
+
+
+def save_profile(profile: Profile, path=None) -> Path:
+    """Write a profile as labkit JSON (to data/profiles/<model>_<gpu>_tp<t>.json when no path is given)."""
+    path = Path(path) if path is not None else PROFILE_DIR / profile_filename(profile.model, profile.gpu, profile.tensor)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile.to_dict(), indent=2) + "\n")
+    _index.cache_clear()
+    return path
+
+
+@functools.cache
+def _index(directory: str) -> dict:
+    table = {}
+    root = Path(directory)
+    for path in sorted(root.rglob("*")):
+        if path.suffix not in (".json", ".npy"):
+            continue
+        try:
+            prof = load_profile(path)
+        except ProfileError:
+            continue
+        # labkit JSON wins over a FASOP file for the same key: it comes from this project's own profiler
+        key = (prof.model, prof.gpu, prof.tensor)
+        if key not in table or path.suffix == ".json":
+            table[key] = path
+    return table
+
+
+def find_profile(model: str, gpu: str, tensor: int, directory=None) -> Profile | None:
+    """The profile for a model preset on a GPU type at a tensor size, or None when none was measured."""
+    table = _index(str(directory or PROFILE_DIR))
+    path = table.get((model, catalog.resolve_gpu_name(gpu) or gpu, int(tensor)))
+    return load_profile(path) if path else None
+
+
+def available_profiles(directory=None) -> list[tuple[str, str, int]]:
+    """(model, gpu, tensor) of every profile found."""
+    return sorted(_index(str(directory or PROFILE_DIR)))

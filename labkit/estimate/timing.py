@@ -1,0 +1,134 @@
+"""Iteration time from its parts: per-stage compute, tensor-parallel all-reduces, pipeline send/recv, the 1F1B schedule,
+data-parallel gradient all-reduce, the tied-embedding all-reduce and the optimizer step.
+
+Link speeds are Gbit/s per direction. Ring collectives over n ranks move 2 (n-1)/n M bytes per rank for an all-reduce
+(SC21 §3; NCCL's bus-bandwidth convention) plus 2 (n-1) latency steps.
+
+The pipeline (see `pipeline_time`) follows the critical-path form AMP, Alpa and Metis use for 1F1B:
+    T = (m - 1) max_i T'_i + sum_i T_i + 2 sum_j C_j
+with T_i one micro-batch's forward + backward on stage i, C_j one boundary's send of one micro-batch, and
+T'_i = T_i + v (C_in + C_out) the steady-state step of stage i, which sends and receives once per micro-batch each way
+(Megatron's p2p is synchronous). For v interleaved chunks the fill/drain part shrinks to max T + (sum T - max T)/v.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from labkit.estimate.flops import attention_core_forward_flops, layer_forward_flops, logits_forward_flops
+from labkit.estimate.params import Shape
+from labkit.estimate.profiles import Profile
+
+# One step of a ring collective or one p2p message costs at least this much (NCCL's small-message latency is
+# 5-20 us over NVLink/InfiniBand); it matters only for small models. Assumed, not fitted.
+LINK_LATENCY_S = 10e-6
+
+ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+GRAD_REDUCE_BYTES = {"fp32": 4, "bf16": 4, "fp16": 2}  # Megatron reduces bf16 runs' gradients in fp32
+
+
+def _bytes_per_s(gbps: float) -> float:
+    return gbps * 1e9 / 8
+
+
+def allreduce_time(nbytes: float, n: int, gbps: float, latency_s: float = LINK_LATENCY_S) -> float:
+    """Ring all-reduce of `nbytes` over `n` ranks on links of `gbps` Gbit/s."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / _bytes_per_s(gbps) + 2 * (n - 1) * latency_s
+
+
+def p2p_time(nbytes: float, gbps: float, latency_s: float = LINK_LATENCY_S) -> float:
+    """One point-to-point message (a pipeline send/recv)."""
+    return nbytes / _bytes_per_s(gbps) + latency_s if nbytes > 0 else 0.0
+
+
+@dataclass
+class StageTime:
+    """One micro-batch on one pipeline stage, seconds."""
+    forward_s: float      # compute
+    backward_s: float     # compute, including any recomputed forward
+    tp_comm_s: float      # tensor-parallel all-reduces (forward and backward) not already inside a measured profile
+    source: str = "analytic"
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.backward_s + self.tp_comm_s
+
+
+def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape: Shape, precision: str = "bf16",
+               first: bool = False, last: bool = False, recompute: str | None = None, first_layer: int = 0,
+               tp_gbps: float | None = None, efficiency: float | None = None) -> StageTime:
+    """Forward + backward of one micro-batch through one pipeline stage.
+
+    `source` is a Profile (measured forward seconds; its time already contains the tensor-parallel all-reduces it
+    was measured with) or a GPU (catalog.GPU or its name), for which compute is FLOPs / (peak x efficiency) and the
+    tensor-parallel all-reduces (2 forward + 2 backward per layer of b s h activations) are added from `tp_gbps`.
+    Full recompute adds one more forward of the transformer layers to the backward; selective re-runs attention's core.
+    """
+    tokens = micro_batch * shape.seq_length
+    layer_flops = layer_forward_flops(shape, tokens)
+    if recompute == "full":
+        recompute_fraction = 1.0
+    elif recompute == "selective":
+        recompute_fraction = attention_core_forward_flops(shape, tokens) / layer_flops
+    else:
+        recompute_fraction = 0.0
+
+    if isinstance(source, Profile):
+        layer_s, ends_s = source.forward_s(first_layer, layers, micro_batch, embedding=first, output=last)
+        forward = layer_s + ends_s
+        backward = source.backward_factor * forward + recompute_fraction * layer_s
+        return StageTime(forward, backward, 0.0, source=f"profile {source.model}/{source.gpu}/tp{source.tensor}")
+
+    from labkit import catalog
+
+    gpu = source if isinstance(source, catalog.GPU) else catalog.gpu(source)
+    rate = gpu.peak(precision) * 1e12 * (efficiency if efficiency is not None else gpu.efficiency)
+    layer_s = layers * layer_flops / tensor / rate
+    ends_s = logits_forward_flops(shape, tokens) / tensor / rate if last else 0.0
+    forward = layer_s + ends_s
+    backward = 2 * forward + recompute_fraction * layer_s
+    comm = 0.0
+    if tensor > 1:
+        gbps = tp_gbps if tp_gbps is not None else gpu.intra_node_gbps
+        message = tokens * shape.hidden * ACTIVATION_BYTES.get(precision, 2)
+        per_layer = 4 + (2 if recompute == "full" else 0)  # a recomputed forward all-reduces again
+        comm = layers * per_layer * allreduce_time(message, tensor, gbps)
+    return StageTime(forward, backward, comm, source=f"analytic {gpu.name}")
+
+
+@dataclass
+class PipelineTime:
+    total_s: float
+    busy_s: float         # the bottleneck stage's own work: m x T_k
+    bubble_s: float       # fill and drain while the bottleneck waits
+    pp_comm_s: float      # sends and receives on the critical path
+    bottleneck_stage: int
+
+
+def pipeline_time(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
+                  virtual_stages: int = 1) -> PipelineTime:
+    """1F1B (interleaved when virtual_stages > 1) over stages with per-micro-batch times `stage_times` (forward +
+    backward) and per-micro-batch, one-way send times `boundary_times` (one per boundary, len = stages - 1)."""
+    p, m, v = len(stage_times), num_micro_batches, max(1, virtual_stages)
+    if len(boundary_times) != max(0, p - 1):
+        raise ValueError(f"boundary_times: need {max(0, p - 1)} values (one per stage boundary), got {len(boundary_times)}")
+    edges = [0.0, *boundary_times, 0.0]
+    steady = [t + v * (edges[i] + edges[i + 1]) for i, t in enumerate(stage_times)]
+    k = max(range(p), key=lambda i: steady[i])
+    t_max = max(stage_times)
+    fill_drain = t_max + (sum(stage_times) - t_max) / v
+    total = (m - 1) * steady[k] + fill_drain + 2 * sum(boundary_times)
+    busy = m * stage_times[k]
+    pp_comm = (m - 1) * (steady[k] - stage_times[k]) + 2 * sum(boundary_times)
+    return PipelineTime(total_s=total, busy_s=busy, bubble_s=total - busy - pp_comm, pp_comm_s=pp_comm,
+                        bottleneck_stage=k)
+
+
+def optimizer_step_time(params: float, memory_bw_gb_s: float, precision: str = "bf16") -> float:
+    """Adam's update streams weights, gradient, master copy and both moments through memory once each way.
+
+    Bytes per parameter read + written: fp32 (4+4+4+4) + (4+4+4); mixed (2+4+4+4+4) + (2+4+4+4).
+    """
+    per_param = 28 if precision == "fp32" else 32
+    return params * per_param / (memory_bw_gb_s * 1e9)

@@ -1,0 +1,79 @@
+"""Where each rank sits and how fast the links between ranks are, from the spec's cluster (node groups in placement
+order) and Megatron's rank order: tensor fastest, then data, then pipeline (rank = stage*t*d + dp*t + tp).
+
+A group of ranks inside one node talks over that node's intra-node link; a group spanning nodes runs at the slowest
+node's inter-node link, shared by the concurrent transfers leaving a node through its one network interface.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from labkit import catalog
+
+
+@dataclass(frozen=True)
+class Slot:
+    node: int
+    gpu: str            # catalog name
+    intra_gbps: float
+    inter_gbps: float
+
+
+class Topology:
+    def __init__(self, spec):
+        cluster = spec.cluster_or_default()
+        self.tensor, self.pipeline, self.data = spec.parallel.tensor, spec.parallel.pipeline, spec.data_parallel
+        slots, node = [], 0
+        for group in cluster.nodes:
+            name = catalog.resolve_gpu_name(group.gpu) or group.gpu
+            gpu = catalog.gpu(name)
+            intra = group.intra_node_gbps or cluster.intra_node_gbps or gpu.intra_node_gbps
+            inter = group.inter_node_gbps or cluster.inter_node_gbps or gpu.inter_node_gbps
+            for _ in range(group.count):
+                slots += [Slot(node, name, float(intra), float(inter))] * group.gpus_per_node
+                node += 1
+        needed = self.tensor * self.pipeline * self.data
+        if len(slots) < needed:  # a spec without enough GPUs was caught by validation; keep the last kind
+            slots += [slots[-1]] * (needed - len(slots))
+        self.slots = slots
+
+    def rank(self, stage: int, dp: int, tp: int) -> int:
+        return stage * self.tensor * self.data + dp * self.tensor + tp
+
+    def stage_gpu(self, stage: int) -> str:
+        return self.slots[self.rank(stage, 0, 0)].gpu
+
+    def group_gbps(self, ranks: list[int]) -> float:
+        """Speed of a collective over `ranks` (one of several such groups running at once)."""
+        nodes = {self.slots[r].node for r in ranks}
+        if len(nodes) == 1:
+            return min(self.slots[r].intra_gbps for r in ranks)
+        return min(self.slots[r].inter_gbps for r in ranks)
+
+    def tp_gbps(self, stage: int) -> float:
+        return self.group_gbps([self.rank(stage, 0, k) for k in range(self.tensor)])
+
+    def dp_gbps(self, stage: int) -> float:
+        """A ring over the stage's data-parallel ranks; the stage's t rings share each node's network interface."""
+        ranks = [self.rank(stage, j, 0) for j in range(self.data)]
+        gbps = self.group_gbps(ranks)
+        if len({self.slots[r].node for r in ranks}) > 1:
+            per_node = Counter(self.slots[self.rank(stage, 0, k)].node for k in range(self.tensor))
+            gbps /= max(per_node.values())
+        return gbps
+
+    def pair_gbps(self, stage_a: int, stage_b: int) -> float:
+        """Per-pair speed when every (dp, tp) rank of stage_a sends to its peer in stage_b at the same time."""
+        pairs = [(self.rank(stage_a, j, k), self.rank(stage_b, j, k))
+                 for j in range(self.data) for k in range(self.tensor)]
+        crossing = Counter(self.slots[a].node for a, b in pairs if self.slots[a].node != self.slots[b].node)
+        slowest = float("inf")
+        for a, b in pairs:
+            sa, sb = self.slots[a], self.slots[b]
+            if sa.node == sb.node:
+                gbps = min(sa.intra_gbps, sb.intra_gbps)
+            else:
+                gbps = min(sa.inter_gbps, sb.inter_gbps) / crossing[sa.node]
+            slowest = min(slowest, gbps)
+        return slowest

@@ -1,0 +1,145 @@
+"""Iteration time, memory and the `estimate` entry point."""
+import json
+
+import pytest
+
+from labkit.cli import main
+from labkit.estimate import (Shape, allreduce_time, estimate, memory_per_stage, pipeline_time, stage_time)
+from labkit.spec import load_spec
+
+GPT2_XL = Shape(num_layers=48, hidden=1600, heads=25, seq_length=1024, vocab=50257)
+
+
+def seed000(**changes):
+    data = {"name": "seed000", "model": {"preset": "gpt2-xl"},
+            "parallel": {"tensor": 1, "pipeline": 8, "data": 4, "partition": [0, 11, 8, 8, 8, 8, 5, 0]},
+            "batch": {"micro": 1, "global": 64}, "precision": "fp16", "recompute": "none", "cluster": "a10x8"}
+    for key, value in changes.items():
+        data[key] = value
+    return load_spec(data)
+
+
+def test_allreduce_is_the_ring_formula():
+    assert allreduce_time(1e9, 1, 100) == 0
+    # 2 (n-1)/n x 1 GB over 100 Gbit/s = 1.5 x 0.08 s, plus 6 latency steps
+    assert allreduce_time(1e9, 4, 100, latency_s=0) == pytest.approx(0.12)
+    assert allreduce_time(1e9, 4, 100) > allreduce_time(1e9, 4, 100, latency_s=0)
+
+
+def test_homogeneous_pipeline_is_m_plus_p_minus_1_stage_times():
+    result = pipeline_time([0.1] * 4, [0.0] * 3, num_micro_batches=8)
+    assert result.total_s == pytest.approx((8 + 4 - 1) * 0.1)
+    assert result.bubble_s == pytest.approx(3 * 0.1)  # bubble fraction (p - 1)/m of the busy time
+    assert result.busy_s == pytest.approx(0.8)
+
+
+def test_interleaving_divides_the_bubble_by_v():
+    plain = pipeline_time([0.1] * 4, [0.0] * 3, 8)
+    interleaved = pipeline_time([0.1] * 4, [0.0] * 3, 8, virtual_stages=3)
+    assert interleaved.bubble_s == pytest.approx(plain.bubble_s / 3)
+
+
+def test_slowest_stage_sets_the_steady_state_and_sends_add_up():
+    result = pipeline_time([0.1, 0.3, 0.1], [0.01, 0.01], 10)
+    assert result.bottleneck_stage == 1
+    assert result.total_s == pytest.approx(9 * (0.3 + 0.02) + 0.5 + 0.04)
+    with pytest.raises(ValueError, match="boundary_times"):
+        pipeline_time([0.1, 0.1], [], 4)
+
+
+def test_stage_time_from_gpu_scales_with_layers_tensor_and_recompute():
+    one = stage_time("A100-40GB", 4, 1, 1, shape=GPT2_XL)
+    assert stage_time("A100-40GB", 8, 1, 1, shape=GPT2_XL).forward_s == pytest.approx(2 * one.forward_s)
+    assert one.backward_s == pytest.approx(2 * one.forward_s)
+    tp2 = stage_time("A100-40GB", 4, 1, 2, shape=GPT2_XL)
+    assert tp2.forward_s == pytest.approx(one.forward_s / 2) and tp2.tp_comm_s > 0
+    full = stage_time("A100-40GB", 4, 1, 1, shape=GPT2_XL, recompute="full")
+    assert full.backward_s == pytest.approx(3 * one.forward_s)
+    slow_link = stage_time("A100-40GB", 4, 1, 2, shape=GPT2_XL, tp_gbps=10)
+    assert slow_link.tp_comm_s > tp2.tp_comm_s
+
+
+def test_memory_recompute_distributed_optimizer_and_pipeline_depth():
+    kwargs = dict(tensor=1, data_parallel=8, micro_batch=1, num_micro_batches=16, precision="bf16")
+    plain = memory_per_stage(GPT2_XL, [12, 12, 12, 12], **kwargs)
+    full = memory_per_stage(GPT2_XL, [12, 12, 12, 12], recompute="full", **kwargs)
+    dist = memory_per_stage(GPT2_XL, [12, 12, 12, 12], distributed_optimizer=True, **kwargs)
+    assert full[0].activations < plain[0].activations / 5
+    assert dist[1].optimizer == pytest.approx(plain[1].optimizer / 8)
+    # 1F1B: the first stage holds p micro-batches, the last one
+    assert [s.in_flight for s in plain] == [4, 3, 2, 1]
+    assert plain[1].activations > plain[2].activations
+    # bf16 mixed precision: 18 bytes per parameter of model state
+    state = plain[1].weights + plain[1].gradients + plain[1].optimizer
+    assert state == pytest.approx(plain[1].weights * 9)
+
+
+def test_zero_stages_shrink_model_state():
+    kwargs = dict(data_parallel=8, precision="fp16")
+    stages = [memory_per_stage(GPT2_XL, [48], zero_stage=z, **kwargs)[0] for z in (1, 2, 3)]
+    states = [s.weights + s.gradients + s.optimizer for s in stages]
+    assert states[0] > states[1] > states[2]
+    assert states[2] == pytest.approx(stages[2].weights * 8)  # 16/d bytes, 2/d of them weights
+
+
+def test_estimate_seed000_has_every_key_and_a_consistent_breakdown():
+    est = estimate(seed000())
+    d = est.to_dict()
+    for key in ("params", "flops_per_iteration", "model_flops_per_iteration", "iteration_time_s", "tflops_per_gpu",
+                "mfu", "memory_gb_per_stage", "fits_in_memory", "breakdown"):
+        assert key in d
+    for key in ("compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "embedding_comm"):
+        assert d["breakdown"][key] >= 0
+    assert sum(est.breakdown.values()) == pytest.approx(est.iteration_time_s)
+    assert len(est.memory_gb_per_stage) == 8 and est.fits_in_memory
+    assert all(src.startswith("profile gpt2-xl/A10") for src in est.stage_sources)
+    assert est.breakdown["embedding_comm"] > 0 and est.breakdown["dp_comm"] > 0
+    assert "training_days" not in d
+
+
+def test_heterogeneous_stage_uses_its_own_gpu_and_profile():
+    est = estimate(load_spec("examples/gpt2-xl-hetero.yaml"))
+    assert est.stage_gpus[0] == "A100-40GB" and est.stage_gpus[1] == "A10"
+    assert est.stage_sources[0].startswith("profile gpt2-xl/A100-40GB")
+
+
+def test_a_slower_network_costs_time_only_where_traffic_crosses_nodes():
+    fast = estimate(seed000())
+    slow = estimate(seed000(cluster={"nodes": [{"gpu": "A10", "count": 8, "gpus_per_node": 4}],
+                                     "inter_node_gbps": 10}))
+    assert slow.breakdown["pp_comm"] > fast.breakdown["pp_comm"]
+    assert slow.breakdown["compute"] == pytest.approx(fast.breakdown["compute"])
+
+
+def test_profiles_argument_overrides_the_catalog_and_analytic_fallback():
+    spec = seed000()
+    analytic = estimate(spec, profiles={})
+    assert all(src.startswith("analytic A10") for src in analytic.stage_sources)
+    assert analytic.iteration_time_s != estimate(spec).iteration_time_s
+
+
+def test_oom_verdict_for_a_model_too_big_for_its_gpus():
+    spec = load_spec({"model": {"preset": "gpt-18.4b"}, "parallel": {"tensor": 1, "pipeline": 1},
+                      "batch": {"micro": 1, "global": 8}, "precision": "bf16",
+                      "cluster": {"nodes": [{"gpu": "A100-80GB", "count": 1, "gpus_per_node": 1}]}})
+    est = estimate(spec)
+    assert not est.fits_in_memory and est.memory_gb_per_stage[0] > 80
+
+
+def test_cli_json_keys_and_training_days(capsys, tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text(seed000().to_yaml())
+    assert main(["estimate", str(path), "--json", "--tokens", "1e9"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["training_days"] == pytest.approx(1e9 / (64 * 1024) * out["iteration_time_s"] / 86400)
+    assert isinstance(out["memory_gb_per_stage"], list) and isinstance(out["fits_in_memory"], bool)
+    assert main(["estimate", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "iteration time" in text and "bubble" in text
+
+
+def test_cli_rejects_a_bad_spec(capsys, tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("model: {preset: gpt2-xl}\nparallel: {tensor: 3}\n")
+    assert main(["estimate", str(path)]) == 2
+    assert "parallel.tensor" in capsys.readouterr().err
