@@ -1,0 +1,80 @@
+"""Check cells for the labs' exercises.
+
+A student writes an answer in place of `...` and runs the check cell under it: an unanswered exercise says so and
+passes (the lab still runs end to end), a right answer says so, a wrong one raises `Incorrect` with a hint.
+
+    answer = ...                                   # the student's line
+    check_number(answer, gpt_params(12, 768, 1024, 50257), name="GPT-2 small parameters", rel_tol=1e-3)
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+UNANSWERED = (Ellipsis, None)
+
+
+class Incorrect(AssertionError):
+    """A wrong answer; the message says what was expected in kind (never the value itself) and how to get there."""
+
+
+def _unanswered(answer: Any, name: str) -> bool:
+    if any(answer is u for u in UNANSWERED):
+        print(f"{name}: not answered yet. Replace the `...` above and run this cell again.")
+        return True
+    return False
+
+
+def _correct(name: str, detail: str = "") -> bool:
+    print(f"{name}: correct{' (' + detail + ')' if detail else ''}.")
+    return True
+
+
+def check_number(answer: Any, expected: float, *, name: str, rel_tol: float = 0.01, hint: str = "") -> bool:
+    """Right when within `rel_tol` of `expected` (relative)."""
+    if _unanswered(answer, name):
+        return False
+    try:
+        value = float(answer)
+    except (TypeError, ValueError):
+        raise Incorrect(f"{name}: expected a number, got {type(answer).__name__} {answer!r}") from None
+    if math.isclose(value, expected, rel_tol=rel_tol, abs_tol=0.0 if expected else rel_tol):
+        return _correct(name)
+    direction = "too high" if value > expected else "too low"
+    raise Incorrect(f"{name}: {value:g} is {direction} (needs to be within {rel_tol:.1%}). {hint}".strip())
+
+
+def check_choice(answer: Any, expected: Any, *, name: str, choices: list | tuple, hint: str = "") -> bool:
+    """Right when `answer` is `expected`; an answer outside `choices` is refused with the list."""
+    if _unanswered(answer, name):
+        return False
+    if answer not in choices:
+        raise Incorrect(f"{name}: {answer!r} is not one of {list(choices)}")
+    if answer == expected:
+        return _correct(name)
+    raise Incorrect(f"{name}: {answer!r} is not it. {hint}".strip())
+
+
+def check_spec(answer: Any, *, name: str, **expected: Any) -> bool:
+    """Right when the run spec validates and each named attribute (a dotted path, `__` between parts: e.g.
+    `batch__micro=2`, `data_parallel=4`, `num_micro_batches=4`) has the expected value."""
+    from labkit.spec import RunSpec, SpecError, validate
+
+    if _unanswered(answer, name):
+        return False
+    if not isinstance(answer, RunSpec):
+        raise Incorrect(f"{name}: expected a RunSpec (e.g. base.replace(...)), got {type(answer).__name__}")
+    try:
+        validate(answer)
+    except SpecError as exc:
+        raise Incorrect(f"{name}: the spec does not validate: {'; '.join(exc.errors)}") from None
+    wrong = []
+    for path, want in expected.items():
+        value = answer
+        for part in path.split("__"):
+            value = getattr(value, part)
+        if value != want:
+            wrong.append(f"{path.replace('__', '.')} is {value!r}")
+    if wrong:
+        raise Incorrect(f"{name}: not yet: {', '.join(wrong)}")
+    return _correct(name, ", ".join(f"{k.replace('__', '.')}={v!r}" for k, v in expected.items()))
