@@ -1,0 +1,282 @@
+"""Search the parallel layouts of one model on one cluster and rank them by the estimator's iteration time or price.
+
+The space: tensor size (divisors of the GPUs per node that split the heads), pipeline and data sizes that use every
+GPU, micro-batch (divisors of global/data), interleaved virtual stages, full recompute on/off, distributed optimizer
+on/off, and the node order (placement.py: one order per class no cost can tell apart). Each point gets the exact
+min-max layer partition (partition.py) under the estimator's own per-stage costs, then `labkit.estimate.estimate` of
+the resulting run spec gives its row. Recompute and the distributed optimizer never make a step faster, they only save
+memory, so they are tried only on layouts that do not fit without them; layouts that fit nowhere stay in the table,
+marked oom.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field, replace
+
+from labkit import catalog
+from labkit.estimate import Shape, estimate, memory_per_stage, p2p_time, stage_time
+from labkit.estimate.estimator import MEMORY_MARGIN, _profile_lookup, _usable
+from labkit.estimate.timing import ACTIVATION_BYTES
+from labkit.estimate.topology import Topology
+from labkit.plan.partition import min_max_partition
+from labkit.plan.placement import as_cluster, node_kinds, placements
+from labkit.spec import ClusterSpec, ParallelSpec, RecomputeSpec, RunSpec
+
+FULL_RECOMPUTE = RecomputeSpec(granularity="full", method="uniform", num_layers=1)
+OBJECTIVES = ("time", "cost")
+
+
+@dataclass
+class Row:
+    """One evaluated layout; the JSON keys of `labkit plan --json`."""
+    mbs: int
+    tp: int
+    dp: int
+    pp: int
+    virtual_stages: int
+    recompute: bool
+    distributed_optimizer: bool
+    placement: list[str]            # GPU type of each node, in pipeline order
+    partition: list[int]            # transformer layers per pipeline stage
+    estimated_s: float
+    pipeline_s: float               # the 1F1B schedule: compute, bubble and sends
+    dp_allreduce_s: float
+    embedding_allreduce_s: float
+    price_per_step: float
+    oom: bool
+    memory_gb_per_stage: list[float]
+    stage_times_s: list[float]
+    within_budget: bool = True
+    spec: RunSpec | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict:
+        out = {k: v for k, v in self.__dict__.items() if k != "spec"}
+        out["partition_string"] = "-".join(str(n) for n in self.partition)
+        return out
+
+
+@dataclass
+class Plan:
+    rows: list[Row]                 # ranked: fitting and within budget first, then by the objective
+    search_seconds: float
+    configs_evaluated: int
+    objective: str
+
+    @property
+    def best(self) -> Row | None:
+        return self.rows[0] if self.rows else None
+
+    def to_dict(self, top: int | None = None) -> dict:
+        rows = self.rows[:top] if top else self.rows
+        return {"objective": self.objective, "search_seconds": self.search_seconds,
+                "configs_evaluated": self.configs_evaluated, "rows": [r.to_dict() for r in rows],
+                "spec": self.best.spec.to_dict() if self.best else None}
+
+
+def divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def price_per_second(cluster: ClusterSpec) -> float:
+    """Cloud price of the cluster per second: each GPU at its instance's price per node-hour / GPUs per instance."""
+    total = 0.0
+    for g in cluster.nodes:
+        gpu = catalog.gpu(g.gpu)
+        if gpu.price_per_node_hour is None:
+            return float("nan")
+        per_gpu = gpu.price_per_node_hour / (gpu.gpus_per_node or g.gpus_per_node)
+        total += per_gpu * g.gpus_per_node * g.count
+    return total / 3600
+
+
+def layouts(base: RunSpec, world: int, gpus_per_node: int, virtual_stages=(1, 2, 4)):
+    """(tensor, pipeline, data, micro, virtual) tuples that use every GPU and split the model and batch evenly."""
+    m = base.model
+    layers, heads, groups, batch = m.num_layers, m.num_attention_heads, m.query_groups, base.batch.global_
+    for t in divisors(gpus_per_node):
+        if heads % t or groups % t:
+            continue
+        for p in divisors(world // t):
+            if p > layers:
+                continue
+            d = world // (t * p)
+            if batch % d:
+                continue
+            for b in divisors(batch // d):
+                micro_batches = batch // (b * d)
+                for v in virtual_stages:
+                    if v > 1 and (p == 1 or layers % (p * v) or micro_batches % p):
+                        continue
+                    yield t, p, d, b, v
+
+
+class _StageCosts:
+    """The estimator's per-stage time as a function of the layers a stage holds, for the partition search."""
+
+    def __init__(self, shape: Shape, precision: str, lookup):
+        self.shape, self.precision, self.lookup = shape, precision, lookup
+        self._cache: dict = {}
+
+    def source(self, gpu: str, tensor: int):
+        prof = self.lookup(gpu, tensor)
+        return prof if _usable(prof, self.shape) else catalog.gpu(gpu)
+
+    def per_layer(self, gpu: str, tensor: int, micro: int, recompute: str | None, tp_gbps: float) -> list[float]:
+        key = ("layer", gpu, tensor, micro, recompute, tp_gbps)
+        if key not in self._cache:
+            source = self.source(gpu, tensor)
+            kw = dict(shape=self.shape, precision=self.precision, recompute=recompute, tp_gbps=tp_gbps)
+            zero = stage_time(source, 0, micro, tensor, **kw).total_s
+            layers = self.shape.num_layers
+            measured = getattr(source, "layers_s", None)
+            if measured and len(set(measured)) > 1:
+                costs = [stage_time(source, 1, micro, tensor, first_layer=k, **kw).total_s - zero for k in range(layers)]
+            else:
+                costs = [stage_time(source, 1, micro, tensor, **kw).total_s - zero] * layers
+            self._cache[key] = costs
+        return self._cache[key]
+
+    def ends(self, gpu: str, tensor: int, micro: int, recompute: str | None, tp_gbps: float, first: bool,
+             last: bool) -> float:
+        key = ("ends", gpu, tensor, micro, recompute, tp_gbps, first, last)
+        if key not in self._cache:
+            self._cache[key] = stage_time(self.source(gpu, tensor), 0, micro, tensor, shape=self.shape,
+                                          precision=self.precision, recompute=recompute, tp_gbps=tp_gbps,
+                                          first=first, last=last).total_s
+        return self._cache[key]
+
+
+def _memory_caps(spec: RunSpec, shape: Shape, topo: Topology) -> list[int]:
+    """The most transformer layers each stage can hold within the estimator's memory verdict."""
+    p = spec.parallel.pipeline
+    kw = dict(tensor=spec.parallel.tensor, data_parallel=spec.data_parallel, micro_batch=spec.batch.micro,
+              num_micro_batches=spec.num_micro_batches, precision=spec.precision,
+              recompute=spec.recompute.granularity if spec.recompute else None,
+              recompute_layers=spec.recompute.num_layers if spec.recompute else 1,
+              virtual_stages=spec.parallel.virtual_stages, distributed_optimizer=spec.optimizer.distributed,
+              optimizer=spec.optimizer.name)
+    zero, one, two = ([m.total for m in memory_per_stage(shape, [n] * p, **kw)] for n in (0, 1, 2))
+    caps = []
+    for i in range(p):
+        limit = (1 - MEMORY_MARGIN) * catalog.gpu(topo.stage_gpu(i)).memory_limit_gb
+        if zero[i] > limit or one[i] > limit:
+            caps.append(0)
+        else:
+            slope = two[i] - one[i]
+            caps.append(shape.num_layers if slope <= 0 else 1 + int((limit - one[i]) / slope))
+    return caps
+
+
+def _balanced_partition(spec: RunSpec, shape: Shape, costs: _StageCosts, caps: bool) -> list[int] | None:
+    par = spec.parallel
+    topo = Topology(spec)
+    recompute = spec.recompute.granularity if spec.recompute else None
+    p, t, b = par.pipeline, par.tensor, spec.batch.micro
+    message = b * shape.seq_length * shape.hidden * ACTIVATION_BYTES.get(spec.precision, 2)
+    edges = [0.0, *(p2p_time(message, topo.pair_gbps(i, i + 1)) for i in range(p - 1)), 0.0]
+    per_layer, fixed = [], []
+    for i in range(p):
+        gpu, tp_gbps = topo.stage_gpu(i), topo.tp_gbps(i)
+        per_layer.append(costs.per_layer(gpu, t, b, recompute, tp_gbps))
+        fixed.append(costs.ends(gpu, t, b, recompute, tp_gbps, i == 0, i == p - 1) + edges[i] + edges[i + 1])
+    found = min_max_partition(per_layer, fixed, _memory_caps(spec, shape, topo) if caps else None)
+    return found.layers if found else None
+
+
+def _variants(spec: RunSpec):
+    """Memory-saving variants of a layout, least costly first (each is slower or equal, never faster)."""
+    d = spec.data_parallel
+    if d > 1:
+        yield _with(spec, recompute=None, distributed=True)
+    yield _with(spec, recompute=FULL_RECOMPUTE, distributed=False)
+    if d > 1:
+        yield _with(spec, recompute=FULL_RECOMPUTE, distributed=True)
+
+
+def _with(spec: RunSpec, recompute, distributed: bool) -> RunSpec:
+    return replace(spec, recompute=recompute, optimizer=replace(spec.optimizer, distributed=distributed))
+
+
+def _row(spec: RunSpec, est, order_names: list[str], price_s: float) -> Row:
+    par, bd = spec.parallel, est.breakdown
+    return Row(mbs=spec.batch.micro, tp=par.tensor, dp=spec.data_parallel, pp=par.pipeline,
+               virtual_stages=par.virtual_stages, recompute=spec.recompute is not None,
+               distributed_optimizer=spec.optimizer.distributed, placement=order_names,
+               partition=spec.layer_partition, estimated_s=est.iteration_time_s,
+               pipeline_s=bd["compute"] + bd["bubble"] + bd["tp_comm"] + bd["pp_comm"],
+               dp_allreduce_s=bd["dp_comm"], embedding_allreduce_s=bd["embedding_comm"],
+               price_per_step=price_s * est.iteration_time_s, oom=not est.fits_in_memory,
+               memory_gb_per_stage=[round(x, 3) for x in est.memory_gb_per_stage],
+               stage_times_s=est.stage_times_s, spec=spec)
+
+
+def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None = None,
+           max_price_per_step: float | None = None, profiles=None, virtual_stages=(1, 2, 4),
+           progress: bool = False) -> Plan:
+    """Rank every layout of `base.model` on `base.cluster` for `base.batch.global_` sequences per step.
+
+    objective "time": fastest step, among those within `max_price_per_step` if given; "cost": cheapest step, among
+    those within `max_step_s` if given. `profiles` is passed to the estimator (see labkit.estimate.estimate).
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")
+    started = time.perf_counter()
+    cluster = base.cluster_or_default()
+    kinds, counts = node_kinds(cluster)
+    world = sum(k.gpus_per_node * n for k, n in zip(kinds, counts))
+    shape = Shape.of(base.model)
+    lookup = _profile_lookup(profiles, base.model.preset)
+    profile_table = {}
+
+    def cached_lookup(gpu, tensor):  # profiles are read once per search, not once per layout
+        if (gpu, tensor) not in profile_table:
+            profile_table[(gpu, tensor)] = lookup(gpu, tensor)
+        return profile_table[(gpu, tensor)]
+
+    costs = _StageCosts(shape, base.precision, cached_lookup)
+    candidates = list(layouts(base, world, min(k.gpus_per_node for k in kinds), virtual_stages))
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(candidates), desc="layouts", unit="layout", file=sys.stderr, leave=False)
+
+    rows: list[Row] = []
+    evaluated = 0
+    for t, p, d, b, v in candidates:
+        for order in placements(cluster, t, d, p):
+            placed = as_cluster(order, kinds, cluster)
+            spec = replace(base, cluster=placed, batch=replace(base.batch, micro=b),
+                           parallel=ParallelSpec(tensor=t, pipeline=p, data=d, virtual_stages=v),
+                           recompute=None, optimizer=replace(base.optimizer, distributed=False))
+            price_s = price_per_second(placed)
+            names = [kinds[k].gpu for k in order]
+            for attempt in (spec, *_variants(spec)):
+                if v == 1 and p > 1:
+                    layers = _balanced_partition(attempt, shape, costs, caps=False)
+                    attempt.parallel = replace(attempt.parallel, partition=layers)
+                est = estimate(attempt, cached_lookup)
+                evaluated += 1
+                if not est.fits_in_memory and v == 1 and p > 1:
+                    # the fastest split overflows a stage: the fastest split that fits, if there is one
+                    layers = _balanced_partition(attempt, shape, costs, caps=True)
+                    if layers is not None:
+                        attempt.parallel = replace(attempt.parallel, partition=layers)
+                        est = estimate(attempt, cached_lookup)
+                        evaluated += 1
+                rows.append(_row(attempt, est, names, price_s))
+                if est.fits_in_memory:
+                    break
+        if bar is not None:
+            bar.update()
+    if bar is not None:
+        bar.close()
+
+    for row in rows:
+        row.within_budget = ((max_step_s is None or row.estimated_s <= max_step_s)
+                             and (max_price_per_step is None or row.price_per_step <= max_price_per_step))
+    primary = "estimated_s" if objective == "time" else "price_per_step"
+    secondary = "price_per_step" if objective == "time" else "estimated_s"
+    rows.sort(key=lambda r: (r.oom, not r.within_budget, getattr(r, primary), getattr(r, secondary)))
+    return Plan(rows=rows, search_seconds=time.perf_counter() - started, configs_evaluated=evaluated,
+                objective=objective)
