@@ -1,0 +1,5 @@
+"""Megatron training logs: parse (every variant into DataFrames), derive (steady state, throughput, MFU), views
+(plotly figures and the run comparison table) and a thin ipywidgets dashboard over them."""
+from labkit.logs.parse import ParsedLog, parse_log, parse_text
+
+__all__ = ["ParsedLog", "parse_log", "parse_text"]

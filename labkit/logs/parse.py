@@ -1,0 +1,807 @@
+"""Megatron-family training logs into pandas DataFrames.
+
+`parse_log(paths)` reads one log, the per-node files of one job (`JOBID/NODE.out`), or a run/job directory, and
+returns a `ParsedLog`. It understands, in any mix:
+
+- Megatron-LM interval lines of every era: 2020's colon-less `lm loss 5.0E+00 |`, the `key: value |` style,
+  `[YYYY-MM-DD HH:MM:SS]` prefixes, `throughput per GPU (TFLOP/s/GPU)`, `consumed tokens`, `skipped samples`;
+- Megatron-DeepSpeed (`TFLOPs:`, elapsed time in seconds, `key=value` forks) and NeMo 2 `Training epoch E, iteration i/n`;
+- launcher prefixes: `srun -l` labels (`3: `), pdsh hosts (`host: `), torchrun `[default3]:`, torch `[rank3]:`,
+  quoted `> ` lines, logger prefixes; ANSI colour codes; carriage-return progress lines; `tail`'s `==> file <==` headers;
+- memory reports, timers (one-line `time (ms) |` and the `(min, max)`, `max` and per-rank `times across ranks`
+  blocks), the arguments block, parallel sizes, validation losses, and errors/warnings with their line numbers.
+
+Conventions. `iteration` counts completed steps as Megatron does (NeMo's 0-based index is shifted by one). Times are
+milliseconds. One row per iteration even when several ranks print it: rows of one iteration are merged, the first
+value printed wins; when a stream prints an iteration again after a higher one (a restart from a checkpoint) the later
+print wins. A line cut off mid-record (a truncated file, a line broken by another rank's output) is ignored and
+reported in `partial_lines`. Bytes that are not UTF-8 are replaced, never fatal.
+
+The scan works on bytes with one C-level regex pass per record kind, so Python code runs only for lines that carry
+data; that is what keeps large multi-rank logs fast (see benchmarks/bench_log_parse.py).
+"""
+from __future__ import annotations
+
+import ast
+import bisect
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Record patterns. Each starts with a literal so the regex engine can skip ahead quickly.
+
+_ITERATION = re.compile(rb"iteration[ =]+(\d+) */ *(\d+) *\|([^\n]*)")
+_GET_RESULT_TIME = re.compile(rb"\niteration (\d+) : ([\d.]+) s(?=\n)")  # seed 000's get_result.sh summary
+_MEMORY = re.compile(rb"memory \(MB\) *\|([^\n]*)")
+_TIMER_LINE = re.compile(rb"time \(ms\) *\|([^\n]*)")
+_TIMER_BLOCK = re.compile(rb"across ranks \(ms\):")
+_ARGS_NEW = re.compile(rb" arguments -{4}")
+_ARGS_OLD = re.compile(rb"\narguments:[ \t]*(?=\n)")
+_WORLD = re.compile(rb"using world size[^\n]*")
+_MICRO_BATCHES = re.compile(rb"micro-?batches to constant (\d+)")
+_PARAMS = re.compile(rb"number of parameters on (?:\(tensor, pipeline\) )?model parallel rank (?:\((\d+), *(\d+)\)|(\d+)): *(\d+)")
+_VIRTUAL = re.compile(rb"virtual stages per pipeline stage: *(\w+)")
+_TOPOLOGY = re.compile(rb"Using topology: \{[^\n]*")
+_PADDED_VOCAB = re.compile(rb"padded vocab \(size: (\d+)\) with (\d+) dummy tokens \(new size: (\d+)\)")
+_VALIDATION = re.compile(rb"validation loss at (?:iteration +(\d+)|the end of training for (\w+) data) *\|([^\n]*)")
+_TAIL_HEADER = re.compile(rb"==> ([^\n]*?) <==")
+_JOB_INFO = re.compile(rb"\n(WORLD_SIZE|DP_SIZE|TENSOR_MP_SIZE|PIPELINE_MP_SIZE|NNODES|GLOBAL_BATCH_SIZE|"
+                       rb"MICRO_BATCH_SIZE|PARTITION): ([\w-]+)(?=\n)")
+_EVENT = re.compile(rb"Traceback|Error|ERROR|error:|Warning|WARNING|out of memory|Killed|CANCELLED|"
+                    rb"Segmentation fault|NaN|non-finite")
+_ERROR_WORDS = re.compile(rb"Traceback|Error|ERROR|error:|out of memory|Killed|CANCELLED|Segmentation fault|"
+                          rb"NaN|non-finite")
+_ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\n]*\x07")
+
+_NEMO_PREFIX = re.compile(rb"Training epoch (\d+), *$")
+_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d")
+_PREFIX_TOKEN = re.compile(r"\s*(?:\[([^\]]*)\]:?|([^\s:\[\]]+):(?=\s|\[|$)|(\S+))")
+_BRACKET_RANK = re.compile(r"(?:Rank |rank)(\d+)$")
+_BRACKET_ROLE = re.compile(r"([A-Za-z_]+)(\d+)$")
+_HOST = re.compile(r"[A-Za-z0-9][\w.-]*$")
+_AFTER_ITERS = re.compile(rb"after (\d+) iterations")
+_RANK_IN_LINE = re.compile(rb"\[Rank (\d+)\]")
+_ARG_ENTRY = re.compile(rb"\s+([A-Za-z_][A-Za-z0-9_]*) \.* ?(.*?)\s*$")
+_TIMER_MINMAX = re.compile(rb"\s+(\S.*?) \.*: \(([^,()]+), *([^,()]+)\)\s*$")
+_TIMER_MAX = re.compile(rb"\s+(\S.*?) \.*: ([-+.\deEnaif]+)\s*$")
+_TIMER_ALL_NAME = re.compile(rb"  (\S.*?):\s*$")
+_TIMER_ALL_RANK = re.compile(rb"\s+rank +(\d+): ([-+.\deEnaif]+)\s*$")
+_SIZE = re.compile(rb"([A-Za-z-]+)[ -]sizes?: *(\d+)")
+_COORD = re.compile(rb"ProcessCoord\(pipe=(\d+), data=(\d+), model=(\d+)\)")
+_NOT_ALNUM = re.compile(rb"[^a-z0-9]")
+
+# Interval-line fields: normalised key (lower case, alphanumerics only) -> (column, scale to the column's unit).
+_FIELDS = {
+    b"consumedsamples": ("consumed_samples", 1.0),
+    b"consumedtokens": ("consumed_tokens", 1.0),
+    b"skippedsamples": ("skipped_samples", 1.0),
+    b"elapsedtimeperiterationms": ("elapsed_ms", 1.0),
+    b"elapsedtimeperiterations": ("elapsed_ms", 1000.0),
+    b"trainsteptimingins": ("elapsed_ms", 1000.0),
+    b"throughputpergputflopsgpu": ("tflops_per_gpu", 1.0),
+    b"tflops": ("tflops_per_gpu", 1.0),
+    b"learningrate": ("lr", 1.0),
+    b"lr": ("lr", 1.0),
+    b"globalbatchsize": ("global_batch_size", 1.0),
+    b"lmloss": ("lm_loss", 1.0),
+    b"reducedtrainloss": ("lm_loss", 1.0),
+    b"lossscale": ("loss_scale", 1.0),
+    b"gradnorm": ("grad_norm", 1.0),
+    b"numzeros": ("num_zeros", 1.0),
+    b"paramsnorm": ("params_norm", 1.0),
+    b"numberofskippediterations": ("skipped", 1.0),
+    b"numberofnaniterations": ("nan", 1.0),
+    b"samplespersecond": ("samples_per_s", 1.0),
+    b"tokenspergpupersecondtgs": ("tokens_per_gpu_per_s", 1.0),
+    b"actualseqlen": ("seq_length", 1.0),
+}
+_MEMORY_FIELDS = {
+    b"allocated": "allocated_mb", b"maxallocated": "max_allocated_mb",
+    b"reserved": "reserved_mb", b"maxreserved": "max_reserved_mb",
+    b"cached": "reserved_mb", b"maxcached": "max_reserved_mb",
+}
+
+ITERATION_COLUMNS = [
+    "iteration", "train_iters", "epoch", "consumed_samples", "consumed_tokens", "skipped_samples", "elapsed_ms",
+    "tflops_per_gpu", "samples_per_s", "tokens_per_gpu_per_s", "lr", "global_batch_size", "lm_loss", "loss_scale",
+    "grad_norm", "num_zeros", "params_norm", "skipped", "nan", "seq_length", "timestamp",
+    "source", "node", "task", "rank", "local_rank", "line",
+]
+_INT_COLUMNS = ("iteration", "train_iters", "epoch", "consumed_samples", "consumed_tokens", "skipped_samples",
+                "global_batch_size", "skipped", "nan", "seq_length", "task", "rank", "local_rank", "line")
+_ORIGIN = ["source", "node", "task", "rank", "local_rank", "line"]
+MEMORY_COLUMNS = ["iteration", "allocated_mb", "max_allocated_mb", "reserved_mb", "max_reserved_mb", *_ORIGIN]
+TIMER_COLUMNS = ["iteration", "phase", "ms", "min_ms", "max_ms", "style", *_ORIGIN]
+VALIDATION_COLUMNS = ["iteration", "split", "lm_loss", "lm_ppl", "source", "line"]
+EVENT_COLUMNS = ["level", "message", *_ORIGIN]
+
+
+@dataclass
+class ParsedLog:
+    """Everything read from one run's logs. DataFrames have the columns listed in this module's *_COLUMNS."""
+    iterations: pd.DataFrame
+    memory: pd.DataFrame
+    timers: pd.DataFrame
+    validation: pd.DataFrame
+    events: pd.DataFrame
+    partial_lines: pd.DataFrame
+    arguments: dict = field(default_factory=dict)
+    parallel: dict = field(default_factory=dict)
+    sources: list = field(default_factory=list)
+    formats: list = field(default_factory=list)
+    restarts: int = 0
+
+    def summary(self) -> dict:
+        """Headline figures a person checks first; derived speed figures come from labkit.logs.derive."""
+        from labkit.logs.derive import summarize
+        return summarize(self)
+
+    def to_json(self) -> dict:
+        """The `labkit logs parse --json` object: tables as lists of rows, missing values as null."""
+        return {
+            "iterations": records(self.iterations),
+            "memory": records(self.memory),
+            "timers": records(self.timers),
+            "validation": records(self.validation),
+            "arguments": _jsonable(self.arguments),
+            "parallel": _jsonable(self.parallel),
+            "events": records(self.events),
+            "partial_lines": records(self.partial_lines),
+            "summary": _jsonable(self.summary()),
+        }
+
+
+def records(df: pd.DataFrame) -> list[dict]:
+    """DataFrame rows as JSON-ready dicts: NaN/NA become None, numpy scalars plain Python, timestamps ISO strings."""
+    out = []
+    columns = list(df.columns)
+    for row in df.itertuples(index=False, name=None):
+        out.append({c: _scalar(v) for c, v in zip(columns, row)})
+    return out
+
+
+def _scalar(v):
+    if v is None or v is pd.NA or v is pd.NaT:
+        return None
+    if isinstance(v, (float, np.floating)):
+        return None if not np.isfinite(v) else float(v)
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, (pd.Timestamp,)):
+        return v.isoformat()
+    if isinstance(v, np.bool_):
+        return bool(v)
+    return v
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return _scalar(obj)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Entry points
+
+def parse_log(paths) -> ParsedLog:
+    """Parse a log file, several files of one job (e.g. per-node `NODE.out`), or a run/job directory.
+
+    A directory contributes every `*.out`, `*.err` and `*.log` file beneath it. When more than one file is read, each
+    file's stem names the node its lines came from (unless a line's own launcher prefix names a host).
+    """
+    files = _expand(paths)
+    many = len(files) > 1
+    parts = []
+    for path in files:
+        data = Path(path).read_bytes()
+        parts.append(_scan(data, source=str(path), node=Path(path).stem if many else None))
+    return _combine(parts, sources=[str(p) for p in files])
+
+
+def parse_text(text: str | bytes, source: str = "<text>", node: str | None = None) -> ParsedLog:
+    """Parse log text already in memory (tests, notebooks, a pasted excerpt)."""
+    data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else bytes(text)
+    return _combine([_scan(data, source=source, node=node)], sources=[source])
+
+
+def _expand(paths) -> list[Path]:
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in (".out", ".err", ".log"))
+            if not found:
+                raise FileNotFoundError(f"{p}: no *.out, *.err or *.log files in this directory")
+            files.extend(found)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"{p}: no such log file or directory")
+    if not files:
+        raise FileNotFoundError("no log files given")
+    return files
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# One file
+
+class _Columns:
+    """Sparse column builder: rows are appended, each with only the fields its line printed."""
+
+    def __init__(self):
+        self.n = 0
+        self.raw: dict[str, tuple[list, list, float]] = {}  # column -> (row indices, raw bytes values, scale)
+        self.obj: dict[str, list] = {}  # columns holding Python objects, one entry per row
+
+    def add_raw(self, column: str, value: bytes, scale: float = 1.0):
+        entry = self.raw.get(column)
+        if entry is None:
+            entry = self.raw[column] = ([], [], scale)
+        entry[0].append(self.n)
+        entry[1].append(value)
+
+    def frame(self, columns: list[str]) -> pd.DataFrame:
+        out = {}
+        for name, values in self.obj.items():
+            out[name] = values
+        for name, (rows, values, scale) in self.raw.items():
+            arr = np.full(self.n, np.nan)
+            if rows:
+                arr[np.asarray(rows, dtype=np.int64)] = _floats(values) * scale
+            out[name] = arr
+        df = pd.DataFrame(out, index=pd.RangeIndex(self.n))
+        return _shape(df, columns)
+
+
+def _floats(values: list[bytes]) -> np.ndarray:
+    try:
+        return np.array(values, dtype="S").astype(np.float64)
+    except ValueError:
+        return np.array([_float(v) for v in values], dtype=np.float64)
+
+
+def _float(v: bytes) -> float:
+    try:
+        return float(v)
+    except ValueError:
+        return float("nan")
+
+
+def _shape(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """Put the documented columns first (adding absent ones as missing), extra columns after, integers as Int64."""
+    for c in columns:
+        if c not in df.columns:
+            df[c] = np.nan if c not in ("source", "node", "phase", "style", "split", "level", "message", "text") \
+                else None
+    df = df[columns + sorted(c for c in df.columns if c not in columns)]
+    for c in _INT_COLUMNS:
+        if c in df.columns and df[c].dtype != object:
+            df[c] = _to_int(df[c])
+    if "timestamp" in df.columns:
+        df["timestamp"] = pd.to_datetime(df["timestamp"], errors="coerce", format="mixed")
+    return df
+
+
+def _to_int(s: pd.Series) -> pd.Series:
+    values = pd.to_numeric(s, errors="coerce")
+    values = values.where(np.isfinite(values) & (values.abs() < 2**62))
+    return values.round().astype("Int64")
+
+
+class _Scan:
+    """State while scanning one file. Positions are byte offsets into `buf` (the file with a leading newline)."""
+
+    def __init__(self, data: bytes, source: str, node: str | None):
+        self.source = source
+        self.file_node = node
+        # Complete lines only: bytes after the last newline are a line still being written (or a cut-off file).
+        end = data.rfind(b"\n") + 1
+        tail = data[end:]
+        self.partial: list[tuple[int, str]] = []
+        if tail.strip():
+            self.partial.append((data.count(b"\n") + 1, _text(tail)))
+        body = data[:end]
+        self.newlines = np.flatnonzero(np.frombuffer(body, dtype=np.uint8) == 10)
+        if b"\x1b" in body:
+            # Blank out colour codes byte for byte, so offsets (and line numbers) stay those of the file.
+            body = _ANSI.sub(lambda m: b" " * len(m.group()), body)
+        # A carriage return starts a new line on a terminal (progress bars); parse each piece as its own line.
+        body = body.replace(b"\r", b"\n")
+        self.buf = b"\n" + body
+        self.headers = [(m.start(), Path(_text(m.group(1)).strip()).stem) for m in _TAIL_HEADER.finditer(self.buf)]
+        self.header_pos = [p for p, _ in self.headers]
+        self.prefix_cache: dict[bytes, tuple] = {}
+        self.formats: set[str] = set()
+
+    # Positions and lines -------------------------------------------------------------------------------------------
+    def line_no(self, pos: int) -> int:
+        """1-based line number in the file of buffer offset `pos`."""
+        return int(np.searchsorted(self.newlines, pos - 1, side="left")) + 1
+
+    def line_start(self, pos: int) -> int:
+        return self.buf.rfind(b"\n", 0, pos) + 1
+
+    def line_end(self, pos: int) -> int:
+        end = self.buf.find(b"\n", pos)
+        return len(self.buf) if end < 0 else end
+
+    def origin(self, prefix: bytes, pos: int) -> tuple:
+        """(node, task, rank, local_rank, timestamp) for a record whose line starts with `prefix`."""
+        info = self.prefix_cache.get(prefix)
+        if info is None:
+            info = _prefix_info(_text(prefix))
+            if len(self.prefix_cache) < 100_000:
+                self.prefix_cache[prefix] = info
+        node, task, rank, local_rank, stamp = info
+        if node is None:
+            node = self.header_node(pos) or self.file_node
+        return node, task, rank, local_rank, stamp
+
+    def header_node(self, pos: int) -> str | None:
+        if not self.headers:
+            return None
+        i = bisect.bisect_right(self.header_pos, pos) - 1
+        return self.headers[i][1] if i >= 0 else None
+
+
+def _text(b: bytes) -> str:
+    return b.decode("utf-8", "replace")
+
+
+def _prefix_info(prefix: str) -> tuple:
+    """Read launcher and logger prefixes: srun labels, pdsh hosts, torchrun roles, [Rank N], timestamps."""
+    node = task = rank = local_rank = stamp = None
+    for bracket, label, _other in _PREFIX_TOKEN.findall(prefix):
+        if bracket:
+            if m := _BRACKET_RANK.search(bracket):
+                rank = int(m.group(1))
+            elif m := _TIMESTAMP.search(bracket):
+                stamp = m.group(0)
+            elif m := _BRACKET_ROLE.fullmatch(bracket):
+                local_rank = int(m.group(2))
+        elif label:
+            if label.isdigit():
+                task = int(label)
+            elif _HOST.match(label) and stamp is None:
+                node = label
+    return node, task, rank, local_rank, stamp
+
+
+def _scan(data: bytes, source: str, node: str | None) -> dict:
+    s = _Scan(data, source, node)
+    iterations, iteration_pos, partial = _iterations(s)
+    tables = {
+        "iterations": iterations,
+        "memory": _memory(s, iteration_pos),
+        "timers": _timers(s, iteration_pos),
+        "validation": _validation(s),
+        "events": _events(s),
+    }
+    partial.extend(s.partial)
+    tables["partial_lines"] = _shape(pd.DataFrame(
+        {"source": [source] * len(partial), "line": [p[0] for p in partial], "text": [p[1] for p in partial]}),
+        ["source", "line", "text"])
+    arguments = _arguments(s)
+    parallel = _parallel(s)
+    return {"tables": tables, "arguments": arguments, "parallel": parallel, "formats": s.formats}
+
+
+def _iterations(s: _Scan):
+    cols = _Columns()
+    iteration, train_iters, epoch, stamps, nodes, tasks, ranks, local_ranks, lines = ([] for _ in range(9))
+    positions, partial = [], []
+    buf = s.buf
+    for m in _ITERATION.finditer(buf):
+        start = s.line_start(m.start())
+        prefix = buf[start:m.start()]
+        rest = m.group(3)
+        nemo = _NEMO_PREFIX.search(prefix)
+        if nemo is None and not rest.rstrip().endswith(b"|"):
+            # Megatron's interval line always ends with '|': this one was cut off or broken by another rank's output.
+            partial.append((s.line_no(start), _text(buf[start:s.line_end(start)])))
+            continue
+        it, n = int(m.group(1)), int(m.group(2))
+        if nemo is not None:
+            # NeMo counts iterations from 0 and prints the last index; Megatron counts completed steps.
+            it, n = it + 1, n + 1
+            epoch.append(int(nemo.group(1)))
+            prefix = prefix[:nemo.start()]
+            s.formats.add("nemo")
+        else:
+            epoch.append(None)
+        for f in rest.split(b"|"):
+            key, sep, value = f.partition(b":")
+            if not sep:
+                key, sep, value = f.partition(b"=")
+                if not sep:
+                    # 2020 style, no colon: the value is the last word ("lm loss 5.023855E+00").
+                    parts = f.rsplit(None, 1)
+                    if len(parts) != 2:
+                        continue
+                    key, value = parts
+                    s.formats.add("megatron-lm-2020")
+                else:
+                    s.formats.add("key=value")
+            spec = _field(key)
+            if spec is not None:
+                cols.add_raw(spec[0], value, spec[1])
+        node, task, rank, local_rank, stamp = s.origin(prefix, start)
+        iteration.append(it)
+        train_iters.append(n)
+        stamps.append(stamp)
+        nodes.append(node)
+        tasks.append(task)
+        ranks.append(rank)
+        local_ranks.append(local_rank)
+        lines.append(start)
+        positions.append((start, it))
+        cols.n += 1
+    for m in _GET_RESULT_TIME.finditer(buf):
+        cols.add_raw("elapsed_ms", m.group(2), 1000.0)
+        iteration.append(int(m.group(1)))
+        train_iters.append(None)
+        epoch.append(None)
+        stamps.append(None)
+        nodes.append(s.file_node)
+        tasks.append(None)
+        ranks.append(None)
+        local_ranks.append(None)
+        lines.append(m.start() + 1)
+        cols.n += 1
+    if iteration:
+        s.formats.add("megatron")
+    cols.obj.update(iteration=iteration, train_iters=train_iters, epoch=epoch, timestamp=stamps,
+                    source=[s.source] * cols.n, node=nodes, task=tasks, rank=ranks, local_rank=local_ranks,
+                    line=[s.line_no(p) for p in lines])
+    return cols.frame(ITERATION_COLUMNS), positions, partial
+
+
+_field_cache: dict[bytes, tuple | None] = {}
+
+
+def _field(key: bytes):
+    """Column and scale for a raw interval-line key, e.g. b' lm loss' -> ('lm_loss', 1.0); None to ignore it."""
+    if key in _field_cache:
+        return _field_cache[key]
+    norm = _NOT_ALNUM.sub(b"", key.lower())
+    spec = _FIELDS.get(norm)
+    if spec is None and norm.endswith(b"loss") and len(norm) > 4:
+        # Other losses a model prints (BERT's `sop loss`, MoE and MTP losses) keep their own column.
+        spec = (_snake(key), 1.0)
+    if len(_field_cache) < 10_000:
+        _field_cache[key] = spec
+    return spec
+
+
+def _snake(key: bytes) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", _text(key).strip().lower()).strip("_")
+
+
+def _last_iteration(positions: list[tuple[int, int]], pos: int):
+    """The iteration of the last interval line printed before `pos` (None before the first)."""
+    i = bisect.bisect_left(positions, (pos, -1)) - 1
+    return positions[i][1] if i >= 0 else None
+
+
+def _memory(s: _Scan, iteration_pos) -> pd.DataFrame:
+    cols = _Columns()
+    its, origin = [], []
+    buf = s.buf
+    for m in _MEMORY.finditer(buf):
+        start = s.line_start(m.start())
+        head = buf[start:m.start()]
+        rest = m.group(1)
+        if not rest.rstrip():
+            continue
+        for f in rest.split(b"|"):
+            key, sep, value = f.partition(b":")
+            if not sep or not value.strip():
+                continue
+            norm = _NOT_ALNUM.sub(b"", key.lower())
+            cols.add_raw(_MEMORY_FIELDS.get(norm) or _snake(key) + "_mb", value)
+        after = _AFTER_ITERS.search(head)
+        its.append(int(after.group(1)) if after else _last_iteration(iteration_pos, start))
+        cut = min(i for i in (head.find(b"(after"), head.find(b"after "), len(head)) if i >= 0)
+        node, task, rank, local_rank, _ = s.origin(head[:cut], start)
+        rank_m = _RANK_IN_LINE.search(head)
+        origin.append((node, task, int(rank_m.group(1)) if rank_m else rank, local_rank, s.line_no(start)))
+        cols.n += 1
+    _set_origin(cols, s.source, origin)
+    cols.obj["iteration"] = its
+    return cols.frame(MEMORY_COLUMNS)
+
+
+def _set_origin(cols: _Columns, source: str, origin: list[tuple]):
+    cols.obj["source"] = [source] * cols.n
+    for i, name in enumerate(("node", "task", "rank", "local_rank", "line")):
+        cols.obj[name] = [o[i] for o in origin]
+
+
+def _timers(s: _Scan, iteration_pos) -> pd.DataFrame:
+    rows: list[tuple] = []  # (iteration, phase, ms, min_ms, max_ms, style, node, task, rank, local_rank, line)
+    buf = s.buf
+    for m in _TIMER_LINE.finditer(buf):
+        start = s.line_start(m.start())
+        prefix = buf[start:m.start()]
+        node, task, rank, local_rank, _ = s.origin(prefix, start)
+        it = _last_iteration(iteration_pos, start)
+        if rank is not None and b"[Rank" in prefix:
+            # DeepSpeed's engine prints its step timers before Megatron prints that step's interval line.
+            it = (it or 0) + 1
+        line = s.line_no(start)
+        for f in m.group(1).split(b"|"):
+            key, sep, value = f.partition(b":")
+            if not sep:
+                continue
+            ms = _float(value)
+            rows.append((it, _text(key).strip(), ms, np.nan, np.nan, "line", node, task, rank, local_rank, line))
+    for m in _TIMER_BLOCK.finditer(buf):
+        start = s.line_start(m.start())
+        header = buf[start:m.end()]
+        if b"(min, max)" in header:
+            style, cut = "minmax", header.find(b"(min, max)")
+        elif b"times across" in header:
+            style, cut = "all", header.find(b"times across")
+        elif b"max time" in header:
+            style, cut = "max", header.find(b"max time")
+        else:
+            continue
+        prefix = header[:cut]
+        node, task, rank, local_rank, _ = s.origin(prefix, start)
+        it = _last_iteration(iteration_pos, start)
+        phase = None
+        for pos, body in _block_lines(s, m.end(), prefix):
+            line = s.line_no(pos)
+            if style == "minmax" and (e := _TIMER_MINMAX.match(body)):
+                lo, hi = _float(e.group(2)), _float(e.group(3))
+                rows.append((it, _text(e.group(1)), hi, lo, hi, style, node, task, rank, local_rank, line))
+            elif style == "max" and (e := _TIMER_MAX.match(body)):
+                hi = _float(e.group(2))
+                rows.append((it, _text(e.group(1)), hi, np.nan, hi, style, node, task, rank, local_rank, line))
+            elif style == "all" and (e := _TIMER_ALL_RANK.match(body)) and phase is not None:
+                rows.append((it, phase, _float(e.group(2)), np.nan, np.nan, style, node, task,
+                             int(e.group(1)), local_rank, line))
+            elif style == "all" and (e := _TIMER_ALL_NAME.match(body)):
+                phase = _text(e.group(1))
+            else:
+                break
+    df = pd.DataFrame(rows, columns=["iteration", "phase", "ms", "min_ms", "max_ms", "style",
+                                     "node", "task", "rank", "local_rank", "line"])
+    df["source"] = s.source
+    return _shape(df, TIMER_COLUMNS)
+
+
+def _block_lines(s: _Scan, pos: int, prefix: bytes, max_foreign: int = 64):
+    """Yield (offset, text after `prefix`) for the lines after a block header that carry the same prefix.
+
+    Lines from other ranks (another prefix) interleaved into the block are skipped, up to `max_foreign` in a row.
+    """
+    buf = s.buf
+    pos = s.line_end(pos) + 1
+    foreign = 0
+    while pos < len(buf):
+        end = s.line_end(pos)
+        line = buf[pos:end]
+        if line.startswith(prefix):
+            foreign = 0
+            yield pos, line[len(prefix):]
+        else:
+            foreign += 1
+            if foreign > max_foreign:
+                return
+        pos = end + 1
+
+
+def _validation(s: _Scan) -> pd.DataFrame:
+    cols = _Columns()
+    its, splits, lines = [], [], []
+    for m in _VALIDATION.finditer(s.buf):
+        for f in m.group(3).split(b"|"):
+            key, sep, value = f.partition(b":")
+            if not sep or not value.strip():
+                continue
+            name = _snake(key).replace("_value", "")
+            name = {"lm_loss_ppl": "lm_ppl"}.get(name, name.replace("_loss_ppl", "_ppl"))
+            cols.add_raw(name, value)
+        its.append(int(m.group(1)) if m.group(1) else None)
+        splits.append("valid" if m.group(1) else _text(m.group(2)))
+        lines.append(s.line_no(s.line_start(m.start())))
+        cols.n += 1
+    cols.obj.update(iteration=its, split=splits, line=lines, source=[s.source] * cols.n)
+    return cols.frame(VALIDATION_COLUMNS)
+
+
+def _events(s: _Scan) -> pd.DataFrame:
+    rows = []
+    buf = s.buf
+    last_line_start = -1
+    for m in _EVENT.finditer(buf):
+        start = s.line_start(m.start())
+        if start == last_line_start:
+            continue
+        last_line_start = start
+        end = s.line_end(start)
+        line = buf[start:end]
+        level = "error" if _ERROR_WORDS.search(line) else "warning"
+        node, task, rank, local_rank, _ = s.origin(line[:max(0, m.start() - start)], start)
+        rows.append((level, _text(line.strip())[:500], node, task, rank, local_rank, s.line_no(start)))
+    df = pd.DataFrame(rows, columns=["level", "message", "node", "task", "rank", "local_rank", "line"])
+    df["source"] = s.source
+    return _shape(df, EVENT_COLUMNS)
+
+
+def _arguments(s: _Scan) -> dict:
+    args: dict = {}
+    buf = s.buf
+    for m in _ARGS_NEW.finditer(buf):
+        start = s.line_start(m.start())
+        header = buf[start:s.line_end(start)]
+        if b"end of arguments" in header:
+            continue
+        prefix = header[:header.find(b"-")]
+        for n, (_, body) in enumerate(_block_lines(s, m.end(), prefix)):
+            if b"end of arguments" in body or n > 5000:
+                break
+            if e := _ARG_ENTRY.match(body):
+                args.setdefault(_text(e.group(1)), _arg_value(_text(e.group(2))))
+        s.formats.add("arguments")
+    if m := _PADDED_VOCAB.search(buf):
+        # Megatron pads the vocabulary after printing its arguments; FLOP counts use the padded size.
+        args.setdefault("padded_vocab_size", int(m.group(3)))
+    for m in _ARGS_OLD.finditer(buf):
+        for _, body in _block_lines(s, m.end() - 1, b"", max_foreign=0):
+            e = _ARG_ENTRY.match(body)
+            if not e:
+                break
+            args.setdefault(_text(e.group(1)), _arg_value(_text(e.group(2))))
+    return args
+
+
+def _arg_value(text: str):
+    if text in ("True", "False"):
+        return text == "True"
+    if text == "None":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    if text[:1] in "[({" and len(text) < 10_000:
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            pass
+    return text
+
+
+def _parallel(s: _Scan) -> dict:
+    out: dict = {}
+    buf = s.buf
+    for m in _WORLD.finditer(buf):
+        for name, value in _SIZE.findall(m.group(0)):
+            key = _size_key(_text(name))
+            if key:
+                out.setdefault(key, int(value))
+    for m in _TOPOLOGY.finditer(buf):
+        coords = _COORD.findall(m.group(0))
+        if coords:
+            pipe, data, model = (max(int(c[i]) for c in coords) + 1 for i in range(3))
+            out.setdefault("pipeline", pipe)
+            out.setdefault("data", data)
+            out.setdefault("tensor", model)
+            out.setdefault("world_size", len(coords))
+    for m in _MICRO_BATCHES.finditer(buf):
+        out.setdefault("num_micro_batches", int(m.group(1)))
+    for m in _VIRTUAL.finditer(buf):
+        value = _text(m.group(1))
+        out.setdefault("virtual_stages", int(value) if value.isdigit() else None)
+    params = {}
+    for m in _PARAMS.finditer(buf):
+        t, p = (int(m.group(1)), int(m.group(2))) if m.group(1) else (int(m.group(3)), 0)
+        params.setdefault(f"{t},{p}", int(m.group(4)))
+    if params:
+        out["parameters_per_rank"] = params
+    job_keys = {b"WORLD_SIZE": "world_size", b"DP_SIZE": "data", b"TENSOR_MP_SIZE": "tensor",
+                b"PIPELINE_MP_SIZE": "pipeline", b"NNODES": "nodes", b"GLOBAL_BATCH_SIZE": "global_batch_size",
+                b"MICRO_BATCH_SIZE": "micro_batch_size", b"PARTITION": "partition"}
+    for m in _JOB_INFO.finditer(buf):
+        value = _text(m.group(2))
+        out.setdefault(job_keys[m.group(1)], int(value) if value.isdigit() else value)
+    return out
+
+
+def _size_key(name: str) -> str | None:
+    name = name.lower()
+    if "encoder" in name or "sequence" in name:
+        return None
+    for suffix, key in (("world", "world_size"), ("data-parallel", "data"), ("tensor-model-parallel", "tensor"),
+                        ("pipeline-model-parallel", "pipeline"), ("context-parallel", "context"),
+                        ("expert-model-parallel", "expert"), ("model-parallel", "tensor")):
+        if name.endswith(suffix):
+            return key
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Several files into one ParsedLog
+
+def _combine(parts: list[dict], sources: list[str]) -> ParsedLog:
+    def cat(name):
+        frames = [p["tables"][name] for p in parts]
+        frames = [f for f in frames if len(f)] or frames[:1]
+        return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+    iterations, restarts = _one_row_per_iteration(cat("iterations"))
+    arguments: dict = {}
+    parallel: dict = {}
+    formats: set = set()
+    for p in parts:
+        for k, v in p["arguments"].items():
+            arguments.setdefault(k, v)
+        for k, v in p["parallel"].items():
+            parallel.setdefault(k, v)
+        formats |= p["formats"]
+    _fill_parallel(parallel, arguments)
+    return ParsedLog(iterations=iterations, memory=cat("memory"), timers=cat("timers"),
+                     validation=cat("validation"), events=cat("events"), partial_lines=cat("partial_lines"),
+                     arguments=arguments, parallel=parallel, sources=sources, formats=sorted(formats),
+                     restarts=restarts)
+
+
+def _one_row_per_iteration(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Merge the rows several ranks print for one iteration; after a restart keep the re-run's rows."""
+    if df.empty:
+        return df, 0
+    stream = df.groupby(["source", "node", "task", "rank", "local_rank"], dropna=False, sort=False).ngroup()
+    order = np.arange(len(df))
+    # A stream that goes back to an iteration it already passed was restarted (e.g. resumed from a checkpoint).
+    keys = stream.to_numpy()
+    it = df["iteration"].to_numpy(dtype=float, na_value=np.nan)
+    previous = pd.Series(it).groupby(keys).shift().to_numpy()
+    back = pd.Series((it <= previous).astype(int))
+    segment = back.groupby(keys).cumsum().to_numpy()
+    restarts = int(back.sum())
+    work = df.assign(_segment=segment, _order=order)
+    work = work.sort_values(["iteration", "_segment", "_order"], ascending=[True, False, True], kind="stable")
+    if work["iteration"].duplicated().any():
+        merged = work.groupby("iteration", sort=True, dropna=True).first()
+        merged = merged.reset_index()[df.columns]
+        merged = _shape(merged, ITERATION_COLUMNS)
+    else:
+        merged = work[df.columns].reset_index(drop=True)
+    return merged, restarts
+
+
+def _fill_parallel(parallel: dict, args: dict) -> None:
+    """Complete parallel sizes from the arguments block and from each other."""
+    from_args = {"world_size": "world_size", "data": "data_parallel_size", "tensor": "tensor_model_parallel_size",
+                 "pipeline": "pipeline_model_parallel_size", "context": "context_parallel_size",
+                 "expert": "expert_model_parallel_size", "virtual_stages": "virtual_pipeline_model_parallel_size"}
+    for key, arg in from_args.items():
+        if parallel.get(key) is None and isinstance(args.get(arg), int):
+            parallel[key] = args[arg]
+    if "tensor" not in parallel and isinstance(args.get("model_parallel_size"), int):
+        parallel["tensor"] = args["model_parallel_size"]
+    world, t, p, c = (parallel.get(k) for k in ("world_size", "tensor", "pipeline", "context"))
+    if world and t and parallel.get("data") is None:
+        parallel["data"] = max(1, world // (t * (p or 1) * (c or 1)))
+    if world and t:
+        parallel.setdefault("pipeline", 1)
+    gbs, mbs, d = args.get("global_batch_size"), args.get("micro_batch_size"), parallel.get("data")
+    if "num_micro_batches" not in parallel and isinstance(gbs, int) and isinstance(mbs, int) and d:
+        parallel["num_micro_batches"] = gbs // (mbs * d)
+
+
+def iter_sources(paths: Iterable) -> list[Path]:
+    """The files parse_log would read for `paths` (for listing and live refresh)."""
+    return _expand(paths)
