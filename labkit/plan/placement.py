@@ -107,3 +107,11 @@ def placements(cluster: ClusterSpec, tensor: int, data: int, pipeline: int) -> l
     for order in distinct_orders(counts):
         seen.setdefault(stage_signature(order, kinds, tensor, data, pipeline), order)
     return list(seen.values())
+
+
+def grouped_orders(kinds: list[NodeKind], counts: list[int]) -> list[tuple[int, ...]]:
+    """The orders that keep each kind's nodes together (every order of the kinds as blocks)."""
+    from itertools import permutations
+
+    present = [k for k, n in enumerate(counts) if n]
+    return [tuple(k for k in block for _ in range(counts[k])) for block in permutations(present)]

@@ -15,12 +15,12 @@ import time
 from dataclasses import dataclass, field, replace
 
 from labkit import catalog
-from labkit.estimate import Shape, estimate, memory_per_stage, p2p_time, stage_time
+from labkit.estimate import Shape, estimate, memory_per_stage, p2p_time, pipeline_time, stage_time
 from labkit.estimate.estimator import MEMORY_MARGIN, _profile_lookup, _usable
 from labkit.estimate.timing import ACTIVATION_BYTES
 from labkit.estimate.topology import Topology
 from labkit.plan.partition import min_max_partition
-from labkit.plan.placement import as_cluster, node_kinds, placements
+from labkit.plan.placement import as_cluster, grouped_orders, node_kinds, placements
 from labkit.spec import ClusterSpec, ParallelSpec, RecomputeSpec, RunSpec
 
 FULL_RECOMPUTE = RecomputeSpec(granularity="full", method="uniform", num_layers=1)
@@ -60,7 +60,8 @@ class Row:
 class Plan:
     rows: list[Row]                 # ranked: fitting and within budget first, then by the objective
     search_seconds: float
-    configs_evaluated: int
+    configs_evaluated: int          # layouts the estimator evaluated
+    configs_pruned: int             # layouts whose pipeline time alone ruled them out of the top rows
     objective: str
 
     @property
@@ -70,7 +71,7 @@ class Plan:
     def to_dict(self, top: int | None = None) -> dict:
         rows = self.rows[:top] if top else self.rows
         return {"objective": self.objective, "search_seconds": self.search_seconds,
-                "configs_evaluated": self.configs_evaluated, "rows": [r.to_dict() for r in rows],
+                "configs_evaluated": self.configs_evaluated, "configs_pruned": self.configs_pruned, "rows": [r.to_dict() for r in rows],
                 "spec": self.best.spec.to_dict() if self.best else None}
 
 
@@ -90,25 +91,27 @@ def price_per_second(cluster: ClusterSpec) -> float:
     return total / 3600
 
 
-def layouts(base: RunSpec, world: int, gpus_per_node: int, virtual_stages=(1, 2, 4)):
-    """(tensor, pipeline, data, micro, virtual) tuples that use every GPU and split the model and batch evenly."""
+def splits(base: RunSpec, world: int, gpus_per_node: int):
+    """(tensor, pipeline, data) sizes that use every GPU, split the heads and the batch, and keep tensor groups in a
+    node."""
     m = base.model
-    layers, heads, groups, batch = m.num_layers, m.num_attention_heads, m.query_groups, base.batch.global_
     for t in divisors(gpus_per_node):
-        if heads % t or groups % t:
+        if m.num_attention_heads % t or m.query_groups % t:
             continue
         for p in divisors(world // t):
-            if p > layers:
-                continue
             d = world // (t * p)
-            if batch % d:
-                continue
-            for b in divisors(batch // d):
-                micro_batches = batch // (b * d)
-                for v in virtual_stages:
-                    if v > 1 and (p == 1 or layers % (p * v) or micro_batches % p):
-                        continue
-                    yield t, p, d, b, v
+            if p <= m.num_layers and base.batch.global_ % d == 0:
+                yield t, p, d
+
+
+def schedules(base: RunSpec, pipeline: int, data: int, virtual_stages=(1, 2, 4)):
+    """(micro-batch, virtual stages) pairs for a split: micro-batches divide global/data; interleaving needs an even
+    split of the layers into pipeline x v chunks and a micro-batch count that is a multiple of the pipeline size."""
+    layers, batch = base.model.num_layers, base.batch.global_
+    for b in divisors(batch // data):
+        for v in virtual_stages:
+            if v == 1 or (pipeline > 1 and layers % (pipeline * v) == 0 and (batch // (b * data)) % pipeline == 0):
+                yield b, v
 
 
 class _StageCosts:
@@ -147,7 +150,21 @@ class _StageCosts:
         return self._cache[key]
 
 
-def _memory_caps(spec: RunSpec, shape: Shape, topo: Topology) -> list[int]:
+@dataclass(frozen=True)
+class _Links:
+    """What the estimator's Topology says about one node order under one tensor/pipeline/data split."""
+    stage_gpus: tuple[str, ...]
+    tp_gbps: tuple[float, ...]
+    boundary_gbps: tuple[float, ...]
+
+    @classmethod
+    def of(cls, spec: RunSpec) -> "_Links":
+        topo, p = Topology(spec), spec.parallel.pipeline
+        return cls(tuple(topo.stage_gpu(i) for i in range(p)), tuple(topo.tp_gbps(i) for i in range(p)),
+                   tuple(topo.pair_gbps(i, i + 1) for i in range(p - 1)))
+
+
+def _memory_caps(spec: RunSpec, shape: Shape, links: _Links) -> list[int]:
     """The most transformer layers each stage can hold within the estimator's memory verdict."""
     p = spec.parallel.pipeline
     kw = dict(tensor=spec.parallel.tensor, data_parallel=spec.data_parallel, micro_batch=spec.batch.micro,
@@ -159,7 +176,7 @@ def _memory_caps(spec: RunSpec, shape: Shape, topo: Topology) -> list[int]:
     zero, one, two = ([m.total for m in memory_per_stage(shape, [n] * p, **kw)] for n in (0, 1, 2))
     caps = []
     for i in range(p):
-        limit = (1 - MEMORY_MARGIN) * catalog.gpu(topo.stage_gpu(i)).memory_limit_gb
+        limit = (1 - MEMORY_MARGIN) * catalog.gpu(links.stage_gpus[i]).memory_limit_gb
         if zero[i] > limit or one[i] > limit:
             caps.append(0)
         else:
@@ -168,20 +185,34 @@ def _memory_caps(spec: RunSpec, shape: Shape, topo: Topology) -> list[int]:
     return caps
 
 
-def _balanced_partition(spec: RunSpec, shape: Shape, costs: _StageCosts, caps: bool) -> list[int] | None:
+def _balanced_partition(spec: RunSpec, shape: Shape, costs: _StageCosts, links: _Links,
+                        caps: bool) -> tuple[list[int] | None, float]:
+    """The exact min-max split of `spec` (None when no split fits in memory) and the 1F1B pipeline time it gives,
+    a lower bound on the estimator's iteration time (which adds the all-reduces and the optimizer step)."""
     par = spec.parallel
-    topo = Topology(spec)
     recompute = spec.recompute.granularity if spec.recompute else None
-    p, t, b = par.pipeline, par.tensor, spec.batch.micro
+    p, t, b, v = par.pipeline, par.tensor, spec.batch.micro, par.virtual_stages
     message = b * shape.seq_length * shape.hidden * ACTIVATION_BYTES.get(spec.precision, 2)
-    edges = [0.0, *(p2p_time(message, topo.pair_gbps(i, i + 1)) for i in range(p - 1)), 0.0]
-    per_layer, fixed = [], []
+    boundaries = [p2p_time(message, gbps) for gbps in links.boundary_gbps]
+    edges = [0.0, *boundaries, 0.0]
+    per_layer, ends = [], []
     for i in range(p):
-        gpu, tp_gbps = topo.stage_gpu(i), topo.tp_gbps(i)
+        gpu, tp_gbps = links.stage_gpus[i], links.tp_gbps[i]
         per_layer.append(costs.per_layer(gpu, t, b, recompute, tp_gbps))
-        fixed.append(costs.ends(gpu, t, b, recompute, tp_gbps, i == 0, i == p - 1) + edges[i] + edges[i + 1])
-    found = min_max_partition(per_layer, fixed, _memory_caps(spec, shape, topo) if caps else None)
-    return found.layers if found else None
+        ends.append(costs.ends(gpu, t, b, recompute, tp_gbps, i == 0, i == p - 1))
+    if v > 1 or p == 1:
+        layers = spec.layer_partition  # the interleaved schedule needs the even split
+    else:
+        found = min_max_partition(per_layer, [e + edges[i] + edges[i + 1] for i, e in enumerate(ends)],
+                                  _memory_caps(spec, shape, links) if caps else None)
+        if found is None:
+            return None, float("inf")
+        layers = found.layers
+    totals, start = [], 0
+    for i, n in enumerate(layers):
+        totals.append(ends[i] + sum(per_layer[i][start:start + n]))
+        start += n
+    return layers, pipeline_time(totals, boundaries, spec.num_micro_batches, v).total_s
 
 
 def _variants(spec: RunSpec):
@@ -212,12 +243,15 @@ def _row(spec: RunSpec, est, order_names: list[str], price_s: float) -> Row:
 
 
 def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None = None,
-           max_price_per_step: float | None = None, profiles=None, virtual_stages=(1, 2, 4),
-           progress: bool = False) -> Plan:
+           max_price_per_step: float | None = None, top: int | None = None, profiles=None,
+           virtual_stages=(1, 2, 4), orders: str = "all", progress: bool = False) -> Plan:
     """Rank every layout of `base.model` on `base.cluster` for `base.batch.global_` sequences per step.
 
     objective "time": fastest step, among those within `max_price_per_step` if given; "cost": cheapest step, among
     those within `max_step_s` if given. `profiles` is passed to the estimator (see labkit.estimate.estimate).
+    `top`: only the best `top` rows are wanted, so layouts whose pipeline time alone (a lower bound on the step time)
+    cannot reach them are not estimated further. `orders`: "all" node orders up to symmetry, or "grouped" (the nodes
+    of each kind kept together, for sweeps over many clusters).
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")
@@ -235,48 +269,66 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
         return profile_table[(gpu, tensor)]
 
     costs = _StageCosts(shape, base.precision, cached_lookup)
-    candidates = list(layouts(base, world, min(k.gpus_per_node for k in kinds), virtual_stages))
+    layout_splits = list(splits(base, world, min(k.gpus_per_node for k in kinds)))
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=len(candidates), desc="layouts", unit="layout", file=sys.stderr, leave=False)
+        bar = tqdm(total=len(layout_splits), desc="plan", unit="split", file=sys.stderr, leave=False)
 
-    rows: list[Row] = []
-    evaluated = 0
-    for t, p, d, b, v in candidates:
-        for order in placements(cluster, t, d, p):
+    # First the pipeline time of every layout under its exact split: cheap, and a lower bound on its step time.
+    bounded = []
+    for t, p, d in layout_splits:
+        for order in (placements(cluster, t, d, p) if orders == "all" else grouped_orders(kinds, counts)):
             placed = as_cluster(order, kinds, cluster)
-            spec = replace(base, cluster=placed, batch=replace(base.batch, micro=b),
-                           parallel=ParallelSpec(tensor=t, pipeline=p, data=d, virtual_stages=v),
-                           recompute=None, optimizer=replace(base.optimizer, distributed=False))
             price_s = price_per_second(placed)
-            names = [kinds[k].gpu for k in order]
-            for attempt in (spec, *_variants(spec)):
-                if v == 1 and p > 1:
-                    layers = _balanced_partition(attempt, shape, costs, caps=False)
-                    attempt.parallel = replace(attempt.parallel, partition=layers)
-                est = estimate(attempt, cached_lookup)
-                evaluated += 1
-                if not est.fits_in_memory and v == 1 and p > 1:
-                    # the fastest split overflows a stage: the fastest split that fits, if there is one
-                    layers = _balanced_partition(attempt, shape, costs, caps=True)
-                    if layers is not None:
-                        attempt.parallel = replace(attempt.parallel, partition=layers)
-                        est = estimate(attempt, cached_lookup)
-                        evaluated += 1
-                rows.append(_row(attempt, est, names, price_s))
-                if est.fits_in_memory:
-                    break
+            probe = replace(base, cluster=placed, parallel=ParallelSpec(tensor=t, pipeline=p, data=d),
+                            recompute=None, optimizer=replace(base.optimizer, distributed=False))
+            links = _Links.of(probe)
+            for b, v in schedules(base, p, d, virtual_stages):
+                spec = replace(probe, batch=replace(base.batch, micro=b),
+                               parallel=ParallelSpec(tensor=t, pipeline=p, data=d, virtual_stages=v))
+                layers, pipe_s = _balanced_partition(spec, shape, costs, links, caps=False)
+                spec.parallel.partition = layers if v == 1 and p > 1 else None
+                bound = pipe_s if objective == "time" else pipe_s * price_s
+                bounded.append((bound, price_s, order, links, spec))
         if bar is not None:
             bar.update()
-    if bar is not None:
-        bar.close()
+    bounded.sort(key=lambda c: c[0])
 
-    for row in rows:
-        row.within_budget = ((max_step_s is None or row.estimated_s <= max_step_s)
-                             and (max_price_per_step is None or row.price_per_step <= max_price_per_step))
+    # Then the estimator on the most promising first, until no remaining layout can enter the top `top`.
+    rows: list[Row] = []
+    kept: list[float] = []  # objective values of fitting, within-budget rows, ascending
+    evaluated = pruned = 0
+    for i, (bound, price_s, order, links, spec) in enumerate(bounded):
+        if top and len(kept) >= top and bound > kept[top - 1]:
+            pruned = len(bounded) - i
+            break
+        names = [kinds[k].gpu for k in order]
+        for attempt in (spec, *_variants(spec)):
+            if attempt is not spec and attempt.parallel.virtual_stages == 1 and attempt.parallel.pipeline > 1:
+                layers, _ = _balanced_partition(attempt, shape, costs, links, caps=False)
+                attempt.parallel = replace(attempt.parallel, partition=layers)
+            est = estimate(attempt, cached_lookup)
+            evaluated += 1
+            if not est.fits_in_memory and attempt.parallel.virtual_stages == 1 and attempt.parallel.pipeline > 1:
+                # the fastest split overflows a stage: take the fastest split that fits, if there is one
+                layers, _ = _balanced_partition(attempt, shape, costs, links, caps=True)
+                if layers is not None and layers != attempt.parallel.partition:
+                    attempt.parallel = replace(attempt.parallel, partition=layers)
+                    est = estimate(attempt, cached_lookup)
+                    evaluated += 1
+            row = _row(attempt, est, names, price_s)
+            row.within_budget = ((max_step_s is None or row.estimated_s <= max_step_s)
+                                 and (max_price_per_step is None or row.price_per_step <= max_price_per_step))
+            rows.append(row)
+            if est.fits_in_memory:
+                if row.within_budget:
+                    kept.append(row.estimated_s if objective == "time" else row.price_per_step)
+                    kept.sort()
+                break
+
     primary = "estimated_s" if objective == "time" else "price_per_step"
     secondary = "price_per_step" if objective == "time" else "estimated_s"
     rows.sort(key=lambda r: (r.oom, not r.within_budget, getattr(r, primary), getattr(r, secondary)))
     return Plan(rows=rows, search_seconds=time.perf_counter() - started, configs_evaluated=evaluated,
-                objective=objective)
+                configs_pruned=pruned, objective=objective)
