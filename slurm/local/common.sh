@@ -20,6 +20,7 @@ RUN=$SLURM_DIR/run
 LOG=$SLURM_DIR/log
 MUNGE=$SLURM_DIR/munge
 HOST=$(hostname -s)
+HOSTS_MARK="# labkit local slurm $SLURM_DIR"
 
 die() { echo "slurm/local: $*" >&2; exit 1; }
 say() { echo "slurm/local: $*"; }
@@ -112,6 +113,11 @@ stop_all() {
     stop_daemons "$RUN/slurmctld.pid"
     stop_daemons "$MUNGE/munged.pid"
 
+    if grep -qF "$HOSTS_MARK" /etc/hosts 2>/dev/null && [ -w /etc/hosts ]; then
+        local kept
+        kept=$(grep -vF "$HOSTS_MARK" /etc/hosts || true)
+        printf '%s\n' "$kept" >/etc/hosts
+    fi
     if [ -L /etc/slurm/slurm.conf ] && [ "$(readlink /etc/slurm/slurm.conf)" = "$CONF" ]; then
         rm -f /etc/slurm/slurm.conf
     fi

@@ -44,6 +44,8 @@ write_config() {
         echo "SelectType=select/cons_tres"
         echo "SelectTypeParameters=CR_Core"
         echo "SchedulerType=sched/backfill"
+        # Heterogeneous jobs are started only by the backfill scheduler: look every 2 s rather than every 30 s.
+        echo "SchedulerParameters=bf_interval=2"
         # Emulated nodes declare more CPUs than the host has.
         echo "SlurmdParameters=config_overrides"
         echo "ReturnToService=2"
@@ -168,6 +170,17 @@ main() {
         STARTED_NODES+=("$name")
     done
     wait_for_nodes "$since"
+
+    # Node names resolve like on a real cluster, so job scripts can use `scontrol show hostnames | head -1` as the
+    # torchrun master address.
+    if [ "$(id -u)" -eq 0 ] && [ -w /etc/hosts ]; then
+        local entry="127.0.0.1 ${NODE_NAMES[*]} $HOSTS_MARK"
+        if ! grep -qxF "$entry" /etc/hosts; then
+            # Rewritten in place: /etc/hosts may be a bind mount that cannot be replaced.
+            { grep -vF "$HOSTS_MARK" /etc/hosts || true; echo "$entry"; } >"$fresh/hosts"
+            cat "$fresh/hosts" >/etc/hosts
+        fi
+    fi
 
     # Plain `sinfo`/`sbatch` in a shell or notebook find this cluster when the host has no Slurm config of its own.
     if [ "$(id -u)" -eq 0 ] && [ ! -e /etc/slurm/slurm.conf ] && [ ! -L /etc/slurm/slurm.conf ]; then
