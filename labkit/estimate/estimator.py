@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from labkit import catalog
 from labkit.estimate import flops as F
+from labkit.estimate import timing
 from labkit.estimate.memory import GIB, memory_per_stage
 from labkit.estimate.params import Shape, stage_params, total_params
 from labkit.estimate.profiles import Profile, find_profile
@@ -80,6 +81,13 @@ def _profile_lookup(profiles, model: str | None):
     return lambda gpu, tensor: table.get((catalog.resolve_gpu_name(gpu) or gpu, int(tensor)))
 
 
+def _latency(topo: Topology, ranks: list[int]) -> float:
+    """Per-message latency: RDMA-class everywhere except across nodes on Ethernet slower than 100 Gbit/s."""
+    if topo.crosses_nodes(ranks) and min(topo.slots[r].inter_gbps for r in ranks) < timing.SOCKET_NETWORK_BELOW_GBPS:
+        return timing.SOCKET_LATENCY_S
+    return timing.LINK_LATENCY_S
+
+
 def _usable(prof: Profile | None, shape: Shape) -> bool:
     return prof is not None and (prof.seq_length is None or prof.seq_length == shape.seq_length)
 
@@ -119,7 +127,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     message = b.micro * shape.seq_length * shape.hidden * ACTIVATION_BYTES.get(precision, 2)
     if par.sequence_parallel:
         message /= t
-    boundaries = [p2p_time(message, topo.pair_gbps(i, i + 1)) for i in range(p - 1)]
+    boundaries = [p2p_time(message, topo.pair_gbps(i, i + 1), _latency(topo, topo.stage_ranks(i) + topo.stage_ranks(i + 1)))
+                  for i in range(p - 1)]
     pipe = pipeline_time([s.total_s for s in stages], boundaries, m, v)
 
     # After the last backward: gradient all-reduce per stage, tied-embedding all-reduce, optimizer step.
@@ -127,7 +136,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     grad_bytes = GRAD_REDUCE_BYTES.get(precision, 4)
     dp_exposed = []
     for i, params in enumerate(per_stage_params):
-        reduce_s = allreduce_time(params * grad_bytes, d, topo.dp_gbps(i))
+        reduce_s = allreduce_time(params * grad_bytes, d, topo.dp_gbps(i),
+                                  _latency(topo, [topo.rank(i, j, 0) for j in range(d)]))
         if overlap_dp:
             reduce_s = max(0.0, reduce_s - stages[i].backward_s)
         dp_exposed.append(reduce_s)
@@ -135,7 +145,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     embedding_comm = 0.0
     if p > 1 and shape.tied:
         embedding_bytes = shape.vocab * shape.hidden / t * grad_bytes
-        embedding_comm = allreduce_time(embedding_bytes, 2, topo.pair_gbps(0, p - 1))
+        embedding_comm = allreduce_time(embedding_bytes, 2, topo.pair_gbps(0, p - 1),
+                                        _latency(topo, topo.stage_ranks(0) + topo.stage_ranks(p - 1)))
     shards = d if spec.optimizer.distributed else 1
     optimizer = max(optimizer_step_time(params / shards, catalog.gpu(gpus[i]).memory_bw_gb_s, precision)
                     for i, params in enumerate(per_stage_params))

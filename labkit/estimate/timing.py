@@ -21,6 +21,11 @@ from labkit.estimate.profiles import Profile
 # One step of a ring collective or one p2p message costs at least this much (NCCL's small-message latency is
 # 5-20 us over NVLink/InfiniBand); it matters only for small models. Assumed, not fitted.
 LINK_LATENCY_S = 10e-6
+# Between nodes on plain Ethernet (below 100 Gbit/s, no RDMA) NCCL falls back to TCP sockets and every message pays
+# the network stack, and DeepSpeed-era pipelines add their own per-message work. Fitted: 20 ms, to AMP's 90 trials on
+# AWS g4dn (50 Gbit/s) and p3.8xlarge (10 Gbit/s), benchmarks/bench_estimate_accuracy.py.
+SOCKET_NETWORK_BELOW_GBPS = 100
+SOCKET_LATENCY_S = 20e-3
 
 ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GRAD_REDUCE_BYTES = {"fp32": 4, "bf16": 4, "fp16": 2}  # Megatron reduces bf16 runs' gradients in fp32
@@ -30,16 +35,18 @@ def _bytes_per_s(gbps: float) -> float:
     return gbps * 1e9 / 8
 
 
-def allreduce_time(nbytes: float, n: int, gbps: float, latency_s: float = LINK_LATENCY_S) -> float:
+def allreduce_time(nbytes: float, n: int, gbps: float, latency_s: float | None = None) -> float:
     """Ring all-reduce of `nbytes` over `n` ranks on links of `gbps` Gbit/s."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return 2 * (n - 1) / n * nbytes / _bytes_per_s(gbps) + 2 * (n - 1) * latency_s
+    latency = LINK_LATENCY_S if latency_s is None else latency_s
+    return 2 * (n - 1) / n * nbytes / _bytes_per_s(gbps) + 2 * (n - 1) * latency
 
 
-def p2p_time(nbytes: float, gbps: float, latency_s: float = LINK_LATENCY_S) -> float:
+def p2p_time(nbytes: float, gbps: float, latency_s: float | None = None) -> float:
     """One point-to-point message (a pipeline send/recv)."""
-    return nbytes / _bytes_per_s(gbps) + latency_s if nbytes > 0 else 0.0
+    latency = LINK_LATENCY_S if latency_s is None else latency_s
+    return nbytes / _bytes_per_s(gbps) + latency if nbytes > 0 else 0.0
 
 
 @dataclass

@@ -51,6 +51,12 @@ class Topology:
             return min(self.slots[r].intra_gbps for r in ranks)
         return min(self.slots[r].inter_gbps for r in ranks)
 
+    def crosses_nodes(self, ranks: list[int]) -> bool:
+        return len({self.slots[r].node for r in ranks}) > 1
+
+    def stage_ranks(self, stage: int) -> list[int]:
+        return [self.rank(stage, j, k) for j in range(self.data) for k in range(self.tensor)]
+
     def tp_gbps(self, stage: int) -> float:
         return self.group_gbps([self.rank(stage, 0, k) for k in range(self.tensor)])
 
