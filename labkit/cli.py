@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "labkit.diagrams",
     "labkit.data_prep",
     "labkit.estimate.cli",
+    "labkit.plan.cli",
 ]
 
 
