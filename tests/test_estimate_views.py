@@ -1,0 +1,41 @@
+"""Notebook calculators, exercised outside Jupyter."""
+import pytest
+
+from labkit.estimate import estimate
+from labkit.estimate.views import (breakdown_table, compare_measured, days_per_epoch, memory_bars, memory_table,
+                                   model_size_table, time_breakdown)
+from labkit.spec import load_spec
+
+
+@pytest.fixture(scope="module")
+def hetero_estimate():
+    return estimate(load_spec("examples/gpt2-xl-hetero.yaml"))
+
+
+def test_model_size_table_lists_sc21_sizes():
+    df = model_size_table()
+    assert list(df["params_B"]) == [1.7, 3.6, 7.5, 18.4, 39.1, 76.1, 145.6, 310.1]
+    assert (df["params"] == df["formula_params"]).all()
+
+
+def test_days_per_epoch_halves_with_twice_the_gpus():
+    df = days_per_epoch(175e9, 300e9, [512, 1024], 140)
+    assert round(df["days"][1]) == 34
+    assert df["days"][0] == pytest.approx(2 * df["days"][1])
+
+
+def test_memory_views(hetero_estimate):
+    df = memory_table(hetero_estimate)
+    assert len(df) == 8 and df["gpu"][0] == "A100-40GB" and df["limit"][1] == pytest.approx(22.2)
+    fig = memory_bars(hetero_estimate)
+    assert [t.name for t in fig.data] == ["weights", "gradients", "optimizer", "activations", "GPU memory"]
+    assert len(fig.data[3].y) == 8
+
+
+def test_time_views(hetero_estimate):
+    df = breakdown_table(hetero_estimate)
+    assert df["seconds"].sum() == pytest.approx(hetero_estimate.iteration_time_s)
+    assert df["share"].sum() == pytest.approx(1.0)
+    fig = time_breakdown(hetero_estimate)
+    assert {t.name for t in fig.data} >= {"compute", "bubble", "pp_comm", "dp_comm"}
+    assert compare_measured(1.1, 1.0)["error"][0] == pytest.approx(0.1)
