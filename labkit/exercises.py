@@ -25,43 +25,44 @@ def _unanswered(answer: Any, name: str) -> bool:
     return False
 
 
-def _correct(name: str, detail: str = "") -> bool:
+def _correct(name: str, detail: str = "") -> None:
     print(f"{name}: correct{' (' + detail + ')' if detail else ''}.")
-    return True
 
 
-def check_number(answer: Any, expected: float, *, name: str, rel_tol: float = 0.01, hint: str = "") -> bool:
+def check_number(answer: Any, expected: float, *, name: str, rel_tol: float = 0.01, hint: str = "") -> None:
     """Right when within `rel_tol` of `expected` (relative)."""
     if _unanswered(answer, name):
-        return False
+        return
     try:
         value = float(answer)
     except (TypeError, ValueError):
         raise Incorrect(f"{name}: expected a number, got {type(answer).__name__} {answer!r}") from None
     if math.isclose(value, expected, rel_tol=rel_tol, abs_tol=0.0 if expected else rel_tol):
-        return _correct(name)
+        _correct(name)
+        return
     direction = "too high" if value > expected else "too low"
     raise Incorrect(f"{name}: {value:g} is {direction} (needs to be within {rel_tol:.1%}). {hint}".strip())
 
 
-def check_choice(answer: Any, expected: Any, *, name: str, choices: list | tuple, hint: str = "") -> bool:
+def check_choice(answer: Any, expected: Any, *, name: str, choices: list | tuple, hint: str = "") -> None:
     """Right when `answer` is `expected`; an answer outside `choices` is refused with the list."""
     if _unanswered(answer, name):
-        return False
+        return
     if answer not in choices:
         raise Incorrect(f"{name}: {answer!r} is not one of {list(choices)}")
     if answer == expected:
-        return _correct(name)
+        _correct(name)
+        return
     raise Incorrect(f"{name}: {answer!r} is not it. {hint}".strip())
 
 
-def check_spec(answer: Any, *, name: str, **expected: Any) -> bool:
+def check_spec(answer: Any, *, name: str, **expected: Any) -> None:
     """Right when the run spec validates and each named attribute (a dotted path, `__` between parts: e.g.
     `batch__micro=2`, `data_parallel=4`, `num_micro_batches=4`) has the expected value."""
     from labkit.spec import RunSpec, SpecError, validate
 
     if _unanswered(answer, name):
-        return False
+        return
     if not isinstance(answer, RunSpec):
         raise Incorrect(f"{name}: expected a RunSpec (e.g. base.replace(...)), got {type(answer).__name__}")
     try:
@@ -77,4 +78,4 @@ def check_spec(answer: Any, *, name: str, **expected: Any) -> bool:
             wrong.append(f"{path.replace('__', '.')} is {value!r}")
     if wrong:
         raise Incorrect(f"{name}: not yet: {', '.join(wrong)}")
-    return _correct(name, ", ".join(f"{k.replace('__', '.')}={v!r}" for k, v in expected.items()))
+    _correct(name, ", ".join(f"{k.replace('__', '.')}={v!r}" for k, v in expected.items()))

@@ -169,6 +169,34 @@ def _write_record(run: LabRun) -> None:
     (run.directory / "lab.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
 
 
+CHECKED_TAG = "nbval-check-output"
+
+
+def store_checked_outputs(notebook: Path | str, timeout_s: int = 600) -> int:
+    """Execute a source notebook in its own directory and keep, in place, only the outputs of cells tagged
+    `nbval-check-output`: the deterministic results nbval compares in CI. Returns the number of cells kept."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = Path(notebook)
+    nb = nbformat.read(notebook, as_version=4)
+    executed = nbformat.from_dict(json.loads(json.dumps(nb)))
+    NotebookClient(executed, timeout=timeout_s, kernel_name="python3",
+                   resources={"metadata": {"path": str(notebook.parent)}}).execute()
+    kept = 0
+    for cell, ran in zip(nb.cells, executed.cells):
+        if cell.cell_type != "code":
+            continue
+        if CHECKED_TAG in cell.metadata.get("tags", []):
+            cell.outputs, cell.execution_count = ran.outputs, ran.execution_count
+            kept += 1
+        else:
+            cell.outputs, cell.execution_count = [], None
+    nb.metadata.pop("widgets", None)
+    nbformat.write(nb, notebook)
+    return kept
+
+
 # --- HTML -------------------------------------------------------------------------------------------------------------
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
@@ -261,12 +289,26 @@ def register(sub) -> None:
                    help="run only these labs: numbers or names, comma-separated (e.g. 05,08)")
     p.add_argument("--runs-dir", default=str(RUNS_DIR), help="parent of the lab-<timestamp> directory (default runs)")
     p.add_argument("--timeout", type=int, default=600, help="seconds a single cell may run (default 600)")
+    p.add_argument("--store-outputs", action="store_true",
+                   help=f"instead of a lab run: execute the chosen source notebooks (and their solutions) in place, "
+                        f"keeping only the outputs of cells tagged {CHECKED_TAG}, which nbval compares")
     p.set_defaults(func=_lab_command)
 
 
 def _lab_command(args: argparse.Namespace) -> int:
     only = [name.strip() for group in args.only for name in group.split(",") if name.strip()]
     parameters = {key: _parameter(value) for key, value in args.parameter}
+    if args.store_outputs:
+        try:
+            chosen = lab_notebooks(NOTEBOOK_DIR, only or None)
+        except LabError as exc:
+            print(f"labkit lab: {exc}", file=sys.stderr)
+            return 2
+        for notebook in chosen + [NOTEBOOK_DIR / "solutions" / p.name for p in chosen]:
+            if notebook.exists():
+                print(f"{notebook.relative_to(REPO_ROOT)}: kept {store_checked_outputs(notebook, args.timeout)} "
+                      f"checked output(s)")
+        return 0
     try:
         run = run_lab(only=only or None, parameters=parameters, backend=args.backend, runs_dir=args.runs_dir,
                       timeout_s=args.timeout)

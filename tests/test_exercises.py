@@ -5,16 +5,17 @@ from labkit.spec import load_spec
 
 
 def test_unanswered_exercise_passes_quietly_and_says_so(capsys):
-    assert check_number(..., 42.0, name="ex 1") is False
-    assert check_choice(None, "a", name="ex 2", choices=["a", "b"]) is False
-    assert check_spec(..., name="ex 3") is False
+    check_number(..., 42.0, name="ex 1")
+    check_choice(None, "a", name="ex 2", choices=["a", "b"])
+    check_spec(..., name="ex 3")
     assert capsys.readouterr().out.count("not answered yet") == 3
 
 
 def test_check_number_accepts_within_tolerance_and_says_which_way_it_is_off(capsys):
-    assert check_number(18_437_806_080, 18_437_806_080, name="params")
-    assert check_number(157.7, 157.7297, name="TFLOP/s", rel_tol=1e-3)
-    assert "params: correct" in capsys.readouterr().out
+    check_number(18_437_806_080, 18_437_806_080, name="params")
+    check_number(157.7, 157.7297, name="TFLOP/s", rel_tol=1e-3)
+    out = capsys.readouterr().out
+    assert "params: correct" in out and "TFLOP/s: correct" in out
     with pytest.raises(Incorrect, match="too high"):
         check_number(160, 157.7, name="TFLOP/s", rel_tol=1e-3)
     with pytest.raises(Incorrect, match="too low.*use 96"):
@@ -23,18 +24,20 @@ def test_check_number_accepts_within_tolerance_and_says_which_way_it_is_off(caps
         check_number("lots", 1.0, name="x")
 
 
-def test_check_choice_rejects_answers_outside_the_choices():
-    assert check_choice("bf16", "bf16", name="p", choices=["fp16", "bf16"])
+def test_check_choice_rejects_answers_outside_the_choices(capsys):
+    check_choice("bf16", "bf16", name="p", choices=["fp16", "bf16"])
+    assert "p: correct" in capsys.readouterr().out
     with pytest.raises(Incorrect, match="not one of"):
         check_choice("fp8", "bf16", name="p", choices=["fp16", "bf16"])
     with pytest.raises(Incorrect, match="is not it. think about the range"):
         check_choice("fp16", "bf16", name="p", choices=["fp16", "bf16"], hint="think about the range")
 
 
-def test_check_spec_compares_spec_fields_and_derived_figures():
+def test_check_spec_compares_spec_fields_and_derived_figures(capsys):
     base = load_spec({"name": "t", "model": {"preset": "tiny"}, "batch": {"micro": 2, "global": 8},
                       "parallel": {"data": 2}})
-    assert check_spec(base, name="base", batch__micro=2, num_micro_batches=2, data_parallel=2)
+    check_spec(base, name="base", batch__micro=2, num_micro_batches=2, data_parallel=2)
+    assert "base: correct (batch.micro=2, num_micro_batches=2, data_parallel=2)" in capsys.readouterr().out
     bigger = base.replace(**{"batch.global": 32})
     with pytest.raises(Incorrect, match="num_micro_batches is 8"):
         check_spec(bigger, name="accumulate", num_micro_batches=4)

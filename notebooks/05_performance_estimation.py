@@ -1,0 +1,183 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lab 05: Estimate before you pay: parameters, FLOPs, MFU, training days, memory
+#
+# **Objectives.** By the end of this lab you can
+# - count a GPT model's parameters from its shape, and reproduce the NVIDIA workshop's 18,437,806,080;
+# - turn a measured iteration time into TFLOP/s per GPU and a share of the GPU's peak (157.7 TFLOP/s/GPU, 50.55%);
+# - predict how many days one pass over a corpus takes (203 days for 300B tokens on 16 A100s);
+# - estimate a whole run from its spec (iteration time broken down, memory per pipeline stage, will it fit?)
+#   before submitting it.
+#
+# Every number here comes from `labkit.estimate`, the same code behind `labkit estimate SPEC`.
+
+# %% tags=["parameters"]
+# The workshop's run (seed 003, section 4.4): an 18B GPT on 16 A100s, global batch 512, 32.09 s per iteration.
+gpu = "A100-80GB"
+num_gpus = 16
+global_batch = 512
+iteration_time_s = 32.09
+dataset_tokens = 300e9
+spec_file = "gpt2-xl-hetero.yaml"
+
+# %%
+import pandas as pd
+import plotly.express as px
+from ipywidgets import fixed, interact
+
+from labkit import catalog
+from labkit.estimate import (achieved_tflops, estimate, flops_72, flops_96, gpt_params, training_days,
+                             utilization)
+from labkit.exercises import check_number
+from labkit.lab import REPO_ROOT
+from labkit.spec import load_spec
+
+# %% [markdown]
+# ## 5.1 How many parameters?
+#
+# A GPT layer holds the attention projections ($4h^2$ weights) and the MLP ($8h^2$), plus biases and layer norms; the
+# embeddings add $(V + s)h$. Narayanan et al. (SC21, eq. 2):
+#
+# $$P = 12 l h^2 \left(1 + \frac{13}{12h} + \frac{V + s}{12lh}\right)$$
+#
+# with $l$ layers, hidden size $h$, vocabulary $V$ and sequence length $s$. The workshop's example: 40 layers, $h$ = 6144,
+# $V$ = 50257 and $s$ = 1048 (as typed there).
+
+# %% tags=["nbval-check-output"]
+params = gpt_params(l=40, h=6144, s=1048, V=50257)
+print(f"{params:,} parameters")
+
+# %% [markdown]
+# Move the sliders: the $12lh^2$ term dominates as soon as $h$ is in the thousands, which is why a model's size is
+# mostly decided by its depth and width.
+
+# %% tags=["nbval-ignore-output"]
+_ = interact(gpt_params, l=(2, 96, 2), h=(256, 12288, 256), s=fixed(2048), V=fixed(50257))
+
+# %% [markdown]
+# ## 5.2 From an iteration time to TFLOP/s per GPU and utilisation
+#
+# Almost every floating-point operation is in a matrix multiplication. With full activation recomputation (two
+# forwards and one backward), one iteration over a global batch of $B$ sequences costs (SC21, eq. 3)
+#
+# $$F = 96 B s l h^2 \left(1 + \frac{s}{6h} + \frac{V}{16lh}\right)$$
+#
+# Divide by the measured time and the number of GPUs, then compare with the GPU's peak.
+
+# %% tags=["nbval-check-output"]
+flops = flops_96(B=global_batch, s=1048, l=40, h=6144, V=50257)
+tflops = achieved_tflops(flops, iteration_time_s, num_gpus)
+peak = catalog.gpu(gpu).peak("bf16")
+share = utilization(flops, iteration_time_s, peak * num_gpus)
+print(f"{flops:.4e} FLOPs per iteration")
+print(f"{tflops:.1f} TFLOP/s per GPU, {share:.2%} of the {gpu}'s {peak:g} TFLOP/s")
+
+# %% [markdown]
+# That 50.55% counts the recomputed forward as useful work: it is the *hardware* FLOP utilisation. Model FLOP
+# utilisation (MFU) counts only the work the model needs, $72Bslh^2(\dots)$: the same run at the same speed is at a
+# lower MFU. Both appear in `labkit estimate`.
+
+# %%
+model_only = flops_72(B=global_batch, s=1048, l=40, h=6144, V=50257)
+print(f"MFU {utilization(model_only, iteration_time_s, peak * num_gpus):.2%}  vs  HFU {share:.2%}")
+
+# %% [markdown]
+# ## 5.3 Days per epoch
+#
+# Training on $T$ tokens at $X$ TFLOP/s per GPU on $n$ GPUs takes about $8TP/(nX)$ seconds with recomputation
+# (SC21, eq. 4; $6TP/(nX)$ without).
+
+# %% tags=["nbval-check-output"]
+days = training_days(tokens=dataset_tokens, params=params, num_gpus=num_gpus, tflops_per_gpu=tflops)
+print(f"{days:.0f} days per epoch on {num_gpus} GPUs")
+
+# %% [markdown]
+# Seven months. The paper's GPT-3 example: 175B parameters on 1024 A100s at 140 TFLOP/s per GPU.
+
+# %% tags=["nbval-check-output"]
+print(f"GPT-3: {training_days(tokens=300e9, params=175e9, num_gpus=1024, tflops_per_gpu=140):.0f} days")
+
+# %% tags=["nbval-ignore-output"]
+_ = interact(training_days, tokens=fixed(dataset_tokens), params=fixed(params), num_gpus=(8, 2048, 8),
+             tflops_per_gpu=(50.0, 400.0, 10.0), recompute=True)
+
+# %% [markdown]
+# ## 5.4 A whole run, estimated from its spec
+#
+# The formulas above need a measured iteration time. `estimate(spec)` predicts it: per-layer compute from a measured
+# profile of the GPU (or FLOPs / (peak x efficiency)), the 1F1B pipeline and its bubble, tensor-, pipeline- and
+# data-parallel communication, and the memory of every pipeline stage against its GPU. Here: seed 000's GPT-2 XL on
+# one A100 node and seven A10 nodes, with its uneven partition `0-11-8-8-8-8-5-0`.
+
+# %%
+from labkit.diagrams import show
+show("heterogeneous_pipeline")
+
+# %%
+spec = load_spec(REPO_ROOT / "examples" / spec_file)
+est = estimate(spec)
+print(f"{est.params:,} parameters; {est.iteration_time_s:.2f} s per iteration; MFU {est.mfu:.1%}; "
+      f"fits in memory: {est.fits_in_memory}")
+pd.Series(est.breakdown, name="seconds").round(3).to_frame()
+
+# %%
+memory = pd.DataFrame({"stage": range(len(est.memory_gb_per_stage)), "GPU": est.stage_gpus,
+                       "estimated GiB": est.memory_gb_per_stage, "limit GiB": est.memory_limit_gb_per_stage})
+fig = px.bar(memory, x="stage", y="estimated GiB", color="GPU", hover_data=["limit GiB"],
+             title=f"{spec.name}: memory per pipeline stage")
+fig.add_scatter(x=memory["stage"], y=memory["limit GiB"], mode="markers", name="usable memory",
+                marker_symbol="line-ew-open", marker_size=30)
+fig.show()
+
+# %% [markdown]
+# Stage 1 carries 11 layers and more micro-batches in flight than any later stage, and it runs on the A10s' 24 GB:
+# that is where the memory verdict is decided. Seed 000 measured 1.4 s per iteration for this layout on 8 nodes of 4
+# A10s; lab 06 searches for a better one.
+#
+# ## Exercises
+#
+# **Exercise 1.** The labs' GPT-2 small (the workshop's lab model) has $l$ = 12, $h$ = 768, $s$ = 1024,
+# $V$ = 50257. How many parameters does it have?
+
+# %%
+answer_1 = ...
+
+# %%
+check_number(answer_1, gpt_params(12, 768, 1024, 50257), name="Exercise 1 (GPT-2 small parameters)", rel_tol=1e-3)
+
+# %% [markdown]
+# **Exercise 2.** The workshop's fp16 run of that model (global batch 16, 4 GPUs, with recomputation) took 311.9 ms
+# per iteration. How many TFLOP/s per GPU is that?
+
+# %%
+answer_2 = ...
+
+# %%
+check_number(answer_2, achieved_tflops(flops_96(16, 1024, 12, 768, 50257), 0.3119, 4),
+             name="Exercise 2 (TFLOP/s per GPU)", rel_tol=0.01, hint="B is the global batch, the time is in seconds")
+
+# %% [markdown]
+# **Exercise 3.** At the same 157.7 TFLOP/s per GPU, how many A100s does the 18B model need to finish its 300B
+# tokens within 30 days? (The smallest whole number.)
+
+# %%
+answer_3 = ...
+
+# %%
+check_number(answer_3, 109, name="Exercise 3 (GPUs for 30 days)", rel_tol=0.0,
+             hint="training days scale as 1/n: solve training_days(...) <= 30 for n")

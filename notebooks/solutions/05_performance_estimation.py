@@ -1,0 +1,60 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %%
+
+# %% [markdown]
+# # Lab 05 solutions: performance estimation
+
+# %%
+import math
+
+from labkit.estimate import achieved_tflops, flops_96, gpt_params, training_days
+from labkit.exercises import check_number
+
+# %% [markdown]
+# **Exercise 1.** GPT-2 small: $l$ = 12, $h$ = 768, $s$ = 1024, $V$ = 50257.
+
+# %%
+answer_1 = gpt_params(l=12, h=768, s=1024, V=50257)
+print(f"{answer_1:,}")
+
+# %%
+check_number(answer_1, gpt_params(12, 768, 1024, 50257), name="Exercise 1 (GPT-2 small parameters)", rel_tol=1e-3)
+
+# %% [markdown]
+# **Exercise 2.** $F = 96 B s l h^2(\dots)$ with $B$ = 16, then divide by 0.3119 s and 4 GPUs.
+
+# %%
+answer_2 = achieved_tflops(flops_96(B=16, s=1024, l=12, h=768, V=50257), iteration_time_s=0.3119, num_gpus=4)
+print(f"{answer_2:.1f} TFLOP/s per GPU")
+
+# %%
+check_number(answer_2, achieved_tflops(flops_96(16, 1024, 12, 768, 50257), 0.3119, 4),
+             name="Exercise 2 (TFLOP/s per GPU)", rel_tol=0.01, hint="B is the global batch, the time is in seconds")
+
+# %% [markdown]
+# **Exercise 3.** Days scale as $1/n$: $n \ge 16 \cdot d_{16} / 30$.
+
+# %%
+days_on_16 = training_days(tokens=300e9, params=gpt_params(40, 6144, 1048, 50257), num_gpus=16,
+                           tflops_per_gpu=157.7296879710454)
+answer_3 = math.ceil(16 * days_on_16 / 30)
+print(answer_3, "GPUs:", round(training_days(300e9, gpt_params(40, 6144, 1048, 50257), answer_3, 157.73), 1), "days")
+
+# %%
+check_number(answer_3, 109, name="Exercise 3 (GPUs for 30 days)", rel_tol=0.0,
+             hint="training days scale as 1/n: solve training_days(...) <= 30 for n")

@@ -1,0 +1,30 @@
+"""Every lab and solution notebook runs under nbval: lax (every cell runs without error), and strict on the cells
+tagged `nbval-check-output`, whose stored outputs are deterministic (refresh them with `labkit lab --store-outputs`)."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from labkit.lab import NOTEBOOK_DIR, REPO_ROOT
+
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")) + sorted((NOTEBOOK_DIR / "solutions").glob("*.ipynb"))
+
+
+def test_every_lab_has_a_paired_source_and_a_solution():
+    labs = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+    assert labs, "no lab notebooks"
+    for lab in labs:
+        assert lab.with_suffix(".py").exists(), f"{lab.name}: no paired .py (jupytext --set-formats ipynb,py:percent)"
+        assert (NOTEBOOK_DIR / "solutions" / lab.name).exists(), f"{lab.name}: no solutions/{lab.name}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[str(p.relative_to(NOTEBOOK_DIR)) for p in NOTEBOOKS])
+def test_notebook_runs_under_nbval(notebook: Path):
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env",
+               "--nbval-sanitize-with", str(NOTEBOOK_DIR / "nbval_sanitize.cfg"), "--nbval-cell-timeout", "300",
+               str(notebook)]
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, f"{notebook.name} failed under nbval:\n{result.stdout[-6000:]}\n{result.stderr[-2000:]}"
