@@ -15,9 +15,10 @@ import time
 from dataclasses import dataclass, field, replace
 
 from labkit import catalog
-from labkit.estimate import Shape, estimate, memory_per_stage, p2p_time, pipeline_time, stage_time
-from labkit.estimate.estimator import MEMORY_MARGIN, _profile_lookup, _usable
-from labkit.estimate.timing import ACTIVATION_BYTES
+from labkit.estimate import (Shape, allreduce_time, estimate, memory_per_stage, p2p_time, pipeline_time, stage_params,
+                             stage_time)
+from labkit.estimate.estimator import MEMORY_MARGIN, _latency, _profile_lookup, _usable
+from labkit.estimate.timing import ACTIVATION_BYTES, GRAD_REDUCE_BYTES
 from labkit.estimate.topology import Topology
 from labkit.plan.partition import min_max_partition
 from labkit.plan.placement import as_cluster, grouped_orders, node_kinds, placements
@@ -61,7 +62,7 @@ class Plan:
     rows: list[Row]                 # ranked: fitting and within budget first, then by the objective
     search_seconds: float
     configs_evaluated: int          # layouts the estimator evaluated
-    configs_pruned: int             # layouts whose pipeline time alone ruled them out of the top rows
+    configs_pruned: int             # layouts whose lower bound ruled them out of the top rows
     objective: str
 
     @property
@@ -117,9 +118,15 @@ def schedules(base: RunSpec, pipeline: int, data: int, virtual_stages=(1, 2, 4))
 class _StageCosts:
     """The estimator's per-stage time as a function of the layers a stage holds, for the partition search."""
 
-    def __init__(self, shape: Shape, precision: str, lookup):
-        self.shape, self.precision, self.lookup = shape, precision, lookup
+    def __init__(self, shape: Shape, precision: str, global_batch: int, lookup):
+        self.shape, self.precision, self.global_batch, self.lookup = shape, precision, global_batch, lookup
         self._cache: dict = {}
+
+    def stage_params(self, layers: tuple[int, ...], tensor: int) -> list[float]:
+        key = ("params", layers, tensor)
+        if key not in self._cache:
+            self._cache[key] = stage_params(self.shape, list(layers), tensor)
+        return self._cache[key]
 
     def source(self, gpu: str, tensor: int):
         prof = self.lookup(gpu, tensor)
@@ -152,16 +159,28 @@ class _StageCosts:
 
 @dataclass(frozen=True)
 class _Links:
-    """What the estimator's Topology says about one node order under one tensor/pipeline/data split."""
+    """What the estimator's Topology says about one node order under one tensor/pipeline/data split: each stage's
+    GPU, tensor-parallel and data-parallel links, each boundary's link, and the first-to-last stage link of the tied
+    embedding, with the per-message latency estimate() charges on each."""
     stage_gpus: tuple[str, ...]
     tp_gbps: tuple[float, ...]
-    boundary_gbps: tuple[float, ...]
+    dp: tuple[tuple[float, float], ...]          # (Gbit/s, latency s) of each stage's data-parallel ring
+    boundaries: tuple[tuple[float, float], ...]  # (Gbit/s, latency s) between stage i and i + 1
+    ends: tuple[float, float]                    # (Gbit/s, latency s) between the first and the last stage
 
     @classmethod
     def of(cls, spec: RunSpec) -> "_Links":
-        topo, p = Topology(spec), spec.parallel.pipeline
-        return cls(tuple(topo.stage_gpu(i) for i in range(p)), tuple(topo.tp_gbps(i) for i in range(p)),
-                   tuple(topo.pair_gbps(i, i + 1) for i in range(p - 1)))
+        topo, p, d = Topology(spec), spec.parallel.pipeline, spec.data_parallel
+        return cls(
+            stage_gpus=tuple(topo.stage_gpu(i) for i in range(p)),
+            tp_gbps=tuple(topo.tp_gbps(i) for i in range(p)),
+            dp=tuple((topo.dp_gbps(i), _latency(topo, [topo.rank(i, j, 0) for j in range(d)])) for i in range(p)),
+            boundaries=tuple((topo.pair_gbps(i, i + 1), _latency(topo, topo.stage_ranks(i) + topo.stage_ranks(i + 1)))
+                             for i in range(p - 1)),
+            ends=(topo.pair_gbps(0, p - 1), _latency(topo, topo.stage_ranks(0) + topo.stage_ranks(p - 1))))
+
+    def boundary_times(self, message_bytes: float) -> list[float]:
+        return [p2p_time(message_bytes, gbps, latency) for gbps, latency in self.boundaries]
 
 
 def _memory_caps(spec: RunSpec, shape: Shape, links: _Links) -> list[int]:
@@ -185,15 +204,13 @@ def _memory_caps(spec: RunSpec, shape: Shape, links: _Links) -> list[int]:
     return caps
 
 
-def _balanced_partition(spec: RunSpec, shape: Shape, costs: _StageCosts, links: _Links,
-                        caps: bool) -> tuple[list[int] | None, float]:
-    """The exact min-max split of `spec` (None when no split fits in memory) and the 1F1B pipeline time it gives,
-    a lower bound on the estimator's iteration time (which adds the all-reduces and the optimizer step)."""
-    par = spec.parallel
-    recompute = spec.recompute.granularity if spec.recompute else None
-    p, t, b, v = par.pipeline, par.tensor, spec.batch.micro, par.virtual_stages
-    message = b * shape.seq_length * shape.hidden * ACTIVATION_BYTES.get(spec.precision, 2)
-    boundaries = [p2p_time(message, gbps) for gbps in links.boundary_gbps]
+def _split_and_bound(shape: Shape, precision: str, t: int, p: int, d: int, b: int, v: int, recompute: str | None,
+                     links: _Links, costs: _StageCosts, caps: list[int] | None = None
+                     ) -> tuple[list[int] | None, float]:
+    """The exact min-max split of a layout (None when no split fits the caps) and a lower bound on the estimator's
+    iteration time with it: the 1F1B pipeline plus the all-reduces after it, without the optimizer step."""
+    message = b * shape.seq_length * shape.hidden * ACTIVATION_BYTES.get(precision, 2)
+    boundaries = links.boundary_times(message)
     edges = [0.0, *boundaries, 0.0]
     per_layer, ends = [], []
     for i in range(p):
@@ -201,10 +218,9 @@ def _balanced_partition(spec: RunSpec, shape: Shape, costs: _StageCosts, links: 
         per_layer.append(costs.per_layer(gpu, t, b, recompute, tp_gbps))
         ends.append(costs.ends(gpu, t, b, recompute, tp_gbps, i == 0, i == p - 1))
     if v > 1 or p == 1:
-        layers = spec.layer_partition  # the interleaved schedule needs the even split
+        layers = [shape.num_layers // p] * p  # the interleaved schedule needs the even split
     else:
-        found = min_max_partition(per_layer, [e + edges[i] + edges[i + 1] for i, e in enumerate(ends)],
-                                  _memory_caps(spec, shape, links) if caps else None)
+        found = min_max_partition(per_layer, [e + edges[i] + edges[i + 1] for i, e in enumerate(ends)], caps)
         if found is None:
             return None, float("inf")
         layers = found.layers
@@ -212,7 +228,24 @@ def _balanced_partition(spec: RunSpec, shape: Shape, costs: _StageCosts, links: 
     for i, n in enumerate(layers):
         totals.append(ends[i] + sum(per_layer[i][start:start + n]))
         start += n
-    return layers, pipeline_time(totals, boundaries, spec.num_micro_batches, v).total_s
+    pipe_s = pipeline_time(totals, boundaries, costs.global_batch // (d * b), v).total_s
+    # the gradient and tied-embedding all-reduces that follow the last backward, as estimate() charges them
+    grad_bytes = GRAD_REDUCE_BYTES.get(precision, 4)
+    dp_s = max(allreduce_time(n * grad_bytes, d, gbps, latency)
+               for n, (gbps, latency) in zip(costs.stage_params(tuple(layers), t), links.dp))
+    embedding_s = (allreduce_time(shape.vocab * shape.hidden / t * grad_bytes, 2, *links.ends)
+                   if p > 1 and shape.tied else 0.0)
+    return layers, pipe_s + dp_s + embedding_s
+
+
+def _balanced_partition(spec: RunSpec, shape: Shape, costs: _StageCosts, links: _Links,
+                        caps: bool) -> list[int] | None:
+    """The exact min-max split of a spec's layout, within memory when `caps` (None when nothing fits)."""
+    par = spec.parallel
+    layers, _ = _split_and_bound(shape, spec.precision, par.tensor, par.pipeline, spec.data_parallel, spec.batch.micro,
+                                 par.virtual_stages, spec.recompute.granularity if spec.recompute else None, links,
+                                 costs, _memory_caps(spec, shape, links) if caps else None)
+    return layers
 
 
 def _variants(spec: RunSpec):
@@ -268,29 +301,24 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
             profile_table[(gpu, tensor)] = lookup(gpu, tensor)
         return profile_table[(gpu, tensor)]
 
-    costs = _StageCosts(shape, base.precision, cached_lookup)
+    costs = _StageCosts(shape, base.precision, base.batch.global_, cached_lookup)
     layout_splits = list(splits(base, world, min(k.gpus_per_node for k in kinds)))
     bar = None
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=len(layout_splits), desc="plan", unit="split", file=sys.stderr, leave=False)
 
-    # First the pipeline time of every layout under its exact split: cheap, and a lower bound on its step time.
+    # First a lower bound on every layout's step time under its exact split: cheap, most layouts stop here.
     bounded = []
     for t, p, d in layout_splits:
         for order in (placements(cluster, t, d, p) if orders == "all" else grouped_orders(kinds, counts)):
             placed = as_cluster(order, kinds, cluster)
             price_s = price_per_second(placed)
-            probe = replace(base, cluster=placed, parallel=ParallelSpec(tensor=t, pipeline=p, data=d),
-                            recompute=None, optimizer=replace(base.optimizer, distributed=False))
-            links = _Links.of(probe)
+            links = _Links.of(replace(base, cluster=placed, parallel=ParallelSpec(tensor=t, pipeline=p, data=d)))
             for b, v in schedules(base, p, d, virtual_stages):
-                spec = replace(probe, batch=replace(base.batch, micro=b),
-                               parallel=ParallelSpec(tensor=t, pipeline=p, data=d, virtual_stages=v))
-                layers, pipe_s = _balanced_partition(spec, shape, costs, links, caps=False)
-                spec.parallel.partition = layers if v == 1 and p > 1 else None
-                bound = pipe_s if objective == "time" else pipe_s * price_s
-                bounded.append((bound, price_s, order, links, spec))
+                layers, step_s = _split_and_bound(shape, base.precision, t, p, d, b, v, None, links, costs)
+                bound = step_s if objective == "time" else step_s * price_s
+                bounded.append((bound, price_s, order, placed, links, (t, p, d, b, v, layers)))
         if bar is not None:
             bar.update()
     bounded.sort(key=lambda c: c[0])
@@ -299,20 +327,24 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
     rows: list[Row] = []
     kept: list[float] = []  # objective values of fitting, within-budget rows, ascending
     evaluated = pruned = 0
-    for i, (bound, price_s, order, links, spec) in enumerate(bounded):
+    for i, (bound, price_s, order, placed, links, (t, p, d, b, v, layers)) in enumerate(bounded):
         if top and len(kept) >= top and bound > kept[top - 1]:
             pruned = len(bounded) - i
             break
+        spec = replace(base, cluster=placed, batch=replace(base.batch, micro=b), recompute=None,
+                       parallel=ParallelSpec(tensor=t, pipeline=p, data=d, virtual_stages=v,
+                                             partition=layers if v == 1 and p > 1 else None),
+                       optimizer=replace(base.optimizer, distributed=False))
         names = [kinds[k].gpu for k in order]
         for attempt in (spec, *_variants(spec)):
             if attempt is not spec and attempt.parallel.virtual_stages == 1 and attempt.parallel.pipeline > 1:
-                layers, _ = _balanced_partition(attempt, shape, costs, links, caps=False)
-                attempt.parallel = replace(attempt.parallel, partition=layers)
+                attempt.parallel = replace(attempt.parallel,
+                                           partition=_balanced_partition(attempt, shape, costs, links, caps=False))
             est = estimate(attempt, cached_lookup)
             evaluated += 1
             if not est.fits_in_memory and attempt.parallel.virtual_stages == 1 and attempt.parallel.pipeline > 1:
                 # the fastest split overflows a stage: take the fastest split that fits, if there is one
-                layers, _ = _balanced_partition(attempt, shape, costs, links, caps=True)
+                layers = _balanced_partition(attempt, shape, costs, links, caps=True)
                 if layers is not None and layers != attempt.parallel.partition:
                     attempt.parallel = replace(attempt.parallel, partition=layers)
                     est = estimate(attempt, cached_lookup)

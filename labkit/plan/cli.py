@@ -1,0 +1,152 @@
+"""`labkit plan` (rank parallel layouts of a model on a cluster) and `labkit profile` (measure per-layer times here)."""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from labkit import catalog
+from labkit.spec import ClusterSpec, NodeGroup, RunSpec, SpecError, load_spec
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="rank tensor/pipeline/data layouts, micro-batch and node order by estimated time "
+                                    "or price, and print the best as a run spec")
+    p.add_argument("target", metavar="CLUSTER_OR_SPEC",
+                   help=f"a cluster name ({', '.join(catalog.clusters())}), a cluster YAML (nodes: [...]) "
+                        "or a run spec whose cluster, model and batch are used")
+    p.add_argument("--model", help=f"model preset ({', '.join(catalog.models())}); default: the spec's model")
+    p.add_argument("--global-batch", type=int, help="sequences per step; default: the spec's batch.global")
+    p.add_argument("--precision", choices=("fp32", "fp16", "bf16"),
+                   help="default: the spec's, else bf16 where every GPU has it, else fp16")
+    p.add_argument("--objective", choices=("time", "cost"), default="time",
+                   help="time: fastest step; cost: cheapest step (price per node-hour from data/gpus.yaml)")
+    p.add_argument("--max-step-s", type=float, help="time budget: with --objective cost, the slowest step allowed")
+    p.add_argument("--max-price-per-step", type=float,
+                   help="cost budget (USD): with --objective time, the dearest step allowed")
+    p.add_argument("--top", type=int, default=10, help="rows to show (default 10)")
+    p.add_argument("--profiles", help="directory of per-layer profiles (default data/profiles)")
+    p.add_argument("--json", action="store_true", help="print rows, search_seconds, configs_evaluated and spec as JSON")
+    p.add_argument("--output", "-o", help="also write the chosen run spec to this YAML file")
+    p.set_defaults(func=_plan)
+
+    p = sub.add_parser("profile", help="measure per-layer forward time of a model on this machine and write it to "
+                                       "data/profiles/ for the estimator and the planner")
+    p.add_argument("model", metavar="PRESET_OR_SPEC", help="model preset name or run spec file")
+    p.add_argument("--tensor", type=int, default=1, help="tensor-parallel size the profile stands for (default 1)")
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=5, help="timed forward passes per layer (median is kept)")
+    p.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default=None,
+                   help="default: bf16 on a GPU, fp32 on CPU")
+    p.add_argument("--output", "-o", help="profile path (default data/profiles/<model>_<gpu>_tp<t>.json)")
+    p.set_defaults(func=_profile)
+
+
+def _fail(message: str) -> int:
+    print(f"labkit: {message}", file=sys.stderr)
+    return 2
+
+
+def base_spec(target: str, model: str | None, global_batch: int | None, precision: str | None) -> RunSpec:
+    """The spec the planner varies: from a named cluster, a cluster YAML or a run spec, plus the flags."""
+    spec_data: dict = {}
+    cluster = None
+    if target in catalog.clusters():
+        cluster = catalog.clusters()[target]["nodes"]
+    else:
+        path = Path(target)
+        if not path.exists():
+            hint = catalog.closest(target, catalog.clusters())
+            raise SpecError([f"CLUSTER_OR_SPEC: {target!r} is neither a file nor a cluster name; known clusters: "
+                             f"{', '.join(catalog.clusters())}" + (f" (closest: {', '.join(hint)})" if hint else "")])
+        data = yaml.safe_load(path.read_text()) or {}
+        if "nodes" in data and "model" not in data:
+            cluster = data["nodes"]
+        else:
+            spec_data = load_spec(path).to_dict()
+            cluster = (spec_data.get("cluster") or {}).get("nodes")
+    if not cluster:
+        raise SpecError(["cluster: the planner needs a cluster; name one from data/clusters.yaml or give a spec "
+                         "with cluster.nodes"])
+    if model:
+        spec_data["model"] = {"preset": model}
+    elif not spec_data.get("model"):
+        raise SpecError(["--model: missing; pick a preset: " + ", ".join(catalog.models())])
+    if global_batch:
+        spec_data["batch"] = {"micro": 1, "global": global_batch}
+    elif not spec_data.get("batch"):
+        raise SpecError(["--global-batch: missing; give the sequences per step, e.g. --global-batch 64"])
+    groups = [NodeGroup(**g) if isinstance(g, dict) else g for g in cluster]
+    if precision is None and "precision" not in spec_data:
+        has_bf16 = all(catalog.gpu(g.gpu).bf16 for g in groups if catalog.resolve_gpu_name(g.gpu))
+        precision = "bf16" if has_bf16 else "fp16"
+    if precision:
+        spec_data["precision"] = precision
+    spec_data.setdefault("name", f"plan-{spec_data['model'].get('preset') or 'model'}")
+    # validated without the cluster (the layout is what the planner chooses), then placed on it
+    spec_data.update(cluster=None, parallel={"tensor": 1, "pipeline": 1}, recompute=None)
+    base = load_spec(spec_data)
+    world = sum(g.count * g.gpus_per_node for g in groups)
+    checked = load_spec({"model": {"preset": "tiny"}, "precision": base.precision, "batch": {"micro": 1, "global": world},
+                         "cluster": {"nodes": [vars(g) for g in groups]}})  # names every bad node field
+    return replace(base, cluster=checked.cluster)
+
+
+def _plan(args) -> int:
+    from labkit.megatron_args import megatron_args, pipeline_layout
+    from labkit.plan.search import search
+    from labkit.plan.views import ranked_table
+
+    try:
+        base = base_spec(args.target, args.model, args.global_batch, args.precision)
+    except SpecError as exc:
+        for error in exc.errors:
+            print(f"labkit plan: {error}", file=sys.stderr)
+        return 2
+    profiles = None
+    if args.profiles:
+        from labkit.estimate.profiles import find_profile
+        profiles = lambda gpu, tensor: find_profile(base.model.preset, gpu, tensor, directory=args.profiles)  # noqa: E731
+    plan = search(base, objective=args.objective, max_step_s=args.max_step_s,
+                  max_price_per_step=args.max_price_per_step, top=args.top, profiles=profiles,
+                  progress=not args.json and sys.stderr.isatty())
+    if not plan.rows:
+        return _fail("no layout uses every GPU of this cluster for this model and batch; change --global-batch")
+    chosen = load_spec(plan.best.spec.to_dict())  # the run spec as a user would load it: validated, complete
+    chosen.name = f"{base.name}-t{chosen.parallel.tensor}p{chosen.parallel.pipeline}d{chosen.data_parallel}"
+    if args.output:
+        Path(args.output).write_text(chosen.to_yaml())
+    if args.json:
+        out = plan.to_dict(top=args.top)
+        out["spec"] = chosen.to_dict()
+        print(json.dumps(out, indent=2, default=float))
+        return 0
+    print(ranked_table(plan, top=args.top).to_string(index=False))
+    print(f"\n{plan.configs_evaluated} layouts estimated, {plan.configs_pruned} ruled out by their pipeline time "
+          f"alone, in {plan.search_seconds:.3f} s")
+    best = plan.best
+    if best.oom:
+        print("\nno layout fits in memory: the chosen one is the fastest of those that do not", file=sys.stderr)
+    print(f"\nchosen: PARTITION=\"{chosen.partition_string}\"  layout {pipeline_layout(chosen.layer_partition)}")
+    print("megatron: " + " ".join(megatron_args(chosen)))
+    print("\n" + chosen.to_yaml(), end="")
+    return 0
+
+
+def _profile(args) -> int:
+    from labkit.plan.profiler import profile_model
+
+    try:
+        path, profile = profile_model(args.model, tensor=args.tensor, micro_batch=args.micro_batch,
+                                      repeats=args.repeats, precision=args.precision, path=args.output)
+    except (SpecError, ValueError) as exc:
+        return _fail(str(exc))
+    layers = profile.layers_s
+    print(f"{profile.model} on {profile.gpu} (tp{profile.tensor}, micro-batch {profile.micro_batch}, "
+          f"{profile.precision}): embedding {profile.embedding_s * 1e3:.3f} ms, "
+          f"layer {sum(layers) / len(layers) * 1e3:.3f} ms x {len(layers)}, output {profile.output_s * 1e3:.3f} ms")
+    print(f"wrote {path}")
+    return 0

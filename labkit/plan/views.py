@@ -1,0 +1,132 @@
+"""What the planner shows: the ranked table (FASOP's columns), the cost/time Pareto chart, a pipeline schedule."""
+from __future__ import annotations
+
+import pandas as pd
+
+TABLE_COLUMNS = {
+    "mbs": "micro", "tp": "tp", "dp": "dp", "pp": "pp", "virtual_stages": "vp", "recompute": "recompute",
+    "distributed_optimizer": "dist opt", "placement": "placement", "partition": "partition",
+    "estimated_s": "s/step", "pipeline_s": "pipeline s", "dp_allreduce_s": "DP all-reduce s",
+    "embedding_allreduce_s": "embedding all-reduce s", "price_per_step": "USD/step", "oom": "oom",
+    "memory_gb_per_stage": "max GB/stage",
+}
+
+
+def _short_placement(names: list[str]) -> str:
+    """A100-40GB x1, A10 x7 -> 'A100-40GB A10x7' (runs of one kind collapsed)."""
+    runs: list[list] = []
+    for name in names:
+        if runs and runs[-1][0] == name:
+            runs[-1][1] += 1
+        else:
+            runs.append([name, 1])
+    return " ".join(name if n == 1 else f"{name}x{n}" for name, n in runs)
+
+
+def ranked_table(plan, top: int | None = None) -> pd.DataFrame:
+    """The ranked rows with FASOP's columns (plus virtual stages, recompute and the distributed optimizer)."""
+    rows = plan.rows[:top] if top else plan.rows
+    records = []
+    for r in rows:
+        rec = {label: getattr(r, key) for key, label in TABLE_COLUMNS.items()}
+        rec["placement"] = _short_placement(r.placement)
+        rec["partition"] = "-".join(str(n) for n in r.partition)
+        rec["max GB/stage"] = round(max(r.memory_gb_per_stage), 2)
+        for key in ("s/step", "pipeline s", "DP all-reduce s", "embedding all-reduce s"):
+            rec[key] = round(rec[key], 4)
+        rec["USD/step"] = round(rec["USD/step"], 5)
+        records.append(rec)
+    return pd.DataFrame.from_records(records, columns=list(TABLE_COLUMNS.values()))
+
+
+MARKERS = {"homogeneous-0": "square", "homogeneous-1": "circle", "heterogeneous": "triangle-up"}
+
+
+def pareto_figure(sweep: pd.DataFrame, title: str = "Cost and time per step by cluster composition"):
+    """Scatter of price per step against step time, one point per cluster composition; marker shape by cluster type
+    (as seed 002: square and circle for the two homogeneous kinds, triangle for mixed clusters), front joined."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for kind, group in sweep.groupby("cluster_type", sort=False):
+        fig.add_trace(go.Scatter(
+            x=group["estimated_s"], y=group["price_per_step"], mode="markers", name=kind,
+            marker=dict(symbol=group["marker"].iloc[0], size=10, opacity=0.75),
+            text=group["cluster"], customdata=group[["tp", "dp", "pp", "mbs"]].values,
+            hovertemplate="%{text}<br>%{x:.3f} s/step, $%{y:.4f}/step<br>"
+                          "tp %{customdata[0]} dp %{customdata[1]} pp %{customdata[2]} mbs %{customdata[3]}<extra></extra>"))
+    front = sweep[sweep["pareto"]].sort_values("estimated_s")
+    fig.add_trace(go.Scatter(x=front["estimated_s"], y=front["price_per_step"], mode="lines", name="Pareto front",
+                             line=dict(color="black", dash="dot")))
+    fig.update_layout(title=title, xaxis_title="estimated time per step (s)", yaxis_title="price per step (USD)")
+    return fig
+
+
+def schedule_events(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
+                    backward_share: float = 2 / 3) -> pd.DataFrame:
+    """Start and end of every forward and backward of a 1F1B schedule (non-interleaved), for drawing it.
+
+    Each stage runs min(p - i - 1, m) warm-up forwards, then alternates one forward and one backward, then drains;
+    an operation starts when the stage is free and its input (the neighbour's output plus the send) has arrived.
+    """
+    p, m = len(stage_times), num_micro_batches
+    fwd = [t * (1 - backward_share) for t in stage_times]
+    bwd = [t * backward_share for t in stage_times]
+    send = [0.0, *boundary_times, 0.0]  # send[i] is the link between stage i-1 and i
+    orders = []
+    for i in range(p):
+        warm = min(p - i - 1, m)
+        ops = [("F", j) for j in range(warm)]
+        for j in range(m - warm):
+            ops += [("F", warm + j), ("B", j)]
+        ops += [("B", j) for j in range(m - warm, m)]
+        orders.append(ops)
+    done: dict[tuple, float] = {}
+    events = []
+    position = [0] * p
+    free = [0.0] * p
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for i in range(p):
+            while position[i] < len(orders[i]):
+                kind, j = orders[i][position[i]]
+                if kind == "F":
+                    ready = 0.0 if i == 0 else done.get(("F", i - 1, j))
+                    ready = None if ready is None else ready + (send[i] if i else 0.0)
+                else:
+                    ready = done.get(("F", i, j)) if i == p - 1 else done.get(("B", i + 1, j))
+                    ready = None if ready is None else ready + (send[i + 1] if i < p - 1 else 0.0)
+                if ready is None:
+                    break
+                start = max(free[i], ready)
+                end = start + (fwd[i] if kind == "F" else bwd[i])
+                done[(kind, i, j)] = end
+                free[i] = end
+                events.append({"stage": i, "micro_batch": j, "op": "forward" if kind == "F" else "backward",
+                               "start_s": start, "end_s": end})
+                position[i] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("1F1B schedule deadlocked; stage orders are inconsistent")
+    return pd.DataFrame(events)
+
+
+def schedule_figure(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
+                    stage_labels: list[str] | None = None, title: str = "1F1B pipeline schedule"):
+    """Gantt chart of one step's forwards (light) and backwards (dark) per stage, micro-batch numbers on the bars."""
+    import plotly.graph_objects as go
+
+    events = schedule_events(stage_times, boundary_times, num_micro_batches)
+    labels = stage_labels or [f"stage {i}" for i in range(len(stage_times))]
+    fig = go.Figure()
+    for op, color in (("forward", "#9ecae1"), ("backward", "#3182bd")):
+        sub = events[events["op"] == op]
+        fig.add_trace(go.Bar(
+            y=[labels[i] for i in sub["stage"]], x=sub["end_s"] - sub["start_s"], base=sub["start_s"],
+            orientation="h", name=op, marker_color=color, text=sub["micro_batch"], textposition="inside",
+            hovertemplate="micro-batch %{text}: %{base:.4f} s + %{x:.4f} s<extra>" + op + "</extra>"))
+    fig.update_layout(title=title, barmode="overlay", xaxis_title="seconds",
+                      yaxis=dict(autorange="reversed"), bargap=0.2)
+    return fig
