@@ -66,7 +66,8 @@ _BRACKET_ROLE = re.compile(r"([A-Za-z_]+)(\d+)$")
 _HOST = re.compile(r"[A-Za-z0-9][\w.-]*$")
 _AFTER_ITERS = re.compile(rb"after (\d+) iterations")
 _RANK_IN_LINE = re.compile(rb"\[Rank (\d+)\]")
-_ARG_ENTRY = re.compile(rb"\s+([A-Za-z_][A-Za-z0-9_]*) \.* ?(.*?)\s*$")
+_ARG_ENTRY = re.compile(rb"\s*([A-Za-z_][A-Za-z0-9_]*) \.* ?(.*?)\s*$")
+_ARG_ENTRY_INDENTED = re.compile(rb"\s+([A-Za-z_][A-Za-z0-9_]*) \.* ?(.*?)\s*$")
 _TIMER_MINMAX = re.compile(rb"\s+(\S.*?) \.*: \(([^,()]+), *([^,()]+)\)\s*$")
 _TIMER_MAX = re.compile(rb"\s+(\S.*?) \.*: ([-+.\deEnaif]+)\s*$")
 _TIMER_ALL_NAME = re.compile(rb"  (\S.*?):\s*$")
@@ -239,27 +240,23 @@ class _Columns:
 
     def __init__(self):
         self.n = 0
-        self.raw: dict[str, tuple[list, list, float]] = {}  # column -> (row indices, raw bytes values, scale)
+        self.raw: dict[tuple[str, float], tuple[list, list]] = {}  # (column, scale) -> (row indices, raw bytes)
         self.obj: dict[str, list] = {}  # columns holding Python objects, one entry per row
 
     def add_raw(self, column: str, value: bytes, scale: float = 1.0):
-        entry = self.raw.get(column)
+        entry = self.raw.get((column, scale))
         if entry is None:
-            entry = self.raw[column] = ([], [], scale)
+            entry = self.raw[(column, scale)] = ([], [])
         entry[0].append(self.n)
         entry[1].append(value)
 
     def frame(self, columns: list[str]) -> pd.DataFrame:
-        out = {}
-        for name, values in self.obj.items():
-            out[name] = values
-        for name, (rows, values, scale) in self.raw.items():
-            arr = np.full(self.n, np.nan)
-            if rows:
-                arr[np.asarray(rows, dtype=np.int64)] = _floats(values) * scale
-            out[name] = arr
-        df = pd.DataFrame(out, index=pd.RangeIndex(self.n))
-        return _shape(df, columns)
+        data = dict(self.obj)
+        for (name, scale), (rows, values) in self.raw.items():
+            if name not in data:
+                data[name] = np.full(self.n, np.nan)
+            data[name][np.asarray(rows, dtype=np.int64)] = _floats(values) * scale
+        return _frame(data, self.n, columns)
 
 
 def _floats(values: list[bytes]) -> np.ndarray:
@@ -269,6 +266,14 @@ def _floats(values: list[bytes]) -> np.ndarray:
         return np.array([_float(v) for v in values], dtype=np.float64)
 
 
+def _number(v: bytes) -> bool:
+    try:
+        float(v)
+        return True
+    except ValueError:
+        return False
+
+
 def _float(v: bytes) -> float:
     try:
         return float(v)
@@ -276,25 +281,30 @@ def _float(v: bytes) -> float:
         return float("nan")
 
 
-def _shape(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
-    """Put the documented columns first (adding absent ones as missing), extra columns after, integers as Int64."""
-    for c in columns:
-        if c not in df.columns:
-            df[c] = np.nan if c not in ("source", "node", "phase", "style", "split", "level", "message", "text") \
-                else None
-    df = df[columns + sorted(c for c in df.columns if c not in columns)]
-    for c in _INT_COLUMNS:
-        if c in df.columns and df[c].dtype != object:
-            df[c] = _to_int(df[c])
-    if "timestamp" in df.columns:
-        df["timestamp"] = pd.to_datetime(df["timestamp"], errors="coerce", format="mixed")
-    return df
+_TEXT_COLUMNS = {"source", "node", "phase", "style", "split", "level", "message", "text"}
 
 
-def _to_int(s: pd.Series) -> pd.Series:
-    values = pd.to_numeric(s, errors="coerce")
-    values = values.where(np.isfinite(values) & (values.abs() < 2**62))
-    return values.round().astype("Int64")
+def _frame(data: dict, n: int, columns: list[str]) -> pd.DataFrame:
+    """One DataFrame from column lists: documented columns first (absent ones missing), extras after, integers Int64."""
+    out = {}
+    for c in columns + sorted(c for c in data if c not in columns):
+        values = data.get(c)
+        if values is None:
+            values = [None] * n if c in _TEXT_COLUMNS else np.full(n, np.nan)
+        if c in _INT_COLUMNS:
+            values = _ints(values)
+        elif c == "timestamp":
+            values = pd.to_datetime(pd.Series(values, dtype=object), errors="coerce", format="mixed") \
+                if any(v is not None for v in values) else pd.Series([pd.NaT] * n, dtype="datetime64[ns]")
+        out[c] = values
+    return pd.DataFrame(out, index=pd.RangeIndex(n))
+
+
+def _ints(values) -> pd.arrays.IntegerArray:
+    arr = np.asarray(values, dtype=float) if not isinstance(values, pd.api.extensions.ExtensionArray) \
+        else values.to_numpy(dtype=float, na_value=np.nan)
+    missing = ~np.isfinite(arr) | (np.abs(arr) >= 2.0**62)
+    return pd.arrays.IntegerArray(np.where(missing, 0, np.round(arr)).astype(np.int64), missing)
 
 
 class _Scan:
@@ -381,15 +391,15 @@ def _scan(data: bytes, source: str, node: str | None) -> dict:
     iterations, iteration_pos, partial = _iterations(s)
     tables = {
         "iterations": iterations,
-        "memory": _memory(s, iteration_pos),
+        "memory": _memory(s, iteration_pos, partial),
         "timers": _timers(s, iteration_pos),
         "validation": _validation(s),
         "events": _events(s),
     }
     partial.extend(s.partial)
-    tables["partial_lines"] = _shape(pd.DataFrame(
-        {"source": [source] * len(partial), "line": [p[0] for p in partial], "text": [p[1] for p in partial]}),
-        ["source", "line", "text"])
+    tables["partial_lines"] = _frame(
+        {"source": [source] * len(partial), "line": [p[0] for p in partial], "text": [p[1] for p in partial]},
+        len(partial), ["source", "line", "text"])
     arguments = _arguments(s)
     parallel = _parallel(s)
     return {"tables": tables, "arguments": arguments, "parallel": parallel, "formats": s.formats}
@@ -492,7 +502,7 @@ def _last_iteration(positions: list[tuple[int, int]], pos: int):
     return positions[i][1] if i >= 0 else None
 
 
-def _memory(s: _Scan, iteration_pos) -> pd.DataFrame:
+def _memory(s: _Scan, iteration_pos, partial: list) -> pd.DataFrame:
     cols = _Columns()
     its, origin = [], []
     buf = s.buf
@@ -500,14 +510,27 @@ def _memory(s: _Scan, iteration_pos) -> pd.DataFrame:
         start = s.line_start(m.start())
         head = buf[start:m.start()]
         rest = m.group(1)
-        if not rest.rstrip():
+        fields = [f.partition(b":") for f in rest.split(b"|")]
+        if not rest.strip() or any(not sep and key.strip() for key, sep, _ in fields) or not fields[-1][2].strip() \
+                and fields[-1][1]:
+            # A field without its value: the line was cut off.
+            partial.append((s.line_no(start), _text(buf[start:s.line_end(start)])))
             continue
-        for f in rest.split(b"|"):
-            key, sep, value = f.partition(b":")
-            if not sep or not value.strip():
+        notes = {}
+        for key, sep, value in fields:
+            if not sep:
                 continue
             norm = _NOT_ALNUM.sub(b"", key.lower())
-            cols.add_raw(_MEMORY_FIELDS.get(norm) or _snake(key) + "_mb", value)
+            if norm in _MEMORY_FIELDS or _number(value):
+                cols.add_raw(_MEMORY_FIELDS.get(norm) or _snake(key) + "_mb", value)
+            else:
+                # e.g. labkit's CPU runs add `measured as: cpu process resident memory`.
+                notes[_snake(key)] = _text(value).strip()
+        for key, value in notes.items():
+            cols.obj.setdefault(key, [None] * cols.n)
+        for key, column in cols.obj.items():
+            if key not in ("iteration", "source", "node", "task", "rank", "local_rank", "line"):
+                column.append(notes.get(key))
         after = _AFTER_ITERS.search(head)
         its.append(int(after.group(1)) if after else _last_iteration(iteration_pos, start))
         cut = min(i for i in (head.find(b"(after"), head.find(b"after "), len(head)) if i >= 0)
@@ -574,10 +597,10 @@ def _timers(s: _Scan, iteration_pos) -> pd.DataFrame:
                 phase = _text(e.group(1))
             else:
                 break
-    df = pd.DataFrame(rows, columns=["iteration", "phase", "ms", "min_ms", "max_ms", "style",
-                                     "node", "task", "rank", "local_rank", "line"])
-    df["source"] = s.source
-    return _shape(df, TIMER_COLUMNS)
+    names = ["iteration", "phase", "ms", "min_ms", "max_ms", "style", "node", "task", "rank", "local_rank", "line"]
+    data = {name: [r[i] for r in rows] for i, name in enumerate(names)}
+    data["source"] = [s.source] * len(rows)
+    return _frame(data, len(rows), TIMER_COLUMNS)
 
 
 def _block_lines(s: _Scan, pos: int, prefix: bytes, max_foreign: int = 64):
@@ -634,9 +657,10 @@ def _events(s: _Scan) -> pd.DataFrame:
         level = "error" if _ERROR_WORDS.search(line) else "warning"
         node, task, rank, local_rank, _ = s.origin(line[:max(0, m.start() - start)], start)
         rows.append((level, _text(line.strip())[:500], node, task, rank, local_rank, s.line_no(start)))
-    df = pd.DataFrame(rows, columns=["level", "message", "node", "task", "rank", "local_rank", "line"])
-    df["source"] = s.source
-    return _shape(df, EVENT_COLUMNS)
+    names = ["level", "message", "node", "task", "rank", "local_rank", "line"]
+    data = {name: [r[i] for r in rows] for i, name in enumerate(names)}
+    data["source"] = [s.source] * len(rows)
+    return _frame(data, len(rows), EVENT_COLUMNS)
 
 
 def _arguments(s: _Scan) -> dict:
@@ -659,7 +683,7 @@ def _arguments(s: _Scan) -> dict:
         args.setdefault("padded_vocab_size", int(m.group(3)))
     for m in _ARGS_OLD.finditer(buf):
         for _, body in _block_lines(s, m.end() - 1, b"", max_foreign=0):
-            e = _ARG_ENTRY.match(body)
+            e = _ARG_ENTRY_INDENTED.match(body)
             if not e:
                 break
             args.setdefault(_text(e.group(1)), _arg_value(_text(e.group(2))))
@@ -762,11 +786,13 @@ def _one_row_per_iteration(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     """Merge the rows several ranks print for one iteration; after a restart keep the re-run's rows."""
     if df.empty:
         return df, 0
+    it = df["iteration"].to_numpy(dtype=float, na_value=np.nan)
+    if np.all(np.diff(it) > 0):
+        return df, 0
     stream = df.groupby(["source", "node", "task", "rank", "local_rank"], dropna=False, sort=False).ngroup()
     order = np.arange(len(df))
     # A stream that goes back to an iteration it already passed was restarted (e.g. resumed from a checkpoint).
     keys = stream.to_numpy()
-    it = df["iteration"].to_numpy(dtype=float, na_value=np.nan)
     previous = pd.Series(it).groupby(keys).shift().to_numpy()
     back = pd.Series((it <= previous).astype(int))
     segment = back.groupby(keys).cumsum().to_numpy()
@@ -774,9 +800,9 @@ def _one_row_per_iteration(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     work = df.assign(_segment=segment, _order=order)
     work = work.sort_values(["iteration", "_segment", "_order"], ascending=[True, False, True], kind="stable")
     if work["iteration"].duplicated().any():
-        merged = work.groupby("iteration", sort=True, dropna=True).first()
-        merged = merged.reset_index()[df.columns]
-        merged = _shape(merged, ITERATION_COLUMNS)
+        merged = work.groupby("iteration", sort=True, dropna=True).first().reset_index()
+        merged = _frame({c: merged[c].to_numpy() if c not in _INT_COLUMNS else merged[c].array
+                         for c in df.columns}, len(merged), ITERATION_COLUMNS)
     else:
         merged = work[df.columns].reset_index(drop=True)
     return merged, restarts
