@@ -15,6 +15,7 @@ tests this layer against that version (tests/test_train_cpu_compat.py).
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 import types
 
@@ -123,6 +124,17 @@ def _cpu_rng_set(new_state, device=-1, graph_safe=False):
     torch.set_rng_state(new_state)
 
 
+class _SameGeneratorFilter(logging.Filter):
+    """On the CPU the tracker's "GPU" stream is the CPU generator itself, so megatron's check that forking left the
+    CPU stream untouched always fires; the warning says nothing there."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "CPU RNG state changed within GPU RNG context"
+
+
+_RNG_FILTER = _SameGeneratorFilter()
+
+
 def needed() -> bool:
     return not torch.cuda.is_available()
 
@@ -151,6 +163,7 @@ def apply() -> bool:
     rng._get_cuda_rng_state, rng._set_cuda_rng_state = _cpu_rng_get, _cpu_rng_set
     torch.Tensor.cuda = _tensor_cuda
     torch.Tensor.type = _tensor_type
+    logging.getLogger(rng.__name__).addFilter(_RNG_FILTER)
     return True
 
 
@@ -164,4 +177,5 @@ def remove() -> None:
     rng._get_cuda_rng_state, rng._set_cuda_rng_state = _state["rng"]
     torch.Tensor.cuda = _state["cuda"]
     torch.Tensor.type = _state["type"]
+    logging.getLogger(rng.__name__).removeFilter(_RNG_FILTER)
     _state.clear()

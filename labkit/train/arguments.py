@@ -1,0 +1,338 @@
+"""The driver's command line: Megatron-LM's flag names for everything labkit's driver supports, nothing else.
+
+An unknown flag is an error naming it (exit 2). A flag that exists but cannot work in this environment (for example
+--sequence-parallel without Transformer Engine) is an error naming the flag and the reason. `parse_args` also derives
+what Megatron derives (data-parallel size, padded sizes, warm-up steps) so the arguments block prints like theirs.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from labkit.megatron_args import DEFAULT_MERGES, DEFAULT_VOCAB
+
+
+class ArgumentError(Exception):
+    """A flag that cannot be honoured; the message starts with the flag."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        hint = " (labkit's driver does not support it; `python -m labkit.train --help` lists the flags it takes)" \
+            if "unrecognized arguments" in message else ""
+        self.exit(2, f"{self.prog}: error: {message}{hint}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m labkit.train", allow_abbrev=False,
+                description="Train a GPT with megatron-core (CPU/gloo or GPU/NCCL), logging like Megatron-LM.")
+    g = p.add_argument_group("model")
+    g.add_argument("--num-layers", type=int, required=True)
+    g.add_argument("--hidden-size", type=int, required=True)
+    g.add_argument("--num-attention-heads", type=int, required=True)
+    g.add_argument("--group-query-attention", action="store_true")
+    g.add_argument("--num-query-groups", type=int, default=None)
+    g.add_argument("--ffn-hidden-size", type=int, default=None, help="default 4 x hidden (8/3 x hidden with --swiglu)")
+    g.add_argument("--seq-length", type=int, required=True)
+    g.add_argument("--max-position-embeddings", type=int, default=None, help="default --seq-length")
+    g.add_argument("--vocab-size", type=int, default=None, help="with --mock-data: the vocabulary to draw from")
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    g.add_argument("--swiglu", action="store_true")
+    g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    g.add_argument("--hidden-dropout", type=float, default=0.1)
+    g.add_argument("--attention-dropout", type=float, default=0.1)
+    g.add_argument("--init-method-std", type=float, default=0.02)
+    g.add_argument("--transformer-impl", choices=["local", "transformer_engine"], default=None,
+                   help="default: transformer_engine when it is importable and a GPU is present, else local")
+
+    g = p.add_argument_group("parallelism")
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
+                   help="interleaved 1F1B schedule")
+    g.add_argument("--pipeline-model-parallel-layout", default=None,
+                   help='per-stage layout, e.g. "E|t*11|t*8|t*5|L" (uneven stages, zero-layer first/last stages)')
+    g.add_argument("--sequence-parallel", action="store_true")
+    g.add_argument("--use-distributed-optimizer", action="store_true")
+    g.add_argument("--distributed-backend", choices=["nccl", "gloo"], default=None,
+                   help="default: nccl with GPUs, gloo without")
+
+    g = p.add_argument_group("batch")
+    g.add_argument("--micro-batch-size", type=int, default=1)
+    g.add_argument("--global-batch-size", type=int, default=None, help="default micro x data-parallel")
+
+    g = p.add_argument_group("precision")
+    g.add_argument("--fp16", action="store_true")
+    g.add_argument("--bf16", action="store_true")
+    g.add_argument("--loss-scale", type=float, default=None, help="fixed fp16 loss scale (default: dynamic)")
+    g.add_argument("--initial-loss-scale", type=float, default=2 ** 32)
+    g.add_argument("--min-loss-scale", type=float, default=1.0)
+    g.add_argument("--loss-scale-window", type=int, default=1000)
+    g.add_argument("--hysteresis", type=int, default=2)
+
+    g = p.add_argument_group("activation recomputation")
+    g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
+    g.add_argument("--recompute-method", choices=["uniform", "block"], default=None)
+    g.add_argument("--recompute-num-layers", type=int, default=None)
+    g.add_argument("--recompute-activations", action="store_true", help="legacy spelling of selective recompute")
+    g.add_argument("--checkpoint-activations", action="store_true", help="legacy spelling of full recompute")
+    g.add_argument("--activations-checkpoint-method", choices=["uniform", "block"], default=None)
+    g.add_argument("--activations-checkpoint-num-layers", type=int, default=1)
+
+    g = p.add_argument_group("optimizer and learning rate")
+    g.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
+    g.add_argument("--lr", type=float, required=True)
+    g.add_argument("--min-lr", type=float, default=0.0)
+    g.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine"], default="linear")
+    g.add_argument("--lr-decay-iters", type=int, default=None, help="default --train-iters")
+    g.add_argument("--lr-warmup-fraction", type=float, default=None)
+    g.add_argument("--lr-warmup-iters", type=int, default=0)
+    g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--clip-grad", type=float, default=1.0)
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.999)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
+    g.add_argument("--sgd-momentum", type=float, default=0.9)
+
+    g = p.add_argument_group("schedule and checkpoints")
+    g.add_argument("--train-iters", type=int, required=True)
+    g.add_argument("--log-interval", type=int, default=100)
+    g.add_argument("--eval-interval", type=int, default=1000)
+    g.add_argument("--eval-iters", type=int, default=100)
+    g.add_argument("--save", default=None)
+    g.add_argument("--save-interval", type=int, default=None)
+    g.add_argument("--load", default=None)
+    g.add_argument("--seed", type=int, default=1234)
+
+    g = p.add_argument_group("data")
+    g.add_argument("--data-path", nargs="+", default=None,
+                   help="PREFIX (from `labkit data prepare`) or WEIGHT PREFIX WEIGHT PREFIX ... for a blend")
+    g.add_argument("--split", default="969,30,1")
+    g.add_argument("--data-cache-path", default=None, help="where dataset indices are cached (default: next to the data)")
+    g.add_argument("--mock-data", action="store_true")
+    g.add_argument("--tokenizer-type", choices=["GPT2BPETokenizer", "NullTokenizer"], default=None)
+    g.add_argument("--vocab-file", default=None, help=f"default {DEFAULT_VOCAB}")
+    g.add_argument("--merge-file", default=None, help=f"default {DEFAULT_MERGES}")
+
+    g = p.add_argument_group("logging and profiling")
+    g.add_argument("--log-throughput", action="store_true")
+    g.add_argument("--timing-log-level", type=int, choices=[0, 1, 2], default=2,
+                   help="2 (labkit's default) prints forward/backward/pipeline/all-reduce/optimizer timers")
+    g.add_argument("--timing-log-option", choices=["minmax", "max", "all"], default="minmax")
+    g.add_argument("--tensorboard-dir", default=None)
+    g.add_argument("--tensorboard-log-interval", type=int, default=1)
+    g.add_argument("--log-timers-to-tensorboard", action="store_true")
+    g.add_argument("--log-memory-to-tensorboard", action="store_true")
+    g.add_argument("--log-validation-ppl-to-tensorboard", action="store_true")
+    g.add_argument("--profile", action="store_true", help="torch.profiler trace of the steps below")
+    g.add_argument("--use-pytorch-profiler", action="store_true", help="accepted: --profile always uses torch.profiler")
+    g.add_argument("--profile-step-start", type=int, default=10)
+    g.add_argument("--profile-step-end", type=int, default=12)
+    g.add_argument("--profile-ranks", type=int, nargs="+", default=[0])
+    return p
+
+
+def _te_importable() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _data_blend(paths: list[str]) -> tuple[list[str], list[float] | None]:
+    """Megatron's --data-path: `P` or `P1 P2` (equal weights) or `W1 P1 W2 P2`."""
+    def is_number(s):
+        try:
+            float(s)
+            return True
+        except ValueError:
+            return False
+    if len(paths) % 2 == 0 and all(is_number(w) for w in paths[0::2]):
+        return list(paths[1::2]), [float(w) for w in paths[0::2]]
+    return list(paths), None
+
+
+def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> argparse.Namespace:
+    """Check flag combinations and derive Megatron's derived arguments. Raises ArgumentError naming the flag."""
+    args.world_size, args.rank = world_size, rank
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    for flag in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size", "train_iters",
+                 "tensor_model_parallel_size", "pipeline_model_parallel_size", "log_interval"):
+        if getattr(args, flag) <= 0:
+            raise ArgumentError(f"--{flag.replace('_', '-')}: must be positive, got {getattr(args, flag)}")
+    if world_size % (tp * pp):
+        raise ArgumentError(f"--tensor-model-parallel-size/--pipeline-model-parallel-size: world size {world_size} "
+                            f"is not divisible by tensor {tp} x pipeline {pp}; launch {tp * pp} x N processes")
+    args.data_parallel_size = world_size // (tp * pp)
+    args.context_parallel_size = 1
+    dp = args.data_parallel_size
+    if args.global_batch_size is None:
+        args.global_batch_size = args.micro_batch_size * dp
+    if args.global_batch_size % (args.micro_batch_size * dp):
+        raise ArgumentError(f"--global-batch-size: {args.global_batch_size} is not divisible by micro-batch "
+                            f"{args.micro_batch_size} x data-parallel {dp}")
+    if args.num_attention_heads % tp:
+        raise ArgumentError(f"--num-attention-heads: {args.num_attention_heads} heads do not split over "
+                            f"--tensor-model-parallel-size {tp}")
+    if args.hidden_size % args.num_attention_heads:
+        raise ArgumentError(f"--hidden-size: {args.hidden_size} is not divisible by --num-attention-heads "
+                            f"{args.num_attention_heads}")
+    if not args.group_query_attention:
+        if args.num_query_groups not in (None, args.num_attention_heads):
+            raise ArgumentError("--num-query-groups: needs --group-query-attention")
+        args.num_query_groups = None
+    elif args.num_query_groups is None or args.num_attention_heads % args.num_query_groups \
+            or args.num_query_groups % tp:
+        raise ArgumentError(f"--num-query-groups: {args.num_query_groups} must divide --num-attention-heads "
+                            f"{args.num_attention_heads} and be divisible by --tensor-model-parallel-size {tp}")
+    if args.max_position_embeddings is None:
+        args.max_position_embeddings = args.seq_length
+    if args.seq_length > args.max_position_embeddings:
+        raise ArgumentError(f"--seq-length: {args.seq_length} exceeds --max-position-embeddings "
+                            f"{args.max_position_embeddings}")
+
+    if args.fp16 and args.bf16:
+        raise ArgumentError("--fp16/--bf16: choose one precision")
+    args.params_dtype = "torch.float16" if args.fp16 else "torch.bfloat16" if args.bf16 else "torch.float32"
+
+    # Recomputation: the legacy spellings map onto today's flags.
+    if args.checkpoint_activations:
+        if args.recompute_granularity not in (None, "full"):
+            raise ArgumentError("--checkpoint-activations: conflicts with --recompute-granularity selective")
+        args.recompute_granularity = "full"
+        args.recompute_method = args.recompute_method or args.activations_checkpoint_method or "uniform"
+        if args.recompute_num_layers is None:
+            args.recompute_num_layers = args.activations_checkpoint_num_layers
+    elif args.activations_checkpoint_method:
+        raise ArgumentError("--activations-checkpoint-method: needs --checkpoint-activations")
+    if args.recompute_activations:
+        if args.recompute_granularity == "full":
+            raise ArgumentError("--recompute-activations: conflicts with --recompute-granularity full")
+        args.recompute_granularity = "selective"
+    if args.recompute_granularity == "full":
+        if args.recompute_method is None:
+            raise ArgumentError("--recompute-method: needed with --recompute-granularity full (uniform or block)")
+        if args.recompute_num_layers is None:
+            args.recompute_num_layers = 1
+    elif args.recompute_method or args.recompute_num_layers is not None:
+        raise ArgumentError("--recompute-method/--recompute-num-layers: only apply to --recompute-granularity full")
+
+    # Pipeline: interleaving and uneven layouts.
+    args.virtual_pipeline_model_parallel_size = None
+    if args.num_layers_per_virtual_pipeline_stage is not None:
+        if pp == 1:
+            raise ArgumentError("--num-layers-per-virtual-pipeline-stage: needs --pipeline-model-parallel-size > 1")
+        if args.pipeline_model_parallel_layout:
+            raise ArgumentError("--num-layers-per-virtual-pipeline-stage: cannot be combined with "
+                                "--pipeline-model-parallel-layout (the layout sets the virtual stages)")
+        per_stage = args.num_layers // pp
+        if args.num_layers % pp or per_stage % args.num_layers_per_virtual_pipeline_stage:
+            raise ArgumentError(f"--num-layers-per-virtual-pipeline-stage: {args.num_layers_per_virtual_pipeline_stage}"
+                                f" does not divide the {args.num_layers}/{pp} layers per pipeline stage")
+        args.virtual_pipeline_model_parallel_size = per_stage // args.num_layers_per_virtual_pipeline_stage
+    if args.pipeline_model_parallel_layout:
+        stages = args.pipeline_model_parallel_layout.split("|")
+        if len(stages) % pp:
+            raise ArgumentError(f"--pipeline-model-parallel-layout: {len(stages)} stages do not fill "
+                                f"--pipeline-model-parallel-size {pp} (need a multiple of {pp})")
+        if len(stages) > pp:
+            args.virtual_pipeline_model_parallel_size = len(stages) // pp
+    num_micro = args.global_batch_size // (args.micro_batch_size * dp)
+    if args.virtual_pipeline_model_parallel_size and num_micro % pp:
+        raise ArgumentError(f"--global-batch-size: the interleaved schedule needs the {num_micro} micro-batches to be "
+                            f"a multiple of --pipeline-model-parallel-size {pp}")
+
+    # Implementation and backend.
+    te = _te_importable()
+    if args.transformer_impl is None:
+        args.transformer_impl = "transformer_engine" if te and cuda else "local"
+    elif args.transformer_impl == "transformer_engine" and not (te and cuda):
+        raise ArgumentError("--transformer-impl transformer_engine: Transformer Engine needs a GPU and the "
+                            "transformer_engine package; use --transformer-impl local")
+    if args.sequence_parallel:
+        if tp == 1:
+            raise ArgumentError("--sequence-parallel: needs --tensor-model-parallel-size > 1")
+        if args.transformer_impl != "transformer_engine":
+            raise ArgumentError("--sequence-parallel: megatron-core's local layers use torch LayerNorm, which sequence "
+                                "parallelism does not support; it needs Transformer Engine on a GPU "
+                                "(--transformer-impl transformer_engine)")
+    if args.distributed_backend is None:
+        args.distributed_backend = "nccl" if cuda else "gloo"
+    elif args.distributed_backend == "nccl" and not cuda:
+        raise ArgumentError("--distributed-backend nccl: needs GPUs; use gloo on CPU")
+    if args.use_distributed_optimizer and args.optimizer != "adam":
+        raise ArgumentError("--use-distributed-optimizer: megatron-core's distributed optimizer needs --optimizer adam")
+
+    # Data.
+    if args.mock_data and args.data_path:
+        raise ArgumentError("--mock-data: conflicts with --data-path; give one of them")
+    if not args.mock_data and not args.data_path:
+        raise ArgumentError("--data-path: missing; give a prefix from `labkit data prepare`, or --mock-data")
+    if args.data_path:
+        args.data_prefixes, args.data_weights = _data_blend(args.data_path)
+        for prefix in args.data_prefixes:
+            missing = [s for s in (".bin", ".idx") if not Path(prefix + s).is_file()]
+            if missing:
+                raise ArgumentError(f"--data-path: {prefix} has no {' or '.join(prefix + s for s in missing)}; "
+                                    "create it with `labkit data prepare INPUT.jsonl --output-prefix P` and pass "
+                                    "P_text_document")
+        args.tokenizer_type = args.tokenizer_type or "GPT2BPETokenizer"
+        if args.tokenizer_type != "GPT2BPETokenizer":
+            raise ArgumentError("--tokenizer-type: real data needs GPT2BPETokenizer (--vocab-file/--merge-file)")
+    else:
+        args.data_prefixes, args.data_weights = [], None
+        args.tokenizer_type = args.tokenizer_type or ("GPT2BPETokenizer" if args.vocab_size is None else "NullTokenizer")
+    if args.tokenizer_type == "GPT2BPETokenizer":
+        args.vocab_file = args.vocab_file or str(DEFAULT_VOCAB)
+        args.merge_file = args.merge_file or str(DEFAULT_MERGES)
+        for flag, path in (("--vocab-file", args.vocab_file), ("--merge-file", args.merge_file)):
+            if not Path(path).is_file():
+                raise ArgumentError(f"{flag}: no such file {path}")
+    elif args.vocab_size is None:
+        raise ArgumentError("--vocab-size: needed with --tokenizer-type NullTokenizer")
+    split = args.split.replace("/", ",").split(",")
+    try:
+        if len(split) > 3 or sum(float(s) for s in split) <= 0:
+            raise ValueError
+    except ValueError:
+        raise ArgumentError(f"--split: {args.split!r} is not like 969,30,1 (train, validation, test weights)") from None
+
+    # Schedule.
+    if args.lr_decay_iters is None:
+        args.lr_decay_iters = args.train_iters
+    if args.lr_warmup_fraction is not None:
+        args.lr_warmup_iters = int(args.lr_warmup_fraction * args.lr_decay_iters)
+    if args.save_interval is not None and not args.save:
+        raise ArgumentError("--save-interval: needs --save DIR")
+    if args.profile:
+        if not 0 <= args.profile_step_start < args.profile_step_end:
+            raise ArgumentError("--profile-step-start/--profile-step-end: need 0 <= start < end")
+        bad = [r for r in args.profile_ranks if not 0 <= r < world_size]
+        if bad:
+            raise ArgumentError(f"--profile-ranks: {bad} outside the world of {world_size} processes")
+    for flag in ("log_timers_to_tensorboard", "log_memory_to_tensorboard", "log_validation_ppl_to_tensorboard"):
+        if getattr(args, flag) and not args.tensorboard_dir:
+            raise ArgumentError(f"--{flag.replace('_', '-')}: needs --tensorboard-dir DIR")
+    args.consumed_train_samples = 0
+    args.iteration = 0
+    return args
+
+
+def parse_args(argv: list[str] | None = None, world_size: int | None = None, rank: int | None = None,
+               cuda: bool | None = None) -> argparse.Namespace:
+    """Parse and check the flags; exits 2 with a message naming the flag when one cannot be honoured."""
+    import torch
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    try:
+        return finish(args, world_size, rank, cuda)
+    except ArgumentError as exc:
+        parser.error(str(exc))

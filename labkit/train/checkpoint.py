@@ -1,0 +1,119 @@
+"""Checkpoints in Megatron-LM's legacy `torch` format (torch.save per model-parallel rank), which works on gloo/CPU.
+
+    SAVE/latest_checkpointed_iteration.txt
+    SAVE/iter_0000020/mp_rank_TT[_PPP]/model_optim_rng.pt   model, optimizer, scheduler, RNG states, counters
+    SAVE/iter_0000020/mp_rank_TT[_PPP]/distrib_optim.pt     with --use-distributed-optimizer: the sharded Adam state
+
+Resuming restores the weights, the optimizer (fp32 master weights and moments), the learning-rate schedule, every RNG
+(Python, NumPy, torch, CUDA and the tensor-parallel tracker, per data-parallel rank) and the consumed-sample count,
+so the next iteration's loss is the one the uninterrupted run would have printed.
+"""
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state, tensor_parallel
+
+from labkit.train.megatron_log import print_rank_0
+
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def _rank_dir(root: str, iteration: int) -> Path:
+    tp, pp = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank()
+    name = f"mp_rank_{tp:02d}" if parallel_state.get_pipeline_model_parallel_world_size() == 1 \
+        else f"mp_rank_{tp:02d}_{pp:03d}"
+    return Path(root) / f"iter_{iteration:07d}" / name
+
+
+def _where() -> str:
+    return "[ t {}/{}, p {}/{} ]".format(
+        parallel_state.get_tensor_model_parallel_rank() + 1, parallel_state.get_tensor_model_parallel_world_size(),
+        parallel_state.get_pipeline_model_parallel_rank() + 1, parallel_state.get_pipeline_model_parallel_world_size())
+
+
+def _rng_state() -> dict:
+    state = {"random_rng_state": random.getstate(), "np_rng_state": numpy.random.get_state(),
+             "torch_rng_state": torch.get_rng_state(),
+             "rng_tracker_states": tensor_parallel.get_cuda_rng_tracker().get_states()}
+    if torch.cuda.is_available():
+        state["cuda_rng_state"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["random_rng_state"])
+    numpy.random.set_state(state["np_rng_state"])
+    torch.set_rng_state(state["torch_rng_state"])
+    if torch.cuda.is_available() and "cuda_rng_state" in state:
+        torch.cuda.set_rng_state(state["cuda_rng_state"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(state["rng_tracker_states"])
+
+
+def save(args, iteration: int, model, optimizer, scheduler) -> None:
+    print_rank_0("saving checkpoint at iteration {:7d} to {} in torch format".format(iteration, args.save))
+    folder = _rank_dir(args.save, iteration)
+    dp_group = parallel_state.get_data_parallel_group()
+    rng_states = [None] * parallel_state.get_data_parallel_world_size()
+    dist.all_gather_object(rng_states, _rng_state(), group=dp_group)
+    if args.use_distributed_optimizer:
+        folder.mkdir(parents=True, exist_ok=True)
+        dist.barrier(group=dp_group)
+        optimizer.save_parameter_state(str(folder / "distrib_optim.pt"))  # gathers the shards to data rank 0
+    if parallel_state.get_data_parallel_rank() == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {
+            "args": args,
+            "checkpoint_version": 3.0,
+            "iteration": iteration,
+            "optimizer": optimizer.state_dict(),
+            "opt_param_scheduler": scheduler.state_dict(),
+            "rng_state": rng_states,
+        }
+        for i, chunk in enumerate(model):
+            state["model" if len(model) == 1 else f"model{i}"] = chunk.state_dict()
+        tmp = folder / "model_optim_rng.pt.tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, folder / "model_optim_rng.pt")
+    dist.barrier()
+    if dist.get_rank() == 0:
+        (Path(args.save) / TRACKER).write_text(str(iteration))
+    print_rank_0("  successfully saved checkpoint from iteration {:7d} to {} {}".format(iteration, args.save,
+                                                                                         _where()))
+    dist.barrier()
+
+
+def load(args, model, optimizer, scheduler) -> int:
+    """Load the latest checkpoint under --load; returns its iteration (0 when there is none)."""
+    tracker = Path(args.load) / TRACKER
+    if not tracker.is_file():
+        print_rank_0(f"WARNING: could not find the metadata file {tracker} ")
+        print_rank_0("    will not load any checkpoints and will start from random")
+        return 0
+    iteration = int(tracker.read_text().strip())
+    folder = _rank_dir(args.load, iteration)
+    print_rank_0(f" loading checkpoint from {args.load} at iteration {iteration}")
+    path = folder / "model_optim_rng.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"--load: {path} is missing; was the checkpoint written with the same "
+                                "--tensor-model-parallel-size and --pipeline-model-parallel-size?")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    for i, chunk in enumerate(model):
+        chunk.load_state_dict(state["model" if len(model) == 1 else f"model{i}"], strict=True)
+    optimizer.load_state_dict(state["optimizer"])
+    if args.use_distributed_optimizer:
+        optimizer.load_parameter_state(str(folder / "distrib_optim.pt"))
+    scheduler.load_state_dict(state["opt_param_scheduler"])
+    rng_states = state["rng_state"]
+    dp_rank = parallel_state.get_data_parallel_rank()
+    _set_rng_state(rng_states[dp_rank] if dp_rank < len(rng_states) else rng_states[0])
+    saved_args = state["args"]
+    args.consumed_train_samples = saved_args.consumed_train_samples
+    dist.barrier()
+    print_rank_0(f"  successfully loaded checkpoint from {args.load} {_where()} at iteration {iteration}")
+    return iteration

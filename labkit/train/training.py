@@ -1,0 +1,370 @@
+"""The driver: initialise (torch.distributed, model-parallel groups, seeds), build model/optimizer/data, train, log.
+
+Read top to bottom: `run(args)` is pretrain() of Megatron-LM, `train_step` one iteration, `training_log` one interval.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from functools import partial
+
+import numpy
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.distributed import finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.timers import Timers
+
+from labkit.train import checkpoint, data, megatron_log
+from labkit.train.megatron_log import print_logging_rank, print_rank_0
+from labkit.train.model import build_model, transformer_config
+from labkit.train.profiling import StepProfiler, TensorBoard
+from labkit.train.tokenizer import padded_vocab_size
+
+TIMERS_TO_LOG = [
+    "forward-backward", "forward-compute", "backward-compute", "batch-generator",
+    "forward-recv", "forward-send", "backward-recv", "backward-send",
+    "forward-send-forward-recv", "forward-send-backward-recv", "backward-send-forward-recv",
+    "backward-send-backward-recv", "forward-backward-send-forward-backward-recv",
+    "layernorm-grads-all-reduce", "embedding-grads-all-reduce", "all-grads-sync", "params-all-gather",
+    "optimizer-copy-to-main-grad", "optimizer-unscale-and-check-inf", "optimizer-clip-main-grad",
+    "optimizer-count-zeros", "optimizer-inner-step", "optimizer-copy-main-to-model-params", "optimizer",
+]
+
+
+class TrainingError(Exception):
+    """A run that must stop: the message is printed as an ERROR line and the process exits non-zero."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Set-up
+
+def initialize(args) -> torch.device:
+    if torch.cuda.is_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()) if args.world_size == 1 else "29500")
+        print_rank_0("> initializing torch distributed ...")
+        dist.init_process_group(backend=args.distributed_backend, world_size=args.world_size, rank=args.rank,
+                                device_id=device if device.type == "cuda" else None)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+    )
+    print_rank_0(f"> initialized tensor model parallel with size {args.tensor_model_parallel_size}")
+    print_rank_0(f"> initialized pipeline model parallel with size {args.pipeline_model_parallel_size}")
+    print_rank_0(f"> setting random seeds to {args.seed} ...")
+    # Megatron-LM's seeding: each pipeline stage its own stream; tensor-parallel ranks fork a tracked stream.
+    seed = args.seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
+    random.seed(seed)
+    numpy.random.seed(seed)
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    return device
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_optimizer(args, model, config):
+    opt_config = OptimizerConfig(
+        optimizer=args.optimizer, lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
+        fp16=args.fp16, bf16=args.bf16, params_dtype=config.params_dtype,
+        loss_scale=args.loss_scale, initial_loss_scale=args.initial_loss_scale, min_loss_scale=args.min_loss_scale,
+        loss_scale_window=args.loss_scale_window, hysteresis=args.hysteresis,
+        adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
+        sgd_momentum=args.sgd_momentum, use_distributed_optimizer=args.use_distributed_optimizer,
+        clip_grad=args.clip_grad, timers=config.timers,
+    )
+    optimizer = get_megatron_optimizer(opt_config, model)
+    scheduler = OptimizerParamScheduler(
+        optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
+        lr_warmup_steps=args.lr_warmup_iters, lr_decay_steps=args.lr_decay_iters,
+        lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay, end_wd=args.weight_decay,
+        wd_incr_steps=args.train_iters, wd_incr_style="constant")
+    return optimizer, scheduler
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# One iteration
+
+def forward_step(timers, data_iterator, model):
+    timers("batch-generator", log_level=2).start()
+    batch = next(data_iterator)
+    timers("batch-generator").stop()
+    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    return output, partial(loss_func, batch["loss_mask"])
+
+
+def loss_func(loss_mask, output_tensor):
+    losses = output_tensor.float().view(-1)
+    mask = loss_mask.view(-1).float()
+    loss = torch.sum(losses * mask) / mask.sum()
+    # The schedule scales `loss` in place; report an untouched copy.
+    return loss, {"lm loss": loss.detach().clone()}
+
+
+def _average_losses(losses_reduced: list[dict]) -> dict[str, float]:
+    """Mean over micro-batches on this rank, then over data-parallel ranks (last pipeline stage only)."""
+    if not losses_reduced:
+        return {}
+    keys = list(losses_reduced[0])
+    local = torch.stack([torch.stack([x[k].float() for x in losses_reduced]).mean() for k in keys])
+    dist.all_reduce(local, group=parallel_state.get_data_parallel_group())
+    local /= parallel_state.get_data_parallel_world_size()
+    return {k: float(v) for k, v in zip(keys, local.tolist())}
+
+
+def train_step(args, timers, forward_backward_func, data_iterator, model, optimizer, scheduler):
+    for chunk in model:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    losses_reduced = forward_backward_func(
+        forward_step_func=partial(forward_step, timers), data_iterator=data_iterator, model=model,
+        num_microbatches=args.num_micro_batches, seq_length=args.seq_length,
+        micro_batch_size=args.micro_batch_size, forward_only=False)  # times itself as "forward-backward"
+    timers("optimizer", log_level=1).start(barrier=args.barrier_with_L1_time)
+    update_successful, grad_norm, _ = optimizer.step()
+    timers("optimizer").stop()
+    if update_successful:
+        scheduler.step(increment=1)
+    losses = _average_losses(losses_reduced) if parallel_state.is_pipeline_last_stage(ignore_virtual=True) else {}
+    return losses, not update_successful, grad_norm
+
+
+def _loss_is_nan_anywhere(losses: dict[str, float], device) -> bool:
+    bad = torch.tensor([float(any(not math.isfinite(v) for v in losses.values()))], device=device)
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    return bool(bad.item())
+
+
+def evaluate(args, forward_backward_func, data_iterator, model, timers) -> dict[str, float]:
+    for chunk in model:
+        chunk.eval()
+    totals: dict[str, float] = {}
+    with torch.no_grad():
+        for _ in range(args.eval_iters):
+            losses_reduced = forward_backward_func(
+                forward_step_func=partial(forward_step, timers), data_iterator=data_iterator, model=model,
+                num_microbatches=args.num_micro_batches, seq_length=args.seq_length,
+                micro_batch_size=args.micro_batch_size, forward_only=True)
+            if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
+                for key, value in _average_losses(losses_reduced).items():
+                    totals[key] = totals.get(key, 0.0) + value / args.eval_iters
+    for chunk in model:
+        chunk.train()
+    return totals
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Logging
+
+def num_floating_point_operations(args, batch_size: int) -> float:
+    """Megatron-LM's model FLOPs per iteration (forward and backward, no recomputation), dense GPT."""
+    kv_channels = args.hidden_size // args.num_attention_heads
+    query_projection_to_hidden = kv_channels * args.num_attention_heads / args.hidden_size
+    groups = args.num_query_groups or args.num_attention_heads
+    gated = 3 / 2 if args.swiglu else 1
+    return (12 * batch_size * args.seq_length * args.num_layers * args.hidden_size * args.hidden_size * (
+        (1 + groups / args.num_attention_heads + args.seq_length / args.hidden_size) * query_projection_to_hidden
+        + args.ffn_hidden_size / args.hidden_size * gated
+        + args.padded_vocab_size / (2 * args.num_layers * args.hidden_size)))
+
+
+class IntervalStats:
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.losses: dict[str, float] = {}
+        self.advanced = self.skipped = self.nan = 0
+
+    def add(self, losses: dict[str, float], skipped: bool):
+        self.skipped += int(skipped)
+        if skipped:
+            self.nan += int(any(not math.isfinite(v) for v in losses.values()))
+            return
+        self.advanced += 1
+        for key, value in losses.items():
+            self.losses[key] = self.losses.get(key, 0.0) + value
+
+    def mean_losses(self) -> dict[str, float]:
+        return {k: v / max(1, self.advanced) for k, v in self.losses.items() if v / max(1, self.advanced) > 0.0}
+
+
+def training_log(args, timers, iteration, stats, optimizer, grad_norm, tensorboard, report_memory) -> None:
+    lr = optimizer.param_groups[0]["lr"]
+    elapsed = timers("interval-time").elapsed(barrier=True)
+    per_iteration = elapsed / args.log_interval
+    throughput = None
+    if args.log_throughput:
+        throughput = num_floating_point_operations(args, args.global_batch_size) / (
+            per_iteration * 1e12 * args.world_size)
+    tensorboard.interval(iteration, per_iteration, throughput)
+    if args.log_timers_to_tensorboard:
+        timers.write(TIMERS_TO_LOG, tensorboard.writer, iteration, normalizer=args.log_interval, reset=False)
+    print_logging_rank(megatron_log.iteration_line(
+        iteration=iteration, train_iters=args.train_iters, consumed_samples=args.consumed_train_samples,
+        elapsed_ms=per_iteration * 1000.0, throughput=throughput, learning_rate=lr,
+        global_batch_size=args.global_batch_size, losses=stats.mean_losses(), loss_scale=optimizer.get_loss_scale().item(),
+        grad_norm=grad_norm, skipped=stats.skipped, nan=stats.nan))
+    stats.reset()
+    if report_memory and parallel_state.get_data_parallel_rank() == 0:
+        print(megatron_log.memory_line(f"(after {iteration} iterations)"), flush=True)
+    log_timers(timers, TIMERS_TO_LOG, normalizer=args.log_interval)
+
+
+def log_timers(timers, names, normalizer=1.0) -> None:
+    """megatron.core's Timers.log sends the block to a logger; Megatron-LM prints it, on the last rank."""
+    text = timers.get_all_timers_string(names, normalizer=normalizer, reset=True, barrier=False)
+    if text is not None and dist.get_rank() == dist.get_world_size() - 1:
+        print(text, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The run
+
+def run(args) -> int:
+    start = time.time()
+    device = initialize(args)
+    timers = Timers(args.timing_log_level, args.timing_log_option)
+    args.barrier_with_L1_time = True
+    args.num_micro_batches = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
+
+    print_rank_0(megatron_log.world_line(args))
+    tokenizer = data.build_tokenizer(args)
+    args.padded_vocab_size = padded_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by,
+                                               args.tensor_model_parallel_size)
+    config = transformer_config(args, timers)
+    print_rank_0(megatron_log.arguments_block(args))
+    print_rank_0(f"setting number of micro-batches to constant {args.num_micro_batches}")
+    print_rank_0(f"> building {args.tokenizer_type} tokenizer ...")
+    print_rank_0(" > padded vocab (size: {}) with {} dummy tokens (new size: {})".format(
+        tokenizer.vocab_size, args.padded_vocab_size - tokenizer.vocab_size, args.padded_vocab_size))
+    print_rank_0(f"time to initialize megatron (seconds): {time.time() - start:.3f}")
+    print_rank_0(megatron_log.datetime_line("after megatron is initialized"))
+
+    print_rank_0("building GPT model ...")
+    model = build_model(args, config)
+    if parallel_state.get_data_parallel_rank() == 0:
+        print(" > number of parameters on (tensor, pipeline) model parallel rank ({}, {}): {}".format(
+            parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank(),
+            args.num_parameters), flush=True)
+    optimizer, scheduler = build_optimizer(args, model, config)
+    print_rank_0(f"> learning rate decay style: {args.lr_decay_style}")
+    config.finalize_model_grads_func = finalize_model_grads
+    if args.fp16:
+        config.grad_scale_func = optimizer.scale_loss
+    config.no_sync_func = [chunk.no_sync for chunk in model] if len(model) > 1 else model[0].no_sync
+
+    iteration = 0
+    if args.load:
+        timers("load-checkpoint", log_level=0).start(barrier=True)
+        iteration = checkpoint.load(args, model, optimizer, scheduler)
+        timers("load-checkpoint").stop(barrier=True)
+        log_timers(timers, ["load-checkpoint"])
+    args.iteration = iteration
+    print_rank_0(megatron_log.datetime_line("after model, optimizer, and learning rate scheduler are built"))
+
+    print_rank_0("> building train, validation, and test datasets ...")
+    sizes = data.target_sizes(args)
+    print_rank_0(" > datasets target sizes (minimum size):\n    train:      {}\n    validation: {}\n    test:       {}"
+                 .format(*sizes))
+    train_ds, valid_ds, test_ds = data.build_datasets(args, tokenizer)
+    print_rank_0("> finished creating GPT datasets ...")
+    train_iter = data.data_iterators(args, train_ds, args.consumed_train_samples, device)
+    valid_consumed = (iteration // args.eval_interval) * args.eval_iters * args.global_batch_size
+    valid_iter = data.data_iterators(args, valid_ds, valid_consumed, device) if args.eval_iters else None
+    print_rank_0(megatron_log.datetime_line("after dataloaders are built"))
+    print_rank_0("done with setup ...")
+    print_rank_0("training ...")
+
+    forward_backward_func = get_forward_backward_func()
+    tensorboard = TensorBoard(args, megatron_log.is_logging_rank())
+    profiler = StepProfiler(args)
+    stats = IntervalStats()
+    report_memory = True
+    for chunk in model:
+        chunk.train()
+    print_rank_0(megatron_log.datetime_line("before the start of training step"))
+    timers("interval-time", log_level=0).start(barrier=True)
+    try:
+        while iteration < args.train_iters:
+            profiler.before_step(iteration)
+            losses, skipped, grad_norm = _guarded(train_step, args, timers, forward_backward_func, train_iter,
+                                                  model, optimizer, scheduler, iteration=iteration + 1)
+            iteration += 1
+            args.iteration = iteration
+            args.consumed_train_samples += args.global_batch_size
+            if _loss_is_nan_anywhere(losses, device) and not skipped:
+                raise TrainingError(f"NaN loss at iteration {iteration} (lm loss {losses.get('lm loss', 'nan')}); "
+                                    "lower --lr, raise --clip-grad protection, or use --bf16 instead of --fp16")
+            stats.add(losses, skipped)
+            profiler.after_step(iteration)
+            if losses:
+                tensorboard.iteration(iteration, args.consumed_train_samples, optimizer.param_groups[0]["lr"],
+                                      losses, optimizer.get_loss_scale().item(), grad_norm)
+            if iteration % args.log_interval == 0:
+                training_log(args, timers, iteration, stats, optimizer, grad_norm, tensorboard, report_memory)
+                report_memory = False
+            if args.eval_iters and valid_iter is not None and iteration % args.eval_interval == 0:
+                _validate(args, forward_backward_func, valid_iter, model, timers, tensorboard, iteration)
+            if args.save and args.save_interval and iteration % args.save_interval == 0:
+                _save(args, timers, iteration, model, optimizer, scheduler)
+        if args.save and (not args.save_interval or iteration % args.save_interval):
+            _save(args, timers, iteration, model, optimizer, scheduler)
+    finally:
+        profiler.finish()
+        tensorboard.close()
+    print_rank_0(megatron_log.datetime_line("after training is done"))
+    if args.eval_iters and valid_iter is not None and iteration % args.eval_interval:
+        _validate(args, forward_backward_func, valid_iter, model, timers, tensorboard, iteration)
+    dist.barrier()
+    return 0
+
+
+def _guarded(step, *args, iteration: int, **kwargs):
+    """Run a step, turning out-of-memory into a TrainingError with Megatron's hint."""
+    try:
+        return step(*args, **kwargs)
+    except torch.OutOfMemoryError as exc:
+        raise TrainingError(f"out of memory at iteration {iteration} on rank {dist.get_rank()}: "
+                            f"{str(exc).splitlines()[0]}; lower --micro-batch-size, add --recompute-granularity, "
+                            "or raise --tensor/--pipeline-model-parallel-size") from exc
+    except MemoryError as exc:
+        raise TrainingError(f"out of memory at iteration {iteration} on rank {dist.get_rank()} (host memory): "
+                            f"{exc}; lower --micro-batch-size or add --recompute-granularity") from exc
+
+
+def _validate(args, forward_backward_func, valid_iter, model, timers, tensorboard, iteration):
+    timers("evaluate", log_level=0).start(barrier=True)
+    losses = evaluate(args, forward_backward_func, valid_iter, model, timers)
+    timers("evaluate").stop()
+    log_timers(timers, ["evaluate"])
+    if losses:
+        print_logging_rank(megatron_log.validation_lines(f"iteration {iteration}", losses))
+        tensorboard.validation(iteration, args.consumed_train_samples, losses)
+        tensorboard.flush()
+
+
+def _save(args, timers, iteration, model, optimizer, scheduler):
+    timers("save-checkpoint", log_level=0).start(barrier=True)
+    checkpoint.save(args, iteration, model, optimizer, scheduler)
+    timers("save-checkpoint").stop(barrier=True)
+    log_timers(timers, ["save-checkpoint"])
