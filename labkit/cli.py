@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "labkit.data_prep",
     "labkit.estimate.cli",
     "labkit.plan.cli",
+    "labkit.profiling.cli",
 ]
 
 

@@ -1,0 +1,55 @@
+"""`labkit profiling summary RUN_OR_TRACE [--json]`: what the profiled steps of a run spent their time and memory on."""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("profiling", help="read a run's torch.profiler traces and TensorBoard scalars")
+    psub = p.add_subparsers(dest="profiling_command", metavar="COMMAND", required=True)
+    s = psub.add_parser("summary", help="profiled steps, time by category, compute vs communication, memory, per rank")
+    s.add_argument("path", metavar="RUN_OR_TRACE", help="run directory (traces found below it) or one trace JSON")
+    s.add_argument("--json", action="store_true", help="print the summary as JSON")
+    s.add_argument("--tensor", type=int, default=1, help="tensor-parallel size, to name communication groups")
+    s.add_argument("--pipeline", type=int, default=1, help="pipeline-parallel size, to name communication groups")
+    s.add_argument("--top", type=int, default=8, help="operators listed per rank")
+    s.set_defaults(func=_summary)
+
+
+def _summary(args) -> int:
+    from pathlib import Path
+
+    from labkit.profiling import tensorboard, trace
+
+    try:
+        traces = trace.load_traces(args.path)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"labkit profiling: {exc}", file=sys.stderr)
+        return 2
+    result = trace.summary(traces, tensor=args.tensor, pipeline=args.pipeline, top=args.top)
+    run_dir = Path(args.path) if Path(args.path).is_dir() else None
+    if run_dir is not None and tensorboard.event_dirs(run_dir):
+        result["tensorboard_command"] = tensorboard.tensorboard_command(run_dir)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{result['traces']} trace(s), world size {result['world_size']}")
+    for rank in result["ranks"]:
+        steps = rank["profiled_steps"]
+        print(f"\nrank {rank['rank']} ({rank['device']}, {rank['backend'] or 'no process group'}): "
+              f"{len(steps)} profiled steps {steps}, {rank['step_ms']} ms per step  [{rank['path']}]")
+        print("  time by category: " + ", ".join(f"{k} {v:.1%}" for k, v in rank["breakdown"].items() if v))
+        if rank["tensor_core_share"] is not None:
+            print(f"  tensor cores: {rank['tensor_core_share']:.1%} of kernel time")
+        print("  " + ", ".join(f"{k} {v:.1%}" for k, v in rank["compute_communication"].items()))
+        if rank["communication_ms_by_group"]:
+            print("  communication by group (ms): " + ", ".join(f"{g} {ms:.2f}"
+                                                              for g, ms in rank["communication_ms_by_group"].items()))
+        if rank["peak_memory_growth_mb"] is not None:
+            print(f"  memory peak over a step's start: {rank['peak_memory_growth_mb']:.2f} MB")
+        for op in rank["top_operators"]:
+            print(f"    {op['self_ms']:10.3f} ms  {op['calls']:6d}x  {op['category']:<13} {op['operator']}")
+    if "tensorboard_command" in result:
+        print(f"\nopen in TensorBoard: {result['tensorboard_command']}")
+    return 0
