@@ -130,7 +130,11 @@ def _plan(args) -> int:
     best = plan.best
     if best.oom:
         print("\nno layout fits in memory: the chosen one is the fastest of those that do not", file=sys.stderr)
-    print(f"\nchosen: PARTITION=\"{chosen.partition_string}\"  layout {pipeline_layout(chosen.layer_partition)}")
+    if chosen.parallel.partition:
+        print(f"\nchosen: PARTITION=\"{chosen.partition_string}\"  layout {pipeline_layout(chosen.layer_partition)}")
+    else:
+        print(f"\nchosen: PARTITION=\"{chosen.partition_string}\" (even split, {chosen.parallel.virtual_stages} "
+              "virtual stages per GPU)")
     print("megatron: " + " ".join(megatron_args(chosen)))
     print("\n" + chosen.to_yaml(), end="")
     return 0

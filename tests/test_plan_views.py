@@ -1,0 +1,57 @@
+import pytest
+
+from labkit.estimate import pipeline_time
+from labkit.plan.pareto import composition, pareto_flags, sweep
+from labkit.plan.search import search
+from labkit.plan.views import pareto_figure, ranked_table, schedule_events, schedule_figure
+from labkit.spec import load_spec
+
+
+def test_schedule_of_equal_stages_takes_m_plus_p_minus_one_steps():
+    p, m, t = 4, 6, 3.0
+    events = schedule_events([t] * p, [0.0] * (p - 1), m)
+    assert len(events) == 2 * p * m
+    assert events["end_s"].max() == pytest.approx((m + p - 1) * t)
+    # 1F1B: the first stage never holds more than p micro-batches between their forward and backward
+    first = events[events["stage"] == 0].sort_values("start_s")
+    in_flight = peak = 0
+    for op in first["op"]:
+        in_flight += 1 if op == "forward" else -1
+        peak = max(peak, in_flight)
+    assert peak == p
+
+
+def test_schedule_agrees_with_the_estimator_on_uneven_stages():
+    stages, sends, m = [2.0, 5.0, 3.0], [0.5, 0.25], 8
+    events = schedule_events(stages, sends, m)
+    closed_form = pipeline_time(stages, sends, m).total_s
+    assert events["end_s"].max() == pytest.approx(closed_form, rel=0.15)
+    fig = schedule_figure(stages, sends, m, stage_labels=["A100", "A10", "A10"])
+    assert {trace.name for trace in fig.data} == {"forward", "backward"}
+
+
+def test_ranked_table_has_fasops_columns():
+    base = load_spec({"model": {"preset": "gpt2-medium"}, "batch": {"micro": 1, "global": 32}, "precision": "fp16",
+                      "cluster": "local-slurm"})
+    table = ranked_table(search(base, top=4), top=4)
+    for column in ("micro", "tp", "dp", "pp", "placement", "partition", "s/step", "pipeline s", "DP all-reduce s",
+                   "embedding all-reduce s", "USD/step", "oom", "max GB/stage"):
+        assert column in table.columns
+    assert len(table) == 4
+    assert table["partition"].str.count("-").tolist() == [pp - 1 for pp in table["pp"]]
+
+
+def test_pareto_flags():
+    assert pareto_flags([1, 2, 3, 2], [3, 2, 1, 3]) == [True, True, True, False]
+
+
+def test_sweep_and_figure_mark_cluster_types():
+    base = load_spec({"model": {"preset": "gpt2-small"}, "batch": {"micro": 1, "global": 16}, "precision": "fp16",
+                      "cluster": {"nodes": [{"gpu": "A10", "count": 1, "gpus_per_node": 4}]}})
+    df = sweep(base, "A100-40GB", "A10", max_nodes=1)
+    assert sorted(zip(df["nodes_a"], df["nodes_b"])) == [(0, 1), (1, 0), (1, 1)]
+    assert set(df["marker"]) == {"square", "circle", "triangle-up"}
+    assert df["pareto"].any()
+    assert composition("A100-40GB", 2, "A10", 0).nodes[0].gpus_per_node == 8
+    fig = pareto_figure(df)
+    assert {t.marker.symbol for t in fig.data if t.mode == "markers"} == {"square", "circle", "triangle-up"}
