@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "labkit.estimate.cli",
     "labkit.plan.cli",
     "labkit.profiling.cli",
+    "labkit.jobs.cli",
 ]
 
 

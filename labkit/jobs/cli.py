@@ -1,0 +1,150 @@
+"""`labkit run`, `labkit status`, `labkit cancel`, `labkit runs`."""
+from __future__ import annotations
+
+import json
+import sys
+
+from labkit.spec import SpecError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="submit a run spec to Slurm or run it here (--dry-run prints the job script)")
+    p.add_argument("spec", help="YAML or JSON run spec")
+    p.add_argument("--backend", choices=("local", "slurm"), help="default: slurm where sbatch exists, else local")
+    p.add_argument("--dry-run", action="store_true", help="print the job script(s) and submit nothing")
+    p.add_argument("--wait", action="store_true",
+                   help="follow the job; exit 0 only if it COMPLETED, else print its state and cause and exit 1")
+    p.add_argument("--layout", choices=("multinode", "hetjob", "pair"),
+                   help="Slurm script layout (default: multinode for one node group, hetjob for several)")
+    p.add_argument("--runs-dir", help="where run records go (default: $LABKIT_RUNS_DIR or ./runs)")
+    p.set_defaults(func=_run)
+
+    p = sub.add_parser("status", help="state, cause, per-node log tails, job info and iteration times of a run")
+    p.add_argument("run", nargs="?", help="run id (or unique prefix, or directory); default: the latest run")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--lines", type=int, default=5, help="log lines per node and file (default 5)")
+    p.add_argument("--runs-dir", help="where run records are (default: $LABKIT_RUNS_DIR or ./runs)")
+    p.set_defaults(func=_status)
+
+    p = sub.add_parser("cancel", help="cancel a submitted run")
+    p.add_argument("run", help="run id (or unique prefix, or directory)")
+    p.add_argument("--runs-dir", help="where run records are (default: $LABKIT_RUNS_DIR or ./runs)")
+    p.set_defaults(func=_cancel)
+
+    p = sub.add_parser("runs", help="table of the runs recorded under runs/")
+    p.add_argument("--runs-dir", help="where run records are (default: $LABKIT_RUNS_DIR or ./runs)")
+    p.set_defaults(func=_runs)
+
+
+def _print_spec_error(where: str, exc: SpecError) -> int:
+    print(f"{where}: {len(exc.errors)} error(s)", file=sys.stderr)
+    for error in exc.errors:
+        print(f"  - {error}", file=sys.stderr)
+    return 2
+
+
+def _run(args) -> int:
+    from labkit.jobs import SlurmError, backend_named, default_backend
+    from labkit.jobs.monitor import format_report, report
+    from labkit.jobs.render import render
+    from labkit.jobs.runs import runs_dir
+    from labkit.spec import load_spec
+
+    try:
+        spec = load_spec(args.spec)
+        if args.dry_run:
+            backend = args.backend or default_backend().name
+            layout = "local" if backend == "local" else args.layout
+            rendered = render(spec, runs_dir(args.runs_dir) / "RUN_ID" / "logs", layout=layout)
+            for name, text in rendered.scripts.items():
+                if len(rendered.scripts) > 1:
+                    print(f"# ===== {name} =====")
+                print(text, end="")
+            return 0
+        options = {"runs_dir": args.runs_dir}
+        backend = backend_named(args.backend, **options) if args.backend else default_backend(**options)
+        job = backend.submit(spec, layout=args.layout) if backend.name == "slurm" else backend.submit(spec)
+    except SpecError as exc:
+        return _print_spec_error(args.spec, exc)
+    except SlurmError as exc:
+        print(f"sbatch refused the job: {exc}", file=sys.stderr)
+        return 1
+    print(f"run {job.record.run_id}: {backend.name} job {', '.join(job.job_ids)} ({job.record.path})")
+    if not args.wait:
+        return 0
+    state = job.wait(progress=True)
+    if state.name == "COMPLETED":
+        print(f"{job.record.run_id}: COMPLETED")
+        return 0
+    print(format_report(report(job), color=sys.stdout.isatty()))
+    print(f"{job.record.run_id}: {state}: {job.cause()}", file=sys.stderr)
+    return 1
+
+
+def _status(args) -> int:
+    from labkit.jobs.monitor import format_report, report
+    from labkit.jobs.runs import RunIndex, load_run
+
+    try:
+        if args.run:
+            record = load_run(args.run, args.runs_dir)
+        else:
+            rows = RunIndex(args.runs_dir).rows()
+            if not rows:
+                print("no runs yet", file=sys.stderr)
+                return 1
+            record = load_run(rows[-1]["run_id"], args.runs_dir)
+        job = record.job()
+    except (FileNotFoundError, RuntimeError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    rep = report(job, lines=args.lines)
+    if args.json:
+        print(json.dumps(rep.to_dict(), indent=2, default=str))
+    else:
+        print(format_report(rep, color=sys.stdout.isatty()))
+    return 0
+
+
+def _cancel(args) -> int:
+    from labkit.jobs import SlurmError
+    from labkit.jobs.runs import load_run
+
+    try:
+        job = load_run(args.run, args.runs_dir).job()
+        job.cancel()
+    except (FileNotFoundError, RuntimeError, SlurmError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(f"cancelled {job.record.run_id} ({job.backend.name} job {', '.join(job.job_ids)})")
+    return 0
+
+
+def _runs(args) -> int:
+    from labkit.jobs.runs import RunIndex, load_run
+
+    index = RunIndex(args.runs_dir)
+    rows = index.rows()
+    unfinished = [r for r in rows if r["state"] in ("SUBMITTED", "PENDING", "RUNNING")]
+    by_backend: dict[str, list] = {}
+    for row in unfinished:
+        try:
+            job = load_run(row["run_id"], args.runs_dir).job()
+        except (FileNotFoundError, RuntimeError):
+            continue
+        by_backend.setdefault(job.backend.name, []).append(job)
+    for jobs in by_backend.values():
+        try:
+            jobs[0].backend.poll(jobs)  # one scheduler query for all of a backend's runs
+        except Exception as exc:  # a scheduler that cannot be reached leaves the recorded states
+            print(f"could not refresh {jobs[0].backend.name} runs: {exc}", file=sys.stderr)
+    rows = index.rows()
+    if not rows:
+        print("no runs yet")
+        return 0
+    import pandas as pd
+    table = pd.DataFrame(rows, columns=["run_id", "name", "backend", "job_ids", "state", "cause", "created"])
+    table["cause"] = table["cause"].fillna("").str.slice(0, 60)
+    with pd.option_context("display.max_rows", None, "display.width", 200, "display.max_colwidth", 60):
+        print(table.to_string(index=False))
+    return 0

@@ -1,0 +1,279 @@
+"""Run spec -> job scripts, from the jinja2 templates in slurm/.
+
+Layouts:
+  multinode  one node group: one sbatch script, one srun task per node running torchrun (node rank = SLURM_PROCID)
+  hetjob     several node groups: one Slurm heterogeneous job, one component (and one srun step) per group
+  pair       two node groups on clusters without hetjob support: master.sbatch + slave.sbatch, as in seed 000
+  local      the embedded backend: a bash script that plays every node on this host
+
+Every value that comes from the user reaches the shell single-quoted (shlex.quote) and #SBATCH lines double-quoted in
+sbatch's own syntax; values that cannot be written safely (a line break in a partition name, say) are rejected with a
+SpecError naming the field.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from labkit import catalog
+from labkit.megatron_args import megatron_args
+from labkit.spec import RunSpec, SpecError
+
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent.parent / "slurm"
+LAYOUTS = ("multinode", "hetjob", "pair", "local")
+INFO_KEYS = ("NNODES", "WORLD_SIZE", "GLOBAL_BATCH_SIZE", "MICRO_BATCH_SIZE", "TENSOR_MP_SIZE", "PIPELINE_MP_SIZE",
+             "DP_SIZE", "PARTITION", "MODEL", "NUM_LAYERS", "HIDDEN_SIZE", "NUM_ATTENTION_HEADS", "SEQ_LENGTH",
+             "PRECISION")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TIME_LIMIT = re.compile(r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+                         r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$")
+
+
+@dataclass(frozen=True)
+class NodeGroupPlan:
+    """One node group as the scheduler sees it: a het component, or the whole job."""
+    nodes: int
+    procs_per_node: int
+    gres: str | None  # e.g. gpu:a100:4; None on CPU nodes
+    first_rank: int  # node rank of its first node
+
+
+@dataclass(frozen=True)
+class Rendered:
+    layout: str
+    scripts: dict[str, str]  # file name -> script text, in submission order
+
+
+def gres_type(gpu: str) -> str | None:
+    """Slurm's GPU type for a catalog GPU: lower-case family name (A100-40GB -> a100, A10 -> a10); None for cpu."""
+    name = catalog.resolve_gpu_name(gpu) or gpu
+    if name.lower() == "cpu":
+        return None
+    return name.lower().split("-")[0]
+
+
+def node_groups(spec: RunSpec) -> list[NodeGroupPlan]:
+    plans, rank = [], 0
+    for group in spec.cluster_or_default().nodes:
+        kind = gres_type(group.gpu)
+        plans.append(NodeGroupPlan(nodes=group.count, procs_per_node=group.gpus_per_node,
+                                   gres=f"gpu:{kind}:{group.gpus_per_node}" if kind else None, first_rank=rank))
+        rank += group.count
+    return plans
+
+
+def default_layout(spec: RunSpec) -> str:
+    return "multinode" if len(spec.cluster_or_default().nodes) == 1 else "hetjob"
+
+
+def time_limit_seconds(limit: str | None) -> int | None:
+    """Slurm's time formats (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in seconds; None when unlimited or unset."""
+    if limit is None or str(limit).upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    match = _TIME_LIMIT.match(str(limit).strip())
+    if not match:
+        raise ValueError(limit)
+    g = {k: int(v) for k, v in match.groupdict().items() if v is not None}
+    if "d" in g:
+        return ((g["d"] * 24 + g["dh"]) * 60 + g.get("dm", 0)) * 60 + g.get("ds", 0)
+    if "c" in g:
+        return (g["a"] * 60 + g["b"]) * 60 + g["c"]
+    return g["a"] * 60 + g.get("b", 0)
+
+
+def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
+    """Problems with spec.job (and values that cannot be written into a script), each naming its field and the fix."""
+    job, errors = spec.job, []
+    for field in ("partition", "account"):
+        value = getattr(job, field)
+        if value is not None and (not value.strip() or re.search(r"[\s\x00-\x1f\x7f\"'\\#,]", value)):
+            errors.append(f"job.{field}: {value!r} is not a Slurm {field} name; use letters, digits, '-', '_' or '.'")
+    if job.time_limit is not None:
+        try:
+            time_limit_seconds(job.time_limit)
+        except ValueError:
+            errors.append(f"job.time_limit: {job.time_limit!r} is not a Slurm time limit; write minutes (30), "
+                          "H:MM:SS (1:30:00), D-HH (2-00) or UNLIMITED")
+    if job.cpus_per_task is not None and job.cpus_per_task <= 0:
+        errors.append(f"job.cpus_per_task: must be a positive number, got {job.cpus_per_task}")
+    if not 0 < job.master_port < 65536:
+        errors.append(f"job.master_port: {job.master_port} is not a TCP port; use 1024-65535")
+    if job.gpu_monitor_interval_s <= 0:
+        errors.append(f"job.gpu_monitor_interval_s: must be a positive number of seconds, got {job.gpu_monitor_interval_s}")
+    for key, value in job.env.items():
+        if not _ENV_NAME.match(key):
+            errors.append(f"job.env.{key}: not a valid environment variable name; use letters, digits and '_', "
+                          "not starting with a digit")
+        if "\x00" in str(value):
+            errors.append(f"job.env.{key}: contains a NUL byte, which no environment value can hold")
+    for i, arg in enumerate(job.extra_args):
+        if "\x00" in arg:
+            errors.append(f"job.extra_args[{i}]: contains a NUL byte, which no command-line argument can hold")
+    for where, value in (("name", spec.name), ("data.path", spec.data.path)):
+        if value and "\x00" in value:
+            errors.append(f"{where}: contains a NUL byte; remove it")
+    container = job.container
+    if container is not None:
+        if container.runtime not in ("pyxis", "enroot"):
+            errors.append(f"job.container.runtime: {container.runtime!r} is not pyxis or enroot")
+        if not container.image or _CONTROL.search(container.image):
+            errors.append("job.container.image: give an image (e.g. nvcr.io#nvidia/pytorch:24.01-py3 or a .sqsh path) "
+                          "on one line")
+        for i, mount in enumerate(container.mounts):
+            if "," in mount or _CONTROL.search(mount) or not mount.strip():
+                errors.append(f"job.container.mounts[{i}]: {mount!r} must be SRC[:DST[:FLAGS]] without commas or "
+                              "line breaks (pyxis separates mounts with commas)")
+    groups = spec.cluster_or_default().nodes
+    if layout is not None and layout not in LAYOUTS:
+        errors.append(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
+    if layout == "multinode" and len(groups) != 1:
+        errors.append(f"cluster.nodes: the multinode layout needs one node group, the spec has {len(groups)}; "
+                      "use the hetjob or pair layout")
+    if layout in ("hetjob", "pair") and len(groups) < 2:
+        errors.append(f"cluster.nodes: the {layout} layout needs several node groups; use the multinode layout")
+    if layout == "pair" and len(groups) != 2:
+        errors.append(f"cluster.nodes: a master/slave pair takes exactly two node groups, the spec has {len(groups)}; "
+                      "use the hetjob layout")
+    return errors
+
+
+def sbatch_quote(value: str) -> str:
+    """A value for an #SBATCH line, in sbatch's syntax (double quotes, backslash escapes); never shell-evaluated."""
+    if re.fullmatch(r"[A-Za-z0-9_.,:/=+%@-]+", value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def one_line(text: str) -> str:
+    return _CONTROL.sub(" ", text)
+
+
+def _arg_lines(args: list[str]) -> list[str]:
+    """Training flags grouped as `--flag value...` per line, each word shell-quoted."""
+    lines: list[list[str]] = []
+    for arg in args:
+        if arg.startswith("--") or not lines:
+            lines.append([])
+        lines[-1].append(shlex.quote(arg))
+    return [" ".join(words) for words in lines]
+
+
+def _job_info(spec: RunSpec) -> dict[str, str]:
+    m = spec.model
+    values = {
+        "NNODES": sum(g.count for g in spec.cluster_or_default().nodes), "WORLD_SIZE": spec.world_size,
+        "GLOBAL_BATCH_SIZE": spec.batch.global_, "MICRO_BATCH_SIZE": spec.batch.micro,
+        "TENSOR_MP_SIZE": spec.parallel.tensor, "PIPELINE_MP_SIZE": spec.parallel.pipeline,
+        "DP_SIZE": spec.data_parallel, "PARTITION": spec.partition_string, "MODEL": m.preset or "custom",
+        "NUM_LAYERS": m.num_layers, "HIDDEN_SIZE": m.hidden_size, "NUM_ATTENTION_HEADS": m.num_attention_heads,
+        "SEQ_LENGTH": m.seq_length, "PRECISION": spec.precision,
+    }
+    return {key: str(values[key]) for key in INFO_KEYS}
+
+
+def _sbatch_component(spec: RunSpec, group: NodeGroupPlan) -> list[str]:
+    job, lines = spec.job, [f"--nodes={group.nodes}", "--ntasks-per-node=1"]
+    if group.gres:
+        lines.append(f"--gres={group.gres}")
+    if job.cpus_per_task:
+        lines.append(f"--cpus-per-task={job.cpus_per_task}")
+    if job.partition:
+        lines.append(f"--partition={sbatch_quote(job.partition)}")
+    if job.exclusive:
+        lines.append("--exclusive")
+    return lines
+
+
+def _environment():
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    return env
+
+
+def default_torchrun(spec: RunSpec) -> str:
+    """The venv's torchrun outside containers (jobs run the same Python as the submitter); `torchrun` inside one."""
+    if spec.job.container is not None:
+        return "torchrun"
+    beside = Path(sys.executable).with_name("torchrun")
+    return str(beside) if beside.exists() else "torchrun"
+
+
+def _task(spec: RunSpec, log_dir: Path | str) -> dict:
+    return {"run_name": spec.name, "log_dir": str(log_dir), "info": _job_info(spec),
+            "train_arg_lines": _arg_lines(megatron_args(spec))}
+
+
+def render(spec: RunSpec, log_dir: Path | str, *, layout: str | None = None, run_id: str | None = None,
+           torchrun: str | None = None) -> Rendered:
+    """The job script(s) for one run. `log_dir` is where LOGDIR/JOBID/NODE.* go (absolute for Slurm jobs)."""
+    return render_array([spec], [log_dir], layout=layout, run_ids=[run_id] if run_id else None, torchrun=torchrun)
+
+
+def render_array(specs: list[RunSpec], log_dirs: list[Path | str], *, layout: str | None = None,
+                 run_ids: list[str] | None = None, torchrun: str | None = None) -> Rendered:
+    """One script for several runs that share a node layout and job options: a Slurm job array, task i = run i."""
+    first = specs[0]
+    layout = layout or default_layout(first)
+    errors = check_job(first, layout)
+    if len(specs) > 1:
+        if layout != "multinode":
+            errors.append(f"layout: an array of runs needs the multinode layout, not {layout}")
+        for i, spec in enumerate(specs[1:], 1):
+            if node_groups(spec) != node_groups(first) or spec.job != first.job:
+                errors.append(f"specs[{i}]: an array's runs must share cluster.nodes and job settings; "
+                              "submit this one on its own")
+    if errors:
+        raise SpecError(errors)
+    groups = node_groups(first)
+    job = first.job
+    ids = f" {', '.join(run_ids)}" if run_ids else ""
+    title = one_line(f"labkit run{ids}: {', '.join(s.name for s in specs)}")
+    log_dir = Path(log_dirs[0])
+    batch_output = "slurm-%A_%a.out" if len(specs) > 1 else "slurm-%j.out"
+    # The job name is shown by squeue and parsed back from scontrol lines: letters, digits and . _ + - only.
+    job_name = re.sub(r"[^A-Za-z0-9._+-]", "_", first.name)[:64] or "labkit"
+    whole_job = [f"--job-name={job_name}",
+                 f"--output={sbatch_quote(str(log_dir / batch_output))}"]
+    if len(specs) > 1:
+        whole_job.append(f"--array=0-{len(specs) - 1}")
+    if job.account:
+        whole_job.append(f"--account={sbatch_quote(job.account)}")
+    if job.time_limit:
+        whole_job.append(f"--time={job.time_limit}")
+    components = [_sbatch_component(first, group) for group in groups]
+    components[0] = whole_job + components[0]
+    if layout == "pair":  # two separate jobs: each carries the whole-job options
+        components[1] = whole_job + components[1]
+
+    container = job.container
+    mounts = []
+    srun_flags = " --kill-on-bad-exit=1"
+    if job.cpus_per_task:
+        srun_flags += f" --cpus-per-task={job.cpus_per_task}"
+    if container is not None:
+        mounts = list(container.mounts) + [f"{d}:{d}" for d in dict.fromkeys(str(d) for d in log_dirs)]
+        if container.runtime == "pyxis":
+            srun_flags += (f" --container-image={shlex.quote(container.image)}"
+                           f" --container-mounts={shlex.quote(','.join(mounts))}")
+    context = {
+        "title": title, "layout": layout, "groups": groups, "tasks": [_task(s, d) for s, d in zip(specs, log_dirs)],
+        "info_keys": INFO_KEYS, "sbatch_lines": components[0], "component_lines": components,
+        "srun_flags": srun_flags, "container": container, "container_mounts": mounts,
+        "env": dict(job.env), "master_port": job.master_port, "gpu_monitor_interval_s": job.gpu_monitor_interval_s,
+        "torchrun": torchrun or default_torchrun(first), "time_limit_s": time_limit_seconds(job.time_limit),
+        "local_node_names": [f"node{i}" for i in range(sum(g.nodes for g in groups))],
+    }
+    env = _environment()
+    names = {"multinode": ["job.sbatch"], "hetjob": ["job.sbatch"], "pair": ["master.sbatch", "slave.sbatch"],
+             "local": ["run.sh"]}[layout]
+    templates = {"multinode": ["multinode.sbatch.j2"], "hetjob": ["hetjob.sbatch.j2"],
+                 "pair": ["master.sbatch.j2", "slave.sbatch.j2"], "local": ["local-run.sh.j2"]}[layout]
+    return Rendered(layout=layout, scripts={name: env.get_template(t).render(context)
+                                            for name, t in zip(names, templates)})
