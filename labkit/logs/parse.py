@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import bisect
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,12 +53,14 @@ _VALIDATION = re.compile(rb"validation loss at (?:iteration +(\d+)|the end of tr
 _TAIL_HEADER = re.compile(rb"==> ([^\n]*?) <==")
 _JOB_INFO = re.compile(rb"\n(WORLD_SIZE|DP_SIZE|TENSOR_MP_SIZE|PIPELINE_MP_SIZE|NNODES|GLOBAL_BATCH_SIZE|"
                        rb"MICRO_BATCH_SIZE|PARTITION): ([\w-]+)(?=\n)")
-_EVENT = re.compile(rb"Traceback|Error|ERROR|error:|Warning|WARNING|out of memory|Killed|CANCELLED|"
-                    rb"Segmentation fault|NaN|non-finite")
+# Two scans: words that start upper case (rare characters, so the engine skips fast), then the lower-case ones.
+_EVENT = re.compile(rb"Traceback|Error|ERROR|Warning|WARNING|Killed|CANCELLED|Segmentation fault|NaN")
+_EVENT_LOWER = re.compile(rb"error:|out of memory|non-finite")
 _ERROR_WORDS = re.compile(rb"Traceback|Error|ERROR|error:|out of memory|Killed|CANCELLED|Segmentation fault|"
                           rb"NaN|non-finite")
 _ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\n]*\x07")
 
+_STAMP = re.compile(rb"\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)[^\]\n]*\]")
 _NEMO_PREFIX = re.compile(rb"Training epoch (\d+), *$")
 _TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d")
 _PREFIX_TOKEN = re.compile(r"\s*(?:\[([^\]]*)\]:?|([^\s:\[\]]+):(?=\s|\[|$)|(\S+))")
@@ -68,7 +71,6 @@ _AFTER_ITERS = re.compile(rb"after (\d+) iterations")
 _RANK_IN_LINE = re.compile(rb"\[Rank (\d+)\]")
 _ARG_ENTRY = re.compile(rb"\s*([A-Za-z_][A-Za-z0-9_]*) \.* ?(.*?)\s*$")
 _ARG_ENTRY_INDENTED = re.compile(rb"\s+([A-Za-z_][A-Za-z0-9_]*) \.* ?(.*?)\s*$")
-_TIMER_MINMAX = re.compile(rb"\s+(\S.*?) \.*: \(([^,()]+), *([^,()]+)\)\s*$")
 _TIMER_MAX = re.compile(rb"\s+(\S.*?) \.*: ([-+.\deEnaif]+)\s*$")
 _TIMER_ALL_NAME = re.compile(rb"  (\S.*?):\s*$")
 _TIMER_ALL_RANK = re.compile(rb"\s+rank +(\d+): ([-+.\deEnaif]+)\s*$")
@@ -242,6 +244,17 @@ class _Columns:
         self.n = 0
         self.raw: dict[tuple[str, float], tuple[list, list]] = {}  # (column, scale) -> (row indices, raw bytes)
         self.obj: dict[str, list] = {}  # columns holding Python objects, one entry per row
+        # Lines of one format share their keys: (raw keys) -> (column specs, row indices, value lists).
+        self.layouts: dict[tuple, tuple[list, list, list]] = {}
+
+    def add_fields(self, fields: list[tuple[bytes, bytes, bytes]], spec_of) -> None:
+        """A row's `key: value` fields (from bytes.partition), columns found once per layout by spec_of(key)."""
+        keys = tuple(f[0] for f in fields)
+        layout = self.layouts.get(keys)
+        if layout is None:
+            layout = self.layouts[keys] = ([spec_of(k) for k in keys], [], [])
+        layout[1].append(self.n)
+        layout[2].append([f[2] for f in fields])
 
     def add_raw(self, column: str, value: bytes, scale: float = 1.0):
         entry = self.raw.get((column, scale))
@@ -256,12 +269,21 @@ class _Columns:
             if name not in data:
                 data[name] = np.full(self.n, np.nan)
             data[name][np.asarray(rows, dtype=np.int64)] = _floats(values) * scale
+        for specs, rows, values in self.layouts.values():
+            table = np.array(values, dtype="S")
+            index = np.asarray(rows, dtype=np.int64)
+            for j, spec in enumerate(specs):
+                if spec is not None:
+                    name, scale = spec
+                    if name not in data:
+                        data[name] = np.full(self.n, np.nan)
+                    data[name][index] = _floats(table[:, j]) * scale
         return _frame(data, self.n, columns)
 
 
-def _floats(values: list[bytes]) -> np.ndarray:
+def _floats(values) -> np.ndarray:
     try:
-        return np.array(values, dtype="S").astype(np.float64)
+        return np.asarray(values, dtype="S").astype(np.float64)
     except ValueError:
         return np.array([_float(v) for v in values], dtype=np.float64)
 
@@ -337,6 +359,9 @@ class _Scan:
         """1-based line number in the file of buffer offset `pos`."""
         return int(np.searchsorted(self.newlines, pos - 1, side="left")) + 1
 
+    def line_nos(self, positions: list[int]) -> np.ndarray:
+        return np.searchsorted(self.newlines, np.asarray(positions, dtype=np.int64) - 1, side="left") + 1
+
     def line_start(self, pos: int) -> int:
         return self.buf.rfind(b"\n", 0, pos) + 1
 
@@ -346,12 +371,18 @@ class _Scan:
 
     def origin(self, prefix: bytes, pos: int) -> tuple:
         """(node, task, rank, local_rank, timestamp) for a record whose line starts with `prefix`."""
+        stamp = None
+        if b"[" in prefix and (m := _STAMP.search(prefix)):
+            # Timestamps differ on every line; keep them out of the cache key.
+            stamp = m.group(1).decode("ascii")
+            prefix = prefix[:m.start()] + prefix[m.end():]
         info = self.prefix_cache.get(prefix)
         if info is None:
             info = _prefix_info(_text(prefix))
             if len(self.prefix_cache) < 100_000:
                 self.prefix_cache[prefix] = info
-        node, task, rank, local_rank, stamp = info
+        node, task, rank, local_rank, stamp_in_prefix = info
+        stamp = stamp or stamp_in_prefix
         if node is None:
             node = self.header_node(pos) or self.file_node
         return node, task, rank, local_rank, stamp
@@ -428,22 +459,11 @@ def _iterations(s: _Scan):
             s.formats.add("nemo")
         else:
             epoch.append(None)
-        for f in rest.split(b"|"):
-            key, sep, value = f.partition(b":")
-            if not sep:
-                key, sep, value = f.partition(b"=")
-                if not sep:
-                    # 2020 style, no colon: the value is the last word ("lm loss 5.023855E+00").
-                    parts = f.rsplit(None, 1)
-                    if len(parts) != 2:
-                        continue
-                    key, value = parts
-                    s.formats.add("megatron-lm-2020")
-                else:
-                    s.formats.add("key=value")
-            spec = _field(key)
-            if spec is not None:
-                cols.add_raw(spec[0], value, spec[1])
+        fields = [f.partition(b":") for f in rest.split(b"|")]
+        if all(sep or not key.strip() for key, sep, _ in fields):
+            cols.add_fields(fields, _field)
+        else:
+            _odd_fields(s, cols, rest)
         node, task, rank, local_rank, stamp = s.origin(prefix, start)
         iteration.append(it)
         train_iters.append(n)
@@ -471,8 +491,28 @@ def _iterations(s: _Scan):
         s.formats.add("megatron")
     cols.obj.update(iteration=iteration, train_iters=train_iters, epoch=epoch, timestamp=stamps,
                     source=[s.source] * cols.n, node=nodes, task=tasks, rank=ranks, local_rank=local_ranks,
-                    line=[s.line_no(p) for p in lines])
+                    line=s.line_nos(lines))
     return cols.frame(ITERATION_COLUMNS), positions, partial
+
+
+def _odd_fields(s: _Scan, cols: _Columns, rest: bytes) -> None:
+    """Fields of the `key=value` forks and of 2020's colon-less lines, one by one."""
+    for f in rest.split(b"|"):
+        key, sep, value = f.partition(b":")
+        if not sep:
+            key, sep, value = f.partition(b"=")
+            if not sep:
+                # 2020 style, no colon: the value is the last word ("lm loss 5.023855E+00").
+                parts = f.rsplit(None, 1)
+                if len(parts) != 2:
+                    continue
+                key, value = parts
+                s.formats.add("megatron-lm-2020")
+            else:
+                s.formats.add("key=value")
+        spec = _field(key)
+        if spec is not None:
+            cols.add_raw(spec[0], value, spec[1])
 
 
 _field_cache: dict[bytes, tuple | None] = {}
@@ -536,9 +576,10 @@ def _memory(s: _Scan, iteration_pos, partial: list) -> pd.DataFrame:
         cut = min(i for i in (head.find(b"(after"), head.find(b"after "), len(head)) if i >= 0)
         node, task, rank, local_rank, _ = s.origin(head[:cut], start)
         rank_m = _RANK_IN_LINE.search(head)
-        origin.append((node, task, int(rank_m.group(1)) if rank_m else rank, local_rank, s.line_no(start)))
+        origin.append((node, task, int(rank_m.group(1)) if rank_m else rank, local_rank, start))
         cols.n += 1
     _set_origin(cols, s.source, origin)
+    cols.obj["line"] = s.line_nos(cols.obj["line"])
     cols.obj["iteration"] = its
     return cols.frame(MEMORY_COLUMNS)
 
@@ -550,7 +591,8 @@ def _set_origin(cols: _Columns, source: str, origin: list[tuple]):
 
 
 def _timers(s: _Scan, iteration_pos) -> pd.DataFrame:
-    rows: list[tuple] = []  # (iteration, phase, ms, min_ms, max_ms, style, node, task, rank, local_rank, line)
+    # (iteration, phase, ms, min_ms, max_ms, style, node, task, rank, local_rank, offset); times as raw bytes
+    rows: list[tuple] = []
     buf = s.buf
     for m in _TIMER_LINE.finditer(buf):
         start = s.line_start(m.start())
@@ -560,13 +602,12 @@ def _timers(s: _Scan, iteration_pos) -> pd.DataFrame:
         if rank is not None and b"[Rank" in prefix:
             # DeepSpeed's engine prints its step timers before Megatron prints that step's interval line.
             it = (it or 0) + 1
-        line = s.line_no(start)
         for f in m.group(1).split(b"|"):
             key, sep, value = f.partition(b":")
-            if not sep:
-                continue
-            ms = _float(value)
-            rows.append((it, _text(key).strip(), ms, np.nan, np.nan, "line", node, task, rank, local_rank, line))
+            if sep:
+                rows.append((it, _text(key).strip(), value, b"nan", b"nan", "line", node, task, rank, local_rank,
+                             start))
+    minmax_headers: dict[bytes, list[tuple]] = {}
     for m in _TIMER_BLOCK.finditer(buf):
         start = s.line_start(m.start())
         header = buf[start:m.end()]
@@ -579,28 +620,78 @@ def _timers(s: _Scan, iteration_pos) -> pd.DataFrame:
         else:
             continue
         prefix = header[:cut]
-        node, task, rank, local_rank, _ = s.origin(prefix, start)
+        origin = s.origin(prefix, start)
         it = _last_iteration(iteration_pos, start)
-        phase = None
-        for pos, body in _block_lines(s, m.end(), prefix):
-            line = s.line_no(pos)
-            if style == "minmax" and (e := _TIMER_MINMAX.match(body)):
-                lo, hi = _float(e.group(2)), _float(e.group(3))
-                rows.append((it, _text(e.group(1)), hi, lo, hi, style, node, task, rank, local_rank, line))
-            elif style == "max" and (e := _TIMER_MAX.match(body)):
-                hi = _float(e.group(2))
-                rows.append((it, _text(e.group(1)), hi, np.nan, hi, style, node, task, rank, local_rank, line))
-            elif style == "all" and (e := _TIMER_ALL_RANK.match(body)) and phase is not None:
-                rows.append((it, phase, _float(e.group(2)), np.nan, np.nan, style, node, task,
-                             int(e.group(1)), local_rank, line))
-            elif style == "all" and (e := _TIMER_ALL_NAME.match(body)):
-                phase = _text(e.group(1))
-            else:
-                break
+        if style == "minmax":
+            minmax_headers.setdefault(prefix.rstrip(), []).append((start, it, origin))
+        else:
+            _timer_block_rest(s, s.line_end(m.end()), prefix, style, it, origin, rows)
     names = ["iteration", "phase", "ms", "min_ms", "max_ms", "style", "node", "task", "rank", "local_rank", "line"]
     data = {name: [r[i] for r in rows] for i, name in enumerate(names)}
-    data["source"] = [s.source] * len(rows)
-    return _frame(data, len(rows), TIMER_COLUMNS)
+    if minmax_headers:
+        _minmax_entries(s, minmax_headers, data)
+    n = len(data["phase"])
+    for name in ("ms", "min_ms", "max_ms"):
+        data[name] = _floats(data[name]) if n else []
+    data["line"] = s.line_nos(data["line"])
+    data["source"] = [s.source] * n
+    return _frame(data, n, TIMER_COLUMNS).sort_values("line", kind="stable", ignore_index=True)
+
+
+def _minmax_entries(s: _Scan, headers: dict[bytes, list[tuple]], data: dict[str, list]) -> None:
+    """Entries `    name ......: (min, max)` of every `(min, max) time across ranks` block, added to `data`'s columns.
+
+    A block's entries are the lines with the header's launcher prefix between it and that prefix's next header, so
+    blocks of several ranks interleaved line by line are still told apart. Each entry's `line` is its header's.
+    """
+    buf = s.buf
+    names: dict[bytes, str] = {}
+    for prefix, blocks in headers.items():
+        entry = _minmax_entry_pattern(prefix)
+        for k, (start, it, origin) in enumerate(blocks):
+            end = blocks[k + 1][0] if k + 1 < len(blocks) else start + _MAX_BLOCK_BYTES
+            found = entry.findall(buf, s.line_end(start), end)
+            if not found:
+                continue
+            raw_names, lo, hi = zip(*found)
+            for raw in raw_names:
+                if raw not in names:
+                    names[raw] = _text(raw).strip()
+            count = len(found)
+            data["phase"].extend([names[raw] for raw in raw_names])
+            data["ms"].extend(hi)
+            data["min_ms"].extend(lo)
+            data["max_ms"].extend(hi)
+            for column, value in (("iteration", it), ("style", "minmax"), ("node", origin[0]), ("task", origin[1]),
+                                  ("rank", origin[2]), ("local_rank", origin[3]), ("line", start)):
+                data[column].extend([value] * count)
+
+
+_MAX_BLOCK_BYTES = 1 << 18
+
+
+@functools.lru_cache(maxsize=256)
+def _minmax_entry_pattern(prefix: bytes) -> re.Pattern:
+    """Timer entry lines of one launcher prefix; the literal start lets the regex engine skip other lines fast."""
+    head = re.escape(prefix) + rb" *" if prefix else rb""
+    return re.compile(rb"\n" + head + rb" {4}(\S[^\n]*?) \.*: \(([^,()\n]+), *([^,()\n]+)\)[ \t]*(?=\n)")
+
+
+def _timer_block_rest(s: _Scan, pos: int, prefix: bytes, style: str, it, origin, rows: list) -> None:
+    """`max` and per-rank (`times across ranks`) timer blocks line by line, skipping other ranks' lines in between."""
+    node, task, rank, local_rank, _ = origin
+    phase = None
+    for start, body in _block_lines(s, pos, prefix):
+        if style == "max" and (e := _TIMER_MAX.match(body)):
+            rows.append((it, _text(e.group(1)), e.group(2), b"nan", e.group(2), style, node, task, rank, local_rank,
+                         start))
+        elif style == "all" and (e := _TIMER_ALL_RANK.match(body)) and phase is not None:
+            rows.append((it, phase, e.group(2), b"nan", b"nan", style, node, task, int(e.group(1)), local_rank,
+                         start))
+        elif style == "all" and (e := _TIMER_ALL_NAME.match(body)):
+            phase = _text(e.group(1))
+        else:
+            return
 
 
 def _block_lines(s: _Scan, pos: int, prefix: bytes, max_foreign: int = 64):
@@ -637,28 +728,30 @@ def _validation(s: _Scan) -> pd.DataFrame:
             cols.add_raw(name, value)
         its.append(int(m.group(1)) if m.group(1) else None)
         splits.append("valid" if m.group(1) else _text(m.group(2)))
-        lines.append(s.line_no(s.line_start(m.start())))
+        lines.append(s.line_start(m.start()))
         cols.n += 1
-    cols.obj.update(iteration=its, split=splits, line=lines, source=[s.source] * cols.n)
+    cols.obj.update(iteration=its, split=splits, line=s.line_nos(lines), source=[s.source] * cols.n)
     return cols.frame(VALIDATION_COLUMNS)
 
 
 def _events(s: _Scan) -> pd.DataFrame:
     rows = []
     buf = s.buf
+    hits = sorted(m.start() for pattern in (_EVENT, _EVENT_LOWER) for m in pattern.finditer(buf))
     last_line_start = -1
-    for m in _EVENT.finditer(buf):
-        start = s.line_start(m.start())
+    for hit in hits:
+        start = s.line_start(hit)
         if start == last_line_start:
             continue
         last_line_start = start
         end = s.line_end(start)
         line = buf[start:end]
         level = "error" if _ERROR_WORDS.search(line) else "warning"
-        node, task, rank, local_rank, _ = s.origin(line[:max(0, m.start() - start)], start)
-        rows.append((level, _text(line.strip())[:500], node, task, rank, local_rank, s.line_no(start)))
+        node, task, rank, local_rank, _ = s.origin(line[:max(0, hit - start)], start)
+        rows.append((level, _text(line.strip())[:500], node, task, rank, local_rank, start))
     names = ["level", "message", "node", "task", "rank", "local_rank", "line"]
     data = {name: [r[i] for r in rows] for i, name in enumerate(names)}
+    data["line"] = s.line_nos(data["line"])
     data["source"] = [s.source] * len(rows)
     return _frame(data, len(rows), EVENT_COLUMNS)
 
@@ -738,7 +831,7 @@ def _parallel(s: _Scan) -> dict:
     job_keys = {b"WORLD_SIZE": "world_size", b"DP_SIZE": "data", b"TENSOR_MP_SIZE": "tensor",
                 b"PIPELINE_MP_SIZE": "pipeline", b"NNODES": "nodes", b"GLOBAL_BATCH_SIZE": "global_batch_size",
                 b"MICRO_BATCH_SIZE": "micro_batch_size", b"PARTITION": "partition"}
-    for m in _JOB_INFO.finditer(buf):
+    for m in _JOB_INFO.finditer(buf) if b"_SIZE: " in buf else ():
         value = _text(m.group(2))
         out.setdefault(job_keys[m.group(1)], int(value) if value.isdigit() else value)
     return out
