@@ -229,6 +229,9 @@ def render_array(specs: list[RunSpec], log_dirs: list[Path | str], *, layout: st
             if node_groups(spec) != node_groups(first) or spec.job != first.job:
                 errors.append(f"specs[{i}]: an array's runs must share cluster.nodes and job settings; "
                               "submit this one on its own")
+    for d in dict.fromkeys(str(d) for d in log_dirs):
+        if _CONTROL.search(d):
+            errors.append(f"runs dir: {d!r} contains a control character (a line break?); choose another directory")
     if errors:
         raise SpecError(errors)
     groups = node_groups(first)

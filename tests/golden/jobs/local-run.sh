@@ -1,0 +1,109 @@
+#!/bin/bash
+# labkit run RUN: tiny-cpu
+# The embedded backend: this host plays every node; one node_main per node, as srun would start them, with the
+# same logs (LOGDIR/JOBID/NODE.out|err|gpu). The job id is this script's pid. Its end is recorded in LOGDIR/JOBID/state.
+# Rendered from the run spec by labkit.jobs.render: change the spec, not this file.
+
+export RUN_NAME=tiny-cpu
+export LOGDIR=/runs/RUN/logs
+export PARTITION=2  # transformer layers per pipeline stage
+export NNODES=1
+export WORLD_SIZE=2
+export GLOBAL_BATCH_SIZE=8
+export MICRO_BATCH_SIZE=2
+export TENSOR_MP_SIZE=1
+export PIPELINE_MP_SIZE=1
+export DP_SIZE=2
+export MODEL=tiny
+export NUM_LAYERS=2
+export HIDDEN_SIZE=64
+export NUM_ATTENTION_HEADS=4
+export SEQ_LENGTH=64
+export PRECISION=fp32
+TRAIN_ARGS=(
+    --num-layers 2
+    --hidden-size 64
+    --num-attention-heads 4
+    --seq-length 64
+    --max-position-embeddings 64
+    --tensor-model-parallel-size 1
+    --pipeline-model-parallel-size 1
+    --micro-batch-size 2
+    --global-batch-size 8
+    --optimizer adam
+    --lr 0.00015
+    --min-lr 1e-05
+    --lr-decay-style cosine
+    --lr-warmup-fraction 0.01
+    --weight-decay 0.01
+    --clip-grad 1.0
+    --adam-beta1 0.9
+    --adam-beta2 0.95
+    --train-iters 20
+    --log-interval 5
+    --seed 1234
+    --eval-iters 0
+    --mock-data
+    --vocab-size 1024
+    --log-throughput
+)
+export JOB_ID=$$
+# ---- shared by every node (rendered from the run spec; every user-given value is single-quoted) -------------------
+export MASTER_PORT=29500
+export GPU_MONITOR_INTERVAL=10
+export TORCHRUN=torchrun
+
+# One task per node: echo the job info, sample the GPUs into NODE.gpu, run torchrun; logs go to LOGDIR/JOBID/NODE.*
+# Usage: node_main FIRST_NODE_RANK NPROC_PER_NODE TRAIN_ARGS...   (node rank = FIRST_NODE_RANK + SLURM_PROCID)
+node_main() {
+    local node_rank=$(($1 + SLURM_PROCID)) nproc=$2 node=${SLURMD_NODENAME:-$(hostname -s)} sampler="" status var
+    shift 2
+    local logs="$LOGDIR/$JOB_ID"
+    mkdir -p "$logs"
+    exec >"$logs/$node.out" 2>"$logs/$node.err"
+    echo "******************* job info $JOB_ID *******************"
+    echo "NODE: $node"
+    echo "NODE_RANK: $node_rank"
+    echo "NPROC_PER_NODE: $nproc"
+    for var in MASTER_ADDR MASTER_PORT NNODES WORLD_SIZE GLOBAL_BATCH_SIZE MICRO_BATCH_SIZE TENSOR_MP_SIZE PIPELINE_MP_SIZE DP_SIZE PARTITION MODEL NUM_LAYERS HIDDEN_SIZE NUM_ATTENTION_HEADS SEQ_LENGTH PRECISION; do
+        echo "$var: ${!var}"
+    done
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=timestamp,index,name,temperature.gpu,utilization.gpu,memory.used,memory.total \
+            --format=csv,noheader -l "$GPU_MONITOR_INTERVAL" >"$logs/$node.gpu" 2>&1 &
+        sampler=$!
+    else
+        echo "no nvidia-smi on $node: no GPU samples" >"$logs/$node.gpu"
+    fi
+    "$TORCHRUN" --nnodes "$NNODES" --nproc_per_node "$nproc" --node_rank "$node_rank" \
+        --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" -m labkit.train "$@"
+    status=$?
+    [ -n "$sampler" ] && kill "$sampler" 2>/dev/null
+    echo "node $node: torchrun exited with status $status"
+    return $status
+}
+export -f node_main
+
+export MASTER_ADDR=127.0.0.1
+mkdir -p "$LOGDIR/$JOB_ID"
+state_file="$LOGDIR/$JOB_ID/state"
+echo "RUNNING" >"$state_file"
+finish() {  # finish STATE EXIT_CODE: stop the whole process group (nodes, torchrun, workers), record the end, exit
+    trap '' TERM INT USR1
+    kill -TERM 0 2>/dev/null
+    wait
+    echo "$1 $2" >"$state_file"
+    exit "$2"
+}
+trap 'finish CANCELLED 143' TERM INT
+trap 'finish TIMEOUT 124' USR1
+nodes=()
+SLURMD_NODENAME=node0 SLURM_PROCID=0 \
+    node_main 0 2 "${TRAIN_ARGS[@]}" &
+nodes+=($!)
+for _ in "${nodes[@]}"; do
+    wait -n "${nodes[@]}" 2>/dev/null  # ("no such job" for nodes already reaped)
+    node_status=$?
+    [ "$node_status" -eq 0 ] || finish FAILED "$node_status"
+done
+finish COMPLETED 0

@@ -1,0 +1,208 @@
+"""Job scripts rendered from the spec: golden files, and hostile strings that must not run as commands."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from labkit.jobs.render import check_job, gres_type, node_groups, render, render_array, time_limit_seconds
+from labkit.spec import SpecError, load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden" / "jobs"
+FAKE_TORCHRUN = Path(__file__).resolve().parent / "fake_torchrun.sh"
+UPDATE = os.environ.get("LABKIT_UPDATE_GOLDEN") == "1"
+
+
+def two_node_spec(**changes):
+    spec = {"name": "tiny-2nodes", "model": {"preset": "tiny"}, "parallel": {"tensor": 1, "pipeline": 1},
+            "batch": {"micro": 2, "global": 8}, "train": {"iters": 10, "log_interval": 5}, "data": {"mock": True},
+            "cluster": {"nodes": [{"gpu": "A10", "count": 2, "gpus_per_node": 1}]}}
+    for dotted, value in changes.items():
+        node = spec
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return load_spec(spec)
+
+
+def full_options_spec():
+    return two_node_spec(job={"partition": "debug", "account": "lab", "time_limit": "0:30:00", "cpus_per_task": 2,
+                              "exclusive": True, "env": {"NCCL_DEBUG": "INFO"}, "master_port": 6787,
+                              "container": {"image": "nvcr.io#nvidia/pytorch:24.01-py3", "mounts": ["/data:/data"]}})
+
+
+GOLDEN_CASES = {
+    "multinode.sbatch": lambda: render(full_options_spec(), "/runs/RUN/logs", run_id="RUN", torchrun="torchrun"),
+    "enroot.sbatch": lambda: render(two_node_spec(job={"container": {"image": "/images/megatron.sqsh",
+                                                                     "runtime": "enroot"}}),
+                                    "/runs/RUN/logs", run_id="RUN"),
+    "hetjob.sbatch": lambda: render(load_spec(ROOT / "examples/gpt2-xl-hetero.yaml"), "/runs/RUN/logs",
+                                    run_id="RUN", torchrun="torchrun"),
+    "pair": lambda: render(load_spec(ROOT / "examples/gpt2-xl-hetero.yaml"), "/runs/RUN/logs", layout="pair",
+                           run_id="RUN", torchrun="torchrun"),
+    "array.sbatch": lambda: render_array([two_node_spec(), two_node_spec(name="fp16", precision="fp16")],
+                                         ["/runs/A/logs", "/runs/B/logs"], run_ids=["A", "B"], torchrun="torchrun"),
+    "local-run.sh": lambda: render(load_spec(ROOT / "examples/tiny-cpu.yaml"), "/runs/RUN/logs", layout="local",
+                                   run_id="RUN", torchrun="torchrun"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN_CASES))
+def test_rendered_scripts_match_golden_files(case):
+    rendered = GOLDEN_CASES[case]()
+    for name, text in rendered.scripts.items():
+        path = GOLDEN / (f"{case}.{name}" if len(rendered.scripts) > 1 else case)
+        if UPDATE:
+            path.write_text(text)
+        assert text == path.read_text(), f"{path.name} changed; review the diff, then LABKIT_UPDATE_GOLDEN=1"
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN.iterdir()), ids=lambda p: p.name)
+def test_golden_scripts_are_valid_bash(name):
+    assert subprocess.run(["bash", "-n", str(name)], capture_output=True).returncode == 0
+
+
+def test_gres_types_and_node_groups():
+    assert [gres_type(g) for g in ("A100-40GB", "a10", "H100-SXM5-80GB", "cpu", "RTX3090")] == \
+        ["a100", "a10", "h100", None, "rtx3090"]
+    groups = node_groups(load_spec(ROOT / "examples/gpt2-xl-hetero.yaml"))
+    assert [(g.nodes, g.gres, g.first_rank) for g in groups] == [(1, "gpu:a100:4", 0), (7, "gpu:a10:4", 1)]
+
+
+def test_time_limits_in_slurm_formats():
+    assert [time_limit_seconds(t) for t in ("1", "1:30", "2:00:00", "1-0", "1-2:03", "1-0:0:5", "UNLIMITED")] == \
+        [60, 90, 7200, 86400, 93780, 86405, None]
+
+
+@pytest.mark.parametrize("job, field", [
+    ({"time_limit": "ten minutes"}, "job.time_limit"),
+    ({"partition": "debug\n#SBATCH --uid=0"}, "job.partition"),
+    ({"account": "lab'; rm -rf ~"}, "job.account"),
+    ({"env": {"BAD NAME": "1"}}, "job.env.BAD NAME"),
+    ({"container": {"image": "img", "mounts": ["/a:/a,/etc:/etc"]}}, "job.container.mounts[0]"),
+    ({"container": {"image": "img", "runtime": "docker"}}, "job.container.runtime"),
+    ({"master_port": 70000}, "job.master_port"),
+])
+def test_job_options_that_cannot_be_written_safely_are_rejected_naming_the_field(job, field):
+    spec = two_node_spec(job=job)
+    errors = check_job(spec)
+    assert any(e.startswith(field + ":") for e in errors), errors
+    with pytest.raises(SpecError):
+        render(spec, "/runs/RUN/logs")
+
+
+def test_layouts_need_matching_node_groups():
+    with pytest.raises(SpecError, match="cluster.nodes: a master/slave pair"):
+        render(load_spec(ROOT / "examples/tiny-cpu.yaml"), "/r", layout="pair")
+    with pytest.raises(SpecError, match="runs dir"):
+        render(two_node_spec(), "/runs/a\nb/logs")
+
+
+# --- injection: run the rendered script with stand-ins for srun, scontrol, enroot and torchrun ---------------------
+STUBS = {
+    "srun": """#!/bin/bash
+printf '%s\\0' "$@" >"$STUB_LOG/srun.argv"
+while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done
+export SLURM_PROCID=0 SLURMD_NODENAME=n1
+exec "$@"
+""",
+    "scontrol": "#!/bin/bash\necho n1\n",
+    "enroot": """#!/bin/bash
+printf '%s\\0' "$@" >>"$STUB_LOG/enroot.argv"
+[ "$1" = start ] || exit 0
+shift
+while [ $# -gt 0 ]; do case $1 in --rw) shift ;; --mount|--env) shift 2 ;; *) shift; break ;; esac; done
+exec "$@"
+""",
+}
+
+
+def hostile(marker: Path) -> str:
+    return f"x'y\"z $(touch {marker}) `touch {marker}`; touch {marker} && touch {marker}\ntouch {marker} # \\"
+
+
+def run_script(script_text: str, tmp_path: Path) -> Path:
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    for name, text in STUBS.items():
+        (stubs / name).write_text(text)
+        (stubs / name).chmod(0o755)
+    script = tmp_path / "job.sbatch"
+    script.write_text(script_text)
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "STUB_LOG": str(stubs), "SLURM_JOB_ID": "42",
+           "SLURM_JOB_NODELIST": "n1", "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return stubs
+
+
+def nul_list(path: Path) -> list[str]:
+    return path.read_text().split("\0")[:-1]
+
+
+def node_env(log_dir: Path) -> dict[str, str]:
+    pairs = nul_list(log_dir / "42" / "n1.env0")
+    return dict(p.split("=", 1) for p in pairs)
+
+
+@pytest.mark.parametrize("field", ["name", "data.path", "env", "extra_args", "container.image", "container.mounts",
+                                   "enroot.image", "log_dir"])
+def test_hostile_strings_reach_their_target_verbatim_and_never_run(field, tmp_path):
+    marker = tmp_path / "INJECTED"
+    payload = hostile(marker)
+    log_dir = tmp_path / "logs"
+    job: dict = {}
+    spec_changes: dict = {}
+    if field == "name":
+        spec_changes["name"] = payload
+    elif field == "data.path":
+        spec_changes["data"] = {"mock": False, "path": payload}
+    elif field == "env":
+        job["env"] = {"NCCL_DEBUG": payload}
+    elif field == "extra_args":
+        job["extra_args"] = ["--log-timers-to-tensorboard", payload]
+    elif field == "container.image":
+        payload = payload.replace("\n", " ")  # an image name with a line break is refused outright
+        job["container"] = {"image": payload}
+    elif field == "container.mounts":
+        mount = payload.replace(",", "")
+        job["container"] = {"image": "img", "mounts": [mount.replace("\n", " ") + ":/data"]}
+    elif field == "enroot.image":
+        payload = payload.replace("\n", " ")
+        job["container"] = {"image": payload, "runtime": "enroot"}
+    elif field == "log_dir":
+        log_dir = tmp_path / "a b'c$(touch INJECTED)`touch INJECTED`;touch INJECTED" / "logs"
+    spec = two_node_spec(job=job, **spec_changes)
+    stubs = run_script(render(spec, log_dir, torchrun=str(FAKE_TORCHRUN)).scripts["job.sbatch"], tmp_path)
+    assert not marker.exists() and not list(tmp_path.rglob("INJECTED"))
+    argv = nul_list(log_dir / "42" / "n1.argv")
+    srun = nul_list(stubs / "srun.argv")
+    if field == "name":
+        assert node_env(log_dir)["RUN_NAME"] == payload
+    elif field == "data.path":
+        assert argv[argv.index("--data-path") + 1] == payload
+    elif field == "env":
+        assert node_env(log_dir)["NCCL_DEBUG"] == payload
+    elif field == "extra_args":
+        assert argv[-2:] == ["--log-timers-to-tensorboard", payload]
+    elif field == "container.image":
+        assert f"--container-image={payload}" in srun
+    elif field == "container.mounts":
+        assert f"--container-mounts={mount.replace(chr(10), ' ')}:/data,{log_dir}:{log_dir}" in srun
+    elif field == "enroot.image":
+        assert payload in nul_list(stubs / "enroot.argv")
+    elif field == "log_dir":
+        assert (log_dir / "42" / "n1.out").exists()
+
+
+def test_hostile_name_stays_on_its_line(tmp_path):
+    marker = tmp_path / "INJECTED"
+    lines = render(two_node_spec(name=hostile(marker)), tmp_path / "logs").scripts["job.sbatch"].splitlines()
+    job_name = [line for line in lines if line.startswith("#SBATCH --job-name=")]
+    assert len(job_name) == 1 and re.fullmatch(r"#SBATCH --job-name=[A-Za-z0-9._+-]+", job_name[0])
+    assert lines[1].startswith("# labkit run: x'y\"z $(touch") and lines[2].startswith("# 2 node(s) x 1 process(es)")
