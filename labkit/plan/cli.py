@@ -35,7 +35,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("profile", help="measure per-layer forward time of a model on this machine and write it to "
                                        "data/profiles/ for the estimator and the planner")
-    p.add_argument("model", metavar="PRESET_OR_SPEC", help="model preset name or run spec file")
+    p.add_argument("--model", required=True, metavar="PRESET|SPEC", help="model preset name or run spec file")
     p.add_argument("--tensor", type=int, default=1, help="tensor-parallel size the profile stands for (default 1)")
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5, help="timed forward passes per layer (median is kept)")

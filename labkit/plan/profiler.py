@@ -1,0 +1,189 @@
+"""`labkit profile`: per-layer forward time of megatron-core's GPTModel on this machine, for the estimator and planner.
+
+The model is built exactly as the training driver builds it (labkit.train: same flags from the run spec, same config,
+same layer spec, CPU compatibility layer when there is no GPU) in `tensor` worker processes, one per tensor-parallel
+rank, so that a layer's time includes its tensor-parallel all-reduces as it will in training. Forward hooks time the
+embedding, every transformer layer and the output (final norm, logits and loss) of each forward pass; a backward pass
+after each forward gives the backward/forward ratio. Medians over `repeats` timed passes after `warmup` untimed ones
+go to data/profiles/<model>_<gpu>_tp<t>.json in the format of data/profiles/README.md.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import statistics
+import time
+from pathlib import Path
+
+from labkit import catalog
+from labkit.estimate.profiles import Profile, save_profile
+from labkit.spec import ParallelSpec, RunSpec, SpecError, load_spec
+
+
+def profiling_spec(model: str, tensor: int = 1, micro_batch: int = 1, precision: str | None = None) -> RunSpec:
+    """The run spec profiled: a model preset (or a run spec file's model) on `tensor` processes, one micro-batch."""
+    import torch
+
+    if Path(model).exists():
+        spec = load_spec(model)
+    elif model in catalog.models():
+        spec = load_spec({"name": f"profile-{model}", "model": {"preset": model}})
+    else:
+        hint = catalog.closest(model, catalog.models())
+        raise SpecError([f"--model: {model!r} is neither a run spec file nor a preset; known presets: "
+                         f"{', '.join(catalog.models())}" + (f" (closest: {', '.join(hint)})" if hint else "")])
+    if precision is None:
+        precision = "bf16" if torch.cuda.is_available() else "fp32"
+    return load_spec({**spec.to_dict(), "cluster": None, "precision": precision, "recompute": None,
+                      "parallel": vars(ParallelSpec(tensor=tensor, pipeline=1, data=1)),
+                      "batch": {"micro": micro_batch, "global": micro_batch}})
+
+
+def device_name() -> str:
+    """The catalog name of this machine's accelerator ("cpu" without one)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    raw = torch.cuda.get_device_name(0)
+    return catalog.resolve_gpu_name(raw) or raw
+
+
+def profile_model(model: str, tensor: int = 1, micro_batch: int = 1, repeats: int = 5, warmup: int = 2,
+                  precision: str | None = None, path=None) -> tuple[Path, Profile]:
+    """Measure and save the profile; returns where it was written and the profile."""
+    import torch.multiprocessing as mp
+
+    if repeats < 1 or warmup < 0:
+        raise ValueError("--repeats: time at least one forward pass")
+    spec = profiling_spec(model, tensor, micro_batch, precision)
+    from labkit.megatron_args import megatron_args
+
+    argv = megatron_args(spec) + ["--distributed-backend", "nccl" if device_name() != "cpu" else "gloo"]
+    port = _free_port()
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    workers = [ctx.Process(target=_worker, args=(rank, tensor, argv, repeats, warmup, port, results))
+               for rank in range(tensor)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    failed = [w.exitcode for w in workers if w.exitcode != 0]
+    if failed or results.empty():
+        raise RuntimeError(f"profiling workers failed (exit codes {[w.exitcode for w in workers]}); "
+                           "see their output above")
+    measured = results.get()
+    import torch
+
+    profile = Profile(
+        model=spec.model.preset or spec.name, gpu=device_name(), tensor=tensor,
+        embedding_s=measured["embedding"], layers_s=measured["layers"], output_s=measured["output"],
+        micro_batch=micro_batch, seq_length=spec.model.seq_length, precision=spec.precision,
+        backward_factor=measured["backward_factor"],
+        source=f"labkit profile: megatron-core GPTModel forward hooks, median of {repeats} passes",
+        measured_on=f"{platform.node()} ({device_name()}, torch {torch.__version__}, "
+                    f"{os.cpu_count()} CPUs) {time.strftime('%Y-%m-%d')}")
+    return save_profile(profile, path), profile
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, argv: list[str], repeats: int, warmup: int, port: int, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    import torch
+    import torch.distributed as dist
+
+    from labkit.train import cpu_compat
+
+    if not torch.cuda.is_available():
+        cpu_compat.apply()
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.module import Float16Module
+
+    from labkit.train.arguments import parse_args
+    from labkit.train.model import layer_spec, transformer_config
+    from labkit.train.tokenizer import padded_vocab_size
+    from labkit.train.training import initialize
+
+    args = parse_args(argv, world_size=world, rank=rank)
+    device = initialize(args)
+    args.padded_vocab_size = padded_vocab_size(args.vocab_size, args.make_vocab_size_divisible_by,
+                                               args.tensor_model_parallel_size)  # as the driver pads it
+    config = transformer_config(args)
+    gpt = GPTModel(config=config, transformer_layer_spec=layer_spec(args), vocab_size=args.padded_vocab_size,
+                   max_sequence_length=args.max_position_embeddings, pre_process=True, post_process=True,
+                   share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+                   position_embedding_type="learned_absolute", parallel_output=True)
+    if device.type == "cuda":
+        gpt.cuda(device)
+    model = Float16Module(config, gpt) if (args.fp16 or args.bf16) else gpt
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    spans: dict[str, list[float]] = {}
+    starts: dict[str, float] = {}
+
+    def timed(name, module):
+        def before(*_):
+            sync()
+            starts[name] = time.perf_counter()
+
+        def after(*_):
+            sync()
+            spans.setdefault(name, []).append(time.perf_counter() - starts[name])
+
+        module.register_forward_pre_hook(before)
+        module.register_forward_hook(after)
+
+    timed("embedding", gpt.embedding)
+    for i, layer in enumerate(gpt.decoder.layers):
+        timed(f"layer{i}", layer)
+    timed("final_norm", gpt.decoder.final_layernorm)
+    output_start: list[float] = []
+
+    def output_begins(*_):  # the output is timed to the end of forward: logits projection and the loss
+        sync()
+        output_start.append(time.perf_counter())
+
+    gpt.output_layer.register_forward_pre_hook(output_begins)
+
+    b, s = args.micro_batch_size, args.seq_length
+    generator = torch.Generator().manual_seed(1234)
+    tokens = torch.randint(0, args.padded_vocab_size, (b, s), generator=generator).to(device)
+    position_ids = torch.arange(s).unsqueeze(0).expand(b, s).to(device)
+    forward_s, step_s, output_s = [], [], []
+    for i in range(warmup + repeats):
+        sync()
+        t0 = time.perf_counter()
+        loss = model(tokens, position_ids, None, labels=tokens).float().mean()
+        sync()
+        t1 = time.perf_counter()
+        loss.backward()
+        sync()
+        t2 = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        if i >= warmup:
+            forward_s.append(t1 - t0)
+            step_s.append(t2 - t0)
+            output_s.append(t1 - output_start[-1])
+    if rank == 0:
+        keep = slice(warmup, warmup + repeats)
+        median = lambda xs: statistics.median(xs[keep])  # noqa: E731
+        forward = statistics.median(forward_s)
+        results.put({
+            "embedding": median(spans["embedding"]),
+            "layers": [median(spans[f"layer{i}"]) for i in range(len(gpt.decoder.layers))],
+            "output": median(spans["final_norm"]) + statistics.median(output_s),
+            "backward_factor": (statistics.median(step_s) - forward) / forward,
+        })
+    dist.barrier()
+    dist.destroy_process_group()
