@@ -34,7 +34,7 @@ GROUPS = ("tp", "dp", "pp", "cp", "ep", "embedding", "model", "world", "unknown"
 _OPERATOR_CATEGORIES = [
     ("attention", r"scaled_dot_product|flash_attention|efficient_attention|cudnn_attention|softmax|attention"),
     ("matmul", r"^(mm|addmm|bmm|baddbmm|addbmm|matmul|linear|mv|dot|einsum|_scaled_mm|_addmm_activation|"
-               r"_int_mm|_grouped_mm|addmv)$"),
+               r"_int_mm|_grouped_mm|addmv|LinearWithGradAccumulationAndAsyncCommunication)$"),
     ("normalization", r"layer_norm|rms_norm|group_norm|batch_norm|instance_norm"),
     ("elementwise", r"^(_foreach_\w+|add|sub|rsub|mul|div|pow|neg|abs|exp|log|sqrt|rsqrt|tanh|sigmoid|gelu|silu|relu|"
                     r"threshold|clamp|clamp_min|clamp_max|where|masked_fill|dropout|native_dropout|bernoulli|copy|"
@@ -97,12 +97,25 @@ class Trace:
 
     @cached_property
     def step_windows(self) -> pd.DataFrame:
-        """`ProfilerStep#N` spans: step, start and end (µs, trace clock)."""
+        """Profiled steps: step, start and end (µs, trace clock).
+
+        The profiler's `ProfilerStep#N` spans (written when it runs with a schedule), without the empty one it opens
+        between the last `step()` and `stop()`. A trace without them is cut at its optimizer steps instead: step k
+        ends where the k-th `Optimizer.step#...` ends (the loop's last act) and starts where the previous one ended.
+        """
         ev = self.events
-        steps = ev[(ev["cat"] == "user_annotation") & ev["name"].str.startswith("ProfilerStep#")]
-        out = pd.DataFrame({"step": steps["name"].str.slice(len("ProfilerStep#")).astype(int),
-                            "start": steps["ts"], "end": steps["ts"] + steps["dur"]})
-        return out.sort_values("start").reset_index(drop=True)
+        annotations = ev[ev["cat"] == "user_annotation"]
+        marked = annotations[annotations["name"].str.startswith("ProfilerStep#")]
+        ops = np.sort(ev.loc[ev["cat"] == "cpu_op", "ts"].to_numpy())
+        if len(marked):
+            out = pd.DataFrame({"step": marked["name"].str.slice(len("ProfilerStep#")).astype(int).to_numpy(),
+                                "start": marked["ts"].to_numpy(), "end": (marked["ts"] + marked["dur"]).to_numpy()})
+            holds_ops = np.searchsorted(ops, out["end"], side="right") > np.searchsorted(ops, out["start"])
+            return out[holds_ops].sort_values("start").reset_index(drop=True)
+        optimizer = annotations[annotations["name"].str.startswith("Optimizer.step#")].sort_values("ts")
+        ends = (optimizer["ts"] + optimizer["dur"]).to_numpy()
+        starts = np.r_[ops[:1], ends[:-1]] if len(ends) and len(ops) else np.array([])
+        return pd.DataFrame({"step": np.arange(len(starts)), "start": starts, "end": ends[:len(starts)]})
 
     @cached_property
     def window(self) -> tuple[float, float]:
@@ -125,7 +138,7 @@ def load_trace(path) -> Trace:
     complete, memory = [], []
     for e in raw["traceEvents"]:
         ph = e.get("ph")
-        if ph == "X" and "dur" in e:
+        if ph == "X" and "dur" in e and e.get("cat") != "python_function":  # Python frames (with_stack) go unused
             complete.append(e)
         elif ph == "i" and e.get("name") == "[memory]":
             memory.append(e)
@@ -238,6 +251,17 @@ def communication(traces: Trace | Sequence[Trace], tensor: int = 1, pipeline: in
                          "time_ms": _union_length(a["ts"], a["ts"] + a["dur"]) / 1e3,
                          "elements": int(c["elements"].sum())})
     return pd.DataFrame(rows, columns=["rank", "collective", "group", "calls", "time_ms", "elements"])
+
+
+def communication_calls(trace: Trace, tensor: int = 1, pipeline: int = 1) -> pd.DataFrame:
+    """One row per communication call on a rank: operator, collective, group, elements (of its first tensor),
+    start_ms (from the first profiled step) and dispatch_ms (time in the call itself, not the transfer)."""
+    calls = _comm_calls(trace, tensor, pipeline)
+    return pd.DataFrame({"rank": trace.rank, "operator": calls["name"], "collective": calls["collective"],
+                         "group": calls["group"], "elements": calls["elements"],
+                         "start_ms": (calls["ts"] - trace.window[0]) / 1e3, "dispatch_ms": calls["dur"] / 1e3},
+                        columns=["rank", "operator", "collective", "group", "elements", "start_ms", "dispatch_ms"]
+                        ).sort_values("start_ms", ignore_index=True)
 
 
 def communication_by_group(traces: Trace | Sequence[Trace], tensor: int = 1, pipeline: int = 1) -> pd.DataFrame:
