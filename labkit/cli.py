@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "labkit.plan.cli",
     "labkit.profiling.cli",
     "labkit.jobs.cli",
+    "labkit.logs.cli",
 ]
 
 

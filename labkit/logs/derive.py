@@ -93,10 +93,15 @@ def shape_from_arguments(args: dict) -> Shape | None:
 
 
 def precision_from_arguments(args: dict) -> str | None:
+    """fp32, fp16 or bf16 from the flags, or from `using torch.float16 for parameters ...`; None when not printed."""
     if args.get("bf16") is True:
         return "bf16"
     if args.get("fp16") is True:
         return "fp16"
+    dtype = str(args.get("params_dtype", ""))
+    for name, precision in (("bfloat16", "bf16"), ("float16", "fp16"), ("float32", "fp32")):
+        if dtype.endswith(name):
+            return precision
     if "bf16" in args or "fp16" in args:
         return "fp32"
     return None
@@ -179,19 +184,28 @@ def _gpu_names(spec) -> list[str]:
 
 
 def _peaks(spec, gpu, world, precision) -> list[float]:
-    """Peak TFLOP/s of every rank's GPU (a mixed cluster has several)."""
-    precision = precision or "fp32"
+    """Peak TFLOP/s of every rank's GPU (a mixed cluster has several).
+
+    With the precision unknown, the 16-bit tensor-core peak is used, as published MFU figures do."""
+    precision = precision or "bf16"
     if gpu is not None:
-        return [catalog.gpu(gpu).peak(precision)] * (world or 1)
+        return [_peak(catalog.gpu(gpu), precision)] * (world or 1)
     if spec is None:
         return []
     peaks = []
     for name in _gpu_names(spec):
         try:
-            peaks.append(catalog.gpu(name).peak(precision))
+            peaks.append(_peak(catalog.gpu(name), precision))
         except KeyError:
             return []
     return peaks
+
+
+def _peak(gpu, precision: str) -> float:
+    for p in (precision, "fp16", "fp32"):
+        if p in gpu.peak_tflops:
+            return gpu.peak(p)
+    raise KeyError(f"{gpu.name}: no peak TFLOP/s in the catalog")
 
 
 def _int(value) -> int | None:
@@ -346,3 +360,48 @@ def _first(value):
     if isinstance(value, np.integer):
         return int(value)
     return value
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tables the views draw
+
+def phase_times(parsed, iterations: list[int] | None = None) -> pd.DataFrame:
+    """Milliseconds per leaf phase (columns) for each logged iteration (rows): the slowest rank's time, which is
+    the one that paces the step (the `max` of a `(min, max)` block, or the largest per-rank value)."""
+    t = parsed.timers
+    t = t[t["iteration"].notna()]
+    if iterations is not None:
+        t = t[t["iteration"].isin(iterations)]
+    phases = leaf_phases(t["phase"])
+    t = t[t["phase"].isin(phases)]
+    if t.empty:
+        return pd.DataFrame()
+    value = t["max_ms"].fillna(t["ms"])
+    table = value.groupby([t["iteration"].astype(int), t["phase"]]).max().unstack("phase")
+    return table[[p for p in phases if p in table.columns]]
+
+
+def mean_phase_times(parsed, warmup: int | None = None) -> pd.Series:
+    """Mean time per leaf phase over the steady iterations (all timed iterations if none are steady)."""
+    table = phase_times(parsed)
+    if table.empty:
+        return pd.Series(dtype=float)
+    steady = steady_state(parsed.iterations, warmup).steady_iterations
+    rows = table[table.index.isin(steady)] if steady else table
+    return (rows if len(rows) else table).mean()
+
+
+def memory_per_rank(parsed) -> pd.DataFrame:
+    """One row per reporting rank: its last report, and its peak `max allocated` over all reports."""
+    m = parsed.memory
+    if m.empty:
+        return pd.DataFrame(columns=["node", "rank", "iteration", "allocated_mb", "max_allocated_mb", "reserved_mb",
+                                     "max_reserved_mb", "peak_allocated_mb"])
+    m = m.assign(rank=m["rank"].fillna(m["task"]))
+    keys = ["node", "rank"]
+    ordered = m.sort_values(["iteration", "line"], na_position="first", kind="stable")
+    last = ordered.groupby(keys, dropna=False, sort=False).tail(1).set_index(keys)
+    peak = m.groupby(keys, dropna=False)["max_allocated_mb"].max()
+    out = last[["iteration", "allocated_mb", "max_allocated_mb", "reserved_mb", "max_reserved_mb"]].copy()
+    out["peak_allocated_mb"] = peak.reindex(out.index).to_numpy()
+    return out.reset_index().sort_values(["rank", "node"], kind="stable", ignore_index=True)

@@ -48,6 +48,7 @@ _MICRO_BATCHES = re.compile(rb"micro-?batches to constant (\d+)")
 _PARAMS = re.compile(rb"number of parameters on (?:\(tensor, pipeline\) )?model parallel rank (?:\((\d+), *(\d+)\)|(\d+)): *(\d+)")
 _VIRTUAL = re.compile(rb"virtual stages per pipeline stage: *(\w+)")
 _TOPOLOGY = re.compile(rb"Using topology: \{[^\n]*")
+_PARAMS_DTYPE = re.compile(rb"using (torch\.\w+) for parameters")
 _PADDED_VOCAB = re.compile(rb"padded vocab \(size: (\d+)\) with (\d+) dummy tokens \(new size: (\d+)\)")
 _VALIDATION = re.compile(rb"validation loss at (?:iteration +(\d+)|the end of training for (\w+) data) *\|([^\n]*)")
 _TAIL_HEADER = re.compile(rb"==> ([^\n]*?) <==")
@@ -774,6 +775,8 @@ def _arguments(s: _Scan) -> dict:
     if m := _PADDED_VOCAB.search(buf):
         # Megatron pads the vocabulary after printing its arguments; FLOP counts use the padded size.
         args.setdefault("padded_vocab_size", int(m.group(3)))
+    if m := _PARAMS_DTYPE.search(buf):
+        args.setdefault("params_dtype", _text(m.group(1)))
     for m in _ARGS_OLD.finditer(buf):
         for _, body in _block_lines(s, m.end() - 1, b"", max_foreign=0):
             e = _ARG_ENTRY_INDENTED.match(body)

@@ -1,0 +1,76 @@
+"""`labkit logs parse LOG... [--json]`: a run's logs summarised, or everything parsed as one JSON object."""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def register(sub) -> None:
+    logs = sub.add_parser("logs", help="read Megatron training logs")
+    logs_sub = logs.add_subparsers(dest="logs_command", metavar="COMMAND")
+    p = logs_sub.add_parser("parse", help="parse Megatron logs (files, per-node files of a job, or a run directory)",
+                            description="Parse Megatron-LM, Megatron-DeepSpeed, NeMo and labkit logs. Several "
+                                        "files are read as the logs of one job (e.g. JOBID/NODE.out).")
+    p.add_argument("logs", nargs="+", metavar="LOG", help="log file or run/job directory")
+    p.add_argument("--json", action="store_true",
+                   help="print iterations, memory, timers, validation, arguments, parallel, events, partial_lines "
+                        "and summary as one JSON object")
+    p.add_argument("--gpu", help="catalog GPU name for MFU (e.g. A100-80GB), when the log does not say")
+    p.set_defaults(func=_parse)
+    logs.set_defaults(func=lambda args: (logs.print_help(), 1)[1])
+
+
+def _parse(args) -> int:
+    from labkit.logs import parse_log
+    from labkit.logs.derive import summarize
+
+    try:
+        parsed = parse_log(args.logs)
+        summary = summarize(parsed, gpu=args.gpu)
+    except (FileNotFoundError, KeyError) as exc:
+        print(f"labkit logs parse: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        out = parsed.to_json()
+        out["summary"] = json.loads(json.dumps(summary, default=_plain))
+        json.dump(out, sys.stdout, default=_plain, allow_nan=False)
+        print()
+        return 0
+    print(format_summary(summary))
+    return 0
+
+
+def _plain(value):
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def format_summary(s: dict) -> str:
+    """The summary as a few lines a person reads at a glance."""
+    def num(value, fmt="{:,.1f}"):
+        return "-" if value is None else fmt.format(value)
+
+    lines = [f"logs: {', '.join(s['sources'])}  ({', '.join(s['formats']) or 'no known format'})"]
+    if s["iterations_logged"]:
+        lines.append(f"iterations: {s['first_iteration']}..{s['last_iteration']} of {num(s['train_iters'], '{}')} "
+                     f"({s['iterations_logged']} logged; {s['skipped_iterations']} skipped, "
+                     f"{s['nan_iterations']} nan; {s['restarts']} restarts)")
+        lines.append(f"lm loss: last {num(s['last_lm_loss'], '{:.4f}')}, lowest {num(s['min_lm_loss'], '{:.4f}')}")
+        left_out = s["warmup_iterations_excluded"] + s["outlier_iterations_excluded"]
+        lines.append(f"steady iteration time: {num(s['steady_iteration_ms'])} ms "
+                     f"(left out: warm-up {s['warmup_iterations_excluded']}, spikes "
+                     f"{s['outlier_iterations_excluded']})" if left_out else
+                     f"steady iteration time: {num(s['steady_iteration_ms'])} ms")
+        lines.append(f"throughput: {num(s['tokens_per_s'], '{:,.0f}')} tokens/s, "
+                     f"{num(s['tflops_per_gpu'])} TFLOP/s per GPU"
+                     + (f" ({s['tflops_source']})" if s["tflops_source"] else "")
+                     + f", MFU {num(None if s['mfu'] is None else 100 * s['mfu'])}%")
+    else:
+        lines.append("iterations: none logged")
+    parallel = {k: v for k, v in s["parallel"].items() if k != "parameters_per_rank"}
+    if parallel:
+        lines.append("parallel: " + ", ".join(f"{k} {v}" for k, v in parallel.items()))
+    lines.append(f"memory: peak allocated {num(s['max_allocated_mb'])} MB over {s['ranks_reporting_memory']} ranks")
+    lines.append(f"events: {s['errors']} errors, {s['warnings']} warnings; {s['partial_lines']} partial lines ignored")
+    return "\n".join(lines)
