@@ -36,13 +36,13 @@ dataset_tokens = 300e9
 spec_file = "gpt2-xl-hetero.yaml"
 
 # %%
-import pandas as pd
-import plotly.express as px
 from ipywidgets import fixed, interact
 
 from labkit import catalog
 from labkit.estimate import (achieved_tflops, estimate, flops_72, flops_96, gpt_params, training_days,
                              utilization)
+from labkit.estimate.views import (breakdown_table, days_per_epoch, memory_bars, model_size_table,
+                                   time_breakdown)
 from labkit.exercises import check_number
 from labkit.lab import REPO_ROOT
 from labkit.spec import load_spec
@@ -61,6 +61,13 @@ from labkit.spec import load_spec
 # %% tags=["nbval-check-output"]
 params = gpt_params(l=40, h=6144, s=1048, V=50257)
 print(f"{params:,} parameters")
+
+# %% [markdown]
+# The sizes Megatron-LM's paper trained (seed 004's table), from the presets in `data/models.yaml`: the formula and
+# the exact count (which also knows about GQA, SwiGLU and untied embeddings) agree for these GPT models.
+
+# %% tags=["nbval-check-output"]
+model_size_table()
 
 # %% [markdown]
 # Move the sliders: the $12lh^2$ term dominates as soon as $h$ is in the thousands, which is why a model's size is
@@ -112,6 +119,9 @@ print(f"{days:.0f} days per epoch on {num_gpus} GPUs")
 # %% tags=["nbval-check-output"]
 print(f"GPT-3: {training_days(tokens=300e9, params=175e9, num_gpus=1024, tflops_per_gpu=140):.0f} days")
 
+# %% tags=["nbval-check-output"]
+days_per_epoch(params=params, tokens=dataset_tokens, gpu_counts=[16, 64, 256, 1024], tflops_per_gpu=tflops).round(1)
+
 # %% tags=["nbval-ignore-output"]
 _ = interact(training_days, tokens=fixed(dataset_tokens), params=fixed(params), num_gpus=(8, 2048, 8),
              tflops_per_gpu=(50.0, 400.0, 10.0), recompute=True)
@@ -133,20 +143,16 @@ spec = load_spec(REPO_ROOT / "examples" / spec_file)
 est = estimate(spec)
 print(f"{est.params:,} parameters; {est.iteration_time_s:.2f} s per iteration; MFU {est.mfu:.1%}; "
       f"fits in memory: {est.fits_in_memory}")
-pd.Series(est.breakdown, name="seconds").round(3).to_frame()
+time_breakdown(est).show()
+breakdown_table(est).round(3)
 
 # %%
-memory = pd.DataFrame({"stage": range(len(est.memory_gb_per_stage)), "GPU": est.stage_gpus,
-                       "estimated GiB": est.memory_gb_per_stage, "limit GiB": est.memory_limit_gb_per_stage})
-fig = px.bar(memory, x="stage", y="estimated GiB", color="GPU", hover_data=["limit GiB"],
-             title=f"{spec.name}: memory per pipeline stage")
-fig.add_scatter(x=memory["stage"], y=memory["limit GiB"], mode="markers", name="usable memory",
-                marker_symbol="line-ew-open", marker_size=30)
-fig.show()
+memory_bars(est).show()
 
 # %% [markdown]
-# Stage 1 carries 11 layers and more micro-batches in flight than any later stage, and it runs on the A10s' 24 GB:
-# that is where the memory verdict is decided. Seed 000 measured 1.4 s per iteration for this layout on 8 nodes of 4
+# Under 1F1B, stage $i$ of $p$ keeps up to $p - i$ micro-batches' activations in flight, so early stages hold the
+# most; with an uneven partition the heaviest early stage on the smallest GPU decides the memory verdict. Seed 000
+# measured 1.4 s per iteration for this layout on 8 nodes of 4
 # A10s; lab 06 searches for a better one.
 #
 # ## Exercises

@@ -1,0 +1,59 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %%
+
+# %% [markdown]
+# # Lab 08 solutions: data preparation
+
+# %%
+import json
+import warnings
+
+warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")  # expected on CPU
+from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+from labkit.data_prep import prepare
+from labkit.exercises import check_number
+from labkit.lab import REPO_ROOT
+
+seq_length = 64
+result = prepare(REPO_ROOT / "data/corpus/corpus.jsonl", REPO_ROOT / "runs/data/corpus", progress=False)
+
+# %% [markdown]
+# **Exercise 1.** Each sequence takes `seq_length` tokens as inputs and the next one as its last label, so $n$
+# sequences need $n \cdot s + 1$ tokens.
+
+# %%
+answer_1 = (result["tokens"] - 1) // seq_length
+answer_1
+
+# %%
+check_number(answer_1, (result["tokens"] - 1) // seq_length, name="Exercise 1 (sequences per epoch)", rel_tol=0.01)
+
+# %% [markdown]
+# **Exercise 2.** Three documents under the key `body`.
+
+# %%
+mine = REPO_ROOT / "runs/data/mine.jsonl"
+mine.parent.mkdir(parents=True, exist_ok=True)
+mine.write_text("".join(json.dumps({"body": text}) + "\n" for text in
+                        ["Ada met Cleo at the river.", "It was foggy on Monday.", "Fay had a wooden box."]))
+answer_2 = IndexedDataset(prepare(mine, REPO_ROOT / "runs/data/mine", json_key="body", progress=False)["prefix"])
+len(answer_2)
+
+# %%
+check_number(None if answer_2 is ... else len(answer_2), 3, name="Exercise 2 (your own corpus)", rel_tol=0.0)
