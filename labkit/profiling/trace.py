@@ -328,7 +328,12 @@ def memory_per_step(trace: Trace) -> pd.DataFrame:
     for _, s in steps(trace).iterrows():
         before = curve[curve["time_ms"] < s["start_ms"]]
         inside = curve[curve["step"] == s["step"]]
-        at_start = float(before["allocated_mb"].iloc[-1]) if len(before) else 0.0
+        if len(before):
+            at_start = float(before["allocated_mb"].iloc[-1])
+        elif len(inside):  # nothing sampled before the first step: its first sample is the level it starts from
+            at_start = float(inside["allocated_mb"].iloc[0])
+        else:
+            continue
         peak = float(inside["allocated_mb"].max()) if len(inside) else at_start
         rows.append({"step": int(s["step"]), "start_mb": at_start, "peak_mb": peak, "growth_mb": peak - at_start})
     return pd.DataFrame(rows, columns=["step", "start_mb", "peak_mb", "growth_mb"])
