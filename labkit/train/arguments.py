@@ -105,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--save", default=None)
     g.add_argument("--save-interval", type=int, default=None)
     g.add_argument("--load", default=None)
+    g.add_argument("--ckpt-step", type=int, default=None, help="load this iteration instead of the latest")
     g.add_argument("--seed", type=int, default=1234)
 
     g = p.add_argument_group("data")

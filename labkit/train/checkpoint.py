@@ -91,17 +91,20 @@ def save(args, iteration: int, model, optimizer, scheduler) -> None:
 def load(args, model, optimizer, scheduler) -> int:
     """Load the latest checkpoint under --load; returns its iteration (0 when there is none)."""
     tracker = Path(args.load) / TRACKER
-    if not tracker.is_file():
+    if args.ckpt_step is not None:
+        iteration = args.ckpt_step
+    elif tracker.is_file():
+        iteration = int(tracker.read_text().strip())
+    else:
         print_rank_0(f"WARNING: could not find the metadata file {tracker} ")
         print_rank_0("    will not load any checkpoints and will start from random")
         return 0
-    iteration = int(tracker.read_text().strip())
     folder = _rank_dir(args.load, iteration)
     print_rank_0(f" loading checkpoint from {args.load} at iteration {iteration}")
     path = folder / "model_optim_rng.pt"
     if not path.is_file():
-        raise FileNotFoundError(f"--load: {path} is missing; was the checkpoint written with the same "
-                                "--tensor-model-parallel-size and --pipeline-model-parallel-size?")
+        raise FileNotFoundError(f"--load: {path} is missing; check --ckpt-step, and that the checkpoint was written "
+                                "with the same --tensor-model-parallel-size and --pipeline-model-parallel-size")
     state = torch.load(path, map_location="cpu", weights_only=False)
     for i, chunk in enumerate(model):
         chunk.load_state_dict(state["model" if len(model) == 1 else f"model{i}"], strict=True)

@@ -48,6 +48,9 @@ def transformer_config(args, timers=None) -> TransformerConfig:
         masked_softmax_fusion=False,
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
+        # gloo matches point-to-point messages between two ranks in posting order; batched send/recv pairs in both
+        # directions (the interleaved schedule with two stages) can then swap activations and gradients.
+        batch_p2p_comm=args.distributed_backend == "nccl",
         timers=timers,
         barrier_with_L1_time=True,
     )
