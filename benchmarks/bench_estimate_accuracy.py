@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import re
 import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from labkit.estimate import estimate  # noqa: E402
+from labkit.estimate import Profile, estimate, load_profile, save_profile  # noqa: E402
+from labkit.megatron_args import megatron_args  # noqa: E402
 from labkit.spec import load_spec  # noqa: E402
 
 REFERENCE = ROOT.parent / "shared" / "reference"
@@ -120,6 +124,84 @@ def report_seed000() -> float:
     return err
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# CPU closed loop. Every process runs one thread (torchrun's default for several processes; this host has 2 cores), so
+# layouts of 1 and 2 processes compute at the same per-process speed.
+LOOP_MODEL = {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "seq_length": 256, "vocab_size": 1024}
+LOOP_ITERS, LOOP_LOG = 12, 4
+LOOP_LAYOUTS = [  # (label, tensor, pipeline, data, recompute)
+    ("world 1, recompute", 1, 1, 1, "full"),
+    ("dp2", 1, 1, 2, None),
+    ("dp2, recompute", 1, 1, 2, "full"),
+    ("tp2", 2, 1, 1, None),
+    ("pp2", 1, 2, 1, None),
+    ("pp2, recompute", 1, 2, 1, "full"),
+]
+
+
+def loop_spec(tensor=1, pipeline=1, data=1, recompute=None, num_layers=None):
+    model = dict(LOOP_MODEL, num_layers=num_layers or LOOP_MODEL["num_layers"])
+    return load_spec({
+        "name": "cpu-loop", "model": model,
+        "parallel": {"tensor": tensor, "pipeline": pipeline, "data": data},
+        "batch": {"micro": 2, "global": 8}, "precision": "fp32",
+        "recompute": {"granularity": "full", "method": "uniform", "num_layers": 1} if recompute else "none",
+        "train": {"iters": LOOP_ITERS, "log_interval": LOOP_LOG},
+        "cluster": {"nodes": [{"gpu": "cpu", "count": 1, "gpus_per_node": tensor * pipeline * data}]},
+    })
+
+
+def run_driver(spec) -> float:
+    """Seconds per iteration the driver logs, averaged over the logging intervals after the first (warm-up)."""
+    cmd = [str(ROOT / ".venv" / "bin" / "torchrun"), "--nproc-per-node", str(spec.world_size), "-m", "labkit.train",
+           *megatron_args(spec)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
+    times = [float(x) / 1000 for x in re.findall(r"elapsed time per iteration \(ms\): ([0-9.]+)", out.stdout)]
+    if out.returncode != 0 or len(times) < 2:
+        raise RuntimeError(f"training driver failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    return statistics.fmean(times[1:])
+
+
+def measure_cpu_profile() -> Profile:
+    """Per-layer forward seconds on this CPU from two single-process runs of the driver, at L and 2L layers: the
+    difference is L layers' forward + backward (= 3 x forward, as profiles assume), the rest is embedding, output and
+    the optimizer (whose predicted time is taken off)."""
+    layers = LOOP_MODEL["num_layers"]
+    short, long_ = loop_spec(num_layers=layers), loop_spec(num_layers=2 * layers)
+    t_short, t_long = run_driver(short), run_driver(long_)
+    m = short.num_micro_batches
+    per_layer = (t_long - t_short) / (3 * m * layers)
+    empty = Profile(model="cpu-loop", gpu="cpu", tensor=1, embedding_s=0.0, layers_s=[0.0] * layers, output_s=0.0,
+                    micro_batch=2, seq_length=LOOP_MODEL["seq_length"], precision="fp32")
+    fixed = estimate(short, profiles={("cpu", 1): empty}).iteration_time_s
+    ends = max(0.0, (t_short - fixed) / (3 * m) - layers * per_layer)
+    profile = Profile(model="cpu-loop", gpu="cpu", tensor=1, embedding_s=0.0, layers_s=[per_layer] * (2 * layers),
+                      output_s=ends, micro_batch=2, seq_length=LOOP_MODEL["seq_length"], precision="fp32",
+                      source=f"driver runs at {layers} and {2 * layers} layers: {t_short:.3f} s and {t_long:.3f} s",
+                      measured_on="this host, 1 thread per process")
+    with tempfile.TemporaryDirectory() as tmp:  # through the file format, as `labkit profile` output would come
+        return load_profile(save_profile(profile, Path(tmp) / "cpu-loop_cpu_tp1.json"))
+
+
+def report_cpu_loop() -> list[float]:
+    profile = measure_cpu_profile()
+    print(f"CPU closed loop: GPT L{LOOP_MODEL['num_layers']} h{LOOP_MODEL['hidden_size']} s{LOOP_MODEL['seq_length']},"
+          f" micro 2, global 8, fp32; profile {1000 * profile.layers_s[0]:.1f} ms/layer forward, "
+          f"{1000 * profile.output_s:.1f} ms output ({profile.source})")
+    errs = []
+    for label, t, p, d, recompute in LOOP_LAYOUTS:
+        spec = loop_spec(t, p, d, recompute)
+        predicted = estimate(spec, profiles={("cpu", 1): profile}).iteration_time_s
+        measured = run_driver(spec)
+        err = (predicted - measured) / measured
+        errs.append(abs(err))
+        print(f"  {label:<20} predicted {predicted:6.3f} s  measured {measured:6.3f} s  error {100 * err:+6.1f}%")
+    print(f"  mean |error| {100 * statistics.fmean(errs):.1f}%, max {100 * max(errs):.1f}% over {len(errs)} layouts")
+    return errs
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-cpu", action="store_true", help="skip the CPU closed loop (it trains for minutes)")
@@ -127,6 +209,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     report_amp(args.verbose)
     report_seed000()
+    if not args.skip_cpu:
+        report_cpu_loop()
     return 0
 
 

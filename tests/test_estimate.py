@@ -4,7 +4,8 @@ import json
 import pytest
 
 from labkit.cli import main
-from labkit.estimate import (Shape, allreduce_time, estimate, memory_per_stage, pipeline_time, stage_time)
+from labkit.estimate import (Profile, Shape, allreduce_time, estimate, memory_per_stage, pipeline_time,
+                             stage_time)
 from labkit.spec import load_spec
 
 GPT2_XL = Shape(num_layers=48, hidden=1600, heads=25, seq_length=1024, vocab=50257)
@@ -143,3 +144,15 @@ def test_cli_rejects_a_bad_spec(capsys, tmp_path):
     path.write_text("model: {preset: gpt2-xl}\nparallel: {tensor: 3}\n")
     assert main(["estimate", str(path)]) == 2
     assert "parallel.tensor" in capsys.readouterr().err
+
+
+def test_a_single_gpu_profile_is_split_over_tensor_ranks_with_all_reduces_added():
+    model = {"num_layers": 8, "hidden_size": 1024, "num_attention_heads": 16, "seq_length": 1024, "vocab_size": 50257}
+    profile = Profile(model="m", gpu="A10", tensor=1, embedding_s=0.001, layers_s=[0.004] * 8, output_s=0.002,
+                      seq_length=1024)
+    one = estimate(seed000(model=model, parallel={"tensor": 1, "pipeline": 2, "data": 16}), profiles={("A10", 1): profile})
+    two = estimate(seed000(model=model, parallel={"tensor": 2, "pipeline": 2, "data": 8}), profiles={("A10", 1): profile})
+    assert two.stage_sources == ["profile m/A10/tp1"] * 2
+    assert two.breakdown["tp_comm"] > 0 and one.breakdown["tp_comm"] == 0
+    # half the data-parallel width doubles the micro-batches; each takes half the compute
+    assert two.breakdown["compute"] == pytest.approx(one.breakdown["compute"])

@@ -115,6 +115,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     for i, layers in enumerate(partition):
         name = topo.stage_gpu(i)
         prof = lookup(name, t)
+        if not _usable(prof, shape) and t > 1:
+            prof = lookup(name, 1)  # a single-GPU profile, split over the tensor ranks
         source = prof if _usable(prof, shape) else catalog.gpu(name)
         st = stage_time(source, layers, b.micro, t, shape=shape, precision=precision, first=i == 0, last=i == p - 1,
                         recompute=recompute, first_layer=first_layer, tp_gbps=topo.tp_gbps(i))

@@ -83,9 +83,15 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
 
     if isinstance(source, Profile):
         layer_s, ends_s = source.forward_s(first_layer, layers, micro_batch, embedding=first, output=last)
+        comm = 0.0
+        if source.tensor != tensor:
+            # a profile taken at another tensor size: its compute splits by the ratio; the all-reduces are added
+            layer_s *= source.tensor / tensor
+            ends_s *= source.tensor / tensor
+            comm = _tp_comm(layers, tokens, shape, tensor, precision, recompute, tp_gbps or 100.0)
         forward = layer_s + ends_s
         backward = source.backward_factor * forward + recompute_fraction * layer_s
-        return StageTime(forward, backward, 0.0, source=f"profile {source.model}/{source.gpu}/tp{source.tensor}")
+        return StageTime(forward, backward, comm, source=f"profile {source.model}/{source.gpu}/tp{source.tensor}")
 
     from labkit import catalog
 
@@ -95,13 +101,19 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
     ends_s = logits_forward_flops(shape, tokens) / tensor / rate if last else 0.0
     forward = layer_s + ends_s
     backward = 2 * forward + recompute_fraction * layer_s
-    comm = 0.0
-    if tensor > 1:
-        gbps = tp_gbps if tp_gbps is not None else gpu.intra_node_gbps
-        message = tokens * shape.hidden * ACTIVATION_BYTES.get(precision, 2)
-        per_layer = 4 + (2 if recompute == "full" else 0)  # a recomputed forward all-reduces again
-        comm = layers * per_layer * allreduce_time(message, tensor, gbps)
+    comm = _tp_comm(layers, tokens, shape, tensor, precision, recompute,
+                    tp_gbps if tp_gbps is not None else gpu.intra_node_gbps)
     return StageTime(forward, backward, comm, source=f"analytic {gpu.name}")
+
+
+def _tp_comm(layers: int, tokens: int, shape: Shape, tensor: int, precision: str, recompute: str | None,
+             gbps: float) -> float:
+    """Megatron's 2 forward + 2 backward all-reduces of b s h activations per layer (2 more for a recomputed forward)."""
+    if tensor <= 1:
+        return 0.0
+    message = tokens * shape.hidden * ACTIVATION_BYTES.get(precision, 2)
+    per_layer = 4 + (2 if recompute == "full" else 0)
+    return layers * per_layer * allreduce_time(message, tensor, gbps)
 
 
 @dataclass
