@@ -40,11 +40,14 @@ def stage_times(layers: list[int], per_layer: list[list[float]], fixed: list[flo
 
 
 def min_max_partition(per_layer: list[list[float]], fixed: list[float], max_layers: list[int] | None = None,
-                      ) -> Partition | None:
+                      balance: list[float] | None = None) -> Partition | None:
     """The split of layers over stages whose slowest stage is fastest; None when the memory caps cannot hold the model.
 
     per_layer[i][k] is layer k's time on stage i (stages of the same GPU type share one list), fixed[i] the stage's
     time independent of the split, max_layers[i] the most layers stage i can hold (memory). Stages may get no layer.
+    When layers cost the same within each stage, ties in the bottleneck go to the split with the least total stage
+    time (the 1F1B fill and drain), spread evenly over stages of equal speed; or, given `balance` (other fixed
+    times, e.g. without the sends), to the split whose slowest stage under those times is fastest.
     """
     stages = len(fixed)
     num_layers = len(per_layer[0])
@@ -52,7 +55,7 @@ def min_max_partition(per_layer: list[list[float]], fixed: list[float], max_laye
     if sum(min(c, num_layers) for c in caps) < num_layers:
         return None
     if all(min(costs) == max(costs) for costs in {id(c): c for c in per_layer}.values()):
-        return _uniform_partition([costs[0] for costs in per_layer], fixed, caps, num_layers)
+        return _uniform_partition([costs[0] for costs in per_layer], fixed, caps, num_layers, balance)
     prefix_cache: dict[int, list[float]] = {}
     prefixes = []
     for costs in per_layer:  # identical lists (same GPU type) share one prefix-sum array
@@ -102,10 +105,43 @@ def _first_at_least(prefix: list[float], target: float, end: int) -> int:
     return min(bisect_left(prefix, target, 0, end + 1), end)
 
 
-def _uniform_partition(cost: list[float], fixed: list[float], caps: list[int], num_layers: int) -> Partition:
-    """Stage i takes fixed[i] + n * cost[i]. Each layer goes where the stage time after taking it is smallest; the
-    last layer handed out sets the bottleneck, and no split can do better because every earlier choice was the
-    cheapest way to place one more layer under that bound."""
+def _uniform_partition(cost: list[float], fixed: list[float], caps: list[int], num_layers: int,
+                       balance: list[float] | None = None) -> Partition:
+    """Stage i takes fixed[i] + n * cost[i].
+
+    The bottleneck: hand out layers one at a time to the stage whose time after taking it is smallest; the last one
+    handed out sets the bottleneck, and no split does better, since every choice was the cheapest way to place one
+    more layer. Among the splits under that bottleneck the pipeline's fill and drain (the sum of the stage times) is
+    smallest with the layers on the cheapest stages, so those are filled first, up to the bottleneck; stages of the
+    same speed share their layers evenly. With `balance`, the same one-at-a-time rule under the bottleneck's room,
+    timed with `balance` instead of `fixed`, gives the split most even under those times.
+    """
+    stages = range(len(fixed))
+    layers = _hand_out(cost, fixed, caps, num_layers)
+    bound = max(f + n * c for f, n, c in zip(fixed, layers, cost))
+    room = [max(0, min(caps[i], int((bound - fixed[i]) / cost[i] + 1e-9))) if cost[i] > 0 else caps[i] for i in stages]
+    if balance is not None:
+        layers = _hand_out(cost, balance, room, num_layers)
+        return Partition(layers, [f + n * c for f, n, c in zip(fixed, layers, cost)])
+
+    layers = [0] * len(fixed)
+    left = num_layers
+    for speed in sorted(set(cost)):
+        group = [i for i in stages if cost[i] == speed and room[i] > 0]
+        heap = [(fixed[i] + cost[i], i) for i in group]
+        heapq.heapify(heap)
+        while left and heap:
+            _, i = heapq.heappop(heap)
+            layers[i] += 1
+            left -= 1
+            if layers[i] < room[i]:
+                heapq.heappush(heap, (fixed[i] + (layers[i] + 1) * cost[i], i))
+    times = [f + n * c for f, n, c in zip(fixed, layers, cost)]
+    return Partition(layers, times)
+
+
+def _hand_out(cost: list[float], fixed: list[float], caps: list[int], num_layers: int) -> list[int]:
+    """One layer at a time to the stage whose time would be smallest after taking it."""
     layers = [0] * len(fixed)
     heap = [(f + c, i) for i, (f, c) in enumerate(zip(fixed, cost)) if caps[i] > 0]
     heapq.heapify(heap)
@@ -114,5 +150,4 @@ def _uniform_partition(cost: list[float], fixed: list[float], caps: list[int], n
         layers[i] += 1
         if layers[i] < caps[i]:
             heapq.heappush(heap, (fixed[i] + (layers[i] + 1) * cost[i], i))
-    times = [f + n * c for f, n, c in zip(fixed, layers, cost)]
-    return Partition(layers, times)
+    return layers

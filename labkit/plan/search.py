@@ -218,12 +218,24 @@ def _split_and_bound(shape: Shape, precision: str, t: int, p: int, d: int, b: in
         per_layer.append(costs.per_layer(gpu, t, b, recompute, tp_gbps))
         ends.append(costs.ends(gpu, t, b, recompute, tp_gbps, i == 0, i == p - 1))
     if v > 1 or p == 1:
-        layers = [shape.num_layers // p] * p  # the interleaved schedule needs the even split
-    else:
-        found = min_max_partition(per_layer, [e + edges[i] + edges[i + 1] for i, e in enumerate(ends)], caps)
+        return _bound(shape, precision, t, d, b, v, links, costs, per_layer, ends, boundaries,
+                      [shape.num_layers // p] * p)  # the interleaved schedule needs the even split
+    steps = [e + edges[i] + edges[i + 1] for i, e in enumerate(ends)]
+    best = None, float("inf")
+    # every split below has the least possible slowest step; they differ in fill/drain and all-reduce sizes
+    for balance in (None, ends):
+        found = min_max_partition(per_layer, steps, caps, balance)
         if found is None:
-            return None, float("inf")
-        layers = found.layers
+            return best
+        bounded = _bound(shape, precision, t, d, b, v, links, costs, per_layer, ends, boundaries, found.layers)
+        if bounded[1] < best[1]:
+            best = bounded
+    return best
+
+
+def _bound(shape: Shape, precision: str, t: int, d: int, b: int, v: int, links: _Links, costs: _StageCosts,
+           per_layer: list[list[float]], ends: list[float], boundaries: list[float],
+           layers: list[int]) -> tuple[list[int], float]:
     totals, start = [], 0
     for i, n in enumerate(layers):
         totals.append(ends[i] + sum(per_layer[i][start:start + n]))
@@ -234,7 +246,7 @@ def _split_and_bound(shape: Shape, precision: str, t: int, p: int, d: int, b: in
     dp_s = max(allreduce_time(n * grad_bytes, d, gbps, latency)
                for n, (gbps, latency) in zip(costs.stage_params(tuple(layers), t), links.dp))
     embedding_s = (allreduce_time(shape.vocab * shape.hidden / t * grad_bytes, 2, *links.ends)
-                   if p > 1 and shape.tied else 0.0)
+                   if len(layers) > 1 and shape.tied else 0.0)
     return layers, pipe_s + dp_s + embedding_s
 
 
