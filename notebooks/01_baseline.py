@@ -1,0 +1,122 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %%
+
+# %% [markdown]
+# # Lab 01: The baseline run: write the job, submit it, watch it, read its log
+#
+# **Objectives.** By the end of this lab you can
+# - describe a training run as a run spec and see the Slurm job script rendered from it (the workshop's hand-written
+#   `sbatch` script, now generated: `srun` one task per node, each starting `torchrun` towards the first node);
+# - submit it to a backend (the local one on a laptop, Slurm on a cluster: the same call) and follow it live;
+# - read Megatron's log into a table: iteration time, loss, throughput, memory.
+#
+# On a laptop the job trains a tiny GPT with two CPU processes; on a cluster, set `backend = "slurm"` and a bigger
+# `model` in the parameters cell and nothing else changes.
+
+# %% tags=["parameters"]
+backend = "local"       # "local" (here) or "slurm" (a cluster, or labkit's local Slurm)
+spec_file = "tiny-cpu.yaml"
+iterations = 10
+log_interval = 2
+
+# %%
+from labkit.exercises import check_spec
+from labkit.jobs import backend_named
+from labkit.jobs.monitor import format_report, widget
+from labkit.jobs.render import render
+from labkit.lab import REPO_ROOT
+from labkit.logs.views import comparison_table, iteration_time_figure, loss_figure
+from labkit.spec import load_spec
+
+# %% [markdown]
+# ## 1.1 The run spec
+#
+# One YAML file says what to train (model preset), how to split it (tensor, pipeline, data parallel), the batch, the
+# precision and the cluster. Everything else (Megatron's flags, the job script, the estimate) is rendered from it.
+
+# %%
+spec = load_spec(REPO_ROOT / "examples" / spec_file).replace(
+    **{"train.iters": iterations, "train.log_interval": log_interval})
+print(spec.to_yaml())
+print(f"world size {spec.world_size}, data parallel {spec.data_parallel}, "
+      f"{spec.num_micro_batches} micro-batch(es) of {spec.batch.micro} per process and iteration")
+
+# %% [markdown]
+# ## 1.2 The job script
+#
+# On Slurm this is what gets submitted: the workshop's script, with every value coming from the spec (and every
+# user-given string shell-quoted). `labkit run SPEC --dry-run` prints the same.
+
+# %%
+script = render(spec, REPO_ROOT / "runs" / "RUN_ID" / "logs", layout="multinode")
+for name, text in script.scripts.items():
+    print(f"# ===== {name} =====\n{text}")
+
+# %% [markdown]
+# ## 1.3 Submit and watch
+#
+# `submit` returns a `Job` at once; the view below refreshes every two seconds while it runs (the seeds'
+# `get_result.sh`: per-node logs, the job's own view of its layout compared with the spec, iterations so far).
+
+# %%
+jobs = backend_named(backend, runs_dir=REPO_ROOT / "runs")
+job = jobs.submit(spec)
+job
+
+# %% tags=["nbval-ignore-output"]
+widget(job)
+
+# %%
+state = job.wait(progress=False)
+print(f"{job.job_id}: {state}")
+assert str(state) == "COMPLETED", job.cause()
+
+# %% [markdown]
+# ## 1.4 Read the log
+#
+# The driver writes Megatron-LM's own log format, so the same parser reads this run and any Megatron run on a
+# cluster. `job.result()` parses every node's log.
+
+# %%
+log = job.result()
+log.iterations[["iteration", "elapsed_ms", "lm_loss", "lr", "global_batch_size", "grad_norm"]]
+
+# %%
+loss_figure({"baseline": log}).show()
+
+# %%
+comparison_table({"baseline": log}, specs={"baseline": spec})
+
+# %%
+print(format_report(job.report(), color=False))
+
+# %% [markdown]
+# The first iterations are slower (warm-up: memory allocation, first data reads); the steady-state time excludes
+# them. Lab 02 starts from this baseline.
+#
+# ## Exercise
+#
+# **Exercise 1.** Build a spec from `spec` that keeps the micro-batch of 2 and the two processes but trains on a
+# global batch of 16. How many micro-batches does each process now run per iteration? (Use `spec.replace(...)` with
+# the dotted key `"batch.global"`.)
+
+# %%
+answer_1 = ...
+
+# %%
+check_spec(answer_1, name="Exercise 1 (global batch 16)", batch__global_=16, batch__micro=2, num_micro_batches=4)
