@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from labkit import catalog
-from labkit.spec import ClusterSpec, NodeGroup, RunSpec, SpecError, load_spec
+from labkit.spec import NodeGroup, RunSpec, SpecError, load_spec
 
 
 def register(sub) -> None:
