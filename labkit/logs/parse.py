@@ -62,6 +62,7 @@ _ERROR_WORDS = re.compile(rb"Traceback|Error|ERROR|error:|out of memory|Killed|C
 _ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\n]*\x07")
 
 _STAMP = re.compile(rb"\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)[^\]\n]*\]")
+_LAUNCHER_PREFIX = re.compile(rb" *\d+: |\[[A-Za-z_]+\d+\]:|[\w.-]+: ")  # srun -l, torchrun, pdsh
 _NEMO_PREFIX = re.compile(rb"Training epoch (\d+), *$")
 _TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d")
 _PREFIX_TOKEN = re.compile(r"\s*(?:\[([^\]]*)\]:?|([^\s:\[\]]+):(?=\s|\[|$)|(\S+))")
@@ -706,7 +707,7 @@ def _block_lines(s: _Scan, pos: int, prefix: bytes, max_foreign: int = 64):
     while pos < len(buf):
         end = s.line_end(pos)
         line = buf[pos:end]
-        if line.startswith(prefix):
+        if line.startswith(prefix) and (prefix or not _LAUNCHER_PREFIX.match(line)):
             foreign = 0
             yield pos, line[len(prefix):]
         else:
@@ -778,7 +779,7 @@ def _arguments(s: _Scan) -> dict:
     if m := _PARAMS_DTYPE.search(buf):
         args.setdefault("params_dtype", _text(m.group(1)))
     for m in _ARGS_OLD.finditer(buf):
-        for _, body in _block_lines(s, m.end() - 1, b"", max_foreign=0):
+        for _, body in _block_lines(s, m.end() - 1, b""):
             e = _ARG_ENTRY_INDENTED.match(body)
             if not e:
                 break

@@ -1,0 +1,89 @@
+"""The parser never raises, whatever bytes it is given, and cutting or interleaving a log never invents numbers."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from labkit.logs import parse_text
+
+FIXTURES = Path(__file__).parent / "fixtures" / "logs"
+LOGS = {p.name: p.read_bytes() for p in sorted(FIXTURES.glob("0*.log"))}
+FULL = {name: parse_text(data) for name, data in LOGS.items()}
+FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ_LOGS = settings(FUZZ, max_examples=25)
+FUZZ_WEAVE = settings(FUZZ, max_examples=10)
+
+# Fragments that steer random input into the parser's code paths.
+PIECES = st.sampled_from([
+    b" iteration ", b"/", b" | ", b"|", b"lm loss: ", b"elapsed time per iteration (ms): ", b"1.5E+00", b"nan",
+    b"(min, max) time across ranks (ms):\n", b"    forward-compute ....: (1.0, 2.0)\n", b"times across ranks (ms):\n",
+    b"  forward:\n", b"     rank  3: 1.0\n", b"max time across ranks (ms):\n", b"memory (MB) | allocated: 1 |",
+    b"[Rank 2] (after 5 iterations) ", b"------------------------ arguments ------------------------\n",
+    b"  num_layers ............ 2\n", b"-------------------- end of arguments ---------------------\n",
+    b"arguments:\n", b"using world size: 4, data-parallel size: x", b"Training epoch 0, ", b"3: ", b"host: ",
+    b"[default1]:", b"[2025-01-01 00:00:00] ", b"\x1b[31m", b"\r", b"\n", b"==> n1.out <==\n", b"=", b"Error",
+    b"validation loss at iteration 5 | lm loss value: 2 |", b"time (ms) | fwd: 1 |", b"\xff\xfe", b"\x00",
+    b"Using topology: {ProcessCoord(pipe=9, data=0, model=0): 0}", b"\niteration 3 : 1.5 s\n", b"( , )",
+])
+
+
+def comparable(df: pd.DataFrame) -> pd.DataFrame:
+    return df.drop(columns=["line"]).reset_index(drop=True)
+
+
+@FUZZ
+@given(st.binary(max_size=2000))
+def test_arbitrary_bytes_never_raise(data):
+    parsed = parse_text(data)
+    parsed.summary()
+    parsed.to_json()
+
+
+@FUZZ
+@given(st.lists(st.one_of(PIECES, st.binary(max_size=20)), max_size=60))
+def test_log_shaped_garbage_never_raises(pieces):
+    parsed = parse_text(b"".join(pieces))
+    parsed.summary()
+    parsed.to_json()
+
+
+@FUZZ_LOGS
+@given(st.sampled_from(sorted(LOGS)), st.floats(0.0, 1.0))
+def test_truncation_keeps_only_complete_rows(name, fraction):
+    data = LOGS[name]
+    cut = parse_text(data[:int(len(data) * fraction)])
+    full = FULL[name].iterations.set_index("iteration")
+    got = cut.iterations.set_index("iteration")
+    # every row read from the cut log is the full log's row, value for value
+    assert set(got.index) <= set(full.index)
+    got = got.reindex(columns=full.columns)  # a column only later lines print is all missing in the cut log
+    pd.testing.assert_frame_equal(got.drop(columns=["line"]), full.loc[got.index].drop(columns=["line"]),
+                                  check_dtype=False, check_index_type=False)
+
+
+@FUZZ_WEAVE
+@given(st.sampled_from(sorted(LOGS)), st.lists(st.integers(0, 3), min_size=1, max_size=50))
+def test_interleaving_another_ranks_noise_changes_nothing(name, gaps):
+    """Lines of a second rank (another prefix, no records) woven in anywhere leave the tables as they were."""
+    lines = LOGS[name].split(b"\n")
+    noise = [b"7: NCCL INFO Channel 00/0 : 7[7] -> 0[0] via P2P/IPC", b"7: > building train dataset ..."]
+    woven = []
+    for k, line in enumerate(lines):
+        woven.extend(noise[: gaps[k % len(gaps)] % 3])
+        woven.append(line)
+    mixed = parse_text(b"\n".join(woven))
+    full = FULL[name]
+    pd.testing.assert_frame_equal(comparable(mixed.iterations), comparable(full.iterations), check_dtype=False)
+    pd.testing.assert_frame_equal(comparable(mixed.memory), comparable(full.memory), check_dtype=False)
+    assert mixed.arguments == full.arguments and mixed.parallel == full.parallel
+
+
+@FUZZ_LOGS
+@given(st.sampled_from(sorted(LOGS)), st.integers(0, 10**9), st.binary(min_size=1, max_size=40))
+def test_bytes_spliced_into_a_log_never_raise(name, where, junk):
+    data = LOGS[name]
+    k = where % (len(data) + 1)
+    parse_text(data[:k] + junk + data[k:]).summary()
