@@ -2,11 +2,14 @@
 
     SAVE/latest_checkpointed_iteration.txt
     SAVE/iter_0000020/mp_rank_TT[_PPP]/model_optim_rng.pt   model, optimizer, scheduler, RNG states, counters
-    SAVE/iter_0000020/mp_rank_TT[_PPP]/distrib_optim.pt     with --use-distributed-optimizer: the sharded Adam state
+    SAVE/iter_0000020/mp_rank_TT[_PPP]/distrib_optim_dp_DDD.pt   with --use-distributed-optimizer: each data-parallel
+                                                                 rank's shard of the Adam state and fp32 master weights
 
 Resuming restores the weights, the optimizer (fp32 master weights and moments), the learning-rate schedule, every RNG
 (Python, NumPy, torch, CUDA and the tensor-parallel tracker, per data-parallel rank) and the consumed-sample count,
-so the next iteration's loss is the one the uninterrupted run would have printed.
+so the next iteration's loss is the one the uninterrupted run would have printed. A distributed-optimizer checkpoint
+is read back with the same data-parallel size (each rank reloads its own shard); megatron-core 0.16.1's gather-to-rank-0
+path (`save_parameter_state`) drops Adam's step counters and cannot be read back.
 """
 from __future__ import annotations
 
@@ -55,6 +58,28 @@ def _set_rng_state(state: dict) -> None:
     tensor_parallel.get_cuda_rng_tracker().set_states(state["rng_tracker_states"])
 
 
+def _sub_optimizers(optimizer) -> list:
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def _shard_state(optimizer) -> list[dict]:
+    """This data-parallel rank's part of a distributed optimizer: Adam moments and fp32 master weights."""
+    return [{"inner": opt.optimizer.state_dict(),
+             "main_params": [[p.detach().clone() for p in group] for group in opt.shard_fp32_from_float16_groups],
+             "grad_scaler": opt.grad_scaler.state_dict() if opt.grad_scaler else None}
+            for opt in _sub_optimizers(optimizer)]
+
+
+def _load_shard_state(optimizer, states: list[dict]) -> None:
+    for opt, state in zip(_sub_optimizers(optimizer), states, strict=True):
+        opt.optimizer.load_state_dict(state["inner"])
+        for group, saved in zip(opt.shard_fp32_from_float16_groups, state["main_params"], strict=True):
+            for param, value in zip(group, saved, strict=True):
+                param.data.copy_(value)
+        if opt.grad_scaler and state["grad_scaler"]:
+            opt.grad_scaler.load_state_dict(state["grad_scaler"])
+
+
 def save(args, iteration: int, model, optimizer, scheduler) -> None:
     print_rank_0("saving checkpoint at iteration {:7d} to {} in torch format".format(iteration, args.save))
     folder = _rank_dir(args.save, iteration)
@@ -63,15 +88,14 @@ def save(args, iteration: int, model, optimizer, scheduler) -> None:
     dist.all_gather_object(rng_states, _rng_state(), group=dp_group)
     if args.use_distributed_optimizer:
         folder.mkdir(parents=True, exist_ok=True)
-        dist.barrier(group=dp_group)
-        optimizer.save_parameter_state(str(folder / "distrib_optim.pt"))  # gathers the shards to data rank 0
+        torch.save(_shard_state(optimizer), folder / f"distrib_optim_dp_{parallel_state.get_data_parallel_rank():03d}.pt")
     if parallel_state.get_data_parallel_rank() == 0:
         folder.mkdir(parents=True, exist_ok=True)
         state = {
             "args": args,
             "checkpoint_version": 3.0,
             "iteration": iteration,
-            "optimizer": optimizer.state_dict(),
+            "optimizer": None if args.use_distributed_optimizer else optimizer.state_dict(),
             "opt_param_scheduler": scheduler.state_dict(),
             "rng_state": rng_states,
         }
@@ -108,9 +132,16 @@ def load(args, model, optimizer, scheduler) -> int:
     state = torch.load(path, map_location="cpu", weights_only=False)
     for i, chunk in enumerate(model):
         chunk.load_state_dict(state["model" if len(model) == 1 else f"model{i}"], strict=True)
-    optimizer.load_state_dict(state["optimizer"])
     if args.use_distributed_optimizer:
-        optimizer.load_parameter_state(str(folder / "distrib_optim.pt"))
+        shard = folder / f"distrib_optim_dp_{parallel_state.get_data_parallel_rank():03d}.pt"
+        if not shard.is_file():
+            raise FileNotFoundError(f"--load: {shard} is missing; a distributed-optimizer checkpoint is read back with "
+                                    "the data-parallel size it was written with, and with --use-distributed-optimizer")
+        _load_shard_state(optimizer, torch.load(shard, map_location="cpu", weights_only=False))
+    elif state["optimizer"] is None:
+        raise ValueError("--use-distributed-optimizer: the checkpoint was written with it; pass it again to resume")
+    else:
+        optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["opt_param_scheduler"])
     rng_states = state["rng_state"]
     dp_rank = parallel_state.get_data_parallel_rank()
