@@ -38,7 +38,7 @@ def uniform_problems(draw):
     return [[costs[0]] * len(costs) for costs in per_layer], fixed, caps
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.one_of(problems(), uniform_problems()))
 def test_min_max_matches_brute_force(problem):
     per_layer, fixed, caps = problem
