@@ -136,8 +136,10 @@ class Job:
                 state = self.state
                 if bar is not None:
                     done_iters = monitor.last_iteration(self)
-                    bar.update(max(0, done_iters - bar.n))
-                    bar.set_postfix_str(str(state))
+                    if done_iters > bar.n or bar.postfix != str(state):
+                        bar.set_postfix_str(str(state), refresh=False)
+                        bar.update(max(0, done_iters - bar.n))
+                        bar.refresh()
                 if state.finished:
                     return state
                 if deadline is not None and time.monotonic() > deadline:

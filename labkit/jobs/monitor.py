@@ -237,7 +237,7 @@ def format_report(rep: Report, color: bool = True) -> str:
     def paint(text: str, colour: str | None = None, bold: bool = False) -> str:
         if not color:
             return text
-        return colored(text, colour, attrs=["bold"] if bold else None)
+        return colored(text, colour, attrs=["bold"] if bold else None, force_color=True)
 
     def banner(title: str) -> str:
         return paint(f"******************* {title} *******************", "blue", bold=True)

@@ -1,0 +1,159 @@
+"""Failure causes, the report and run records, on logs written the way jobs write them (no scheduler needed)."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from labkit.jobs.job import Job, State, Status, slurm_state
+from labkit.jobs.monitor import explain, format_report, report, widget
+from labkit.jobs.runs import RunIndex, RunRecord, load_run
+from labkit.spec import load_spec
+
+WARNINGS = ("/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py:83: FutureWarning: deprecated\n"
+            "  return func(*args, **kwargs)\n")
+ITERATION = (" iteration        5/      10 | consumed samples:           40 | elapsed time per iteration (ms): 129.2 | "
+             "lm loss: 6.936320E+00 | loss scale: 1.0 |\n")
+
+
+class StaticBackend:
+    """A backend whose jobs are in whatever state the test sets."""
+    name = "static"
+
+    def __init__(self):
+        self.cancelled = []
+
+    def poll(self, jobs):
+        pass
+
+    def cancel(self, job):
+        self.cancelled.append(job)
+
+
+def make_job(tmp_path, state=State.FAILED, reason=None, exit_code="1:0", logs=None, **spec_changes):
+    spec = {"name": "tiny", "model": {"preset": "tiny"}, "batch": {"micro": 2, "global": 8},
+            "cluster": {"nodes": [{"gpu": "A10", "count": 2, "gpus_per_node": 1}]}, **spec_changes}
+    record = RunRecord.create(load_spec(spec), tmp_path / "runs")
+    job = Job(StaticBackend(), ["7"], record)
+    for name, text in (logs or {}).items():
+        path = record.logs / name if name.startswith("slurm-") else job.log_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    job._status = Status(state, exit_code, reason)
+    return job
+
+
+@pytest.mark.parametrize("state, reason, logs, cause", [
+    (State.FAILED, None, {"n1.err": WARNINGS + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n"},
+     "out of memory (GPU): n1.err:3: torch.OutOfMemoryError: CUDA out of memory"),
+    (State.FAILED, None, {"n1.out": "ERROR: out of memory at iteration 3 on rank 0: CUDA out of memory\n"},
+     "out of memory (GPU): n1.out:1: ERROR: out of memory"),
+    (State.FAILED, None, {"n2.err": "  exitcode  : -9 (pid: 123)\nSignal 9 (SIGKILL) received by PID 123\n"},
+     "out of memory: killed by the kernel: n2.err:1:"),
+    (State.OUT_OF_MEMORY, None, {}, "out of memory: killed by the kernel"),
+    (State.FAILED, None, {"n1.out": ITERATION + "ERROR: NaN loss at iteration 7 (lm loss nan); lower --lr\n"},
+     "NaN loss: n1.out:2: ERROR: NaN loss at iteration 7"),
+    (State.FAILED, None, {"n2.err": WARNINGS + "torch.distributed.DistNetworkError: Connection reset by peer\n"},
+     "NCCL/gloo communication error: n2.err:3:"),
+    (State.FAILED, None, {"n1.err": "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1269, unhandled system error\n"},
+     "NCCL/gloo communication error: n1.err:1:"),
+    (State.TIMEOUT, None, {"slurm-7.out": "slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2026 DUE TO TIME LIMIT ***\n"},
+     "time limit: the job ran past its limit of 0:01:00"),
+    (State.CANCELLED, "None", {}, "cancelled"),
+    (State.CANCELLED, "DependencyNeverSatisfied", {}, "cancelled: a job it depends on did not complete"),
+    (State.NODE_FAIL, None, {}, "node failure"),
+    (State.FAILED, None, {"n1.err": WARNINGS + "Traceback (most recent call last):\nKeyError: 'x'\n"},
+     "error output on stderr: n1.err:3: Traceback (most recent call last):"),
+    (State.FAILED, None, {"n1.err": WARNINGS}, "failed with exit code 1:0"),
+])
+def test_each_failure_gets_its_cause(tmp_path, state, reason, logs, cause):
+    job = make_job(tmp_path, state, reason, logs=logs, job={"time_limit": "0:01:00"})
+    assert explain(job).startswith(cause), explain(job)
+
+
+def test_bad_data_path_is_named(tmp_path):
+    path = "/data/missing_text_document"
+    job = make_job(tmp_path, logs={"n1.err": WARNINGS + f"python -m labkit.train: error: --data-path: {path} has no "
+                                             f"{path}.bin or {path}.idx; create it with labkit data prepare\n"},
+                   data={"mock": False, "path": path})
+    assert explain(job).startswith(f"bad data path '{path}': n1.err:3:")
+
+
+def test_no_cause_while_running_or_after_success(tmp_path):
+    assert explain(make_job(tmp_path, State.RUNNING)) is None
+    assert explain(make_job(tmp_path, State.COMPLETED, exit_code="0:0")) is None
+
+
+def test_slurm_state_words():
+    assert [slurm_state(s) for s in ("CANCELLED by 0", "OUT_OF_ME+", "TIMEOUT", "COMPLETING", "BOOT_FAIL", "")] == \
+        [State.CANCELLED, State.OUT_OF_MEMORY, State.TIMEOUT, State.RUNNING, State.NODE_FAIL, State.UNKNOWN]
+
+
+def node_out(rank, world=2, dp=2, extra=""):
+    return (f"******************* job info 7 *******************\nNODE_RANK: {rank}\nWORLD_SIZE: {world}\n"
+            f"DP_SIZE: {dp}\nPARTITION: 2\nusing world size: {world}, data-parallel size: {dp}, context-parallel size:"
+            f" 1, tensor-model-parallel size: 1, pipeline-model-parallel size: 1\n{extra}")
+
+
+def test_report_flags_job_info_that_disagrees_with_the_spec(tmp_path):
+    job = make_job(tmp_path, State.COMPLETED, exit_code="0:0",
+                   logs={"n1.out": node_out(0, extra=ITERATION), "n2.out": node_out(1, world=4, dp=4),
+                         "n1.err": WARNINGS, "n1.gpu": "no nvidia-smi on n1: no GPU samples\n"})
+    rep = report(job)
+    assert rep.mismatches == ["n2: WORLD_SIZE is 4 in the job script, 2 in the spec",
+                              "n2: WORLD_SIZE is 4 in the driver's log, 2 in the spec",
+                              "n2: DP_SIZE is 4 in the job script, 2 in the spec",
+                              "n2: DP_SIZE is 4 in the driver's log, 2 in the spec"]
+    assert rep.iterations[["iteration", "elapsed_ms"]].values.tolist() == [[5, 129.2]]
+    plain = format_report(rep, color=False)
+    assert "MISMATCH n2: WORLD_SIZE is 4" in plain and "iteration 5 : 0.1292 s" in plain
+    assert "==> n1.gpu <==\nno nvidia-smi on n1" in plain
+    coloured = format_report(rep, color=True)
+    assert "\x1b[" in coloured and "\x1b[" not in plain
+
+
+def test_widget_refreshes_while_running_and_stops_at_the_end(tmp_path):
+    job = make_job(tmp_path, State.RUNNING, exit_code=None, logs={"n1.out": node_out(0)})
+    view = widget(job, interval_s=0.05)
+    assert "RUNNING" in view.value
+    job.log_dir.joinpath("n1.out").write_text(node_out(0, extra=ITERATION))
+    job._status = Status(State.COMPLETED, "0:0")
+    view.refresher.join(timeout=5)
+    assert not view.refresher.is_alive()
+    assert "COMPLETED" in view.value and "iteration 5 : 0.1292 s" in view.value
+
+
+def test_runs_are_never_overwritten_and_an_interrupted_run_stays_readable(tmp_path):
+    spec = load_spec({"name": "same name", "model": {"preset": "tiny"}})
+    first, second = RunRecord.create(spec, tmp_path), RunRecord.create(spec, tmp_path)
+    assert first.path != second.path and first.spec == second.spec == spec
+    first.write_script("job.sbatch", "#!/bin/bash\n")
+    with pytest.raises(FileExistsError):
+        first.write_script("job.sbatch", "#!/bin/bash\necho replaced\n")
+    first.attach("slurm", "multinode", ["41"])
+    first.set_status(State.RUNNING)
+    with open(first.path / "events.jsonl", "a") as events:  # the process died mid-write
+        events.write('{"time": "2026-01-01T00:00:00", "state": "COMPL')
+    assert load_run(first.run_id, tmp_path).last_status()["state"] == "RUNNING"
+    assert load_run(first.path).job_info["job_ids"] == ["41"]
+    rows = {r["run_id"]: r for r in RunIndex(tmp_path).rows()}
+    assert rows[first.run_id]["state"] == "RUNNING" and rows[second.run_id]["state"] == "CREATED"
+    (tmp_path / "index.sqlite").unlink()
+    assert RunIndex(tmp_path).rebuild() == 2
+    assert {r["run_id"]: r["state"] for r in RunIndex(tmp_path).rows()} == {first.run_id: "RUNNING",
+                                                                             second.run_id: "CREATED"}
+
+
+def test_finishing_writes_status_cause_and_metrics_once(tmp_path):
+    job = make_job(tmp_path, State.RUNNING, logs={"n1.out": node_out(0, extra=ITERATION),
+                                                   "n1.err": "Traceback (most recent call last):\n"})
+    job._set_status(Status(State.FAILED, "1:0"))
+    status = json.loads((job.record.path / "status.json").read_text())
+    assert status["state"] == "FAILED" and status["cause"].startswith("error output on stderr")
+    metrics = job.record.metrics()
+    assert metrics["iterations"][0]["iteration"] == 5 and metrics["final_lm_loss"] == pytest.approx(6.93632)
+    before = (job.record.path / "metrics.json").stat().st_mtime_ns
+    time.sleep(0.01)
+    job.record.save_metrics(job)
+    assert (job.record.path / "metrics.json").stat().st_mtime_ns == before
