@@ -1,0 +1,138 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %%
+
+# %% [markdown]
+# # Lab 06: Heterogeneous partitioning: plan the layout, then launch it
+#
+# **Objectives.** By the end of this lab you can
+# - search every tensor/pipeline/data split, micro-batch, node order and uneven layer partition of a GPT on a mixed
+#   A100 + A10 cluster (seed 002's FASOP problem) and read the ranked table;
+# - trade time against money over cluster compositions on a Pareto chart;
+# - draw the chosen layout's pipeline schedule;
+# - launch a planned layout on the emulated heterogeneous cluster and compare the measured step with the estimate.
+
+# %% tags=["parameters"]
+backend = "local"           # "slurm" launches on the (local) Slurm's emulated a100 + a10 nodes
+cluster = "a100-a10-hetero"  # 1 node x 4 A100-40GB + 7 nodes x 4 A10, as in seeds 000 and 002
+model = "gpt2-xl"
+global_batch = 64
+max_nodes = 3               # the Pareto sweep: 0..max_nodes nodes of each GPU type (seed 002: 8)
+launch_iterations = 6
+
+# %%
+from labkit.diagrams import show
+from labkit.estimate import estimate
+from labkit.estimate.views import compare_measured
+from labkit.exercises import check_number
+from labkit.jobs import backend_named
+from labkit.lab import REPO_ROOT
+from labkit.logs.derive import steady_state
+from labkit.plan.pareto import sweep
+from labkit.plan.search import search
+from labkit.plan.views import pareto_figure, ranked_table, schedule_figure
+from labkit.spec import load_spec
+
+# %% [markdown]
+# ## 6.1 Search
+#
+# The planner enumerates tensor sizes up to a node's GPUs, the pipeline and data sizes they leave, micro-batches,
+# virtual stages, recompute and the distributed optimizer, and node orders up to symmetry. For each it finds the
+# per-stage layer partition exactly (min-max over stages of different speeds) and prices the step with
+# `labkit.estimate`: configurations that do not fit in memory are marked, not dropped.
+
+# %%
+base = load_spec({"name": f"{model}-on-{cluster}", "model": {"preset": model}, "precision": "fp16",
+                  "batch": {"micro": 1, "global": global_batch}, "cluster": cluster})
+plan = search(base, top=10)
+print(f"{plan.configs_evaluated} layouts estimated ({plan.configs_pruned} ruled out by a lower bound) "
+      f"in {plan.search_seconds:.2f} s")
+ranked_table(plan, top=10)
+
+# %% [markdown]
+# Seed 000 ran `PARTITION="0-11-8-8-8-8-5-0"` (PP 8, DP 4) and measured 1.4 s per step on A10s; FASOP ranked
+# mbs 1, tp 1, dp 2, pp 16 first at about 1.07 s. Compare with the rows above; in the pipelined rows, see how the
+# partition gives each stage a share of layers that matches its GPU's speed and memory.
+#
+# ## 6.2 Time or money: the Pareto front over cluster compositions
+
+# %%
+compositions = sweep(base, "A100-40GB", "A10", max_nodes=max_nodes)
+pareto_figure(compositions).show()
+
+# %%
+compositions[compositions["pareto"]][["cluster", "estimated_s", "price_per_step", "tp", "dp", "pp", "mbs"]]
+
+# %% [markdown]
+# ## 6.3 The chosen layout's pipeline
+#
+# The best layout with a pipeline: each stage's forward and backward for one micro-batch, from the estimator, in
+# 1F1B order.
+# The slowest stage sets the pace, and the ramp at each end is the bubble. (The generic picture, 1F1B next to the
+# interleaved schedule, is below.)
+
+# %%
+pipelined = next(r for r in plan.rows if r.pp > 1 and not r.oom)
+print(f"best pipelined row: tp {pipelined.tp}, dp {pipelined.dp}, pp {pipelined.pp}, mbs {pipelined.mbs}, "
+      f"partition {'-'.join(map(str, pipelined.partition))}, {pipelined.estimated_s:.3f} s/step")
+schedule_figure(pipelined.stage_times_s, [0.0] * (pipelined.pp - 1), global_batch // (pipelined.mbs * pipelined.dp),
+                stage_labels=[f"stage {i} ({g})" for i, g in enumerate(pipelined.spec.stage_gpus)]).show()
+
+# %%
+show("pipeline_schedules")
+
+# %% [markdown]
+# ## 6.4 Launch a planned layout and measure it
+#
+# A real GPT-2 XL needs real GPUs. To see the whole loop here, plan a tiny model on a two-node slice of the same kind
+# of cluster (one A100 node, one A10 node, one process each), take the best two-stage pipeline, and launch it: on the
+# local Slurm's emulated a100 and a10 nodes with `backend = "slurm"`, or as two local processes.
+
+# %%
+tiny = load_spec({"name": "planned-tiny", "model": {"preset": "tiny"}, "batch": {"micro": 1, "global": 8},
+                  "recompute": "none", "train": {"iters": launch_iterations, "log_interval": 1},
+                  "cluster": {"nodes": [{"gpu": "A100-40GB", "count": 1, "gpus_per_node": 1},
+                                        {"gpu": "A10", "count": 1, "gpus_per_node": 1}]}})
+tiny_plan = search(tiny)
+row = next(r for r in tiny_plan.rows if r.pp == 2 and r.virtual_stages == 1 and not r.oom)
+spec = load_spec(row.spec.to_dict())
+print(f"launching partition {spec.partition_string} on {spec.stage_gpus}")
+job = backend_named(backend, runs_dir=REPO_ROOT / "runs").submit(spec)
+state = job.wait(progress=False)
+assert str(state) == "COMPLETED", job.cause()
+
+# %% [markdown]
+# The emulated nodes train on CPU processes, so the comparison that means something here is with the estimate of the
+# same layout on this machine's CPU (its measured profile when `labkit profile` has written one, else the CPU's
+# analytic speed). On a real cluster, compare with `row.estimated_s` directly. A large error here says the CPU has no
+# measured profile yet: run `labkit profile --model tiny` and estimate again.
+
+# %%
+measured = steady_state(job.result().iterations).iteration_ms / 1000
+on_cpu = estimate(spec.replace(cluster={"nodes": [{"gpu": "cpu", "count": 1, "gpus_per_node": 2}]}))
+compare_measured(on_cpu.iteration_time_s, measured)
+
+# %% [markdown]
+# ## Exercise
+#
+# **Exercise 1.** In the ranked table of 6.1, how many pipeline stages does the fastest layout use?
+
+# %%
+answer_1 = ...
+
+# %%
+check_number(answer_1, plan.best.pp, name="Exercise 1 (pipeline stages of the best layout)", rel_tol=0.0)

@@ -1,0 +1,40 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %%
+
+# %% [markdown]
+# # Lab 06 solutions: heterogeneous partitioning
+
+# %%
+from labkit.exercises import check_number
+from labkit.plan.search import search
+from labkit.plan.views import ranked_table
+from labkit.spec import load_spec
+
+base = load_spec({"name": "gpt2-xl-on-a100-a10-hetero", "model": {"preset": "gpt2-xl"}, "precision": "fp16",
+                  "batch": {"micro": 1, "global": 64}, "cluster": "a100-a10-hetero"})
+plan = search(base, top=10)
+
+# %% [markdown]
+# **Exercise 1.** The first row of the ranked table is the fastest layout; its `pp` column.
+
+# %%
+answer_1 = int(ranked_table(plan, top=1)["pp"].iloc[0])
+answer_1
+
+# %%
+check_number(answer_1, plan.best.pp, name="Exercise 1 (pipeline stages of the best layout)", rel_tol=0.0)
