@@ -392,3 +392,27 @@ def test_json_rows_use_null_for_missing_fields(logs):
         assert key in first
     assert first["lm_loss"] is None and first["iteration"] == 10 and first["timestamp"] == "2025-04-13T23:41:12"
     assert out["arguments"]["hidden_size"] == 768 and out["parallel"]["num_micro_batches"] == 16
+
+
+def test_labkit_driver_log():
+    """labkit's own driver (`torchrun --nproc-per-node 2 -m labkit.train ... --mock-data`, CPU): Megatron's format."""
+    p = parse_log(FIXTURES / "labkit-driver-dp2-cpu.log")
+    assert p.iterations["iteration"].tolist() == [3, 6, 9, 12]
+    r = row(p, 3)
+    assert (r["consumed_samples"], r["global_batch_size"], r["train_iters"], r["line"]) == (24, 8, 12, 157)
+    assert r["elapsed_ms"] == pytest.approx(85.9) and r["tflops_per_gpu"] == 0.0 and r["lr"] == pytest.approx(7.5e-4)
+    assert r["lm_loss"] == pytest.approx(6.220268) and r["grad_norm"] == pytest.approx(1.020) and r["loss_scale"] == 1.0
+    assert row(p, 12)["lm_loss"] == pytest.approx(5.939541) and row(p, 12)["elapsed_ms"] == pytest.approx(42.4)
+    m = p.memory.iloc[0]
+    assert (m["rank"], m["iteration"], m["allocated_mb"]) == (0, 3, 430.78125)
+    assert m["measured_as"] == "cpu process resident memory"
+    t = p.timers[p.timers["iteration"] == 6].set_index("phase")
+    assert (t.loc["forward-compute", "min_ms"], t.loc["forward-compute", "max_ms"]) == (12.46, 13.35)
+    assert t.loc["evaluate", "max_ms"] == 17.62  # printed after iteration 6's validation
+    v = p.validation.set_index("iteration")
+    assert v.loc[6, "lm_loss"] == pytest.approx(5.992454) and v.loc[12, "lm_ppl"] == pytest.approx(367.4417)
+    assert {k: p.parallel[k] for k in ("world_size", "data", "tensor", "pipeline", "num_micro_batches")} == \
+        {"world_size": 2, "data": 2, "tensor": 1, "pipeline": 1, "num_micro_batches": 2}
+    assert p.parallel["parameters_per_rank"] == {"0,0": 136960}
+    assert (p.arguments["num_layers"], p.arguments["hidden_size"], p.arguments["seq_length"]) == (2, 64, 64)
+    assert p.arguments["log_throughput"] is True and p.arguments["padded_vocab_size"] == 512
