@@ -157,3 +157,34 @@ def test_finishing_writes_status_cause_and_metrics_once(tmp_path):
     time.sleep(0.01)
     job.record.save_metrics(job)
     assert (job.record.path / "metrics.json").stat().st_mtime_ns == before
+
+
+def labkit(*args, cwd=None):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "labkit", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_cli_dry_run_prints_the_script_and_submits_nothing(tmp_path):
+    from pathlib import Path
+    spec = Path(__file__).resolve().parent.parent / "examples" / "gpt2-xl-hetero.yaml"
+    done = labkit("run", str(spec), "--backend", "slurm", "--dry-run", "--runs-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "#SBATCH hetjob" in done.stdout and "#SBATCH --gres=gpu:a100:4" in done.stdout
+    assert not (tmp_path / "index.sqlite").exists()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(spec.read_text() + "job: {time_limit: soon}\n")
+    refused = labkit("run", str(bad), "--backend", "slurm", "--dry-run")
+    assert refused.returncode == 2 and "job.time_limit: 'soon' is not a Slurm time limit" in refused.stderr
+
+
+def test_cli_status_json_reads_a_finished_run(tmp_path):
+    job = make_job(tmp_path, State.RUNNING, logs={"n1.out": node_out(0, extra=ITERATION)})
+    job.record.attach("local", "local", job.job_ids)
+    (job.log_dir / "state").write_text("COMPLETED 0\n")
+    done = labkit("status", job.record.run_id, "--json", "--runs-dir", str(tmp_path / "runs"))
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    assert status["state"] == "COMPLETED" and status["iterations"][0]["iteration"] == 5
+    listing = labkit("runs", "--runs-dir", str(tmp_path / "runs"))
+    assert job.record.run_id in listing.stdout and "COMPLETED" in listing.stdout
