@@ -50,6 +50,7 @@ def _gpu_trace() -> dict:
         _op("c10d::allreduce_", 1050, 50, **{"Input Dims": [[[1000000]]]}),
         _op("record_param_comms", 1055, 40, **{"Process Group Name": "9", "Process Group Ranks": "[1, 3]"}),
         *_launch(1060, 4, NCCL_ALL_REDUCE, 1100, 400),
+        _op("autograd::engine::evaluate_function: MmBackward0", 1250, 100),  # step 6's backward pass begins
         _op("aten::mm", 1450, 30), *_launch(1455, 5, SGEMM, 1500, 300),
         # named by the trace's process-group table (pg 5 is Megatron's data-parallel group); no kernel of its own
         _op("c10d::broadcast_", 1600, 10, **{"Input Dims": [[[16]]]}),
@@ -113,8 +114,10 @@ def test_gpu_memory_curve_uses_device_memory(gpu):
     assert curve["allocated_mb"].tolist() == [100, 300, 150, 350, 120]
     assert curve["step"].tolist() == [5, 5, 5, 6, 6]
     per_step = tr.memory_per_step(gpu)
-    assert per_step.to_dict("list") == {"step": [5, 6], "start_mb": [100, 150], "peak_mb": [300, 350],
-                                        "growth_mb": [200, 200]}
+    assert per_step[["step", "start_mb", "peak_mb", "growth_mb"]].to_dict("list") == {
+        "step": [5, 6], "start_mb": [100, 150], "peak_mb": [300, 350], "growth_mb": [200, 200]}
+    # step 6's backward pass starts at 1250 µs, when 350 MB are allocated: 200 MB more than at its start
+    assert per_step["saved_mb"].isna().tolist() == [True, False] and per_step["saved_mb"].iloc[1] == 200
 
 
 def test_cpu_fallback_steps_from_optimizer_steps(tmp_path):

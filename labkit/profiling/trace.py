@@ -89,6 +89,8 @@ class Trace:
     process_groups: list[dict]
     events: pd.DataFrame = field(repr=False)
     memory_events: pd.DataFrame = field(repr=False)
+    frames: pd.DataFrame = field(repr=False)  # Python frames (with_stack=True): tid, ts, end, name
+    cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def device(self) -> str:
@@ -135,16 +137,20 @@ def load_trace(path) -> Trace:
     if not isinstance(raw, dict) or "traceEvents" not in raw:
         raise ValueError(f"{path}: not a Chrome trace (no 'traceEvents'); pass a torch.profiler trace JSON")
     info = raw.get("distributedInfo") or {}
-    complete, memory = [], []
+    complete, memory, frames = [], [], []
     for e in raw["traceEvents"]:
         ph = e.get("ph")
-        if ph == "X" and "dur" in e and e.get("cat") != "python_function":  # Python frames (with_stack) go unused
-            complete.append(e)
+        if ph == "X" and "dur" in e:
+            (frames if e.get("cat") == "python_function" else complete).append(e)
         elif ph == "i" and e.get("name") == "[memory]":
             memory.append(e)
     return Trace(path=path, rank=int(info.get("rank", 0)), world_size=int(info.get("world_size", 1)),
                  backend=info.get("backend"), process_groups=list(info.get("pg_config") or []),
-                 events=_events_frame(complete), memory_events=_memory_frame(memory))
+                 events=_events_frame(complete), memory_events=_memory_frame(memory),
+                 frames=pd.DataFrame({"tid": [str(e.get("tid")) for e in frames],
+                                      "ts": np.array([float(e["ts"]) for e in frames]),
+                                      "end": np.array([float(e["ts"]) + float(e["dur"]) for e in frames]),
+                                      "name": [e.get("name", "") for e in frames]}))
 
 
 def find_traces(path) -> list[Path]:
@@ -231,21 +237,23 @@ def tensor_core_share(trace: Trace) -> float | None:
 
 
 def communication(traces: Trace | Sequence[Trace], tensor: int = 1, pipeline: int = 1) -> pd.DataFrame:
-    """Communication per rank, collective and parallel group: calls, time_ms (activity time), elements.
+    """Communication per rank, collective and parallel group: calls, time_ms (time data moved), elements.
 
-    The group comes from the process-group record of each call where the trace has one (NCCL: `record_param_comms`
-    with Megatron's group descriptions); otherwise from the run's layout (`tensor`, `pipeline`; data parallel is the
-    rest of the world): point-to-point is pp, a collective is the only one of tp/dp wider than 1, and with both wider
-    than 1 a collective on a flat (1-D) buffer is dp (Megatron's gradient buckets) and on an activation (2-D or more)
-    is tp.
+    Each call's group is read, most reliable first, from: its process-group record (NCCL writes `record_param_comms`
+    with Megatron's group description, or a group found in the trace's process-group table); the Megatron code that
+    made the call (its Python frames, when the profiler ran with_stack=True as the driver does: tensor_parallel ->
+    tp, p2p_communication -> pp, the gradient buffers -> dp, embedding-gradient sync -> embedding, gradient norm ->
+    model, timers -> world); the record's ranks against the run's layout; else the layout alone (`tensor`,
+    `pipeline`; data parallel is the rest of the world): point-to-point is pp, a collective is the only one of tp/dp
+    wider than 1, and with both wider than 1 a collective on a flat (1-D) buffer is dp and on an activation is tp.
+    The time comes from where the data moves (NCCL kernels, gloo's worker threads), matched back to its call.
     """
     rows = []
     for t in _as_list(traces):
-        comm = _comm_activity(t, tensor, pipeline)
-        calls = _comm_calls(t, tensor, pipeline)
-        keys = sorted(set(zip(comm["collective"], comm["group"])) | set(zip(calls["collective"], calls["group"])))
+        calls, activity = _communication(t, tensor, pipeline)
+        keys = sorted(set(zip(activity["collective"], activity["group"])) | set(zip(calls["collective"], calls["group"])))
         for collective, group in keys:
-            a = comm[(comm["collective"] == collective) & (comm["group"] == group)]
+            a = activity[(activity["collective"] == collective) & (activity["group"] == group)]
             c = calls[(calls["collective"] == collective) & (calls["group"] == group)]
             rows.append({"rank": t.rank, "collective": collective, "group": group, "calls": len(c),
                          "time_ms": _union_length(a["ts"], a["ts"] + a["dur"]) / 1e3,
@@ -256,7 +264,7 @@ def communication(traces: Trace | Sequence[Trace], tensor: int = 1, pipeline: in
 def communication_calls(trace: Trace, tensor: int = 1, pipeline: int = 1) -> pd.DataFrame:
     """One row per communication call on a rank: operator, collective, group, elements (of its first tensor),
     start_ms (from the first profiled step) and dispatch_ms (time in the call itself, not the transfer)."""
-    calls = _comm_calls(trace, tensor, pipeline)
+    calls, _ = _communication(trace, tensor, pipeline)
     return pd.DataFrame({"rank": trace.rank, "operator": calls["name"], "collective": calls["collective"],
                          "group": calls["group"], "elements": calls["elements"],
                          "start_ms": (calls["ts"] - trace.window[0]) / 1e3, "dispatch_ms": calls["dur"] / 1e3},
@@ -284,7 +292,7 @@ def compute_communication(traces: Trace | Sequence[Trace]) -> pd.DataFrame:
     for t in _as_list(traces):
         lo, hi = t.window
         compute = _clip(_merge(*_compute_intervals(t)), lo, hi)
-        comm_ev = _comm_activity(t)
+        _, comm_ev = _communication(t, 1, 1)
         comm = _clip(_merge(comm_ev["ts"].to_numpy(), (comm_ev["ts"] + comm_ev["dur"]).to_numpy()), lo, hi)
         span = hi - lo
         both = _intersection_length(compute, comm)
@@ -318,16 +326,22 @@ def memory_curve(trace: Trace) -> pd.DataFrame:
 
 
 def memory_per_step(trace: Trace) -> pd.DataFrame:
-    """Per profiled step: allocated at its start, peak allocated, and the growth during it (MB).
+    """Per profiled step (MB): allocated at its start, peak, growth (peak - start) and saved (allocated when the
+    first backward pass begins - start).
 
-    The growth is what a step holds at once beyond what it started with: saved activations and temporaries, the number
-    activation checkpointing lowers.
+    Growth is what a step holds at once beyond what it started with; saved is what the forward pass kept for the
+    backward pass (activations, for the step's first micro-batch). Activation checkpointing lowers both.
     """
     curve = memory_curve(trace)
+    ev = trace.events
+    backward = np.sort(ev.loc[(ev["cat"] == "cpu_op") & ev["name"].str.startswith("autograd::engine::evaluate_function"),
+                              "ts"].to_numpy())
+    origin = trace.step_windows["start"].min() if len(trace.step_windows) else 0.0
     rows = []
-    for _, s in steps(trace).iterrows():
-        before = curve[curve["time_ms"] < s["start_ms"]]
-        inside = curve[curve["step"] == s["step"]]
+    for s in trace.step_windows.itertuples():
+        start_ms = (s.start - origin) / 1e3
+        before = curve[curve["time_ms"] < start_ms]
+        inside = curve[curve["step"] == s.step]
         if len(before):
             at_start = float(before["allocated_mb"].iloc[-1])
         elif len(inside):  # nothing sampled before the first step: its first sample is the level it starts from
@@ -335,8 +349,14 @@ def memory_per_step(trace: Trace) -> pd.DataFrame:
         else:
             continue
         peak = float(inside["allocated_mb"].max()) if len(inside) else at_start
-        rows.append({"step": int(s["step"]), "start_mb": at_start, "peak_mb": peak, "growth_mb": peak - at_start})
-    return pd.DataFrame(rows, columns=["step", "start_mb", "peak_mb", "growth_mb"])
+        first_backward = backward[(backward >= s.start) & (backward <= s.end)][:1]
+        saved = None
+        if len(first_backward):
+            upto = curve[curve["time_ms"] <= (first_backward[0] - origin) / 1e3]
+            saved = float(upto["allocated_mb"].iloc[-1]) - at_start if len(upto) else None
+        rows.append({"step": int(s.step), "start_mb": at_start, "peak_mb": peak, "growth_mb": peak - at_start,
+                     "saved_mb": saved})
+    return pd.DataFrame(rows, columns=["step", "start_mb", "peak_mb", "growth_mb", "saved_mb"])
 
 
 # torch.profiler._memory_profiler's category order (its `_CATEGORY_TO_INDEX`, None last); a test pins it to torch's.
@@ -393,6 +413,7 @@ def summary(traces: Trace | Sequence[Trace], tensor: int = 1, pipeline: int = 1,
             "communication_ms_by_group": {r.group: round(float(r.time_ms), 3)
                                           for r in groups[groups["rank"] == t.rank].itertuples()},
             "peak_memory_growth_mb": round(float(mem["growth_mb"].max()), 3) if len(mem) else None,
+            "saved_for_backward_mb": round(float(mem["saved_mb"].max()), 3) if mem["saved_mb"].notna().any() else None,
             "top_operators": operators(t).head(top)[["operator", "category", "calls", "self_ms"]]
             .round({"self_ms": 3}).to_dict("records"),
         })
@@ -505,90 +526,123 @@ def _is_comm_activity(ev: pd.DataFrame) -> pd.Series:
         ((ev["cat"] == "user_annotation") & ev["name"].str.startswith("gloo:"))
 
 
-def _comm_activity(trace: Trace, tensor: int = 1, pipeline: int = 1) -> pd.DataFrame:
-    ev = trace.events
-    act = ev[_is_comm_activity(ev)]
-    if act.empty:  # no worker-side events: the dispatching ops are all there is
-        act = ev[(ev["cat"] == "cpu_op") & ev["name"].str.startswith("c10d::")]
-    act = act.assign(collective=act["name"].map(collective_of)).dropna(subset=["collective"])
-    return act.assign(group=_groups(trace, act, tensor, pipeline))
+# Megatron-core code that makes a call, by the Python frame that names it (innermost first), to its parallel group.
+_CALLER_GROUPS = [
+    ("embedding", r"finalize_model_grads\.py\(\d+\): _allreduce_(embedding_grad|word_embedding_grads|"
+                  r"position_embedding_grads)$"),
+    ("pp", r"finalize_model_grads\.py\(\d+\): _allreduce_conditional_embedding_grads$"),
+    ("tp", r"finalize_model_grads\.py\(\d+\): _allreduce_non_tensor_model_parallel_grads$"),
+    ("tp", r"megatron/core/tensor_parallel/"),
+    ("pp", r"megatron/core/pipeline_parallel/p2p_communication\.py"),
+    ("dp", r"megatron/core/distributed/|megatron/core/optimizer/distrib_optimizer\.py"),
+    ("model", r"megatron/core/optimizer/"),
+    ("world", r"megatron/core/timers\.py"),
+]
 
 
-def _comm_calls(trace: Trace, tensor: int, pipeline: int) -> pd.DataFrame:
+def _communication(trace: Trace, tensor: int, pipeline: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(calls, activity) of a trace: the c10d calls with collective, elements and group, and the events during which
+    data moves (NCCL kernels, gloo's work; the calls themselves when there are none) with the group of their call."""
+    key = ("communication", tensor, pipeline)
+    if key in trace.cache:
+        return trace.cache[key]
     ev = trace.events
     calls = ev[(ev["cat"] == "cpu_op") & ev["name"].str.startswith("c10d::")]
-    calls = calls.assign(collective=calls["name"].map(collective_of)).dropna(subset=["collective"])
-    calls = calls.assign(elements=[_numel(_first_shape(a.get("Input Dims"))) for a in calls["args"]])
-    return calls.assign(group=_groups(trace, calls, tensor, pipeline))
+    calls = calls.assign(collective=calls["name"].map(collective_of)).dropna(subset=["collective"]).sort_values("ts")
+    shapes = [_first_shape(a.get("Input Dims")) for a in calls["args"]]
+    calls = calls.assign(shape=[tuple(sh) if sh else None for sh in shapes], elements=[_numel(sh) for sh in shapes])
+    records = ev[ev["name"] == "record_param_comms"]
+    calls = calls.assign(group=[_call_group(trace, row, records, tensor, pipeline) for row in calls.itertuples()])
+    activity = ev[_is_comm_activity(ev)]
+    if activity.empty:
+        activity = calls
+    else:
+        activity = activity.assign(collective=activity["name"].map(collective_of)).dropna(subset=["collective"])
+        activity = activity.sort_values("ts")
+        activity = activity.assign(group=_activity_groups(trace, activity, calls, tensor, pipeline))
+    trace.cache[key] = calls, activity
+    return calls, activity
 
 
-def _groups(trace: Trace, comm: pd.DataFrame, tensor: int, pipeline: int) -> list[str]:
-    records = _ParamCommsRecords(trace)
-    data = max(1, trace.world_size // max(1, tensor * pipeline))
-    groups = []
-    for row in comm.itertuples():
-        record = records.describing(row)
-        if record is not None:
-            groups.append(_group_of_record(trace, record, tensor, pipeline))
-        elif row.collective == "send_recv":
-            groups.append("pp")
-        elif tensor > 1 and data > 1:
-            shape = _first_shape(row.args.get("Input Dims"))
-            groups.append("tp" if shape is not None and len(shape) >= 2 else "dp")
-        elif tensor > 1:
-            groups.append("tp")
-        elif data > 1:
-            groups.append("dp")
-        elif pipeline > 1:
-            groups.append("pp")
-        else:
-            groups.append("unknown")
-    return groups
-
-
-class _ParamCommsRecords:
-    """The `record_param_comms` events of a trace (NCCL writes one per call, with its process group)."""
-
-    def __init__(self, trace: Trace):
-        ev = trace.events
-        self.records = ev[ev["name"] == "record_param_comms"]
-        self.launches: dict = {}
-        if len(self.records):
-            runtime = ev[ev["cat"] == "cuda_runtime"]
-            self.launches = {a.get("correlation"): (ts, tid)
-                             for a, ts, tid in zip(runtime["args"], runtime["ts"], runtime["tid"])}
-
-    def describing(self, row) -> dict | None:
-        """The record of a communication event: for a dispatching op, the record inside it; for an NCCL kernel, the
-        record enclosing the runtime call that launched it (matched by correlation id)."""
-        r = self.records
-        if r.empty:
-            return None
-        if row.cat == "kernel":
-            launch = self.launches.get(row.args.get("correlation"))
-            if launch is None:
-                return None
-            ts, tid = launch
-            inside = r[(r["tid"] == tid) & (r["ts"] <= ts) & (r["ts"] + r["dur"] >= ts)]
-        else:
-            end = row.ts + row.dur
-            inside = r[(r["tid"] == row.tid) & (r["ts"] >= row.ts) & (r["ts"] <= end)]
-        return inside["args"].iloc[-1] if len(inside) else None
-
-
-def _group_of_record(trace: Trace, record: dict, tensor: int, pipeline: int) -> str:
-    description = record.get("Process Group Description")
-    name = record.get("Process Group Name")
-    if not description:
-        description = next((pg.get("pg_desc") for pg in trace.process_groups if str(pg.get("pg_name")) == str(name)),
-                           None)
-    group = group_of_description(description)
+def _call_group(trace: Trace, call, records: pd.DataFrame, tensor: int, pipeline: int) -> str:
+    inside = records[(records["tid"] == call.tid) & (records["ts"] >= call.ts) & (records["ts"] <= call.ts + call.dur)]
+    record = inside["args"].iloc[-1] if len(inside) else None
+    if record is not None:
+        group = group_of_description(_record_description(trace, record))
+        if group:
+            return group
+    group = _caller_group(trace, call)
     if group:
         return group
-    ranks = record.get("Process Group Ranks")
-    if isinstance(ranks, str):
-        ranks = [int(r) for r in re.findall(r"\d+", ranks)]
-    return _group_of_ranks(trace.rank, trace.world_size, ranks, tensor, pipeline) if ranks else "unknown"
+    if record is not None:
+        ranks = record.get("Process Group Ranks")
+        if isinstance(ranks, str):
+            ranks = [int(r) for r in re.findall(r"\d+", ranks)]
+        return _group_of_ranks(trace.rank, trace.world_size, ranks, tensor, pipeline) if ranks else "unknown"
+    return _group_of_layout(trace, call.collective, call.shape, tensor, pipeline)
+
+
+def _record_description(trace: Trace, record: dict) -> str | None:
+    name = record.get("Process Group Name")
+    return record.get("Process Group Description") or next(
+        (pg.get("pg_desc") for pg in trace.process_groups if str(pg.get("pg_name")) == str(name)), None)
+
+
+def _caller_group(trace: Trace, call) -> str | None:
+    f = trace.frames
+    if f.empty:
+        return None
+    around = f[(f["tid"] == call.tid) & (f["ts"] <= call.ts) & (f["end"] >= call.ts + call.dur)]
+    for name in around.sort_values("ts", ascending=False)["name"]:
+        for group, pattern in _CALLER_GROUPS:
+            if re.search(pattern, name):
+                return group
+    return None
+
+
+def _group_of_layout(trace: Trace, collective: str, shape, tensor: int, pipeline: int) -> str:
+    data = max(1, trace.world_size // max(1, tensor * pipeline))
+    if collective == "send_recv":
+        return "pp"
+    if tensor > 1 and data > 1:
+        return "tp" if shape is not None and len(shape) >= 2 else "dp"
+    if tensor > 1:
+        return "tp"
+    if data > 1:
+        return "dp"
+    return "pp" if pipeline > 1 else "unknown"
+
+
+def _activity_groups(trace: Trace, activity: pd.DataFrame, calls: pd.DataFrame, tensor: int,
+                     pipeline: int) -> list[str]:
+    """The group of each activity event, through the call it serves: for an NCCL kernel, the call around the runtime
+    launch with the same correlation id; for gloo work inside a call (send/recv), that call; for gloo work on a worker
+    thread, the earliest earlier call of the same collective (and shape, where known) not matched yet, as gloo runs
+    each group's work in order."""
+    runtime = trace.events[trace.events["cat"].isin(["cuda_runtime", "cuda_driver"])]
+    launches = {a.get("correlation"): (ts, tid) for a, ts, tid in zip(runtime["args"], runtime["ts"], runtime["tid"])}
+    ends = calls["ts"] + calls["dur"]
+    matched: set = set()
+    groups = []
+    for row in activity.itertuples():
+        if row.cat == "kernel":
+            ts, tid = launches.get(row.args.get("correlation"), (None, None))
+            around = calls[(calls["tid"] == tid) & (calls["ts"] <= ts) & (ends >= ts)] if ts is not None else calls[:0]
+        else:
+            around = calls[(calls["tid"] == row.tid) & (calls["ts"] <= row.ts) & (ends >= row.ts + row.dur)]
+        if around.empty and row.cat != "kernel":
+            earlier = calls[(calls["collective"] == row.collective) & (calls["ts"] <= row.ts)
+                            & ~calls.index.isin(matched)]
+            shape = _first_shape(row.args.get("Input Dims"))
+            same_shape = earlier[earlier["shape"].map(lambda s: s == tuple(shape))] if shape else earlier[:0]
+            around = (same_shape if len(same_shape) else earlier)[:1]
+        if len(around):
+            matched.add(around.index[-1])
+            groups.append(around["group"].iloc[-1])
+        else:
+            shape = _first_shape(row.args.get("Input Dims"))
+            groups.append(_group_of_layout(trace, row.collective, shape, tensor, pipeline))
+    return groups
 
 
 def _group_of_ranks(rank: int, world: int, ranks: Iterable[int], tensor: int, pipeline: int) -> str:

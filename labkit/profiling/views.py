@@ -97,7 +97,8 @@ def memory_timeline_figure(path) -> go.Figure:
 
 
 def comparison_table(runs) -> pd.DataFrame:
-    """One row per run: step time, category shares, tensor-core share, communication share and memory peak growth."""
+    """One row per run: step time, category shares, tensor-core share, communication share, memory peak growth and
+    memory saved for the backward pass."""
     rows = []
     for label, t in _runs(runs).items():
         st, parts, mem = tr.steps(t), tr.breakdown(t).set_index("category")["share"], tr.memory_per_step(t)
@@ -106,7 +107,8 @@ def comparison_table(runs) -> pd.DataFrame:
                      **{f"{c}_share": parts[c] for c in ("matmul", "attention", "elementwise")},
                      "tensor_core_share": tr.tensor_core_share(t),
                      "communication_share": split["communication_share"] + split["overlapping_share"],
-                     "peak_growth_mb": mem["growth_mb"].max() if len(mem) else None})
+                     "peak_growth_mb": mem["growth_mb"].max() if len(mem) else None,
+                     "saved_mb": mem["saved_mb"].max() if mem["saved_mb"].notna().any() else None})
     return pd.DataFrame(rows)
 
 
