@@ -447,7 +447,7 @@ def _iterations(s: _Scan):
         start = s.line_start(m.start())
         prefix = buf[start:m.start()]
         rest = m.group(3)
-        nemo = _NEMO_PREFIX.search(prefix)
+        nemo = _NEMO_PREFIX.search(prefix) if b"Training epoch" in prefix else None
         if nemo is None and not rest.rstrip().endswith(b"|"):
             # Megatron's interval line always ends with '|': this one was cut off or broken by another rank's output.
             partial.append((s.line_no(start), _text(buf[start:s.line_end(start)])))
@@ -462,7 +462,8 @@ def _iterations(s: _Scan):
         else:
             epoch.append(None)
         fields = [f.partition(b":") for f in rest.split(b"|")]
-        if all(sep or not key.strip() for key, sep, _ in fields):
+        # Every field `key: value` (one colon per '|') is the common case; check field by field otherwise.
+        if rest.count(b":") == len(fields) - 1 or all(sep or not key.strip() for key, sep, _ in fields):
             cols.add_fields(fields, _field)
         else:
             _odd_fields(s, cols, rest)
@@ -630,24 +631,33 @@ def _timers(s: _Scan, iteration_pos) -> pd.DataFrame:
             _timer_block_rest(s, s.line_end(m.end()), prefix, style, it, origin, rows)
     names = ["iteration", "phase", "ms", "min_ms", "max_ms", "style", "node", "task", "rank", "local_rank", "line"]
     data = {name: [r[i] for r in rows] for i, name in enumerate(names)}
-    if minmax_headers:
-        _minmax_entries(s, minmax_headers, data)
-    n = len(data["phase"])
     for name in ("ms", "min_ms", "max_ms"):
-        data[name] = _floats(data[name]) if n else []
+        data[name] = _floats(data[name]) if rows else np.empty(0)
+    if minmax_headers:
+        minmax = {name: [] for name in names if name not in ("ms", "min_ms", "max_ms")}
+        lo, hi = _minmax_entries(s, minmax_headers, minmax)
+        for name, values in minmax.items():
+            data[name].extend(values)
+        lo, hi = _floats(lo), _floats(hi)
+        data["ms"] = np.concatenate([data["ms"], hi])
+        data["min_ms"] = np.concatenate([data["min_ms"], lo])
+        data["max_ms"] = np.concatenate([data["max_ms"], hi])
+    n = len(data["phase"])
     data["line"] = s.line_nos(data["line"])
     data["source"] = [s.source] * n
     return _frame(data, n, TIMER_COLUMNS).sort_values("line", kind="stable", ignore_index=True)
 
 
-def _minmax_entries(s: _Scan, headers: dict[bytes, list[tuple]], data: dict[str, list]) -> None:
-    """Entries `    name ......: (min, max)` of every `(min, max) time across ranks` block, added to `data`'s columns.
+def _minmax_entries(s: _Scan, headers: dict[bytes, list[tuple]], data: dict[str, list]) -> tuple[list, list]:
+    """Entries `    name ......: (min, max)` of every `(min, max) time across ranks` block: their other columns are
+    added to `data`, their (min, max) times returned as raw bytes.
 
     A block's entries are the lines with the header's launcher prefix between it and that prefix's next header, so
     blocks of several ranks interleaved line by line are still told apart. Each entry's `line` is its header's.
     """
     buf = s.buf
     names: dict[bytes, str] = {}
+    lows, highs = [], []
     for prefix, blocks in headers.items():
         entry = _minmax_entry_pattern(prefix)
         for k, (start, it, origin) in enumerate(blocks):
@@ -661,12 +671,12 @@ def _minmax_entries(s: _Scan, headers: dict[bytes, list[tuple]], data: dict[str,
                     names[raw] = _text(raw).strip()
             count = len(found)
             data["phase"].extend([names[raw] for raw in raw_names])
-            data["ms"].extend(hi)
-            data["min_ms"].extend(lo)
-            data["max_ms"].extend(hi)
+            lows.extend(lo)
+            highs.extend(hi)
             for column, value in (("iteration", it), ("style", "minmax"), ("node", origin[0]), ("task", origin[1]),
                                   ("rank", origin[2]), ("local_rank", origin[3]), ("line", start)):
                 data[column].extend([value] * count)
+    return lows, highs
 
 
 _MAX_BLOCK_BYTES = 1 << 18
