@@ -144,6 +144,8 @@ class SlurmBackend:
         wanted = {i for job in jobs for i in job.job_ids}
         units: dict[str, list[Status]] = {}
         queue = _run(["squeue", "-h", "-t", "all", "-o", "%i|%T|%r", "-j", ",".join(sorted(wanted))], check=False)
+        if queue.returncode != 0 and "Invalid job id" not in queue.stderr:
+            return  # the controller did not answer (busy, restarting): keep the states we know
         for line in queue.stdout.splitlines():
             slurm_id, _, rest = line.partition("|")
             state, _, reason = rest.partition("|")
@@ -155,8 +157,8 @@ class SlurmBackend:
                 units[key] = statuses
         for job in jobs:
             statuses = [s for i in job.job_ids for s in units.get(i, [])]
-            if statuses:
-                job._set_status(combine(statuses))
+            job._set_status(combine(statuses) if statuses else
+                            Status(State.UNKNOWN, reason="unknown to squeue, scontrol and the job completion log"))
 
     def _final_statuses(self, ids: set[str]) -> dict[str, list[Status]]:
         found: dict[str, list[Status]] = {}
