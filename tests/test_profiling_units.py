@@ -161,6 +161,7 @@ def test_collective_names(name, collective):
     ("aten::_scaled_dot_product_flash_attention", "attention"), ("aten::gelu_backward", "elementwise"),
     ("aten::_to_copy", "elementwise"), ("aten::_foreach_mul_", "elementwise"), ("aten::native_layer_norm", "normalization"),
     ("c10d::allreduce_", "communication"), ("aten::embedding", "other"), ("aten::as_strided", "other"),
+    ("aten::_log_softmax", "other"), ("aten::_log_softmax_backward_data", "other"),
 ])
 def test_operator_categories(name, category):
     assert tr.operator_category(name) == category

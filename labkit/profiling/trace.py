@@ -26,13 +26,11 @@ import numpy as np
 import pandas as pd
 
 CATEGORIES = ("matmul", "attention", "elementwise", "normalization", "communication", "memory", "other")
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv", "reduce",
-               "barrier")
 GROUPS = ("tp", "dp", "pp", "cp", "ep", "embedding", "model", "world", "unknown")
 
 # Operator names (aten without the namespace, trailing "_" and "_backward"/"Backward0" removed) by category.
 _OPERATOR_CATEGORIES = [
-    ("attention", r"scaled_dot_product|flash_attention|efficient_attention|cudnn_attention|softmax|attention"),
+    ("attention", r"scaled_dot_product|flash_attention|efficient_attention|cudnn_attention|(?<!log_)softmax|attention"),
     ("matmul", r"^(mm|addmm|bmm|baddbmm|addbmm|matmul|linear|mv|dot|einsum|_scaled_mm|_addmm_activation|"
                r"_int_mm|_grouped_mm|addmv|LinearWithGradAccumulationAndAsyncCommunication)$"),
     ("normalization", r"layer_norm|rms_norm|group_norm|batch_norm|instance_norm"),
@@ -40,7 +38,7 @@ _OPERATOR_CATEGORIES = [
                     r"threshold|clamp|clamp_min|clamp_max|where|masked_fill|dropout|native_dropout|bernoulli|copy|"
                     r"_to_copy|to|fill|zero|zeros_like|ones_like|lerp|addcmul|addcdiv|maximum|minimum|reciprocal|"
                     r"square|erf|cos|sin|_fused_dropout|fused_dropout|clone|sign|eq|ne|lt|gt|le|ge|logical_\w+|"
-                    r"bitwise_\w+|hardtanh|leaky_relu|_log_softmax_backward_data|nan_to_num|isinf|isnan|"
+                    r"bitwise_\w+|hardtanh|leaky_relu|nan_to_num|isinf|isnan|"
                     r"_amp_foreach_non_finite_check_and_unscale|_amp_update_scale)$"),
 ]
 # Kernel names by category (GPU traces).
