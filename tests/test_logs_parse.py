@@ -69,7 +69,8 @@ def test_srun_labels_bert_and_skipped_with_loss(logs):
     #  learning rate: 5.670E-05 | global batch size: 2048 | lm loss: 9.483988E+00 | sop loss: 5.839754E-01 |
     #  loss scale: 16384.0 | grad norm: 2.940 | number of skipped iterations: 19 | number of nan iterations: 0 |"
     r = row(p, 100)
-    assert (r["consumed_samples"], r["global_batch_size"], r["skipped"], r["nan"], r["task"]) == (204800, 2048, 19, 0, 3)
+    assert (r["consumed_samples"], r["global_batch_size"], r["skipped"], r["nan"], r["task"]) == \
+        (204800, 2048, 19, 0, 3)
     assert r["elapsed_ms"] == pytest.approx(1456.7) and r["lr"] == pytest.approx(5.670e-5)
     assert r["lm_loss"] == pytest.approx(9.483988) and r["sop_loss"] == pytest.approx(0.5839754)
     assert r["grad_norm"] == pytest.approx(2.940)
@@ -323,10 +324,12 @@ def test_restart_keeps_the_rerun():
 
 
 def test_broken_line_from_interleaving_is_reported():
-    broken = line(20)[:60] + line(30)
+    broken = line(20)[:60] + line(30, loss=3.0)
     p = parse_text(line(10) + "\n" + broken + "\n" + line(40) + "\n")
-    # the spliced line still ends like a full line: its first record is cut, the second is read
-    assert 10 in p.iterations["iteration"].tolist() and 40 in p.iterations["iteration"].tolist()
+    # the spliced line ends like a full line, but its first record is cut: reported; the second is read
+    assert p.iterations["iteration"].tolist() == [10, 30, 40]
+    assert row(p, 30)["lm_loss"] == 3.0 and row(p, 30)["line"] == 2
+    assert p.partial_lines["line"].tolist() == [2]
     cut = parse_text(line(10) + "\n" + line(20)[:80] + "\n" + line(30) + "\n")
     assert cut.iterations["iteration"].tolist() == [10, 30] and cut.partial_lines["line"].tolist() == [2]
 

@@ -5,9 +5,11 @@ returns a `ParsedLog`. It understands, in any mix:
 
 - Megatron-LM interval lines of every era: 2020's colon-less `lm loss 5.0E+00 |`, the `key: value |` style,
   `[YYYY-MM-DD HH:MM:SS]` prefixes, `throughput per GPU (TFLOP/s/GPU)`, `consumed tokens`, `skipped samples`;
-- Megatron-DeepSpeed (`TFLOPs:`, elapsed time in seconds, `key=value` forks) and NeMo 2 `Training epoch E, iteration i/n`;
+- Megatron-DeepSpeed (`TFLOPs:`, elapsed time in seconds, `key=value` forks) and NeMo 2
+  (`Training epoch E, iteration i/n`);
 - launcher prefixes: `srun -l` labels (`3: `), pdsh hosts (`host: `), torchrun `[default3]:`, torch `[rank3]:`,
-  quoted `> ` lines, logger prefixes; ANSI colour codes; carriage-return progress lines; `tail`'s `==> file <==` headers;
+  quoted `> ` lines, logger prefixes; ANSI colour codes; carriage-return progress lines; `tail`'s `==> file <==`
+  headers;
 - memory reports, timers (one-line `time (ms) |` and the `(min, max)`, `max` and per-rank `times across ranks`
   blocks), the arguments block, parallel sizes, validation losses, and errors/warnings with their line numbers.
 
@@ -28,7 +30,6 @@ import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import pandas as pd
@@ -45,7 +46,8 @@ _ARGS_NEW = re.compile(rb" arguments -{4}")
 _ARGS_OLD = re.compile(rb"\narguments:[ \t]*(?=\n)")
 _WORLD = re.compile(rb"using world size[^\n]*")
 _MICRO_BATCHES = re.compile(rb"micro-?batches to constant (\d+)")
-_PARAMS = re.compile(rb"number of parameters on (?:\(tensor, pipeline\) )?model parallel rank (?:\((\d+), *(\d+)\)|(\d+)): *(\d+)")
+_PARAMS = re.compile(rb"number of parameters on (?:\(tensor, pipeline\) )?model parallel rank "
+                     rb"(?:\((\d+), *(\d+)\)|(\d+)): *(\d+)")
 _VIRTUAL = re.compile(rb"virtual stages per pipeline stage: *(\w+)")
 _TOPOLOGY = re.compile(rb"Using topology: \{[^\n]*")
 _PARAMS_DTYPE = re.compile(rb"using (torch\.\w+) for parameters")
@@ -70,7 +72,6 @@ _BRACKET_RANK = re.compile(r"(?:Rank |rank)(\d+)$")
 _BRACKET_ROLE = re.compile(r"([A-Za-z_]+)(\d+)$")
 _HOST = re.compile(r"[A-Za-z0-9][\w.-]*$")
 _AFTER_ITERS = re.compile(rb"after (\d+) iterations")
-_RANK_IN_LINE = re.compile(rb"\[Rank (\d+)\]")
 _ARG_ENTRY = re.compile(rb"\s*([A-Za-z_][A-Za-z0-9_]*) \.* ?(.*?)\s*$")
 _ARG_ENTRY_INDENTED = re.compile(rb"\s+([A-Za-z_][A-Za-z0-9_]*) \.* ?(.*?)\s*$")
 _TIMER_MAX = re.compile(rb"\s+(\S.*?) \.*: ([-+.\deEnaif]+)\s*$")
@@ -443,12 +444,18 @@ def _iterations(s: _Scan):
     iteration, train_iters, epoch, stamps, nodes, tasks, ranks, local_ranks, lines = ([] for _ in range(9))
     positions, partial = [], []
     buf = s.buf
-    for m in _ITERATION.finditer(buf):
+    pos = 0
+    while (m := _ITERATION.search(buf, pos)) is not None:
+        pos = m.end()
         start = s.line_start(m.start())
         prefix = buf[start:m.start()]
         rest = m.group(3)
+        spliced = _ITERATION.search(rest)
+        if spliced is not None:
+            # Another rank's interval line starts inside this one: this record is cut off, that one is read next.
+            pos = m.start(3) + spliced.start()
         nemo = _NEMO_PREFIX.search(prefix) if b"Training epoch" in prefix else None
-        if nemo is None and not rest.rstrip().endswith(b"|"):
+        if spliced is not None or (nemo is None and not rest.rstrip().endswith(b"|")):
             # Megatron's interval line always ends with '|': this one was cut off or broken by another rank's output.
             partial.append((s.line_no(start), _text(buf[start:s.line_end(start)])))
             continue
@@ -554,8 +561,8 @@ def _memory(s: _Scan, iteration_pos, partial: list) -> pd.DataFrame:
         head = buf[start:m.start()]
         rest = m.group(1)
         fields = [f.partition(b":") for f in rest.split(b"|")]
-        if not rest.strip() or any(not sep and key.strip() for key, sep, _ in fields) or not fields[-1][2].strip() \
-                and fields[-1][1]:
+        if not rest.strip() or any((key.strip() and not sep) or (sep and not value.strip())
+                                   for key, sep, value in fields):
             # A field without its value: the line was cut off.
             partial.append((s.line_no(start), _text(buf[start:s.line_end(start)])))
             continue
@@ -576,10 +583,12 @@ def _memory(s: _Scan, iteration_pos, partial: list) -> pd.DataFrame:
                 column.append(notes.get(key))
         after = _AFTER_ITERS.search(head)
         its.append(int(after.group(1)) if after else _last_iteration(iteration_pos, start))
-        cut = min(i for i in (head.find(b"(after"), head.find(b"after "), len(head)) if i >= 0)
-        node, task, rank, local_rank, _ = s.origin(head[:cut], start)
-        rank_m = _RANK_IN_LINE.search(head)
-        origin.append((node, task, int(rank_m.group(1)) if rank_m else rank, local_rank, start))
+        # The launcher prefix and `[Rank N]` come before "(after N iterations)", which changes every report.
+        cut = head.find(b"after ")
+        if cut > 0 and head[cut - 1:cut] == b"(":
+            cut -= 1
+        node, task, rank, local_rank, _ = s.origin(head[:cut] if cut >= 0 else head, start)
+        origin.append((node, task, rank, local_rank, start))
         cols.n += 1
     _set_origin(cols, s.source, origin)
     cols.obj["line"] = s.line_nos(cols.obj["line"])
@@ -782,7 +791,6 @@ def _arguments(s: _Scan) -> dict:
                 break
             if e := _ARG_ENTRY.match(body):
                 args.setdefault(_text(e.group(1)), _arg_value(_text(e.group(2))))
-        s.formats.add("arguments")
     if m := _PADDED_VOCAB.search(buf):
         # Megatron pads the vocabulary after printing its arguments; FLOP counts use the padded size.
         args.setdefault("padded_vocab_size", int(m.group(3)))
@@ -934,7 +942,3 @@ def _fill_parallel(parallel: dict, args: dict) -> None:
     if "num_micro_batches" not in parallel and isinstance(gbs, int) and isinstance(mbs, int) and d:
         parallel["num_micro_batches"] = gbs // (mbs * d)
 
-
-def iter_sources(paths: Iterable) -> list[Path]:
-    """The files parse_log would read for `paths` (for listing and live refresh)."""
-    return _expand(paths)
