@@ -47,7 +47,9 @@ def _summary(args) -> int:
             print("  communication by group (ms): " + ", ".join(f"{g} {ms:.2f}"
                                                               for g, ms in rank["communication_ms_by_group"].items()))
         if rank["peak_memory_growth_mb"] is not None:
-            print(f"  memory peak over a step's start: {rank['peak_memory_growth_mb']:.2f} MB")
+            saved = rank["saved_for_backward_mb"]
+            print(f"  memory peak over a step's start: {rank['peak_memory_growth_mb']:.2f} MB"
+                  + (f", saved for backward: {saved:.2f} MB" if saved is not None else ""))
         for op in rank["top_operators"]:
             print(f"    {op['self_ms']:10.3f} ms  {op['calls']:6d}x  {op['category']:<13} {op['operator']}")
     if "tensorboard_command" in result:
