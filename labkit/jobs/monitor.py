@@ -15,11 +15,12 @@ from pathlib import Path
 import pandas as pd
 
 from labkit.jobs.job import State
+from labkit.jobs.render import INFO_KEYS
 
 _ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|")
 _ELAPSED = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.eE+-]+)")
 _LOSS = re.compile(r"lm loss:\s*([0-9.eE+-]+|nan|inf)", re.I)
-_ECHOED = re.compile(r"^([A-Z][A-Z_]+): (.*)$")
+_ECHOED = re.compile(r"^(NODE|NODE_RANK|NPROC_PER_NODE|MASTER_ADDR|MASTER_PORT|" + "|".join(INFO_KEYS) + r"): (.*)$")
 _WORLD = re.compile(r"using world size: (\d+), data-parallel size: (\d+),.*?tensor-model-parallel size: (\d+), "
                     r"pipeline-model-parallel size: (\d+)")
 _BENIGN_STDERR = re.compile(r"warn|^\s*$|^\s*return func\(|^\s*warnings\.warn|^\[?W\d{4} |^W\d{4}|^\s*\^+\s*$|"
