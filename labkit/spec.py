@@ -139,7 +139,7 @@ class JobSpec:
     container: ContainerSpec | None = None
     env: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
-    master_port: int = 29500
+    master_port: int | None = None  # None: a port derived from the job id, so jobs sharing a node do not collide
     gpu_monitor_interval_s: int = 10
 
 

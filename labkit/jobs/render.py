@@ -102,7 +102,7 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
                           "H:MM:SS (1:30:00), D-HH (2-00) or UNLIMITED")
     if job.cpus_per_task is not None and job.cpus_per_task <= 0:
         errors.append(f"job.cpus_per_task: must be a positive number, got {job.cpus_per_task}")
-    if not 0 < job.master_port < 65536:
+    if job.master_port is not None and not 0 < job.master_port < 65536:
         errors.append(f"job.master_port: {job.master_port} is not a TCP port; use 1024-65535")
     if job.gpu_monitor_interval_s <= 0:
         errors.append(f"job.gpu_monitor_interval_s: must be a positive number of seconds, got {job.gpu_monitor_interval_s}")

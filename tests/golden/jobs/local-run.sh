@@ -49,7 +49,6 @@ TRAIN_ARGS=(
 )
 export JOB_ID=$$
 # ---- shared by every node (rendered from the run spec; every user-given value is single-quoted) -------------------
-export MASTER_PORT=29500
 export GPU_MONITOR_INTERVAL=10
 export TORCHRUN=torchrun
 
@@ -59,6 +58,9 @@ node_main() {
     local node_rank=$(($1 + SLURM_PROCID)) nproc=$2 node=${SLURMD_NODENAME:-$(hostname -s)} sampler="" status var
     shift 2
     local logs="$LOGDIR/$JOB_ID"
+    # Every node of a job (all hetjob components, master and slave alike) shares JOB_ID, so they agree on the port,
+    # while two jobs placed on the same node get different ones.
+    export MASTER_PORT=${MASTER_PORT:-$((20000 + JOB_ID % 20000))}
     mkdir -p "$logs"
     exec >"$logs/$node.out" 2>"$logs/$node.err"
     echo "******************* job info $JOB_ID *******************"
