@@ -1,7 +1,7 @@
 """Where a training step's time and memory go, read from real profiler traces of the training driver.
 
 Runs the driver on CPU (gloo) with --profile: a data-parallel run on 2 processes, then one-process runs in fp32, bf16
-and fp32 with full recomputation, and prints the tables the labs show: time by category, computation vs
+and fp32 with full recomputation (one run at a time), and prints the tables the labs show: time by category, computation vs
 communication per rank, communication per parallel group, the top operators, memory per step, and the runs compared.
 
     .venv/bin/python benchmarks/profile_breakdown.py [--size tiny|small] [--keep DIR]
@@ -53,22 +53,21 @@ def main() -> None:
     root = args.keep or Path(tempfile.mkdtemp(prefix="profile_breakdown-"))
     base = f"{SIZES[args.size]} {COMMON}"
     t0 = time.perf_counter()
-    runs = {
-        "dp2 fp32": start(root / "dp2", 2, f"{base} --profile-ranks 0 1 --log-timers-to-tensorboard"),
-        "fp32": start(root / "fp32", 1, base),
-        "bf16": start(root / "bf16", 1, f"{base} --bf16"),
-        "fp32 recompute": start(root / "recompute", 1, f"{base} {RECOMPUTE}"),
+    flags = {
+        "dp2 fp32": (root / "dp2", 2, f"{base} --profile-ranks 0 1 --log-timers-to-tensorboard"),
+        "fp32": (root / "fp32", 1, base),
+        "bf16": (root / "bf16", 1, f"{base} --bf16"),
+        "fp32 recompute": (root / "recompute", 1, f"{base} {RECOMPUTE}"),
     }
     dirs = {}
-    for label, proc in runs.items():
-        proc.wait()
-        run_dir = Path(proc.args[-1])
-        if proc.returncode:
+    for label, (run_dir, processes, run_flags) in flags.items():  # one at a time, so step times are not shared
+        proc = start(run_dir, processes, run_flags)
+        if proc.wait():
             sys.exit(f"{label} failed:\n{(run_dir / 'train.log').read_text()[-3000:]}")
         dirs[label] = run_dir
     print(f"model {args.size}: {SIZES[args.size]}\nruns in {root} ({time.perf_counter() - t0:.0f} s), "
           f"torch.profiler over iterations 3-4 on CPU (gloo)\n")
-    pd.set_option("display.width", 160, "display.max_colwidth", 60, "display.precision", 3)
+    pd.set_option("display.width", 160, "display.max_colwidth", 60, "display.float_format", "{:.3f}".format)
 
     dp2 = tr.load_traces(dirs["dp2 fp32"])
     print("== dp2 fp32: time by category per rank (share of profiled CPU time)")
