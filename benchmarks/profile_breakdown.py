@@ -1,7 +1,7 @@
 """Where a training step's time and memory go, read from real profiler traces of the training driver.
 
-Runs the driver on CPU (gloo) with --profile: a data-parallel run on 2 processes, then one-process runs in fp32, bf16
-and fp32 with full recomputation (one run at a time), and prints the tables the labs show: time by category, computation vs
+Runs the driver on CPU (gloo) with --profile, one run at a time: data parallel on 2 processes, then one process in
+fp32, bf16 and fp32 with full recomputation. Prints the tables the labs show: time by category, computation vs
 communication per rank, communication per parallel group, the top operators, memory per step, and the runs compared.
 
     .venv/bin/python benchmarks/profile_breakdown.py [--size tiny|small] [--keep DIR]

@@ -46,8 +46,10 @@ def runs(tmp_path_factory):
     started = {
         "dp2": _start(root / "dp2", 2, "--train-iters", "4", "--profile-ranks", "0", "1",
                       "--log-timers-to-tensorboard", "--log-memory-to-tensorboard"),
-        "tp2": _start(root / "tp2", 2, "--train-iters", "3", "--profile-ranks", "0", "--tensor-model-parallel-size", "2"),
-        "pp2": _start(root / "pp2", 2, "--train-iters", "3", "--profile-ranks", "0", "--pipeline-model-parallel-size", "2"),
+        "tp2": _start(root / "tp2", 2, "--train-iters", "3", "--profile-ranks", "0",
+                      "--tensor-model-parallel-size", "2"),
+        "pp2": _start(root / "pp2", 2, "--train-iters", "3", "--profile-ranks", "0",
+                      "--pipeline-model-parallel-size", "2"),
         "plain": _start(root / "plain", 1, "--train-iters", "3"),
         "recompute": _start(root / "recompute", 1, "--train-iters", "3", *RECOMPUTE),
     }
@@ -97,7 +99,8 @@ def test_dp2_all_reduces_the_gradients_in_the_data_parallel_group(runs, dp2):
 def test_tp2_all_reduces_activations_in_the_tensor_group(runs):
     (t,) = tr.load_traces(runs["tp2"])
     calls = tr.communication_calls(t, tensor=2)
-    activations = calls[calls["operator"].eq("c10d::allreduce_") & calls["elements"].eq(64 * 2 * 64)]  # seq x micro x hidden
+    # activations: seq x micro-batch x hidden
+    activations = calls[calls["operator"].eq("c10d::allreduce_") & calls["elements"].eq(64 * 2 * 64)]
     assert len(activations) > 0 and set(activations["group"]) == {"tp"}
     parameters = int(re.search(r"number of parameters on .*: (\d+)", (runs["tp2"] / "train.log").read_text()).group(1))
     assert set(calls.loc[calls["elements"] == parameters, "group"]) == {"dp"}  # gradients: a data-parallel group of 1
@@ -169,7 +172,8 @@ def test_recompute_saves_fewer_activations_and_runs_the_forward_again(plain_and_
     assert memory["recompute"]["saved_mb"].max() < 0.5 * memory["plain"]["saved_mb"].max()
     assert memory["recompute"]["growth_mb"].max() < 0.8 * memory["plain"]["growth_mb"].max()
     ops = {name: tr.operators(t).set_index("operator") for name, t in plain_and_recompute.items()}
-    assert "CheckpointFunctionBackward" in ops["recompute"].index and "CheckpointFunctionBackward" not in ops["plain"].index
+    assert "CheckpointFunctionBackward" in ops["recompute"].index
+    assert "CheckpointFunctionBackward" not in ops["plain"].index
     assert ops["recompute"].loc["aten::mm", "calls"] > ops["plain"].loc["aten::mm", "calls"]
 
 

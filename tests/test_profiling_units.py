@@ -13,7 +13,7 @@ from labkit.profiling import trace as tr
 MB = 2**20
 GEMM_BF16 = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1_execute_kernel__5x_cublas"
 SGEMM = "volta_sgemm_128x64_nn"
-FLASH = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t>>"
+FLASH = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64, 4, false, cutlass::bfloat16_t>>"
 ELEMENTWISE = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>"
 NCCL_ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 
@@ -159,7 +159,8 @@ def test_collective_names(name, collective):
     ("aten::addmm", "matmul"), ("AddmmBackward0", "matmul"), ("aten::baddbmm", "matmul"),
     ("LinearWithGradAccumulationAndAsyncCommunication", "matmul"), ("aten::_softmax", "attention"),
     ("aten::_scaled_dot_product_flash_attention", "attention"), ("aten::gelu_backward", "elementwise"),
-    ("aten::_to_copy", "elementwise"), ("aten::_foreach_mul_", "elementwise"), ("aten::native_layer_norm", "normalization"),
+    ("aten::_to_copy", "elementwise"), ("aten::_foreach_mul_", "elementwise"),
+    ("aten::native_layer_norm", "normalization"),
     ("c10d::allreduce_", "communication"), ("aten::embedding", "other"), ("aten::as_strided", "other"),
     ("aten::_log_softmax", "other"), ("aten::_log_softmax_backward_data", "other"),
 ])

@@ -1,7 +1,7 @@
 """torch.profiler Chrome traces -> tables: where the time of a training step goes.
 
-One trace per rank, as `torch.profiler` exports it (`export_chrome_trace`, `.json` or `.json.gz`). The same questions are
-answered for a CPU run (gloo; time is in CPU operators and gloo's worker threads) and a GPU run (NCCL; time is in
+One trace per rank, as `torch.profiler` exports it (`export_chrome_trace`, `.json` or `.json.gz`). The same questions
+are answered for a CPU run (gloo; time is in CPU operators and gloo's worker threads) and a GPU run (NCCL; time is in
 kernels):
 
 - how many steps were profiled (`ProfilerStep#N` spans) and how long each took;
@@ -249,7 +249,8 @@ def communication(traces: Trace | Sequence[Trace], tensor: int = 1, pipeline: in
     rows = []
     for t in _as_list(traces):
         calls, activity = _communication(t, tensor, pipeline)
-        keys = sorted(set(zip(activity["collective"], activity["group"])) | set(zip(calls["collective"], calls["group"])))
+        keys = sorted(set(zip(activity["collective"], activity["group"]))
+                      | set(zip(calls["collective"], calls["group"])))
         for collective, group in keys:
             a = activity[(activity["collective"] == collective) & (activity["group"] == group)]
             c = calls[(calls["collective"] == collective) & (calls["group"] == group)]
@@ -332,8 +333,8 @@ def memory_per_step(trace: Trace) -> pd.DataFrame:
     """
     curve = memory_curve(trace)
     ev = trace.events
-    backward = np.sort(ev.loc[(ev["cat"] == "cpu_op") & ev["name"].str.startswith("autograd::engine::evaluate_function"),
-                              "ts"].to_numpy())
+    autograd = (ev["cat"] == "cpu_op") & ev["name"].str.startswith("autograd::engine::evaluate_function")
+    backward = np.sort(ev.loc[autograd, "ts"].to_numpy())
     origin = trace.step_windows["start"].min() if len(trace.step_windows) else 0.0
     rows = []
     for s in trace.step_windows.itertuples():

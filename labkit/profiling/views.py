@@ -82,7 +82,8 @@ def memory_figure(runs) -> go.Figure:
     for label, t in _runs(runs).items():
         curve = tr.memory_curve(t)
         fig.add_scatter(x=curve["time_ms"], y=curve["allocated_mb"], name=label, mode="lines", line_shape="hv")
-    return fig.update_layout(title="Memory over the profiled steps", xaxis_title="time from the first profiled step (ms)",
+    return fig.update_layout(title="Memory over the profiled steps",
+                             xaxis_title="time from the first profiled step (ms)",
                              yaxis_title="allocated (MB)")
 
 
