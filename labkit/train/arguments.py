@@ -27,7 +27,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m labkit.train", allow_abbrev=False,
+    p = _Parser(prog="python -m labkit.train", allow_abbrev=False, usage="%(prog)s [Megatron-LM flags; --help lists them]",
                 description="Train a GPT with megatron-core (CPU/gloo or GPU/NCCL), logging like Megatron-LM.")
     g = p.add_argument_group("model")
     g.add_argument("--num-layers", type=int, required=True)
@@ -237,6 +237,13 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
         args.virtual_pipeline_model_parallel_size = per_stage // args.num_layers_per_virtual_pipeline_stage
     if args.pipeline_model_parallel_layout:
         stages = args.pipeline_model_parallel_layout.split("|")
+        layers = sum(int(part.split("*")[1]) if "*" in part else 1
+                     for stage in stages for part in stage.split(",") if part.strip().startswith("t"))
+        if pp == 1:
+            raise ArgumentError("--pipeline-model-parallel-layout: needs --pipeline-model-parallel-size > 1")
+        if layers != args.num_layers:
+            raise ArgumentError(f"--pipeline-model-parallel-layout: places {layers} transformer layers (t) but "
+                                f"--num-layers is {args.num_layers}")
         if len(stages) % pp:
             raise ArgumentError(f"--pipeline-model-parallel-layout: {len(stages)} stages do not fill "
                                 f"--pipeline-model-parallel-size {pp} (need a multiple of {pp})")

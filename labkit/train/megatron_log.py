@@ -7,6 +7,7 @@ by the last rank (megatron.core.timers).
 from __future__ import annotations
 
 import math
+import os
 import resource
 import sys
 from datetime import datetime
@@ -23,7 +24,8 @@ def _print(message: str) -> None:
 
 
 def print_rank_0(message: str) -> None:
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    if rank == 0:
         _print(message)
 
 

@@ -90,8 +90,13 @@ class StepProfiler:
             activities = [torch.profiler.ProfilerActivity.CPU]
             if torch.cuda.is_available():
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
-            self.profiler = torch.profiler.profile(activities=activities, record_shapes=True, profile_memory=True,
-                                                   with_stack=True)
+            steps = self.args.profile_step_end - self.args.profile_step_start
+            # The schedule marks each step (ProfilerStep#N spans, which TensorBoard's profiler view reads) and hands
+            # the finished profile to `_export` after the last one.
+            self.profiler = torch.profiler.profile(
+                activities=activities, record_shapes=True, profile_memory=True, with_stack=True,
+                schedule=torch.profiler.schedule(wait=0, warmup=0, active=steps, repeat=1),
+                on_trace_ready=self._export)
             self.profiler.start()
 
     def after_step(self, steps_done: int) -> None:
@@ -102,10 +107,11 @@ class StepProfiler:
             self.finish()
 
     def finish(self) -> None:
-        if self.profiler is None:
-            return
-        profiler, self.profiler = self.profiler, None
-        profiler.stop()
+        if self.profiler is not None:
+            profiler, self.profiler = self.profiler, None
+            profiler.stop()
+
+    def _export(self, profiler) -> None:
         out = profile_dir(self.args)
         out.mkdir(parents=True, exist_ok=True)
         stem = f"rank{dist.get_rank()}_steps{self.args.profile_step_start + 1}-{self.args.profile_step_end}"

@@ -20,6 +20,8 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.timers import Timers
 
+from labkit.estimate.flops import megatron_logged_flops
+from labkit.estimate.params import Shape
 from labkit.train import checkpoint, data, megatron_log
 from labkit.train.megatron_log import print_logging_rank, print_rank_0
 from labkit.train.model import build_model, transformer_config
@@ -176,15 +178,11 @@ def evaluate(args, forward_backward_func, data_iterator, model, timers) -> dict[
 # Logging
 
 def num_floating_point_operations(args, batch_size: int) -> float:
-    """Megatron-LM's model FLOPs per iteration (forward and backward, no recomputation), dense GPT."""
-    kv_channels = args.hidden_size // args.num_attention_heads
-    query_projection_to_hidden = kv_channels * args.num_attention_heads / args.hidden_size
-    groups = args.num_query_groups or args.num_attention_heads
-    gated = 3 / 2 if args.swiglu else 1
-    return (12 * batch_size * args.seq_length * args.num_layers * args.hidden_size * args.hidden_size * (
-        (1 + groups / args.num_attention_heads + args.seq_length / args.hidden_size) * query_projection_to_hidden
-        + args.ffn_hidden_size / args.hidden_size * gated
-        + args.padded_vocab_size / (2 * args.num_layers * args.hidden_size)))
+    """The FLOPs Megatron-LM's `throughput per GPU` divides by (its 2025 form: padded vocabulary, causal attention)."""
+    shape = Shape(num_layers=args.num_layers, hidden=args.hidden_size, heads=args.num_attention_heads,
+                  seq_length=args.seq_length, vocab=args.padded_vocab_size, query_groups=args.num_query_groups,
+                  ffn=args.ffn_hidden_size, swiglu=args.swiglu, tied=not args.untie_embeddings_and_output_weights)
+    return megatron_logged_flops(shape, batch_size, version="2025")
 
 
 class IntervalStats:
@@ -242,21 +240,20 @@ def log_timers(timers, names, normalizer=1.0) -> None:
 
 def run(args) -> int:
     start = time.time()
-    device = initialize(args)
-    timers = Timers(args.timing_log_level, args.timing_log_option)
     args.barrier_with_L1_time = True
     args.num_micro_batches = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
-
     print_rank_0(megatron_log.world_line(args))
     tokenizer = data.build_tokenizer(args)
     args.padded_vocab_size = padded_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by,
                                                args.tensor_model_parallel_size)
+    timers = Timers(args.timing_log_level, args.timing_log_option)
     config = transformer_config(args, timers)
     print_rank_0(megatron_log.arguments_block(args))
     print_rank_0(f"setting number of micro-batches to constant {args.num_micro_batches}")
     print_rank_0(f"> building {args.tokenizer_type} tokenizer ...")
     print_rank_0(" > padded vocab (size: {}) with {} dummy tokens (new size: {})".format(
         tokenizer.vocab_size, args.padded_vocab_size - tokenizer.vocab_size, args.padded_vocab_size))
+    device = initialize(args)
     print_rank_0(f"time to initialize megatron (seconds): {time.time() - start:.3f}")
     print_rank_0(megatron_log.datetime_line("after megatron is initialized"))
 
@@ -314,7 +311,7 @@ def run(args) -> int:
             args.consumed_train_samples += args.global_batch_size
             if _loss_is_nan_anywhere(losses, device) and not skipped:
                 raise TrainingError(f"NaN loss at iteration {iteration} (lm loss {losses.get('lm loss', 'nan')}); "
-                                    "lower --lr, raise --clip-grad protection, or use --bf16 instead of --fp16")
+                                    "lower --lr or --init-method-std, keep --clip-grad on, or use --bf16 instead of --fp16")
             stats.add(losses, skipped)
             profiler.after_step(iteration)
             if losses:
