@@ -232,3 +232,18 @@ def test_tensorboard_command_quotes_the_path():
     assert tb.tensorboard_command("runs/my run") == "tensorboard --logdir 'runs/my run'"
     assert tb.tensorboard_command("runs/a", port=6007, bind_all=True) == \
         "tensorboard --logdir runs/a --port 6007 --bind_all"
+
+
+def test_gpu_views_mark_tensor_core_kernels(gpu):
+    from labkit.profiling import views
+
+    fig = views.kernel_figure(gpu)
+    labels = [label for d in fig.data for label in d.y]
+    assert any(label.startswith("[TC] ") and "xmma_gemm_bf16" in label for label in labels)
+    assert any(label.startswith(SGEMM) for label in labels)
+    assert "tensor cores 28.6% of kernel time" in fig.layout.title.text
+    row = views.comparison_table({"bf16": gpu}).iloc[0]
+    assert row["tensor_core_share"] == pytest.approx(400 / 1400)
+    assert row["communication_share"] == pytest.approx((500 + 100) / 2000)
+    groups = views.communication_group_figure(gpu, tensor=2)
+    assert {d.name: sum(d.x) for d in groups.data} == pytest.approx({"tp": 0.2, "dp": 0.4})
