@@ -56,11 +56,12 @@ _VALIDATION = re.compile(rb"validation loss at (?:iteration +(\d+)|the end of tr
 _TAIL_HEADER = re.compile(rb"==> ([^\n]*?) <==")
 _JOB_INFO = re.compile(rb"\n(WORLD_SIZE|DP_SIZE|TENSOR_MP_SIZE|PIPELINE_MP_SIZE|NNODES|GLOBAL_BATCH_SIZE|"
                        rb"MICRO_BATCH_SIZE|PARTITION): ([\w-]+)(?=\n)")
-# Two scans: words that start upper case (rare characters, so the engine skips fast), then the lower-case ones.
-_EVENT = re.compile(rb"Traceback|Error|ERROR|Warning|WARNING|Killed|CANCELLED|Segmentation fault|NaN")
-_EVENT_LOWER = re.compile(rb"error:|out of memory|non-finite")
-_ERROR_WORDS = re.compile(rb"Traceback|Error|ERROR|error:|out of memory|Killed|CANCELLED|Segmentation fault|"
-                          rb"NaN|non-finite")
+# Words that make a line an event. One literal scan per word: an alternation starting with common letters is slower.
+_ERROR_WORDS = (b"Traceback", b"Error", b"ERROR", b"error:", b"out of memory", b"Killed", b"CANCELLED",
+                b"Segmentation fault", b"NaN", b"non-finite")
+_WARNING_WORDS = (b"Warning", b"WARNING")
+_EVENT_SCANS = [re.compile(re.escape(word)) for word in _ERROR_WORDS + _WARNING_WORDS]
+_ERROR = re.compile(b"|".join(re.escape(word) for word in _ERROR_WORDS))
 _ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\n]*\x07")
 
 _STAMP = re.compile(rb"\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)[^\]\n]*\]")
@@ -80,6 +81,7 @@ _TIMER_ALL_RANK = re.compile(rb"\s+rank +(\d+): ([-+.\deEnaif]+)\s*$")
 _SIZE = re.compile(rb"([A-Za-z-]+)[ -]sizes?: *(\d+)")
 _COORD = re.compile(rb"ProcessCoord\(pipe=(\d+), data=(\d+), model=(\d+)\)")
 _NOT_ALNUM = re.compile(rb"[^a-z0-9]")
+_FIELD_SPLIT = re.compile(rb"[|:]")
 
 # Interval-line fields: normalised key (lower case, alphanumerics only) -> (column, scale to the column's unit).
 _FIELDS = {
@@ -250,14 +252,13 @@ class _Columns:
         # Lines of one format share their keys: (raw keys) -> (column specs, row indices, value lists).
         self.layouts: dict[tuple, tuple[list, list, list]] = {}
 
-    def add_fields(self, fields: list[tuple[bytes, bytes, bytes]], spec_of) -> None:
-        """A row's `key: value` fields (from bytes.partition), columns found once per layout by spec_of(key)."""
-        keys = tuple(f[0] for f in fields)
+    def add_fields(self, keys: tuple, values: list, spec_of) -> None:
+        """A row's fields as raw keys and values; each layout's columns are found once, by spec_of(key)."""
         layout = self.layouts.get(keys)
         if layout is None:
             layout = self.layouts[keys] = ([spec_of(k) for k in keys], [], [])
         layout[1].append(self.n)
-        layout[2].append([f[2] for f in fields])
+        layout[2].append(values)
 
     def add_raw(self, column: str, value: bytes, scale: float = 1.0):
         entry = self.raw.get((column, scale))
@@ -273,20 +274,20 @@ class _Columns:
                 data[name] = np.full(self.n, np.nan)
             data[name][np.asarray(rows, dtype=np.int64)] = _floats(values) * scale
         for specs, rows, values in self.layouts.values():
-            table = np.array(values, dtype="S")
+            by_field = list(zip(*values))
             index = np.asarray(rows, dtype=np.int64)
-            for j, spec in enumerate(specs):
+            for spec, field_values in zip(specs, by_field):
                 if spec is not None:
                     name, scale = spec
                     if name not in data:
                         data[name] = np.full(self.n, np.nan)
-                    data[name][index] = _floats(table[:, j]) * scale
+                    data[name][index] = _floats(field_values) * scale
         return _frame(data, self.n, columns)
 
 
 def _floats(values) -> np.ndarray:
     try:
-        return np.asarray(values, dtype="S").astype(np.float64)
+        return np.fromiter(map(float, values), dtype=np.float64, count=len(values))
     except ValueError:
         return np.array([_float(v) for v in values], dtype=np.float64)
 
@@ -434,9 +435,14 @@ def _scan(data: bytes, source: str, node: str | None) -> dict:
     tables["partial_lines"] = _frame(
         {"source": [source] * len(partial), "line": [p[0] for p in partial], "text": [p[1] for p in partial]},
         len(partial), ["source", "line", "text"])
-    arguments = _arguments(s)
-    parallel = _parallel(s)
+    # Set-up lines (arguments, sizes, parameters) come before training starts; later ones (a restart) repeat them.
+    setup_end = iteration_pos[0][0] + _SETUP_MARGIN if iteration_pos else len(s.buf)
+    arguments = _arguments(s, setup_end)
+    parallel = _parallel(s, setup_end)
     return {"tables": tables, "arguments": arguments, "parallel": parallel, "formats": s.formats}
+
+
+_SETUP_MARGIN = 1 << 20  # bytes after the first interval line where other ranks' set-up lines may still appear
 
 
 def _iterations(s: _Scan):
@@ -447,7 +453,7 @@ def _iterations(s: _Scan):
     pos = 0
     while (m := _ITERATION.search(buf, pos)) is not None:
         pos = m.end()
-        start = s.line_start(m.start())
+        start = buf.rfind(b"\n", 0, m.start()) + 1
         prefix = buf[start:m.start()]
         rest = m.group(3)
         spliced = _ITERATION.search(rest)
@@ -468,12 +474,16 @@ def _iterations(s: _Scan):
             s.formats.add("nemo")
         else:
             epoch.append(None)
-        fields = [f.partition(b":") for f in rest.split(b"|")]
-        # Every field `key: value` (one colon per '|') is the common case; check field by field otherwise.
-        if rest.count(b":") == len(fields) - 1 or all(sep or not key.strip() for key, sep, _ in fields):
-            cols.add_fields(fields, _field)
+        if rest.count(b":") == rest.count(b"|"):
+            # The common case, `key: value |` throughout: keys and values alternate.
+            parts = _FIELD_SPLIT.split(rest)
+            cols.add_fields(tuple(parts[0:-1:2]), parts[1::2], _field)
         else:
-            _odd_fields(s, cols, rest)
+            fields = [f.partition(b":") for f in rest.split(b"|")]
+            if all(sep or not key.strip() for key, sep, _ in fields):
+                cols.add_fields(tuple(f[0] for f in fields), [f[2] for f in fields], _field)
+            else:
+                _odd_fields(s, cols, rest)
         node, task, rank, local_rank, stamp = s.origin(prefix, start)
         iteration.append(it)
         train_iters.append(n)
@@ -661,30 +671,32 @@ def _minmax_entries(s: _Scan, headers: dict[bytes, list[tuple]], data: dict[str,
     """Entries `    name ......: (min, max)` of every `(min, max) time across ranks` block: their other columns are
     added to `data`, their (min, max) times returned as raw bytes.
 
-    A block's entries are the lines with the header's launcher prefix between it and that prefix's next header, so
-    blocks of several ranks interleaved line by line are still told apart. Each entry's `line` is its header's.
+    One scan per launcher prefix reads that prefix's headers and entries in order; an entry belongs to the header
+    before it, so blocks of several ranks interleaved line by line are told apart. Each entry's `line` is its header's.
     """
     buf = s.buf
     names: dict[bytes, str] = {}
     lows, highs = [], []
     for prefix, blocks in headers.items():
-        entry = _minmax_entry_pattern(prefix)
-        for k, (start, it, origin) in enumerate(blocks):
-            end = blocks[k + 1][0] if k + 1 < len(blocks) else start + _MAX_BLOCK_BYTES
-            found = entry.findall(buf, s.line_end(start), end)
-            if not found:
-                continue
-            raw_names, lo, hi = zip(*found)
-            for raw in raw_names:
-                if raw not in names:
-                    names[raw] = _text(raw).strip()
-            count = len(found)
-            data["phase"].extend([names[raw] for raw in raw_names])
-            lows.extend(lo)
-            highs.extend(hi)
-            for column, value in (("iteration", it), ("style", "minmax"), ("node", origin[0]), ("task", origin[1]),
-                                  ("rank", origin[2]), ("local_rank", origin[3]), ("line", start)):
-                data[column].extend([value] * count)
+        found = _minmax_pattern(prefix).findall(buf, blocks[0][0] - 1, blocks[-1][0] + _MAX_BLOCK_BYTES)
+        owner, raw_names, last = [], [], len(blocks) - 1
+        block = -1
+        for header, raw, lo, hi in found:
+            if header:
+                block = min(block + 1, last)
+            elif block >= 0:
+                owner.append(block)
+                raw_names.append(raw)
+                lows.append(lo)
+                highs.append(hi)
+        for raw in set(raw_names) - names.keys():
+            names[raw] = _text(raw).strip()
+        data["phase"].extend([names[raw] for raw in raw_names])
+        data["style"].extend(["minmax"] * len(owner))
+        for column, values in (("iteration", [b[1] for b in blocks]), ("line", [b[0] for b in blocks]),
+                               *((name, [b[2][i] for b in blocks])
+                                 for i, name in enumerate(("node", "task", "rank", "local_rank")))):
+            data[column].extend(np.asarray(values, dtype=object)[owner].tolist() if owner else [])
     return lows, highs
 
 
@@ -692,10 +704,11 @@ _MAX_BLOCK_BYTES = 1 << 18
 
 
 @functools.lru_cache(maxsize=256)
-def _minmax_entry_pattern(prefix: bytes) -> re.Pattern:
-    """Timer entry lines of one launcher prefix; the literal start lets the regex engine skip other lines fast."""
+def _minmax_pattern(prefix: bytes) -> re.Pattern:
+    """The `(min, max)` headers and timer entry lines of one launcher prefix, in one regex (header in group 1)."""
     head = re.escape(prefix) + rb" *" if prefix else rb""
-    return re.compile(rb"\n" + head + rb" {4}(\S[^\n]*?) \.*: \(([^,()\n]+), *([^,()\n]+)\)[ \t]*(?=\n)")
+    return re.compile(rb"\n" + head + rb"(?:(\(min, max\) time across ranks \(ms\):)|"
+                      rb" {4}(\S+) \.*: \(([^,()\n]+), *([^,()\n]+)\)[ \t]*(?=\n))")
 
 
 def _timer_block_rest(s: _Scan, pos: int, prefix: bytes, style: str, it, origin, rows: list) -> None:
@@ -758,7 +771,7 @@ def _validation(s: _Scan) -> pd.DataFrame:
 def _events(s: _Scan) -> pd.DataFrame:
     rows = []
     buf = s.buf
-    hits = sorted(m.start() for pattern in (_EVENT, _EVENT_LOWER) for m in pattern.finditer(buf))
+    hits = sorted(m.start() for pattern in _EVENT_SCANS for m in pattern.finditer(buf))
     last_line_start = -1
     for hit in hits:
         start = s.line_start(hit)
@@ -767,7 +780,7 @@ def _events(s: _Scan) -> pd.DataFrame:
         last_line_start = start
         end = s.line_end(start)
         line = buf[start:end]
-        level = "error" if _ERROR_WORDS.search(line) else "warning"
+        level = "error" if _ERROR.search(line) else "warning"
         node, task, rank, local_rank, _ = s.origin(line[:max(0, hit - start)], start)
         rows.append((level, _text(line.strip())[:500], node, task, rank, local_rank, start))
     names = ["level", "message", "node", "task", "rank", "local_rank", "line"]
@@ -777,10 +790,10 @@ def _events(s: _Scan) -> pd.DataFrame:
     return _frame(data, len(rows), EVENT_COLUMNS)
 
 
-def _arguments(s: _Scan) -> dict:
+def _arguments(s: _Scan, end: int) -> dict:
     args: dict = {}
     buf = s.buf
-    for m in _ARGS_NEW.finditer(buf):
+    for m in _ARGS_NEW.finditer(buf, 0, end):
         start = s.line_start(m.start())
         header = buf[start:s.line_end(start)]
         if b"end of arguments" in header:
@@ -791,12 +804,12 @@ def _arguments(s: _Scan) -> dict:
                 break
             if e := _ARG_ENTRY.match(body):
                 args.setdefault(_text(e.group(1)), _arg_value(_text(e.group(2))))
-    if m := _PADDED_VOCAB.search(buf):
+    if m := _PADDED_VOCAB.search(buf, 0, end):
         # Megatron pads the vocabulary after printing its arguments; FLOP counts use the padded size.
         args.setdefault("padded_vocab_size", int(m.group(3)))
-    if m := _PARAMS_DTYPE.search(buf):
+    if m := _PARAMS_DTYPE.search(buf, 0, end):
         args.setdefault("params_dtype", _text(m.group(1)))
-    for m in _ARGS_OLD.finditer(buf):
+    for m in _ARGS_OLD.finditer(buf, 0, end):
         for _, body in _block_lines(s, m.end() - 1, b""):
             e = _ARG_ENTRY_INDENTED.match(body)
             if not e:
@@ -823,15 +836,15 @@ def _arg_value(text: str):
     return text
 
 
-def _parallel(s: _Scan) -> dict:
+def _parallel(s: _Scan, end: int) -> dict:
     out: dict = {}
     buf = s.buf
-    for m in _WORLD.finditer(buf):
+    for m in _WORLD.finditer(buf, 0, end):
         for name, value in _SIZE.findall(m.group(0)):
             key = _size_key(_text(name))
             if key:
                 out.setdefault(key, int(value))
-    for m in _TOPOLOGY.finditer(buf):
+    for m in _TOPOLOGY.finditer(buf, 0, end):
         coords = _COORD.findall(m.group(0))
         if coords:
             pipe, data, model = (max(int(c[i]) for c in coords) + 1 for i in range(3))
@@ -839,13 +852,13 @@ def _parallel(s: _Scan) -> dict:
             out.setdefault("data", data)
             out.setdefault("tensor", model)
             out.setdefault("world_size", len(coords))
-    for m in _MICRO_BATCHES.finditer(buf):
+    for m in _MICRO_BATCHES.finditer(buf, 0, end):
         out.setdefault("num_micro_batches", int(m.group(1)))
-    for m in _VIRTUAL.finditer(buf):
+    for m in _VIRTUAL.finditer(buf, 0, end):
         value = _text(m.group(1))
         out.setdefault("virtual_stages", int(value) if value.isdigit() else None)
     params = {}
-    for m in _PARAMS.finditer(buf):
+    for m in _PARAMS.finditer(buf, 0, end):
         t, p = (int(m.group(1)), int(m.group(2))) if m.group(1) else (int(m.group(3)), 0)
         params.setdefault(f"{t},{p}", int(m.group(4)))
     if params:
@@ -853,7 +866,7 @@ def _parallel(s: _Scan) -> dict:
     job_keys = {b"WORLD_SIZE": "world_size", b"DP_SIZE": "data", b"TENSOR_MP_SIZE": "tensor",
                 b"PIPELINE_MP_SIZE": "pipeline", b"NNODES": "nodes", b"GLOBAL_BATCH_SIZE": "global_batch_size",
                 b"MICRO_BATCH_SIZE": "micro_batch_size", b"PARTITION": "partition"}
-    for m in _JOB_INFO.finditer(buf) if b"_SIZE: " in buf else ():
+    for m in _JOB_INFO.finditer(buf, 0, end) if buf.find(b"_SIZE: ", 0, end) >= 0 else ():
         value = _text(m.group(2))
         out.setdefault(job_keys[m.group(1)], int(value) if value.isdigit() else value)
     return out
