@@ -3,6 +3,7 @@
 Expected values were read off the log text by eye (each assertion quotes what the line prints)."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -229,7 +230,7 @@ def test_seed000_get_result_output():
     assert p.parallel["partition"] == "0-11-8-8-8-8-5-0" and p.parallel["nodes"] == 8
 
 
-def test_seed000_job_directory_of_node_files():
+def test_seed000_job_directory_of_node_files(tmp_path):
     job = FIXTURES / "seed000-job" / "10932251"
     p = parse_log(job)
     assert [Path(s).name for s in p.sources] == ["n060.err", "n060.out", "n066.out", "n067.err", "n067.out"]
@@ -241,6 +242,13 @@ def test_seed000_job_directory_of_node_files():
     # n060.out's last line has no newline yet: still being written
     part = p.partial_lines.iloc[0]
     assert Path(part["source"]).name == "n060.out" and part["line"] == 2
+    # a run directory: the batch script's slurm-JOBID.out beside the per-node files names no node
+    run = tmp_path / "run" / "logs"
+    shutil.copytree(job, run / "10932251")
+    (run / "slurm-10932251.out").write_text(line(10) + "\n")
+    r = parse_log(tmp_path / "run")
+    assert r.iterations["iteration"].tolist() == [10, 30, 40, 50]
+    assert r.iterations["node"].tolist()[0] is None and r.iterations["node"].tolist()[1] == "n067"
     # the same files named one by one give the same table
     files = parse_log([job / "n067.out", job / "n066.out"])
     pd.testing.assert_series_equal(files.iterations["lm_loss"], p.iterations["lm_loss"])

@@ -202,15 +202,21 @@ def parse_log(paths) -> ParsedLog:
     """Parse a log file, several files of one job (e.g. per-node `NODE.out`), or a run/job directory.
 
     A directory contributes every `*.out`, `*.err` and `*.log` file beneath it. When more than one file is read, each
-    file's stem names the node its lines came from (unless a line's own launcher prefix names a host).
+    file's stem names the node its lines came from (unless a line's own launcher prefix names a host), except Slurm's
+    `slurm-JOBID.out`.
     """
     files = _expand(paths)
     many = len(files) > 1
     parts = []
     for path in files:
         data = Path(path).read_bytes()
-        parts.append(_scan(data, source=str(path), node=Path(path).stem if many else None))
+        parts.append(_scan(data, source=str(path), node=_node_of(path) if many else None))
     return _combine(parts, sources=[str(p) for p in files])
+
+
+def _node_of(path: Path) -> str | None:
+    """The node a per-node log belongs to (`n060.out` -> n060); Slurm's batch output `slurm-JOBID.out` has none."""
+    return None if re.fullmatch(r"slurm-[\d_]+", path.stem) else path.stem
 
 
 def parse_text(text: str | bytes, source: str = "<text>", node: str | None = None) -> ParsedLog:
