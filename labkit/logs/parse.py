@@ -340,7 +340,7 @@ def _ints(values) -> pd.arrays.IntegerArray:
 
 
 class _Scan:
-    """State while scanning one file. Positions are byte offsets into `buf` (the file with a leading newline)."""
+    """State while scanning one file. Positions are byte offsets into `buf`, which are the file's own."""
 
     def __init__(self, data: bytes, source: str, node: str | None):
         self.source = source
@@ -351,14 +351,15 @@ class _Scan:
         self.partial: list[tuple[int, str]] = []
         if tail.strip():
             self.partial.append((data.count(b"\n") + 1, _text(tail)))
-        body = data[:end]
+        body = data if end == len(data) else data[:end]  # large logs are not copied when nothing needs changing
         self.newlines = np.flatnonzero(np.frombuffer(body, dtype=np.uint8) == 10)
         if b"\x1b" in body:
             # Blank out colour codes byte for byte, so offsets (and line numbers) stay those of the file.
             body = _ANSI.sub(lambda m: b" " * len(m.group()), body)
-        # A carriage return starts a new line on a terminal (progress bars); parse each piece as its own line.
-        body = body.replace(b"\r", b"\n")
-        self.buf = b"\n" + body
+        if b"\r" in body:
+            # A carriage return starts a new line on a terminal (progress bars); parse each piece as its own line.
+            body = body.replace(b"\r", b"\n")
+        self.buf = body
         self.headers = [(m.start(), Path(_text(m.group(1)).strip()).stem) for m in _TAIL_HEADER.finditer(self.buf)]
         self.header_pos = [p for p, _ in self.headers]
         self.prefix_cache: dict[bytes, tuple] = {}
@@ -367,10 +368,10 @@ class _Scan:
     # Positions and lines -------------------------------------------------------------------------------------------
     def line_no(self, pos: int) -> int:
         """1-based line number in the file of buffer offset `pos`."""
-        return int(np.searchsorted(self.newlines, pos - 1, side="left")) + 1
+        return int(np.searchsorted(self.newlines, pos, side="left")) + 1
 
     def line_nos(self, positions: list[int]) -> np.ndarray:
-        return np.searchsorted(self.newlines, np.asarray(positions, dtype=np.int64) - 1, side="left") + 1
+        return np.searchsorted(self.newlines, np.asarray(positions, dtype=np.int64), side="left") + 1
 
     def line_start(self, pos: int) -> int:
         return self.buf.rfind(b"\n", 0, pos) + 1
@@ -684,13 +685,13 @@ def _minmax_entries(s: _Scan, headers: dict[bytes, list[tuple]], data: dict[str,
     names: dict[bytes, str] = {}
     lows, highs = [], []
     for prefix, blocks in headers.items():
-        found = _minmax_pattern(prefix).findall(buf, blocks[0][0] - 1, blocks[-1][0] + _MAX_BLOCK_BYTES)
+        found = _minmax_pattern(prefix).findall(buf, s.line_end(blocks[0][0]), blocks[-1][0] + _MAX_BLOCK_BYTES)
         owner, raw_names, last = [], [], len(blocks) - 1
-        block = -1
+        block = 0
         for header, raw, lo, hi in found:
             if header:
                 block = min(block + 1, last)
-            elif block >= 0:
+            else:
                 owner.append(block)
                 raw_names.append(raw)
                 lows.append(lo)
@@ -815,8 +816,11 @@ def _arguments(s: _Scan, end: int) -> dict:
         args.setdefault("padded_vocab_size", int(m.group(3)))
     if m := _PARAMS_DTYPE.search(buf, 0, end):
         args.setdefault("params_dtype", _text(m.group(1)))
-    for m in _ARGS_OLD.finditer(buf, 0, end):
-        for _, body in _block_lines(s, m.end() - 1, b""):
+    old_headers = [m.end() for m in _ARGS_OLD.finditer(buf, 0, end)]
+    if buf.startswith(b"arguments:"):
+        old_headers.insert(0, 0)
+    for header_end in old_headers:
+        for _, body in _block_lines(s, header_end, b""):
             e = _ARG_ENTRY_INDENTED.match(body)
             if not e:
                 break
