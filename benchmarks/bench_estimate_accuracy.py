@@ -11,31 +11,40 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from labkit.estimate import Profile, estimate, load_profile, save_profile  # noqa: E402
+from labkit.estimate import Profile, estimate, load_profile  # noqa: E402
+from labkit.logs.derive import steady_state  # noqa: E402
+from labkit.logs.parse import parse_text  # noqa: E402
 from labkit.megatron_args import megatron_args  # noqa: E402
 from labkit.spec import load_spec  # noqa: E402
 
 REFERENCE = ROOT.parent / "shared" / "reference"
 AMP_MODEL = {"num_layers": 24, "hidden_size": 1024, "num_attention_heads": 16, "seq_length": 1024, "vocab_size": 52256}
-# AMP's cluster_info (homogeneous.py, het_cluster.py): link speeds in Gbit/s, node groups in rank order.
+# AMP's clusters (paper §5; node order of het_cluster.py's cluster_info) with their physical links: g4dn.12xlarge is
+# 4 T4 on PCIe Gen3 (catalog) with 50 Gbit/s Ethernet, p3.8xlarge 4 V100 on NVLink (catalog) with 10 Gbit/s.
 AMP_CLUSTERS = {
-    "16x T4-16GB": [{"gpu": "T4", "count": 4, "gpus_per_node": 4, "intra_node_gbps": 50, "inter_node_gbps": 50}],
+    "16x T4-16GB": [{"gpu": "T4", "count": 4, "gpus_per_node": 4, "inter_node_gbps": 50}],
     "12x V100-16GB + 4x T4-16GB": [
-        {"gpu": "V100-16GB", "count": 3, "gpus_per_node": 4, "intra_node_gbps": 170, "inter_node_gbps": 10},
-        {"gpu": "T4", "count": 1, "gpus_per_node": 4, "intra_node_gbps": 50, "inter_node_gbps": 50},
+        {"gpu": "V100-16GB", "count": 3, "gpus_per_node": 4, "inter_node_gbps": 10},
+        {"gpu": "T4", "count": 1, "gpus_per_node": 4, "inter_node_gbps": 50},
     ],
 }
+# DeepSpeed's pipeline engine on Megatron-LM v1.1.5, with ds_config "fp32_allreduce": gradients reduced as fp32.
+AMP_STACK, AMP_GRAD_BYTES = "deepspeed-megatron-2020", 4
 # DeepSpeed's GPT-2 pipeline module: [embed, noop, 24 x transformer, noop, noop, embed2v, noop] (AMP cost_het_cluster.py)
 DS_FIRST_LAYER, DS_LAYERS = 2, 24
 
@@ -89,7 +98,7 @@ def errors(pred: list[float], meas: list[float]) -> list[float]:
 
 def report_amp(verbose: bool) -> dict:
     rows = amp_rows()
-    ours = [estimate(r["spec"]).iteration_time_s for r in rows]
+    ours = [estimate(r["spec"], stack=AMP_STACK, grad_reduce_bytes=AMP_GRAD_BYTES).iteration_time_s for r in rows]
     meas = [r["measured"] for r in rows]
     amp = [r["amp"] for r in rows]
     print(f"AMP real trials ({len(rows)}): GPT-2 L24 h1024 s1024, DeepSpeed 3D, fp16")
@@ -125,11 +134,17 @@ def report_seed000() -> float:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# CPU closed loop. Every process runs one thread (torchrun's default for several processes; this host has 2 cores), so
-# layouts of 1 and 2 processes compute at the same per-process speed.
+# CPU closed loop. This host has 2 cores; every training process runs one thread (OMP_NUM_THREADS=1), so the profile is
+# taken with one thread per process too, and layouts of 1 and 2 processes compute at the same per-process speed. Other
+# jobs on the host slow every measurement down: the load average is printed beside each one, each layout's profile is
+# measured right before its driver runs, and each layout runs LOOP_REPEATS times (the median ratio is kept).
 LOOP_MODEL = {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "seq_length": 256, "vocab_size": 1024}
-LOOP_ITERS, LOOP_LOG = 12, 4
+LOOP_MICRO, LOOP_GLOBAL = 2, 8
+LOOP_ITERS, LOOP_WARMUP = 7, 2  # iterations run, and leading ones left out of the steady state
+LOOP_REPEATS = 2
+QUIET_LOAD, QUIET_WAIT_S = 3.0, 30  # wait up to this long for the 1-minute load average to drop below this
 LOOP_LAYOUTS = [  # (label, tensor, pipeline, data, recompute)
+    ("world 1", 1, 1, 1, None),
     ("world 1, recompute", 1, 1, 1, "full"),
     ("dp2", 1, 1, 2, None),
     ("dp2, recompute", 1, 1, 2, "full"),
@@ -139,65 +154,92 @@ LOOP_LAYOUTS = [  # (label, tensor, pipeline, data, recompute)
 ]
 
 
-def loop_spec(tensor=1, pipeline=1, data=1, recompute=None, num_layers=None):
-    model = dict(LOOP_MODEL, num_layers=num_layers or LOOP_MODEL["num_layers"])
+def loop_spec(tensor=1, pipeline=1, data=1, recompute=None):
     return load_spec({
-        "name": "cpu-loop", "model": model,
+        "name": "cpu-loop", "model": dict(LOOP_MODEL),
         "parallel": {"tensor": tensor, "pipeline": pipeline, "data": data},
-        "batch": {"micro": 2, "global": 8}, "precision": "fp32",
+        "batch": {"micro": LOOP_MICRO, "global": LOOP_GLOBAL}, "precision": "fp32",
         "recompute": {"granularity": "full", "method": "uniform", "num_layers": 1} if recompute else "none",
-        "train": {"iters": LOOP_ITERS, "log_interval": LOOP_LOG},
+        "train": {"iters": LOOP_ITERS, "log_interval": 1},
         "cluster": {"nodes": [{"gpu": "cpu", "count": 1, "gpus_per_node": tensor * pipeline * data}]},
     })
 
 
-def run_driver(spec) -> float:
-    """Seconds per iteration the driver logs, averaged over the logging intervals after the first (warm-up)."""
+def _one_thread_env() -> dict:
+    return dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+
+def wait_for_quiet() -> float:
+    """The 1-minute load average once it drops below QUIET_LOAD, or after QUIET_WAIT_S, whichever comes first."""
+    deadline = time.monotonic() + QUIET_WAIT_S
+    while os.getloadavg()[0] > QUIET_LOAD and time.monotonic() < deadline:
+        time.sleep(5)
+    return os.getloadavg()[0]
+
+
+def measure_profile(tensor: int, workdir: Path) -> Profile:
+    """`labkit profile` of the loop model at this tensor size, one thread per process."""
+    spec_path = workdir / "cpu-loop.yaml"
+    spec_path.write_text(yaml.safe_dump(loop_spec(tensor).to_dict()))
+    out = workdir / f"cpu-loop_cpu_tp{tensor}.json"
+    cmd = [sys.executable, "-m", "labkit", "profile", "--model", str(spec_path), "--tensor", str(tensor),
+           "--micro-batch", str(LOOP_MICRO), "--precision", "fp32", "--repeats", "5", "--output", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, env=_one_thread_env(), capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"labkit profile failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    return load_profile(out)
+
+
+def run_driver(spec, workdir: Path) -> float:
+    """Steady-state seconds per iteration from the driver's Megatron-format log (warm-up iterations left out)."""
     cmd = [str(ROOT / ".venv" / "bin" / "torchrun"), "--nproc-per-node", str(spec.world_size), "-m", "labkit.train",
            *megatron_args(spec)]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(cmd, cwd=workdir, env=_one_thread_env(), capture_output=True, text=True, timeout=900)
+    iterations = parse_text(done.stdout).iterations
+    if done.returncode != 0 or len(iterations) <= LOOP_WARMUP:
+        raise RuntimeError(f"training driver failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    return steady_state(iterations, warmup=LOOP_WARMUP).median_ms / 1000
+
+
+def measure_cpu_loop(save: Path | None = None) -> list[dict]:
+    """Profile, then run the driver, for every layout LOOP_REPEATS times; each record keeps what prediction needs."""
+    records = []
     with tempfile.TemporaryDirectory() as tmp:
-        out = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
-    times = [float(x) / 1000 for x in re.findall(r"elapsed time per iteration \(ms\): ([0-9.]+)", out.stdout)]
-    if out.returncode != 0 or len(times) < 2:
-        raise RuntimeError(f"training driver failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-    return statistics.fmean(times[1:])
+        workdir = Path(tmp)
+        for repeat in range(LOOP_REPEATS):
+            for label, t, p, d, recompute in LOOP_LAYOUTS:
+                load = wait_for_quiet()
+                profile = measure_profile(t, workdir)
+                measured = run_driver(loop_spec(t, p, d, recompute), workdir)
+                records.append({"label": label, "layout": [t, p, d, recompute], "repeat": repeat + 1, "load": load,
+                                "load_after": os.getloadavg()[0], "measured_s": measured, "profile": profile.to_dict()})
+                if save:
+                    save.write_text(json.dumps(records, indent=1))
+    return records
 
 
-def measure_cpu_profile() -> Profile:
-    """Per-layer forward seconds on this CPU from two single-process runs of the driver, at L and 2L layers: the
-    difference is L layers' forward + backward (= 3 x forward, as profiles assume), the rest is embedding, output and
-    the optimizer (whose predicted time is taken off)."""
-    layers = LOOP_MODEL["num_layers"]
-    short, long_ = loop_spec(num_layers=layers), loop_spec(num_layers=2 * layers)
-    t_short, t_long = run_driver(short), run_driver(long_)
-    m = short.num_micro_batches
-    per_layer = (t_long - t_short) / (3 * m * layers)
-    empty = Profile(model="cpu-loop", gpu="cpu", tensor=1, embedding_s=0.0, layers_s=[0.0] * layers, output_s=0.0,
-                    micro_batch=2, seq_length=LOOP_MODEL["seq_length"], precision="fp32")
-    fixed = estimate(short, profiles={("cpu", 1): empty}).iteration_time_s
-    ends = max(0.0, (t_short - fixed) / (3 * m) - layers * per_layer)
-    profile = Profile(model="cpu-loop", gpu="cpu", tensor=1, embedding_s=0.0, layers_s=[per_layer] * (2 * layers),
-                      output_s=ends, micro_batch=2, seq_length=LOOP_MODEL["seq_length"], precision="fp32",
-                      source=f"driver runs at {layers} and {2 * layers} layers: {t_short:.3f} s and {t_long:.3f} s",
-                      measured_on="this host, 1 thread per process")
-    with tempfile.TemporaryDirectory() as tmp:  # through the file format, as `labkit profile` output would come
-        return load_profile(save_profile(profile, Path(tmp) / "cpu-loop_cpu_tp1.json"))
-
-
-def report_cpu_loop() -> list[float]:
-    profile = measure_cpu_profile()
-    print(f"CPU closed loop: GPT L{LOOP_MODEL['num_layers']} h{LOOP_MODEL['hidden_size']} s{LOOP_MODEL['seq_length']},"
-          f" micro 2, global 8, fp32; profile {1000 * profile.layers_s[0]:.1f} ms/layer forward, "
-          f"{1000 * profile.output_s:.1f} ms output ({profile.source})")
+def report_cpu_loop(records: list[dict]) -> list[float]:
+    print(f"CPU closed loop: GPT L{LOOP_MODEL['num_layers']} h{LOOP_MODEL['hidden_size']} s{LOOP_MODEL['seq_length']} "
+          f"V{LOOP_MODEL['vocab_size']}, micro {LOOP_MICRO}, global {LOOP_GLOBAL}, fp32, 1 thread per process; "
+          f"profile measured right before each run; 1-minute load average before and after each")
+    ratios: dict[str, list[float]] = {}
+    for rec in records:
+        t, p, d, recompute = rec["layout"]
+        fields = {k: v for k, v in rec["profile"].items() if k in Profile.__dataclass_fields__}
+        fwd = fields.pop("forward_s")
+        profile = Profile(**fields, embedding_s=fwd["embedding"], layers_s=fwd["layers"], output_s=fwd["output"])
+        predicted = estimate(loop_spec(t, p, d, recompute), profiles={("cpu", t): profile}).iteration_time_s
+        ratio = predicted / rec["measured_s"]
+        ratios.setdefault(rec["label"], []).append(ratio)
+        print(f"  run {rec['repeat']} {rec['label']:<20} load {rec['load']:5.1f}/{rec['load_after']:5.1f}  profile "
+              f"{1000 * statistics.fmean(profile.layers_s):6.1f} ms/layer fwd, bwd x{profile.backward_factor:.2f}  "
+              f"predicted {predicted:6.3f} s  measured {rec['measured_s']:6.3f} s  ratio {ratio:5.2f}")
     errs = []
-    for label, t, p, d, recompute in LOOP_LAYOUTS:
-        spec = loop_spec(t, p, d, recompute)
-        predicted = estimate(spec, profiles={("cpu", 1): profile}).iteration_time_s
-        measured = run_driver(spec)
-        err = (predicted - measured) / measured
-        errs.append(abs(err))
-        print(f"  {label:<20} predicted {predicted:6.3f} s  measured {measured:6.3f} s  error {100 * err:+6.1f}%")
+    for label, values in ratios.items():
+        ratio = statistics.median(values)
+        errs.append(abs(ratio - 1))
+        print(f"  {label:<20} predicted/measured, median of {len(values)}: {ratio:5.2f}  "
+              f"error {100 * (ratio - 1):+6.1f}%")
     print(f"  mean |error| {100 * statistics.fmean(errs):.1f}%, max {100 * max(errs):.1f}% over {len(errs)} layouts")
     return errs
 
@@ -206,11 +248,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-cpu", action="store_true", help="skip the CPU closed loop (it trains for minutes)")
     parser.add_argument("--verbose", action="store_true", help="print every AMP trial")
+    parser.add_argument("--save-loop", type=Path, help="write the CPU loop's measurements (and profiles) to this JSON")
+    parser.add_argument("--replay-loop", type=Path,
+                        help="predict against measurements saved by --save-loop instead of measuring again")
     args = parser.parse_args(argv)
     report_amp(args.verbose)
     report_seed000()
-    if not args.skip_cpu:
-        report_cpu_loop()
+    if args.replay_loop:
+        report_cpu_loop(json.loads(args.replay_loop.read_text()))
+    elif not args.skip_cpu:
+        report_cpu_loop(measure_cpu_loop(args.save_loop))
     return 0
 
 

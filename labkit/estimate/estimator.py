@@ -9,8 +9,8 @@ from labkit.estimate import timing
 from labkit.estimate.memory import GIB, memory_per_stage
 from labkit.estimate.params import Shape, stage_params, total_params
 from labkit.estimate.profiles import Profile, find_profile
-from labkit.estimate.timing import (ACTIVATION_BYTES, GRAD_REDUCE_BYTES, allreduce_time, optimizer_step_time,
-                                    p2p_time, pipeline_time, stage_time)
+from labkit.estimate.timing import (ACTIVATION_BYTES, GRAD_REDUCE_BYTES, allreduce_time, get_stack,
+                                    optimizer_step_time, p2p_time, pipeline_time, stage_time)
 from labkit.estimate.topology import Topology
 
 # Memory the estimate does not itemise (CUDA context, NCCL buffers, allocator fragmentation) is kept as this fraction
@@ -82,9 +82,7 @@ def _profile_lookup(profiles, model: str | None):
 
 
 def _latency(topo: Topology, ranks: list[int]) -> float:
-    """Per-message latency: RDMA-class everywhere except across nodes on Ethernet slower than 100 Gbit/s."""
-    if topo.crosses_nodes(ranks) and min(topo.slots[r].inter_gbps for r in ranks) < timing.SOCKET_NETWORK_BELOW_GBPS:
-        return timing.SOCKET_LATENCY_S
+    """Per-step latency of a collective or message among `ranks` (NCCL's small-message latency)."""
     return timing.LINK_LATENCY_S
 
 
@@ -92,13 +90,18 @@ def _usable(prof: Profile | None, shape: Shape) -> bool:
     return prof is not None and (prof.seq_length is None or prof.seq_length == shape.seq_length)
 
 
-def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bool = False) -> Estimate:
+def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bool = False, stack=None,
+             grad_reduce_bytes: int | None = None) -> Estimate:
     """Predict parameters, FLOPs, memory per stage and iteration time of a RunSpec.
 
     `profiles`: None looks up data/profiles for the spec's model preset; or a mapping {(gpu, tensor): Profile};
     or a callable (gpu, tensor) -> Profile | None. Stages without a profile use analytic FLOPs / (peak x efficiency).
     `overlap_dp`: gradient all-reduce overlapped with the last micro-batch's backward (Megatron --overlap-grad-reduce).
+    `stack`: the training software, a name in timing.STACKS ("megatron-core" by default) or a timing.Stack.
+    `grad_reduce_bytes`: bytes per gradient element in the data-parallel all-reduce when the software differs from
+    Megatron's choice for the precision (DeepSpeed's fp32_allreduce reduces fp16 gradients as 4-byte floats).
     """
+    stack = get_stack(stack)
     shape = Shape.of(spec.model)
     par, b = spec.parallel, spec.batch
     t, p, d, v = par.tensor, par.pipeline, spec.data_parallel, par.virtual_stages
@@ -119,7 +122,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
             prof = lookup(name, 1)  # a single-GPU profile, split over the tensor ranks
         source = prof if _usable(prof, shape) else catalog.gpu(name)
         st = stage_time(source, layers, b.micro, t, shape=shape, precision=precision, first=i == 0, last=i == p - 1,
-                        recompute=recompute, first_layer=first_layer, tp_gbps=topo.tp_gbps(i))
+                        recompute=recompute, first_layer=first_layer, tp_gbps=topo.tp_gbps(i), stack=stack)
         stages.append(st)
         gpus.append(name)
         sources.append(st.source)
@@ -129,13 +132,14 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     message = b.micro * shape.seq_length * shape.hidden * ACTIVATION_BYTES.get(precision, 2)
     if par.sequence_parallel:
         message /= t
-    boundaries = [p2p_time(message, topo.pair_gbps(i, i + 1), _latency(topo, topo.stage_ranks(i) + topo.stage_ranks(i + 1)))
+    boundaries = [p2p_time(message, topo.pair_gbps(i, i + 1),
+                           _latency(topo, topo.stage_ranks(i) + topo.stage_ranks(i + 1)) + stack.p2p_message_s)
                   for i in range(p - 1)]
-    pipe = pipeline_time([s.total_s for s in stages], boundaries, m, v)
+    pipe = pipeline_time([s.total_s for s in stages], boundaries, m, v, messages=stack.p2p_messages)
 
     # After the last backward: gradient all-reduce per stage, tied-embedding all-reduce, optimizer step.
     per_stage_params = stage_params(shape, partition, t)
-    grad_bytes = GRAD_REDUCE_BYTES.get(precision, 4)
+    grad_bytes = grad_reduce_bytes or GRAD_REDUCE_BYTES.get(precision, 4)
     dp_exposed = []
     for i, params in enumerate(per_stage_params):
         reduce_s = allreduce_time(params * grad_bytes, d, topo.dp_gbps(i),
@@ -146,7 +150,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     dp_comm = max(dp_exposed)
     embedding_comm = 0.0
     if p > 1 and shape.tied:
-        embedding_bytes = shape.vocab * shape.hidden / t * grad_bytes
+        # the tied copy's gradient is reduced as the model keeps it, outside the data-parallel gradient buffers
+        embedding_bytes = shape.vocab * shape.hidden / t * GRAD_REDUCE_BYTES.get(precision, 4)
         embedding_comm = allreduce_time(embedding_bytes, 2, topo.pair_gbps(0, p - 1),
                                         _latency(topo, topo.stage_ranks(0) + topo.stage_ranks(p - 1)))
     shards = d if spec.optimizer.distributed else 1

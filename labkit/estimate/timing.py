@@ -2,30 +2,90 @@
 data-parallel gradient all-reduce, the tied-embedding all-reduce and the optimizer step.
 
 Link speeds are Gbit/s per direction. Ring collectives over n ranks move 2 (n-1)/n M bytes per rank for an all-reduce
-(SC21 §3; NCCL's bus-bandwidth convention) plus 2 (n-1) latency steps.
+(SC21 §3; NCCL's bus-bandwidth convention) plus 2 (n-1) latency steps. What a collective reaches is its bus bandwidth,
+a fraction of the link's rate (`bus_gbps`): the catalog and cluster files hold link rates, topology.py converts them.
+
+Analytic compute of one transformer layer (no profile) is matrix-multiply FLOPs / (peak x efficiency) plus the
+memory-bound kernels (layer norms, softmax, dropout, GELU, residual adds), which stream the layer's activations
+(Korthikanti et al. Table 2 bytes) through memory `memory_passes` times at the GPU's memory bandwidth. How many passes,
+and what each tensor-parallel all-reduce and pipeline message costs on top of moving its bytes, depend on the training
+software rather than the hardware: a `Stack` holds them.
 
 The pipeline (see `pipeline_time`) follows the critical-path form AMP, Alpa and Metis use for 1F1B:
     T = (m - 1) max_i T'_i + sum_i T_i + 2 sum_j C_j
 with T_i one micro-batch's forward + backward on stage i, C_j one boundary's send of one micro-batch, and
-T'_i = T_i + v (C_in + C_out) the steady-state step of stage i, which sends and receives once per micro-batch each way
-(Megatron's p2p is synchronous). For v interleaved chunks the fill/drain part shrinks to max T + (sum T - max T)/v.
+T'_i = T_i + k v (C_in + C_out) the steady-state step of stage i, which exchanges k messages with each neighbour per
+micro-batch (Megatron pairs each send with the opposite receive, k = 1; DeepSpeed's pipeline engine issues four
+blocking transfers, k = 2). For v interleaved chunks the fill/drain part shrinks to max T + (sum T - max T)/v.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from labkit.estimate.flops import attention_core_forward_flops, layer_forward_flops, logits_forward_flops
+from labkit.estimate.memory import activation_bytes_per_layer
 from labkit.estimate.params import Shape
 from labkit.estimate.profiles import Profile
 
 # One step of a ring collective or one p2p message costs at least this much (NCCL's small-message latency is
 # 5-20 us over NVLink/InfiniBand); it matters only for small models. Assumed, not fitted.
 LINK_LATENCY_S = 10e-6
-# Between nodes on plain Ethernet (below 100 Gbit/s, no RDMA) NCCL falls back to TCP sockets and every message pays
-# the network stack, and DeepSpeed-era pipelines add their own per-message work. Fitted: 20 ms, to AMP's 90 trials on
-# AWS g4dn (50 Gbit/s) and p3.8xlarge (10 Gbit/s), benchmarks/bench_estimate_accuracy.py.
-SOCKET_NETWORK_BELOW_GBPS = 100
-SOCKET_LATENCY_S = 20e-3
+
+# Bus bandwidth as a fraction of the link rate.
+# NVLink: NCCL's all_reduce_perf reaches ~230 of 300 GB/s on DGX A100 (assumed, published figure).
+NVLINK_BUS_FRACTION = 0.8
+# PCIe without GPU peer-to-peer (T4 in g4dn nodes): NCCL stages every byte through host shared memory, so it crosses
+# PCIe twice, and the node's GPUs share the host's root ports. Fitted: 0.26, to AMP's 90 trials (T4 tensor-parallel
+# and in-node pipeline/data-parallel traffic), benchmarks/bench_estimate_accuracy.py.
+PCIE_BUS_FRACTION = 0.26
+# Intra-node links up to PCIe Gen5 x16 (504 Gbit/s) are PCIe; faster ones are NVLink-class.
+PCIE_MAX_GBPS = 512
+# Between nodes: NCCL over TCP sockets on 10/50 Gbit/s Ethernet. Fitted: 0.85, to AMP's 90 trials (AWS p3.8xlarge
+# and g4dn.12xlarge); applied to every inter-node link.
+NETWORK_BUS_FRACTION = 0.85
+
+
+def bus_gbps(link_gbps: float, inter_node: bool) -> float:
+    """What a collective or p2p transfer reaches on a link of `link_gbps` (see the fractions above)."""
+    if inter_node:
+        return link_gbps * NETWORK_BUS_FRACTION
+    return link_gbps * (PCIE_BUS_FRACTION if link_gbps <= PCIE_MAX_GBPS else NVLINK_BUS_FRACTION)
+
+
+@dataclass(frozen=True)
+class Stack:
+    """What the training software adds on top of the hardware."""
+    name: str
+    memory_passes: float         # analytic compute: passes over a layer's activation bytes, forward + backward
+    tp_allreduce_s: float        # fixed cost of each tensor-parallel all-reduce, beyond the ring's bytes and latency
+    p2p_message_s: float         # fixed cost of each pipeline send or receive
+    p2p_messages: int            # k above: transfers per neighbour per micro-batch on the critical path
+    description: str = ""
+
+
+STACKS = {
+    "megatron-core": Stack(
+        "megatron-core", memory_passes=0.0, tp_allreduce_s=0.0, p2p_message_s=0.0, p2p_messages=1,
+        description="Megatron-LM / megatron-core (labkit's driver): fused kernels and flash attention leave little "
+                    "memory-bound work, folded into each GPU's efficiency; NCCL's own latency only"),
+    "deepspeed-megatron-2020": Stack(
+        "deepspeed-megatron-2020", memory_passes=12.5, tp_allreduce_s=1.2e-3, p2p_message_s=0.1e-3, p2p_messages=2,
+        description="DeepSpeed 3D parallelism on Megatron-LM v1.1.5 (AMP's trials): unfused layer norms, softmax and "
+                    "dropout; blocking pipeline transfers. All three costs fitted to AMP's 90 trials "
+                    "(benchmarks/bench_estimate_accuracy.py)"),
+}
+DEFAULT_STACK = STACKS["megatron-core"]
+
+
+def get_stack(stack) -> Stack:
+    if stack is None:
+        return DEFAULT_STACK
+    if isinstance(stack, Stack):
+        return stack
+    if stack not in STACKS:
+        raise ValueError(f"stack: {stack!r} is not one of {', '.join(STACKS)}")
+    return STACKS[stack]
+
 
 ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GRAD_REDUCE_BYTES = {"fp32": 4, "bf16": 4, "fp16": 2}  # Megatron reduces bf16 runs' gradients in fp32
@@ -64,14 +124,18 @@ class StageTime:
 
 def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape: Shape, precision: str = "bf16",
                first: bool = False, last: bool = False, recompute: str | None = None, first_layer: int = 0,
-               tp_gbps: float | None = None, efficiency: float | None = None) -> StageTime:
+               tp_gbps: float | None = None, efficiency: float | None = None,
+               stack: Stack | str | None = None) -> StageTime:
     """Forward + backward of one micro-batch through one pipeline stage.
 
     `source` is a Profile (measured forward seconds; its time already contains the tensor-parallel all-reduces it
     was measured with) or a GPU (catalog.GPU or its name), for which compute is FLOPs / (peak x efficiency) and the
-    tensor-parallel all-reduces (2 forward + 2 backward per layer of b s h activations) are added from `tp_gbps`.
-    Full recompute adds one more forward of the transformer layers to the backward; selective re-runs attention's core.
+    tensor-parallel all-reduces (2 forward + 2 backward per layer of b s h activations) are added from `tp_gbps`
+    (a bus bandwidth, see `bus_gbps`). The stack adds its memory-bound passes (a third in the forward) and its fixed
+    cost per all-reduce. Full recompute adds one more forward of the transformer layers to the backward; selective
+    re-runs attention's core.
     """
+    stack = get_stack(stack)
     tokens = micro_batch * shape.seq_length
     layer_flops = layer_forward_flops(shape, tokens)
     if recompute == "full":
@@ -88,7 +152,7 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
             # a profile taken at another tensor size: its compute splits by the ratio; the all-reduces are added
             layer_s *= source.tensor / tensor
             ends_s *= source.tensor / tensor
-            comm = _tp_comm(layers, tokens, shape, tensor, precision, recompute, tp_gbps or 100.0)
+            comm = _tp_comm(layers, tokens, shape, tensor, precision, recompute, tp_gbps or 100.0, stack)
         forward = layer_s + ends_s
         backward = source.backward_factor * forward + recompute_fraction * layer_s
         return StageTime(forward, backward, comm, source=f"profile {source.model}/{source.gpu}/tp{source.tensor}")
@@ -97,23 +161,31 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
 
     gpu = source if isinstance(source, catalog.GPU) else catalog.gpu(source)
     rate = gpu.peak(precision) * 1e12 * (efficiency if efficiency is not None else gpu.efficiency)
-    layer_s = layers * layer_flops / tensor / rate
-    ends_s = logits_forward_flops(shape, tokens) / tensor / rate if last else 0.0
+    bandwidth = gpu.memory_bw_gb_s * 1e9
+    activations = activation_bytes_per_layer(shape, micro_batch, tensor, precision=precision)
+    memory_s = stack.memory_passes * activations / bandwidth
+    layer_gemm_s = layer_flops / tensor / rate
+    layer_s = layers * (layer_gemm_s + memory_s / 3)
+    ends_s = 0.0
+    if last:
+        ends_s = logits_forward_flops(shape, tokens) / tensor / rate
+        if stack.memory_passes:  # the cross-entropy reads and writes the fp32 logits, forward and backward
+            ends_s += 4 * (4 * tokens * shape.vocab / tensor) / 3 / bandwidth
     forward = layer_s + ends_s
     backward = 2 * forward + recompute_fraction * layer_s
     comm = _tp_comm(layers, tokens, shape, tensor, precision, recompute,
-                    tp_gbps if tp_gbps is not None else gpu.intra_node_gbps)
+                    tp_gbps if tp_gbps is not None else bus_gbps(gpu.intra_node_gbps, inter_node=False), stack)
     return StageTime(forward, backward, comm, source=f"analytic {gpu.name}")
 
 
 def _tp_comm(layers: int, tokens: int, shape: Shape, tensor: int, precision: str, recompute: str | None,
-             gbps: float) -> float:
+             gbps: float, stack: Stack) -> float:
     """Megatron's 2 forward + 2 backward all-reduces of b s h activations per layer (2 more for a recomputed forward)."""
     if tensor <= 1:
         return 0.0
     message = tokens * shape.hidden * ACTIVATION_BYTES.get(precision, 2)
     per_layer = 4 + (2 if recompute == "full" else 0)
-    return layers * per_layer * allreduce_time(message, tensor, gbps)
+    return layers * per_layer * (allreduce_time(message, tensor, gbps) + stack.tp_allreduce_s)
 
 
 @dataclass
@@ -126,14 +198,15 @@ class PipelineTime:
 
 
 def pipeline_time(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
-                  virtual_stages: int = 1) -> PipelineTime:
+                  virtual_stages: int = 1, messages: int = 1) -> PipelineTime:
     """1F1B (interleaved when virtual_stages > 1) over stages with per-micro-batch times `stage_times` (forward +
-    backward) and per-micro-batch, one-way send times `boundary_times` (one per boundary, len = stages - 1)."""
+    backward) and per-micro-batch, one-way send times `boundary_times` (one per boundary, len = stages - 1);
+    `messages`: transfers per neighbour per micro-batch in the steady state (k in the module's formula)."""
     p, m, v = len(stage_times), num_micro_batches, max(1, virtual_stages)
     if len(boundary_times) != max(0, p - 1):
         raise ValueError(f"boundary_times: need {max(0, p - 1)} values (one per stage boundary), got {len(boundary_times)}")
     edges = [0.0, *boundary_times, 0.0]
-    steady = [t + v * (edges[i] + edges[i + 1]) for i, t in enumerate(stage_times)]
+    steady = [t + messages * v * (edges[i] + edges[i + 1]) for i, t in enumerate(stage_times)]
     k = max(range(p), key=lambda i: steady[i])
     t_max = max(stage_times)
     fill_drain = t_max + (sum(stage_times) - t_max) / v

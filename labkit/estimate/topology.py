@@ -2,7 +2,8 @@
 order) and Megatron's rank order: tensor fastest, then data, then pipeline (rank = stage*t*d + dp*t + tp).
 
 A group of ranks inside one node talks over that node's intra-node link; a group spanning nodes runs at the slowest
-node's inter-node link, shared by the concurrent transfers leaving a node through its one network interface.
+node's inter-node link, shared by the concurrent transfers leaving a node through its one network interface. Speeds
+returned are bus bandwidths (timing.bus_gbps: what NCCL reaches on the link), in Gbit/s.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from labkit import catalog
+from labkit.estimate.timing import bus_gbps
 
 
 @dataclass(frozen=True)
@@ -42,14 +44,16 @@ class Topology:
         return stage * self.tensor * self.data + dp * self.tensor + tp
 
     def stage_gpu(self, stage: int) -> str:
-        return self.slots[self.rank(stage, 0, 0)].gpu
+        """The stage's GPU type; a stage spread over several types runs at the pace of its slowest (lowest peak)."""
+        names = {self.slots[r].gpu for r in self.stage_ranks(stage)}
+        return min(names, key=lambda n: (catalog.gpu(n).peak("fp16") * catalog.gpu(n).efficiency, n))
 
     def group_gbps(self, ranks: list[int]) -> float:
         """Speed of a collective over `ranks` (one of several such groups running at once)."""
         nodes = {self.slots[r].node for r in ranks}
         if len(nodes) == 1:
-            return min(self.slots[r].intra_gbps for r in ranks)
-        return min(self.slots[r].inter_gbps for r in ranks)
+            return bus_gbps(min(self.slots[r].intra_gbps for r in ranks), inter_node=False)
+        return bus_gbps(min(self.slots[r].inter_gbps for r in ranks), inter_node=True)
 
     def crosses_nodes(self, ranks: list[int]) -> bool:
         return len({self.slots[r].node for r in ranks}) > 1
@@ -78,8 +82,8 @@ class Topology:
         for a, b in pairs:
             sa, sb = self.slots[a], self.slots[b]
             if sa.node == sb.node:
-                gbps = min(sa.intra_gbps, sb.intra_gbps)
+                gbps = bus_gbps(min(sa.intra_gbps, sb.intra_gbps), inter_node=False)
             else:
-                gbps = min(sa.inter_gbps, sb.inter_gbps) / crossing[sa.node]
+                gbps = bus_gbps(min(sa.inter_gbps, sb.inter_gbps), inter_node=True) / crossing[sa.node]
             slowest = min(slowest, gbps)
         return slowest
