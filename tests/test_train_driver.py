@@ -219,6 +219,18 @@ def test_nan_loss_stops_with_a_clear_error(runs):
     assert "ERROR: NaN loss at iteration 1" in run.text
 
 
+def test_out_of_memory_is_recognised_on_gpu_and_cpu():
+    import torch
+
+    from labkit.train.training import out_of_memory
+
+    assert out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert out_of_memory(RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
+                                      "allocate memory: you tried to allocate 400000000000000 bytes."))
+    assert out_of_memory(MemoryError())
+    assert not out_of_memory(RuntimeError("shape mismatch"))
+
+
 def test_unsupported_flag_is_named(runs):
     run = runs["unknown_flag"]
     assert run.returncode == 2

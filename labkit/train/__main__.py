@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+import traceback
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -14,16 +15,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)  # exits 2 naming the flag on a bad command line
     if not torch.cuda.is_available():
         cpu_compat.apply()
-    from labkit.train.training import TrainingError, run
+    from labkit.train.training import OOM_HINT, TrainingError, out_of_memory, run
 
     try:
         return run(args)
     except TrainingError as exc:
         print(f"ERROR: {exc}", flush=True)
         return 1
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError) as exc:  # a missing checkpoint file, a split that leaves no data, ...
+        traceback.print_exc()
         print(f"ERROR: {exc}", flush=True)
         return 2
+    except Exception as exc:
+        if not out_of_memory(exc):
+            raise
+        print(f"ERROR: out of memory while setting up on rank {args.rank}: {str(exc).strip().splitlines()[0]}; "
+              f"{OOM_HINT}", flush=True)
+        return 1
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

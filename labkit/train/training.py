@@ -336,17 +336,25 @@ def run(args) -> int:
     return 0
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's RuntimeError."""
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
+
+
+OOM_HINT = "lower --micro-batch-size, add --recompute-granularity, or raise --tensor/--pipeline-model-parallel-size"
+
+
 def _guarded(step, *args, iteration: int, **kwargs):
-    """Run a step, turning out-of-memory into a TrainingError with Megatron's hint."""
+    """Run a training step, turning out-of-memory into a TrainingError that names the iteration and rank."""
     try:
         return step(*args, **kwargs)
-    except torch.OutOfMemoryError as exc:
-        raise TrainingError(f"out of memory at iteration {iteration} on rank {dist.get_rank()}: "
-                            f"{str(exc).splitlines()[0]}; lower --micro-batch-size, add --recompute-granularity, "
-                            "or raise --tensor/--pipeline-model-parallel-size") from exc
-    except MemoryError as exc:
-        raise TrainingError(f"out of memory at iteration {iteration} on rank {dist.get_rank()} (host memory): "
-                            f"{exc}; lower --micro-batch-size or add --recompute-granularity") from exc
+    except Exception as exc:
+        if not out_of_memory(exc):
+            raise
+        where = "GPU" if torch.cuda.is_available() else "host"
+        raise TrainingError(f"out of {where} memory at iteration {iteration} on rank {dist.get_rank()}: "
+                            f"{str(exc).strip().splitlines()[0]}; {OOM_HINT}") from exc
 
 
 def _validate(args, forward_backward_func, valid_iter, model, timers, tensorboard, iteration):
