@@ -10,9 +10,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import dataclasses
 import json
+import math
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -21,12 +25,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from labkit.estimate import Profile, estimate, load_profile  # noqa: E402
+from labkit import catalog  # noqa: E402
+from labkit.estimate import Profile, estimate, load_profile, timing  # noqa: E402
 from labkit.logs.derive import steady_state  # noqa: E402
 from labkit.logs.parse import parse_text  # noqa: E402
 from labkit.megatron_args import megatron_args  # noqa: E402
@@ -117,6 +123,112 @@ def report_amp(verbose: bool) -> dict:
               f"AMP: mean {100 * statistics.fmean(ea):5.1f}%  Spearman {spearman(a, m):.3f}")
         result[name] = (statistics.fmean(eo), spearman(o, m))
     return result
+
+
+def report_amp_by_dimension() -> None:
+    """Signed mean error per value of each layout dimension: where the remaining error sits."""
+    rows = amp_rows()
+    ours = [estimate(r["spec"], stack=AMP_STACK, grad_reduce_bytes=AMP_GRAD_BYTES).iteration_time_s for r in rows]
+    signed = [(o - r["measured"]) / r["measured"] for o, r in zip(ours, rows)]
+    for dim in ("t", "p", "d", "b"):
+        groups: dict[int, list[float]] = {}
+        for r, e in zip(rows, signed):
+            value = int(re.search(rf"\b{dim}(\d+)", r["layout"])[1])
+            groups.setdefault(value, []).append(e)
+        cells = "  ".join(f"{dim}{v}: {100 * statistics.fmean(es):+5.1f}% (n={len(es)})" for v, es in sorted(groups.items()))
+        print(f"  by {dim}: {cells}")
+
+
+# The constants fitted to AMP's trials, with where each lives; `--validate` refits them on part of the trials.
+FITTED = ("T4 efficiency", "memory passes", "TP all-reduce s", "p2p message s", "T4 in-node Gbit/s",
+          "network bus fraction")
+
+
+def current_constants() -> dict:
+    stack = timing.STACKS[AMP_STACK]
+    return {"T4 efficiency": catalog.gpu("T4").efficiency, "memory passes": stack.memory_passes,
+            "TP all-reduce s": stack.tp_allreduce_s, "p2p message s": stack.p2p_message_s,
+            "T4 in-node Gbit/s": catalog.gpu("T4").intra_node_gbps, "network bus fraction": timing.NETWORK_BUS_FRACTION}
+
+
+@contextlib.contextmanager
+def constants(values: dict):
+    """Temporarily set the fitted constants (catalog entry, timing module constants and the AMP stack)."""
+    saved, t4, stack = current_constants(), catalog.gpu("T4"), timing.STACKS[AMP_STACK]
+
+    def put(v):
+        object.__setattr__(t4, "efficiency", v["T4 efficiency"])
+        object.__setattr__(t4, "intra_node_gbps", v["T4 in-node Gbit/s"])
+        timing.NETWORK_BUS_FRACTION = v["network bus fraction"]
+        timing.STACKS[AMP_STACK] = dataclasses.replace(stack, memory_passes=v["memory passes"],
+                                                       tp_allreduce_s=v["TP all-reduce s"],
+                                                       p2p_message_s=v["p2p message s"])
+    put(values)
+    try:
+        yield
+    finally:
+        put(saved)
+
+
+def log_error(values: dict, rows: list[dict]) -> float:
+    with constants(values):
+        return statistics.fmean(abs(math.log(estimate(r["spec"], stack=AMP_STACK, grad_reduce_bytes=AMP_GRAD_BYTES)
+                                             .iteration_time_s / r["measured"])) for r in rows)
+
+
+def fit_constants(rows: list[dict], iterations: int = 300) -> dict:
+    """Nelder-Mead on log-constants, minimising the mean |log(predicted / measured)| over `rows`."""
+    start = current_constants()
+    x0 = np.log([start[k] for k in FITTED])
+
+    def objective(x):
+        return log_error(dict(zip(FITTED, np.exp(x))), rows)
+
+    simplex = [x0] + [x0 + 0.2 * np.eye(len(x0))[i] for i in range(len(x0))]
+    values = [objective(x) for x in simplex]
+    for _ in range(iterations):
+        order = np.argsort(values)
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        centre = np.mean(simplex[:-1], axis=0)
+        reflected = centre + (centre - simplex[-1])
+        f_reflected = objective(reflected)
+        if f_reflected < values[0]:
+            expanded = centre + 2 * (centre - simplex[-1])
+            f_expanded = objective(expanded)
+            simplex[-1], values[-1] = (expanded, f_expanded) if f_expanded < f_reflected else (reflected, f_reflected)
+        elif f_reflected < values[-2]:
+            simplex[-1], values[-1] = reflected, f_reflected
+        else:
+            contracted = centre + 0.5 * (simplex[-1] - centre)
+            f_contracted = objective(contracted)
+            if f_contracted < values[-1]:
+                simplex[-1], values[-1] = contracted, f_contracted
+            else:
+                simplex = [simplex[0] + 0.5 * (x - simplex[0]) for x in simplex]
+                values = [objective(x) for x in simplex]
+    return dict(zip(FITTED, np.exp(simplex[int(np.argmin(values))])))
+
+
+def report_validation() -> None:
+    """Refit the constants on part of AMP's trials and score the rest: two random halves, then each cluster alone."""
+    rows = amp_rows()
+    t4 = [r for r in rows if r["cluster"].startswith("16x")]
+    het = [r for r in rows if r["cluster"].startswith("12x")]
+    order = random.Random(0).sample(range(len(rows)), len(rows))
+    halves = [[rows[i] for i in order[0::2]], [rows[i] for i in order[1::2]]]
+    splits = [("half A -> half B", halves[0], halves[1]), ("half B -> half A", halves[1], halves[0]),
+              ("16x T4 -> 12x V100 + 4x T4", t4, het), ("12x V100 + 4x T4 -> 16x T4", het, t4)]
+    print("Validation: constants refitted on the left, scored on the right (V100 efficiency held at the catalog's)")
+    for name, train, test in splits:
+        fitted = fit_constants(train)
+        with constants(fitted):
+            pred = [estimate(r["spec"], stack=AMP_STACK, grad_reduce_bytes=AMP_GRAD_BYTES).iteration_time_s
+                    for r in test]
+        meas = [r["measured"] for r in test]
+        errs = errors(pred, meas)
+        shown = ", ".join(f"{k} {v:.3g}" for k, v in fitted.items())
+        print(f"  {name:<28} held-out n={len(test)}: mean |err| {100 * statistics.fmean(errs):5.1f}%  "
+              f"median {100 * statistics.median(errs):5.1f}%  Spearman {spearman(pred, meas):.3f}   [{shown}]")
 
 
 def report_seed000() -> float:
@@ -248,11 +360,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-cpu", action="store_true", help="skip the CPU closed loop (it trains for minutes)")
     parser.add_argument("--verbose", action="store_true", help="print every AMP trial")
+    parser.add_argument("--validate", action="store_true",
+                        help="refit the AMP constants on half the trials / one cluster and score the rest (minutes)")
     parser.add_argument("--save-loop", type=Path, help="write the CPU loop's measurements (and profiles) to this JSON")
     parser.add_argument("--replay-loop", type=Path,
                         help="predict against measurements saved by --save-loop instead of measuring again")
     args = parser.parse_args(argv)
     report_amp(args.verbose)
+    report_amp_by_dimension()
+    if args.validate:
+        report_validation()
     report_seed000()
     if args.replay_loop:
         report_cpu_loop(json.loads(args.replay_loop.read_text()))

@@ -3,9 +3,12 @@ import json
 
 import pytest
 
+from labkit import catalog
 from labkit.cli import main
 from labkit.estimate import (Profile, Shape, allreduce_time, estimate, memory_per_stage, pipeline_time,
-                             stage_time)
+                             stage_time, timing)
+from labkit.estimate.memory import activation_bytes_per_layer
+from labkit.estimate.timing import bus_gbps
 from labkit.spec import load_spec
 
 GPT2_XL = Shape(num_layers=48, hidden=1600, heads=25, seq_length=1024, vocab=50257)
@@ -156,3 +159,80 @@ def test_a_single_gpu_profile_is_split_over_tensor_ranks_with_all_reduces_added(
     assert two.breakdown["tp_comm"] > 0 and one.breakdown["tp_comm"] == 0
     # half the data-parallel width doubles the micro-batches; each takes half the compute
     assert two.breakdown["compute"] == pytest.approx(one.breakdown["compute"])
+
+
+def test_bus_bandwidth_is_a_fraction_of_the_link_by_link_class():
+    assert bus_gbps(2400, inter_node=False) == pytest.approx(2400 * timing.NVLINK_BUS_FRACTION)
+    assert bus_gbps(252, inter_node=False) == pytest.approx(252 * timing.PCIE_BUS_FRACTION)
+    assert bus_gbps(100, inter_node=True) == pytest.approx(100 * timing.NETWORK_BUS_FRACTION)
+
+
+AMP_SHAPE = Shape(num_layers=24, hidden=1024, heads=16, seq_length=1024, vocab=52256)
+DS = "deepspeed-megatron-2020"
+
+
+def test_stack_memory_passes_add_activation_traffic_at_memory_bandwidth():
+    plain = stage_time("T4", 6, 2, 1, shape=AMP_SHAPE, precision="fp16")
+    ds = stage_time("T4", 6, 2, 1, shape=AMP_SHAPE, precision="fp16", stack=DS)
+    act = activation_bytes_per_layer(AMP_SHAPE, 2, 1, precision="fp16")
+    expected = 6 * timing.STACKS[DS].memory_passes * act / (catalog.gpu("T4").memory_bw_gb_s * 1e9)
+    assert ds.forward_s + ds.backward_s - plain.forward_s - plain.backward_s == pytest.approx(expected)
+
+
+def test_tensor_parallel_compute_splits_less_than_linearly_when_memory_bound_work_is_replicated():
+    one = stage_time("T4", 6, 1, 1, shape=AMP_SHAPE, precision="fp16", stack=DS)
+    two = stage_time("T4", 6, 1, 2, shape=AMP_SHAPE, precision="fp16", stack=DS)
+    compute = lambda st: st.forward_s + st.backward_s  # noqa: E731
+    assert compute(one) / 2 < compute(two) < compute(one)
+
+
+def test_stack_charges_a_fixed_cost_per_tensor_parallel_all_reduce():
+    plain = stage_time("T4", 6, 1, 2, shape=AMP_SHAPE, precision="fp16", tp_gbps=30)
+    ds = stage_time("T4", 6, 1, 2, shape=AMP_SHAPE, precision="fp16", tp_gbps=30, stack=DS)
+    assert ds.tp_comm_s - plain.tp_comm_s == pytest.approx(6 * 4 * timing.STACKS[DS].tp_allreduce_s)
+
+
+def test_blocking_pipeline_transfers_double_the_steady_state_exchange():
+    one = pipeline_time([0.1, 0.1], [0.01], 8)
+    two = pipeline_time([0.1, 0.1], [0.01], 8, messages=2)
+    assert two.total_s - one.total_s == pytest.approx(7 * 0.01)
+
+
+def test_unknown_stack_names_the_choices():
+    with pytest.raises(ValueError, match="megatron-core"):
+        estimate(seed000(), stack="colossal")
+
+
+def amp_spec(t, p, d, micro, cluster="t4"):
+    nodes = {"t4": [{"gpu": "T4", "count": 4, "gpus_per_node": 4, "inter_node_gbps": 50}],
+             "het": [{"gpu": "V100-16GB", "count": 3, "gpus_per_node": 4, "inter_node_gbps": 10},
+                     {"gpu": "T4", "count": 1, "gpus_per_node": 4, "inter_node_gbps": 50}]}[cluster]
+    return load_spec({"name": "amp", "model": {"num_layers": 24, "hidden_size": 1024, "num_attention_heads": 16,
+                                               "seq_length": 1024, "vocab_size": 52256},
+                      "parallel": {"tensor": t, "pipeline": p, "data": d}, "batch": {"micro": micro, "global": 32},
+                      "precision": "fp16", "recompute": "none", "cluster": {"nodes": nodes}})
+
+
+def test_a_stage_over_several_gpu_types_runs_at_its_slowest():
+    est = estimate(amp_spec(1, 1, 16, 1, cluster="het"), stack=DS)
+    assert est.stage_gpus == ["T4"]
+
+
+def test_fp32_gradient_reduction_doubles_the_data_parallel_bytes():
+    fp16 = estimate(amp_spec(1, 1, 16, 1), stack=DS)
+    fp32 = estimate(amp_spec(1, 1, 16, 1), stack=DS, grad_reduce_bytes=4)
+    assert fp32.breakdown["dp_comm"] == pytest.approx(2 * fp16.breakdown["dp_comm"], rel=0.01)
+
+
+@pytest.mark.parametrize("layout, measured", [
+    # AMP's real trials on 4 x g4dn.12xlarge (DachengLi1/AMP src/results/homogeneous_results.txt; uniform partitions)
+    ((1, 2, 8, 1), 1.28), ((2, 1, 8, 4), 1.55), ((4, 1, 4, 1), 2.48), ((4, 1, 4, 8), 1.94), ((1, 16, 1, 8), 3.25),
+])
+def test_amp_t4_trials_within_fifteen_percent(layout, measured):
+    est = estimate(amp_spec(*layout), stack=DS, grad_reduce_bytes=4)
+    assert est.iteration_time_s == pytest.approx(measured, rel=0.15)
+
+
+def test_amp_tensor_parallel_gets_faster_with_fewer_larger_micro_batches():
+    times = [estimate(amp_spec(4, 1, 4, b), stack=DS, grad_reduce_bytes=4).iteration_time_s for b in (1, 2, 4, 8)]
+    assert times == sorted(times, reverse=True)

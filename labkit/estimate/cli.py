@@ -12,6 +12,8 @@ def register(sub) -> None:
     p.add_argument("--tokens", type=float, default=None, help="training tokens, to add training_days (e.g. 300e9)")
     p.add_argument("--overlap-dp", action="store_true",
                    help="overlap the gradient all-reduce with the backward pass (Megatron --overlap-grad-reduce)")
+    p.add_argument("--stack", default="megatron-core", choices=("megatron-core", "deepspeed-megatron-2020"),
+                   help="training software whose overheads to charge (default megatron-core, labkit's driver)")
     p.set_defaults(func=_run)
 
 
@@ -29,7 +31,7 @@ def _run(args) -> int:
     if args.tokens is not None and args.tokens <= 0:
         print(f"--tokens: must be a positive number of tokens, got {args.tokens:g}", file=sys.stderr)
         return 2
-    est = estimate(spec, tokens=args.tokens, overlap_dp=args.overlap_dp)
+    est = estimate(spec, tokens=args.tokens, overlap_dp=args.overlap_dp, stack=args.stack)
     if args.json:
         print(json.dumps(est.to_dict(), indent=2))
     else:

@@ -34,10 +34,9 @@ LINK_LATENCY_S = 10e-6
 # Bus bandwidth as a fraction of the link rate.
 # NVLink: NCCL's all_reduce_perf reaches ~230 of 300 GB/s on DGX A100 (assumed, published figure).
 NVLINK_BUS_FRACTION = 0.8
-# PCIe without GPU peer-to-peer (T4 in g4dn nodes): NCCL stages every byte through host shared memory, so it crosses
-# PCIe twice, and the node's GPUs share the host's root ports. Fitted: 0.26, to AMP's 90 trials (T4 tensor-parallel
-# and in-node pipeline/data-parallel traffic), benchmarks/bench_estimate_accuracy.py.
-PCIE_BUS_FRACTION = 0.26
+# PCIe with GPU peer-to-peer: NCCL reaches ~22 of 31.5 GB/s on Gen4 x16 (assumed). Nodes without peer-to-peer
+# (AWS g4dn's T4s) stage every byte through host memory; their catalog entry carries the lower rate they reach.
+PCIE_BUS_FRACTION = 0.7
 # Intra-node links up to PCIe Gen5 x16 (504 Gbit/s) are PCIe; faster ones are NVLink-class.
 PCIE_MAX_GBPS = 512
 # Between nodes: NCCL over TCP sockets on 10/50 Gbit/s Ethernet. Fitted: 0.85, to AMP's 90 trials (AWS p3.8xlarge
