@@ -1,0 +1,106 @@
+"""Several variants of one run, submitted together and read back together: the comparisons the labs make (fp32 vs
+fp16 vs bf16, recompute modes, batch sizes, parallel layouts).
+
+    sweep = Sweep.submit(backend, {"fp32": base, "fp16": base.replace(precision="fp16")}, prefix="lab02")
+    sweep.wait()              # every job ended; raises SweepFailed naming each run that did not complete, and why
+    sweep.logs                # {"fp32": ParsedLog, "fp16": ParsedLog}, in the order given
+    sweep.traces("fp16")      # its torch.profiler traces, when its spec asked for them (see `profiled`)
+
+The jobs run at the same time: on a cluster each gets its own nodes; on a laptop they share its cores, so their
+timings are comparable with each other but slower than one run alone.
+"""
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Mapping
+
+from labkit.jobs.job import Job, State
+from labkit.spec import RunSpec
+
+# Relative to the run directory, which is the job's working directory on both backends.
+PROFILE_DIR = "tensorboard"
+# Megatron's dropout flags at zero: runs that must give the same loss (one big micro-batch vs accumulated small ones)
+# draw no random masks, whose layout depends on the micro-batch size.
+NO_DROPOUT = ("--hidden-dropout", "0", "--attention-dropout", "0")
+
+
+def with_flags(spec: RunSpec, *flags) -> RunSpec:
+    """The spec with Megatron flags appended to `job.extra_args`, for settings the spec has no field for."""
+    return spec.replace(**{"job.extra_args": [*spec.job.extra_args, *(str(f) for f in flags)]})
+
+
+def profiled(spec: RunSpec, first: int, last: int | None = None, ranks: tuple[int, ...] = (0,)) -> RunSpec:
+    """The spec with torch.profiler over iterations `first`..`last` (numbered as in the log, inclusive) on `ranks`,
+    and TensorBoard scalars (loss, loss scale, timers, memory), all written to the run directory's tensorboard/."""
+    last = first if last is None else last
+    iters = spec.train.iters
+    if not 1 <= first <= last <= iters:
+        raise ValueError(f"profiled iterations {first}..{last}: choose 1 <= first <= last <= train.iters ({iters})")
+    outside = [r for r in ranks if not 0 <= r < spec.world_size]
+    if not ranks or outside:
+        raise ValueError(f"profiled ranks {list(ranks)}: choose ranks from 0 to {spec.world_size - 1} "
+                         f"(the spec's world size is {spec.world_size})")
+    # The driver's (and Megatron's) profile steps are 0-based: step k is iteration k + 1.
+    return with_flags(spec, "--profile", "--profile-step-start", first - 1, "--profile-step-end", last,
+                      "--profile-ranks", *ranks, "--tensorboard-dir", PROFILE_DIR, "--log-timers-to-tensorboard",
+                      "--log-memory-to-tensorboard")
+
+
+class SweepFailed(RuntimeError):
+    """Some runs of a sweep did not complete; `causes` maps each one's name to why."""
+
+    def __init__(self, causes: dict[str, str]):
+        self.causes = causes
+        super().__init__("; ".join(f"{name}: {cause}" for name, cause in causes.items()))
+
+
+class Sweep:
+    """Named jobs started together from one backend."""
+
+    def __init__(self, jobs: Mapping[str, Job]):
+        self.jobs = dict(jobs)
+
+    @classmethod
+    def submit(cls, backend, specs: Mapping[str, RunSpec], prefix: str | None = None) -> "Sweep":
+        """Submit every spec at once; with `prefix`, each run is named PREFIX-NAME (how run lists show it)."""
+        if not specs:
+            raise ValueError("specs: give at least one {name: RunSpec}")
+        named = {name: spec.replace(name=f"{prefix}-{name}") if prefix else spec for name, spec in specs.items()}
+        return cls({name: backend.submit(spec) for name, spec in named.items()})
+
+    def wait(self, timeout: float | None = None, raise_on_failure: bool = True) -> dict[str, State]:
+        """Block until every job ends; each one's final state. Raises SweepFailed (with every cause) when one did not
+        complete, unless raise_on_failure is False."""
+        states = {name: job.wait(progress=False, timeout=timeout) for name, job in self.jobs.items()}
+        failed = {name: job.cause() or str(states[name]) for name, job in self.jobs.items()
+                  if states[name] != State.COMPLETED}
+        if failed and raise_on_failure:
+            raise SweepFailed(failed)
+        return states
+
+    @property
+    def specs(self) -> dict[str, RunSpec]:
+        return {name: job.spec for name, job in self.jobs.items()}
+
+    @property
+    def run_dirs(self) -> dict[str, Path]:
+        return {name: job.record.path for name, job in self.jobs.items()}
+
+    @cached_property
+    def logs(self):
+        """{name: ParsedLog} of every run (read once, after `wait`)."""
+        return {name: job.result() for name, job in self.jobs.items()}
+
+    def traces(self, name: str):
+        """The torch.profiler traces of one run, ordered by rank."""
+        from labkit.profiling.trace import load_traces
+
+        if name not in self.jobs:
+            raise KeyError(f"{name!r} is not one of the runs ({', '.join(self.jobs)})")
+        if "--profile" not in self.jobs[name].spec.job.extra_args:
+            raise ValueError(f"run {name!r} was not profiled: submit labkit.jobs.sweep.profiled(spec, ...)")
+        return load_traces(self.run_dirs[name])
+
+    def __repr__(self) -> str:
+        return f"Sweep({', '.join(f'{name}={job!r}' for name, job in self.jobs.items())})"
