@@ -207,7 +207,7 @@ def test_nemo2_zero_based_iterations(logs):
     r = row(p, 29)
     assert (r["train_iters"], r["epoch"], r["global_batch_size"], r["consumed_samples"], r["task"]) == \
         (100, 0, 32, 928, 0)
-    assert r["consumed_samples"] == r["iteration"] * r["global_batch_size"]
+    assert r["consumed_samples"] == r["iteration"] * r["global_batch_size"] and r["global_step"] == 28
     assert r["lm_loss"] == pytest.approx(2.778) and r["elapsed_ms"] == pytest.approx(189.0)
     assert r["lr"] == pytest.approx(5.6e-6)
     assert row(p, 35)["lm_loss"] == pytest.approx(2.788)

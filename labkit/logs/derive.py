@@ -4,9 +4,9 @@ The first logged interval carries start-up (allocator, kernels, data loader) and
 evaluation or a checkpoint save inside an interval are not steady either. `steady_state` leaves both out and says which
 iterations it left out, so a reader can check the choice.
 
-When the log does not print TFLOP/s (or MFU never is), they are computed with the estimator's model-FLOPs formula
-(labkit.estimate.flops.model_flops) from the model shape in the log's arguments block or from a RunSpec, and the GPU
-peak from the catalog (labkit.catalog).
+TFLOP/s per GPU are the log's own when it prints them; otherwise they are computed with the estimator's model-FLOPs
+formula (labkit.estimate.flops.model_flops) from the model shape in the log's arguments block or from a RunSpec. No log
+prints MFU: it is TFLOP/s per GPU over the GPU's peak from the catalog (labkit.catalog).
 """
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ returns a `ParsedLog`. It understands, in any mix:
 - memory reports, timers (one-line `time (ms) |` and the `(min, max)`, `max` and per-rank `times across ranks`
   blocks), the arguments block, parallel sizes, validation losses, and errors/warnings with their line numbers.
 
-Conventions. `iteration` counts completed steps as Megatron does (NeMo's 0-based index is shifted by one). Times are
-milliseconds. One row per iteration even when several ranks print it: rows of one iteration are merged, the first
+Conventions. `iteration` counts completed steps as Megatron does: NeMo's 0-based `iteration 28/99` is row 29 of 100
+(its printed index stays in `global_step`). Times are milliseconds. One row per iteration even when several ranks print it: rows of one iteration are merged, the first
 value printed wins; when a stream prints an iteration again after a higher one (a restart from a checkpoint) the later
 print wins. A line cut off mid-record (a truncated file, a line broken by another rank's output) is ignored and
 reported in `partial_lines`. Bytes that are not UTF-8 are replaced, never fatal.
@@ -109,6 +109,7 @@ _FIELDS = {
     b"samplespersecond": ("samples_per_s", 1.0),
     b"tokenspergpupersecondtgs": ("tokens_per_gpu_per_s", 1.0),
     b"actualseqlen": ("seq_length", 1.0),
+    b"globalstep": ("global_step", 1.0),  # NeMo's 0-based step, as printed
 }
 _MEMORY_FIELDS = {
     b"allocated": "allocated_mb", b"maxallocated": "max_allocated_mb",
@@ -123,7 +124,7 @@ ITERATION_COLUMNS = [
     "source", "node", "task", "rank", "local_rank", "line",
 ]
 _INT_COLUMNS = ("iteration", "train_iters", "epoch", "consumed_samples", "consumed_tokens", "skipped_samples",
-                "global_batch_size", "skipped", "nan", "seq_length", "task", "rank", "local_rank", "line")
+                "global_batch_size", "skipped", "nan", "seq_length", "global_step", "task", "rank", "local_rank", "line")
 _ORIGIN = ["source", "node", "task", "rank", "local_rank", "line"]
 MEMORY_COLUMNS = ["iteration", "allocated_mb", "max_allocated_mb", "reserved_mb", "max_reserved_mb", *_ORIGIN]
 TIMER_COLUMNS = ["iteration", "phase", "ms", "min_ms", "max_ms", "style", *_ORIGIN]
