@@ -134,3 +134,13 @@ def test_cli_json_and_summary(capsys):
     assert "iterations: 100..1500 of 100000" in text and "steady iteration time" in text
     assert main(["logs", "parse", str(FIXTURES / "missing.log")]) == 2
     assert "no such log file" in capsys.readouterr().err
+
+
+def test_cli_uses_the_spec_for_mfu(capsys):
+    spec = Path(__file__).parent.parent / "examples" / "gpt2-xl-hetero.yaml"
+    log = FIXTURES / "seed000-get-result.txt"
+    assert main(["logs", "parse", str(log), "--spec", str(spec), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    assert summary["tflops_source"] == "model FLOPs" and 0 < summary["mfu"] < 1
+    assert main(["logs", "parse", str(log)]) == 0
+    assert "MFU" not in capsys.readouterr().out  # no GPU known without the spec

@@ -16,6 +16,8 @@ def register(sub) -> None:
                    help="print iterations, memory, timers, validation, arguments, parallel, events, partial_lines "
                         "and summary as one JSON object")
     p.add_argument("--gpu", help="catalog GPU name for MFU (e.g. A100-80GB), when the log does not say")
+    p.add_argument("--spec", help="the run's spec (YAML): model shape, batch and GPUs for TFLOP/s and MFU when the "
+                                  "log does not print them")
     p.set_defaults(func=_parse)
     logs.set_defaults(func=lambda args: (logs.print_help(), 1)[1])
 
@@ -23,12 +25,17 @@ def register(sub) -> None:
 def _parse(args) -> int:
     from labkit.logs import parse_log
     from labkit.logs.derive import summarize
+    from labkit.spec import SpecError, load_spec
 
     try:
+        spec = load_spec(args.spec) if args.spec else None
         parsed = parse_log(args.logs)
-        summary = summarize(parsed, gpu=args.gpu)
+        summary = summarize(parsed, spec=spec, gpu=args.gpu)
     except (FileNotFoundError, KeyError) as exc:
         print(f"labkit logs parse: {exc}", file=sys.stderr)
+        return 2
+    except SpecError as exc:
+        print(f"labkit logs parse: --spec {args.spec}: " + "; ".join(exc.errors), file=sys.stderr)
         return 2
     if args.json:
         out = parsed.to_json()
@@ -65,7 +72,7 @@ def format_summary(s: dict) -> str:
         lines.append(f"throughput: {num(s['tokens_per_s'], '{:,.0f}')} tokens/s, "
                      f"{num(s['tflops_per_gpu'])} TFLOP/s per GPU"
                      + (f" ({s['tflops_source']})" if s["tflops_source"] else "")
-                     + f", MFU {num(None if s['mfu'] is None else 100 * s['mfu'])}%")
+                     + (f", MFU {100 * s['mfu']:.1f}%" if s["mfu"] is not None else ""))
     else:
         lines.append("iterations: none logged")
     parallel = {k: v for k, v in s["parallel"].items() if k != "parameters_per_rank"}
