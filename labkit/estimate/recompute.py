@@ -1,0 +1,87 @@
+"""Activation recomputation, mode by mode: the memory it saves and the work it repeats, before a run.
+
+`estimate()` prices full recomputation as every layer recomputed. Megatron's methods differ in which layers that is
+(labkit.diagrams.stored_activations draws it): `uniform` checkpoints the input of every group of `num_layers` layers
+and recomputes them all; `block` checkpoints only the first `num_layers` layers of each pipeline stage and keeps the
+rest whole; `selective` keeps everything but the attention core (its softmax, dropout and score matrices), which is
+cheap to recompute and large to keep. Here each layer is sized by what it keeps (Korthikanti et al., Table 2, as in
+labkit.estimate.memory), for one micro-batch on the first pipeline stage: the activations held when the backward
+pass begins, which is what a profiler sees the forward pass leave behind.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import pandas as pd
+
+from labkit.diagrams import stored_activations
+from labkit.estimate.flops import attention_core_forward_flops, layer_forward_flops, model_flops
+from labkit.estimate.memory import GIB, activation_bytes_per_layer, memory_per_stage
+from labkit.estimate.params import Shape
+from labkit.spec import RunSpec
+
+MIB = 2 ** 20
+# What each kind of layer keeps, as activation_bytes_per_layer's recompute setting.
+_KEPT_AS = {"all": None, "no-attention": "selective", "input": "full"}
+
+
+@dataclass
+class RecomputeCost:
+    mode: str                  # "none", "selective", "full/uniform", "full/block"
+    kept: list[str]            # per layer of the first stage: all | input | inner | no-attention
+    recomputed_layers: int     # layers of the first stage whose forward runs again in the backward pass
+    activations_mib: float     # kept for the backward pass: one micro-batch, first stage, embeddings and logits too
+    extra_compute: float       # recomputed forward FLOPs over the model FLOPs of a step (all stages)
+
+
+def mode_name(spec: RunSpec) -> str:
+    r = spec.recompute
+    if r is None:
+        return "none"
+    return "selective" if r.granularity == "selective" else f"full/{r.method}"
+
+
+def recompute_cost(spec: RunSpec) -> RecomputeCost:
+    """What `spec`'s recompute setting keeps and repeats (see the module's docstring)."""
+    shape = Shape.of(spec.model)
+    r, par, b = spec.recompute, spec.parallel, spec.batch
+    partition = spec.layer_partition
+    kept = stored_activations(partition[0], r.granularity if r else None, r.method if r else None,
+                              r.num_layers if r else 1)
+    per_kind = {kind: activation_bytes_per_layer(shape, b.micro, par.tensor, par.sequence_parallel, setting,
+                                                 spec.precision) for kind, setting in _KEPT_AS.items()}
+    layers_bytes = sum(per_kind.get(k, 0.0) for k in kept)  # "inner" layers keep nothing
+    # Embedding output (first stage) and logits (when it is also the last): memory_per_stage of a stage with no layers.
+    outside = memory_per_stage(shape, [0] * len(partition), tensor=par.tensor, micro_batch=b.micro,
+                               precision=spec.precision)[0].activations * GIB
+    tokens = b.micro * shape.seq_length
+    extra = 0.0
+    for layers in partition:  # every stage applies the method to its own layers
+        stage = stored_activations(layers, r.granularity if r else None, r.method if r else None,
+                                   r.num_layers if r else 1)
+        if r is not None and r.granularity == "selective":
+            extra += layers * attention_core_forward_flops(shape, tokens)
+        else:
+            extra += sum(k in ("input", "inner") for k in stage) * layer_forward_flops(shape, tokens)
+    step = model_flops(shape, b.micro)
+    return RecomputeCost(mode=mode_name(spec), kept=kept, recomputed_layers=sum(k in ("input", "inner") for k in kept),
+                         activations_mib=(layers_bytes + outside) / MIB, extra_compute=extra / step)
+
+
+def recompute_table(specs: Mapping[str, RunSpec]) -> pd.DataFrame:
+    """One row per spec: mode, what each layer keeps, layers recomputed, activations kept (MiB), memory saved against
+    no recomputation (MiB) and the extra compute (share of the step's FLOPs)."""
+    if not specs:
+        raise ValueError("specs: give at least one {name: RunSpec}")
+    rows = {}
+    for name, spec in specs.items():
+        cost = recompute_cost(spec)
+        none = recompute_cost(spec.replace(recompute=None))
+        rows[name] = {"mode": cost.mode, "kept": " ".join(cost.kept), "recomputed_layers": cost.recomputed_layers,
+                      "activations_mib": cost.activations_mib,
+                      "saved_mib": none.activations_mib - cost.activations_mib,
+                      "extra_compute": cost.extra_compute}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "run"
+    return table

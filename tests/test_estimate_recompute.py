@@ -1,0 +1,66 @@
+"""Recompute modes predicted layer by layer: sizes worked out by hand from Korthikanti et al.'s per-layer formula for
+the tiny model (s = 64, b = 2, h = 64, a = 4, fp32 doubling the 16-bit sizes)."""
+import pytest
+
+from labkit.estimate.flops import layer_forward_flops, model_flops
+from labkit.estimate.params import Shape
+from labkit.estimate.recompute import recompute_cost, recompute_table
+from labkit.spec import load_spec
+
+MIB = 2 ** 20
+SBH = 64 * 2 * 64
+ALL = SBH * (34 + 5 * 4 * 64 / 64) * 2          # a layer that keeps everything
+SELECTIVE = SBH * 34 * 2                         # everything but the attention core
+INPUT = 2 * SBH * 2                              # only its input, the checkpoint
+OUTSIDE = (8 * 64 * 2 + SBH) * 2 + 4 * SBH * (1 + 1024 / 64)  # embedding output, fp32 logits
+MODES = {"none": None, "selective": {"granularity": "selective", "method": None},
+         "full/uniform": {"granularity": "full", "method": "uniform", "num_layers": 1},
+         "full/block": {"granularity": "full", "method": "block", "num_layers": 1}}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_spec("examples/tiny-cpu.yaml").replace(cluster={"nodes": [{"gpu": "cpu", "count": 1,
+                                                                           "gpus_per_node": 1}]})
+
+
+@pytest.mark.parametrize("mode, kept, layer_bytes, recomputed", [
+    ("none", ["all", "all"], 2 * ALL, 0),
+    ("selective", ["no-attention", "no-attention"], 2 * SELECTIVE, 0),
+    ("full/uniform", ["input", "input"], 2 * INPUT, 2),
+    ("full/block", ["input", "all"], INPUT + ALL, 1),
+])
+def test_each_mode_keeps_what_megatron_keeps_per_layer(tiny, mode, kept, layer_bytes, recomputed):
+    cost = recompute_cost(tiny.replace(recompute=MODES[mode]))
+    assert cost.mode == mode and cost.kept == kept and cost.recomputed_layers == recomputed
+    assert cost.activations_mib == pytest.approx((layer_bytes + OUTSIDE) / MIB)
+
+
+def test_extra_compute_is_the_recomputed_forwards_over_the_model_flops(tiny):
+    shape = Shape.of(tiny.model)
+    layer = layer_forward_flops(shape, 2 * 64) / model_flops(shape, 2)
+    costs = {mode: recompute_cost(tiny.replace(recompute=r)) for mode, r in MODES.items()}
+    assert costs["none"].extra_compute == 0
+    assert costs["full/uniform"].extra_compute == pytest.approx(2 * layer)
+    assert costs["full/block"].extra_compute == pytest.approx(layer)
+    assert 0 < costs["selective"].extra_compute < costs["full/block"].extra_compute
+
+
+def test_uniform_groups_and_block_layers_follow_num_layers(tiny):
+    four = tiny.replace(model={"preset": None, "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
+                               "seq_length": 64, "vocab_size": 1024})
+    grouped = recompute_cost(four.replace(recompute={"granularity": "full", "method": "uniform", "num_layers": 2}))
+    assert grouped.kept == ["input", "inner", "input", "inner"] and grouped.recomputed_layers == 4
+    assert grouped.activations_mib == pytest.approx((2 * INPUT + OUTSIDE) / MIB)
+    block = recompute_cost(four.replace(recompute={"granularity": "full", "method": "block", "num_layers": 3}))
+    assert block.kept == ["input", "input", "input", "all"] and block.recomputed_layers == 3
+
+
+def test_the_table_orders_saving_against_cost(tiny):
+    table = recompute_table({mode: tiny.replace(recompute=r) for mode, r in MODES.items()})
+    assert table.loc["none", "saved_mib"] == 0
+    assert table["saved_mib"].sort_values().index.tolist() == ["none", "selective", "full/block", "full/uniform"]
+    assert table["extra_compute"].sort_values().index.tolist() == ["none", "selective", "full/block", "full/uniform"]
+    assert table.loc["full/uniform", "saved_mib"] == pytest.approx(2 * (ALL - INPUT) / MIB)
+    with pytest.raises(ValueError, match="at least one"):
+        recompute_table({})
