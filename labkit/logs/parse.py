@@ -671,56 +671,56 @@ def _timers(s: _Scan, iteration_pos) -> pd.DataFrame:
             minmax_headers.setdefault(prefix.rstrip(), []).append((start, it, origin))
         else:
             _timer_block_rest(s, s.line_end(m.end()), prefix, style, it, origin, rows)
-    names = ["iteration", "phase", "ms", "min_ms", "max_ms", "style", "node", "task", "rank", "local_rank", "line"]
-    data = {name: [r[i] for r in rows] for i, name in enumerate(names)}
-    for name in ("ms", "min_ms", "max_ms"):
-        data[name] = _floats(data[name]) if rows else np.empty(0)
-    if minmax_headers:
-        minmax = {name: [] for name in names if name not in ("ms", "min_ms", "max_ms")}
-        lo, hi = _minmax_entries(s, minmax_headers, minmax)
-        for name, values in minmax.items():
-            data[name].extend(values)
-        lo, hi = _floats(lo), _floats(hi)
-        data["ms"] = np.concatenate([data["ms"], hi])
-        data["min_ms"] = np.concatenate([data["min_ms"], lo])
-        data["max_ms"] = np.concatenate([data["max_ms"], hi])
+    pieces = [_timer_columns(rows)]
+    pieces += [_minmax_entries(s, prefix, blocks) for prefix, blocks in minmax_headers.items()]
+    data = {name: np.concatenate([piece[name] for piece in pieces]) for name in _TIMER_FIELDS}
     n = len(data["phase"])
     data["line"] = s.line_nos(data["line"])
     data["source"] = [s.source] * n
     return _frame(data, n, TIMER_COLUMNS).sort_values("line", kind="stable", ignore_index=True)
 
 
-def _minmax_entries(s: _Scan, headers: dict[bytes, list[tuple]], data: dict[str, list]) -> tuple[list, list]:
-    """Entries `    name ......: (min, max)` of every `(min, max) time across ranks` block: their other columns are
-    added to `data`, their (min, max) times returned as raw bytes.
+_TIMER_FIELDS = ["iteration", "phase", "ms", "min_ms", "max_ms", "style", "node", "task", "rank", "local_rank", "line"]
+_TIMER_DTYPES = {"iteration": float, "task": float, "rank": float, "local_rank": float, "line": np.int64,
+                 "phase": object, "style": object, "node": object}
 
-    One scan per launcher prefix reads that prefix's headers and entries in order; an entry belongs to the header
-    before it, so blocks of several ranks interleaved line by line are told apart. Each entry's `line` is its header's.
+
+def _timer_columns(rows: list[tuple]) -> dict[str, np.ndarray]:
+    """Timer rows (fields in _TIMER_FIELDS order, times as raw bytes) as column arrays."""
+    columns = {}
+    for i, name in enumerate(_TIMER_FIELDS):
+        values = [r[i] for r in rows]
+        columns[name] = _floats(values) if name.endswith("ms") else np.asarray(values, dtype=_TIMER_DTYPES[name])
+    return columns
+
+
+def _minmax_entries(s: _Scan, prefix: bytes, blocks: list[tuple]) -> dict[str, np.ndarray]:
+    """Entries `    name ......: (min, max)` of the `(min, max) time across ranks` blocks of one launcher prefix.
+
+    One scan reads the prefix's headers and entries in order; an entry belongs to the header before it, so blocks of
+    several ranks interleaved line by line are told apart. Each entry's `line` is its header's.
     """
-    buf = s.buf
-    names: dict[bytes, str] = {}
-    lows, highs = [], []
-    for prefix, blocks in headers.items():
-        found = _minmax_pattern(prefix).findall(buf, s.line_end(blocks[0][0]), blocks[-1][0] + _MAX_BLOCK_BYTES)
-        owner, raw_names, last = [], [], len(blocks) - 1
-        block = 0
-        for header, raw, lo, hi in found:
-            if header:
-                block = min(block + 1, last)
-            else:
-                owner.append(block)
-                raw_names.append(raw)
-                lows.append(lo)
-                highs.append(hi)
-        for raw in set(raw_names) - names.keys():
-            names[raw] = _text(raw).strip()
-        data["phase"].extend([names[raw] for raw in raw_names])
-        data["style"].extend(["minmax"] * len(owner))
-        for column, values in (("iteration", [b[1] for b in blocks]), ("line", [b[0] for b in blocks]),
-                               *((name, [b[2][i] for b in blocks])
-                                 for i, name in enumerate(("node", "task", "rank", "local_rank")))):
-            data[column].extend(np.asarray(values, dtype=object)[owner].tolist() if owner else [])
-    return lows, highs
+    found = _minmax_pattern(prefix).findall(s.buf, s.line_end(blocks[0][0]), blocks[-1][0] + _MAX_BLOCK_BYTES)
+    owner, raw_names, lows, highs = [], [], [], []
+    block, last = 0, len(blocks) - 1
+    for header, raw, lo, hi in found:
+        if header:
+            block = min(block + 1, last)
+        else:
+            owner.append(block)
+            raw_names.append(raw)
+            lows.append(lo)
+            highs.append(hi)
+    names = {raw: _text(raw).strip() for raw in set(raw_names)}
+    owner = np.asarray(owner, dtype=np.int64)
+    high = _floats(highs)
+    columns = {"phase": np.asarray([names[raw] for raw in raw_names], dtype=object), "ms": high,
+               "min_ms": _floats(lows), "max_ms": high, "style": np.full(len(owner), "minmax", dtype=object)}
+    per_block = {"iteration": [b[1] for b in blocks], "line": [b[0] for b in blocks],
+                 **{name: [b[2][i] for b in blocks] for i, name in enumerate(("node", "task", "rank", "local_rank"))}}
+    for name, values in per_block.items():
+        columns[name] = np.asarray(values, dtype=_TIMER_DTYPES[name])[owner]
+    return columns
 
 
 _MAX_BLOCK_BYTES = 1 << 18
