@@ -1,6 +1,7 @@
 """How right `labkit estimate` is: its predictions against measured iteration times.
 
-    .venv/bin/python benchmarks/bench_estimate_accuracy.py [--skip-cpu]
+    .venv/bin/python benchmarks/bench_estimate_accuracy.py [--verbose] [--validate] [--skip-cpu | --save-loop F |
+                                                           --replay-loop F]
 
 1. AMP's 90 real trials (../shared/reference/amp/measured.csv): GPT-2 345M-like on 16 T4 and on 12 V100 + 4 T4,
    DeepSpeed 3D parallelism; AMP's own predictions printed beside ours.
@@ -107,7 +108,9 @@ def report_amp(verbose: bool) -> dict:
     ours = [estimate(r["spec"], stack=AMP_STACK, grad_reduce_bytes=AMP_GRAD_BYTES).iteration_time_s for r in rows]
     meas = [r["measured"] for r in rows]
     amp = [r["amp"] for r in rows]
-    print(f"AMP real trials ({len(rows)}): GPT-2 L24 h1024 s1024, DeepSpeed 3D, fp16")
+    print(f"AMP real trials ({len(rows)}): GPT-2 L24 h1024 s1024, DeepSpeed 3D, fp16; stack {AMP_STACK}")
+    fitted = ", ".join(f"{k} {v:.3g}" for k, v in current_constants().items())
+    print(f"  fitted to these trials: {fitted}; V100 efficiency {catalog.gpu('V100-16GB').efficiency:.3g} (weakly)")
     if verbose:
         print(f"  {'cluster':<28}{'layout':<18}{'measured':>9}{'labkit':>9}{'AMP':>9}")
         for r, o in zip(rows, ours):
@@ -338,7 +341,7 @@ def report_cpu_loop(records: list[dict]) -> list[float]:
     for rec in records:
         t, p, d, recompute = rec["layout"]
         fields = {k: v for k, v in rec["profile"].items() if k in Profile.__dataclass_fields__}
-        fwd = fields.pop("forward_s")
+        fwd = rec["profile"]["forward_s"]
         profile = Profile(**fields, embedding_s=fwd["embedding"], layers_s=fwd["layers"], output_s=fwd["output"])
         predicted = estimate(loop_spec(t, p, d, recompute), profiles={("cpu", t): profile}).iteration_time_s
         ratio = predicted / rec["measured_s"]

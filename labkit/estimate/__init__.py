@@ -4,17 +4,19 @@
     est = estimate(spec)                 # spec: labkit.spec.RunSpec
     est.iteration_time_s, est.breakdown, est.memory_gb_per_stage, est.fits_in_memory, est.to_dict()
 
-`estimate(spec, profiles=None, tokens=None, overlap_dp=False)` -> `Estimate`. Per-layer compute comes from a measured
-profile for the stage's (GPU, tensor size) when one exists (data/profiles/, or `profiles=` a mapping
-{(gpu, tensor): Profile} or a callable), otherwise from FLOPs / (peak x efficiency) with the efficiency kept per GPU in
-data/gpus.yaml.
+`estimate(spec, profiles=None, tokens=None, overlap_dp=False, stack=None, grad_reduce_bytes=None)` -> `Estimate`.
+Per-layer compute comes from a measured profile for the stage's (GPU, tensor size) when one exists (data/profiles/, or
+`profiles=` a mapping {(gpu, tensor): Profile} or a callable), otherwise from FLOPs / (peak x efficiency) with the
+efficiency kept per GPU in data/gpus.yaml, plus the stack's memory-bound passes. `stack` names the training software
+(timing.STACKS: "megatron-core", the default, or "deepspeed-megatron-2020", fitted to AMP's trials); links run at their
+NCCL bus bandwidth (timing.bus_gbps).
 
 Pieces to call in a hot loop without building a RunSpec (all times in seconds, links in Gbit/s per direction):
 - `Shape(num_layers, hidden, heads, seq_length, vocab, ...)` or `Shape.of(spec.model)`: the model sizes.
 - `stage_time(profile_or_gpu, layers, micro_batch, tensor, shape=..., precision=..., first=, last=, recompute=,
   first_layer=, tp_gbps=)` -> StageTime(forward_s, backward_s, tp_comm_s, total_s): one micro-batch on one stage.
-- `pipeline_time(stage_times, boundary_times, num_micro_batches, virtual_stages=1)` -> PipelineTime(total_s, busy_s,
-  bubble_s, pp_comm_s, bottleneck_stage): the 1F1B schedule over heterogeneous stages.
+- `pipeline_time(stage_times, boundary_times, num_micro_batches, virtual_stages=1, messages=1)` -> PipelineTime(total_s,
+  busy_s, bubble_s, pp_comm_s, bottleneck_stage): the 1F1B schedule over heterogeneous stages.
 - `allreduce_time(nbytes, n, gbps)`, `p2p_time(nbytes, gbps)`: ring all-reduce and one pipeline send.
 - `memory_per_stage(shape, partition, tensor=, data_parallel=, micro_batch=, num_micro_batches=, precision=,
   recompute=, sequence_parallel=, virtual_stages=, distributed_optimizer=, zero_stage=)` -> [StageMemory] in GiB.
@@ -31,8 +33,8 @@ from labkit.estimate.memory import StageMemory, bytes_per_param, memory_per_stag
 from labkit.estimate.params import Shape, gpt_params, layer_params, stage_params, total_params
 from labkit.estimate.profiles import (Profile, ProfileError, available_profiles, find_profile, load_profile,
                                       save_profile)
-from labkit.estimate.timing import (PipelineTime, StageTime, allreduce_time, optimizer_step_time, p2p_time,
-                                    pipeline_time, stage_time)
+from labkit.estimate.timing import (STACKS, PipelineTime, Stack, StageTime, allreduce_time, bus_gbps,
+                                    optimizer_step_time, p2p_time, pipeline_time, stage_time)
 
 __all__ = [
     "estimate", "Estimate", "MEMORY_MARGIN",
@@ -41,5 +43,6 @@ __all__ = [
     "utilization", "training_days",
     "memory_per_stage", "bytes_per_param", "StageMemory",
     "stage_time", "pipeline_time", "allreduce_time", "p2p_time", "optimizer_step_time", "StageTime", "PipelineTime",
+    "Stack", "STACKS", "bus_gbps",
     "Profile", "ProfileError", "load_profile", "save_profile", "find_profile", "available_profiles",
 ]
