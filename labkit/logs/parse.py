@@ -587,33 +587,26 @@ def _last_iteration(positions: list[tuple[int, int]], pos: int):
 
 def _memory(s: _Scan, iteration_pos, partial: list) -> pd.DataFrame:
     cols = _Columns()
-    its, origin = [], []
+    its, origin, notes = [], [], {}
     buf = s.buf
     for m in _MEMORY.finditer(buf):
-        start = s.line_start(m.start())
+        start = buf.rfind(b"\n", 0, m.start()) + 1
         head = buf[start:m.start()]
         rest = m.group(1)
-        fields = [f.partition(b":") for f in rest.split(b"|")]
-        if not rest.strip() or any((key.strip() and not sep) or (sep and not value.strip())
-                                   for key, sep, value in fields):
+        parts = rest.replace(b":", b"|").split(b"|")
+        keys, values = tuple(parts[0::2]), parts[1::2]
+        if rest.count(b":") != rest.count(b"|") + 1 or not all(v.strip() for v in values):
             # A field without its value: the line was cut off.
             partial.append((s.line_no(start), _text(buf[start:s.line_end(start)])))
             continue
-        notes = {}
-        for key, sep, value in fields:
-            if not sep:
-                continue
-            norm = _NOT_ALNUM.sub(b"", key.lower())
-            if norm in _MEMORY_FIELDS or _number(value):
-                cols.add_raw(_MEMORY_FIELDS.get(norm) or _snake(key) + "_mb", value)
+        cols.add_fields(keys, values, _memory_field)
+        for j in _other_memory_fields(keys):
+            # Beyond Megatron's four figures: another number, or a note such as labkit's CPU runs'
+            # `measured as: cpu process resident memory`.
+            if _number(values[j]):
+                cols.add_raw(_snake(keys[j]) + "_mb", values[j])
             else:
-                # e.g. labkit's CPU runs add `measured as: cpu process resident memory`.
-                notes[_snake(key)] = _text(value).strip()
-        for key, value in notes.items():
-            cols.obj.setdefault(key, [None] * cols.n)
-        for key, column in cols.obj.items():
-            if key not in ("iteration", "source", "node", "task", "rank", "local_rank", "line"):
-                column.append(notes.get(key))
+                notes.setdefault(_snake(keys[j]), {})[cols.n] = _text(values[j]).strip()
         after = _AFTER_ITERS.search(head)
         its.append(int(after.group(1)) if after else _last_iteration(iteration_pos, start))
         # The launcher prefix and `[Rank N]` come before "(after N iterations)", which changes every report.
@@ -623,10 +616,24 @@ def _memory(s: _Scan, iteration_pos, partial: list) -> pd.DataFrame:
         node, task, rank, local_rank, _ = s.origin(head[:cut] if cut >= 0 else head, start)
         origin.append((node, task, rank, local_rank, start))
         cols.n += 1
+    for name, by_row in notes.items():
+        cols.obj[name] = [by_row.get(i) for i in range(cols.n)]
     _set_origin(cols, s.source, origin)
     cols.obj["line"] = s.line_nos(cols.obj["line"])
     cols.obj["iteration"] = its
     return cols.frame(MEMORY_COLUMNS)
+
+
+@functools.lru_cache(maxsize=1024)
+def _memory_field(key: bytes):
+    """Megatron's four memory figures (`cached` in 2020) -> (column, scale); None for anything else."""
+    column = _MEMORY_FIELDS.get(_NOT_ALNUM.sub(b"", key.lower()))
+    return (column, 1.0) if column else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _other_memory_fields(keys: tuple) -> list[int]:
+    return [j for j, key in enumerate(keys) if _memory_field(key) is None and key.strip()]
 
 
 def _set_origin(cols: _Columns, source: str, origin: list[tuple]):
