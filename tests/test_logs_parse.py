@@ -427,3 +427,20 @@ def test_labkit_driver_log():
     assert p.parallel["parameters_per_rank"] == {"0,0": 136960}
     assert (p.arguments["num_layers"], p.arguments["hidden_size"], p.arguments["seq_length"]) == (2, 64, 64)
     assert p.arguments["log_throughput"] is True and p.arguments["padded_vocab_size"] == 512
+
+
+def test_labkit_driver_sample_from_its_tests():
+    """The driver's own data-parallel-2 sample (its test suite writes it): checkpoint save and validation between
+    intervals, timer blocks attributed to the interval before them."""
+    p = parse_log(FIXTURES / "labkit-driver-dp2.log")
+    assert p.iterations["iteration"].tolist() == [5, 10, 15, 20]
+    r = row(p, 5)
+    assert (r["consumed_samples"], r["elapsed_ms"], r["lr"]) == (40, pytest.approx(70.2), pytest.approx(9.397114e-4))
+    assert r["lm_loss"] == pytest.approx(6.548526)
+    assert row(p, 20)["lm_loss"] == pytest.approx(5.800280) and row(p, 20)["lr"] == pytest.approx(1.0e-4)
+    assert p.memory.iloc[0]["allocated_mb"] == pytest.approx(398.41796875)
+    t = p.timers[p.timers["iteration"] == 10].set_index("phase")
+    assert (t.loc["forward-compute", "min_ms"], t.loc["forward-compute", "max_ms"]) == (11.81, 32.17)
+    assert t.loc["evaluate", "max_ms"] == 34.31 and t.loc["save-checkpoint", "max_ms"] == 16.99
+    assert p.validation.set_index("iteration").loc[10, "lm_loss"] == pytest.approx(6.010339)
+    assert p.parallel["parameters_per_rank"] == {"0,0": 153344} and p.arguments["padded_vocab_size"] == 768
