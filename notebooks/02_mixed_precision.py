@@ -1,0 +1,214 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %%
+
+# %% [markdown]
+# # Lab 02: Mixed precision: fp16 and bf16 against the fp32 baseline
+#
+# **Objectives.** By the end of this lab you can
+# - predict what 16-bit training changes before running it: bytes per parameter, activation memory, and speed on a
+#   GPU with tensor cores;
+# - train the baseline, fp16 and bf16 side by side (the same spec, only `precision` changed) and compare their
+#   iteration time, memory and loss;
+# - explain fp16's dynamic loss scale: why it starts at $2^{32}$, why it falls, and why the first iterations are
+#   skipped (and count them before reading the log);
+# - read the profiler: the share of time in matrix multiplications and the memory kept for the backward pass, and
+#   open the runs in TensorBoard.
+#
+# This is the workshop's section 4.1 (`--fp16` added to `GPT_ARGS`), with `bf16` beside it.
+
+# %% tags=["parameters"]
+backend = "local"        # "local" (here) or "slurm" (a cluster, or labkit's local Slurm)
+spec_file = "tiny-cpu.yaml"
+iterations = 20          # fp16 skips about 14 iterations of the tiny model before it trains: keep 20 or more
+log_interval = 1
+predict_on = "A100-80GB"  # a GPU with tensor cores, for the predictions
+
+# %%
+from labkit.estimate.compare import compare
+from labkit.estimate.memory import bytes_per_param
+from labkit.exercises import check_choice, check_number
+from labkit.jobs import backend_named
+from labkit.jobs.sweep import Sweep, profiled
+from labkit.lab import REPO_ROOT
+from labkit.logs.loss_scale import loss_scale_history, skipped_until
+from labkit.logs.views import comparison_table, iteration_time_figure, loss_figure
+from labkit.profiling import tensorboard
+from labkit.profiling import views as profile_views
+from labkit.spec import load_spec
+
+# %% [markdown]
+# ## 2.1 Predict first
+#
+# Mixed precision keeps a 16-bit copy of the weights for the forward and backward passes and an fp32 master copy for
+# the optimizer. Per parameter, with Adam (Megatron's accounting):
+#
+# | precision | weights | gradients | optimizer state | total |
+# |---|---|---|---|---|
+# | fp32 | 4 | 4 | 8 (m, v) | 16 |
+# | bf16 | 2 | 4 (fp32) | 12 (fp32 master, m, v) | 18 |
+# | fp16 | 2 | 2 | 16 (fp32 master and gradient, m, v) | 20 |
+#
+# So the *model state* grows; what shrinks is the activations, stored in 16 bits. The seed saw exactly this: peak
+# memory up from about 10 GB to 12 GB on its GPUs.
+
+# %% tags=["nbval-check-output"]
+for precision in ("fp32", "bf16", "fp16"):
+    weight, grad, optimizer = bytes_per_param(precision)
+    print(f"{precision}: {weight:g} + {grad:g} + {optimizer:g} = {weight + grad + optimizer:g} bytes per parameter")
+
+# %%
+base = load_spec(REPO_ROOT / "examples" / spec_file).replace(
+    **{"train.iters": iterations, "train.log_interval": log_interval})
+specs = {precision: base.replace(precision=precision) for precision in ("fp32", "fp16", "bf16")}
+compare(specs)[["gpu", "precision", "bytes_per_param", "weights_mib", "gradients_mib", "optimizer_mib",
+                "activations_mib", "total_mib", "iteration_ms"]].round(3)
+
+# %% [markdown]
+# On this machine's CPU the estimate predicts the same time for all three: a CPU has no faster 16-bit arithmetic.
+# On a GPU with tensor cores the picture changes. The same layout on the GPU in `predict_on`:
+
+# %%
+compare(specs, gpu=predict_on)[["gpu", "precision", "iteration_ms", "samples_per_s", "total_mib"]].round(4)
+
+# %% [markdown]
+# Write down your prediction for the runs below: which precision is fastest *here*, which uses the least memory for
+# activations, and which one logs no loss for its first iterations?
+#
+# ## 2.2 Train the three side by side
+#
+# One spec, three precisions. The runs are submitted together (on a laptop they share its cores, so compare them with
+# each other, not with lab 01). Each is profiled for its last but one iteration, when fp16 is past its skipped ones.
+
+# %%
+jobs = backend_named(backend, runs_dir=REPO_ROOT / "runs")
+sweep = Sweep.submit(jobs, {name: profiled(spec, max(1, iterations - 1)) for name, spec in specs.items()},
+                     prefix="lab02")
+states = sweep.wait()
+print({name: str(state) for name, state in states.items()})
+
+# %% [markdown]
+# ## 2.3 Iteration time, memory, loss
+
+# %%
+comparison_table(sweep.logs, baseline="fp32", specs=sweep.specs)[
+    ["iteration_ms", "speedup", "samples_per_s", "max_allocated_mb", "precision", "warmup_excluded"]]
+
+# %%
+iteration_time_figure(sweep.logs).show()
+
+# %%
+loss_figure(sweep.logs).show()
+
+# %% [markdown]
+# On this CPU fp16 and bf16 are usually *slower* than fp32: the CPU converts half-precision numbers in software,
+# while a GPU's tensor cores multiply them several times faster than fp32. The log's memory line on a CPU is the
+# process's resident memory, mostly PyTorch itself; on a GPU it is the CUDA allocator's, where the 16-bit
+# activations show. The profiler (2.5) sees the allocations on both.
+#
+# fp16's loss curve starts late. Why?
+#
+# ## 2.4 The loss scale and the skipped iterations
+#
+# fp16 holds magnitudes only up to 65504 and loses gradients smaller than about $6 \times 10^{-5}$. Megatron
+# multiplies the loss by a scale $S$ before the backward pass, so small gradients survive, and divides them by $S$
+# before the optimizer step. Too large an $S$ overflows to `inf`: that step is **skipped** (weights untouched, counted
+# in `number of skipped iterations`) and $S$ is halved. It starts at $2^{32}$ on purpose, as large as it can be, and
+# falls until the scaled gradients fit; after 1000 clean steps it tries doubling again. With hysteresis 2, the first
+# overflow only arms the halving.
+
+# %%
+history = loss_scale_history(sweep.logs["fp16"])
+history
+
+# %%
+final_scale = history["loss_scale"].iloc[-1]
+print(f"fp16: the scale fell from 2^32 to {final_scale:.0f}; predicted skipped iterations: "
+      f"{skipped_until(base.optimizer.initial_loss_scale, final_scale)}, logged: {history['skipped_total'].iloc[-1]}")
+print(f"bf16: loss scale {loss_scale_history(sweep.logs['bf16'])['loss_scale'].iloc[-1]:g}, skipped "
+      f"{loss_scale_history(sweep.logs['bf16'])['skipped_total'].iloc[-1]}: bf16 has fp32's exponent range")
+
+# %% [markdown]
+# The same history as TensorBoard scalars, read back from the run's event files:
+
+# %%
+scalars = tensorboard.read_scalars(sweep.run_dirs["fp16"])
+profile_views.scalars_figure(scalars, ["loss-scale", "lm loss"]).show()
+
+# %% [markdown]
+# ## 2.5 The profiler's view
+#
+# The seed read the PyTorch profiler in TensorBoard: the share of GPU time in tensor-core kernels, and a memory curve
+# that jumps where fp16 copies are made. The same questions, from the traces of the profiled iterations:
+# `matmul_share` is the share of time in matrix multiplications, `saved_mb` the memory the forward pass kept for the
+# backward (activations, MiB), `peak_growth_mb` how far memory rose within a step.
+
+# %%
+traces = {name: sweep.traces(name)[0] for name in sweep.jobs}
+profile_views.comparison_table(traces).round(3)
+
+# %%
+profile_views.breakdown_figure(traces).show()
+
+# %%
+profile_views.memory_figure(traces).show()
+
+# %% [markdown]
+# The 16-bit runs keep less for the backward pass (their activations are half the size; the logits stay in fp32).
+# Communication here is mostly one rank waiting for the other at the gradient all-reduce, as both share two cores
+# with the other runs; the matmul share is of what is left. On a GPU, `tensor_core_share` would show how much
+# kernel time ran on tensor cores; a CPU trace has no kernels.
+#
+# To browse the traces and scalars interactively (the seed's "PYTORCH_PROFILER" tab), open the run in TensorBoard:
+
+# %%
+print(tensorboard.tensorboard_command(sweep.run_dirs["fp16"]))
+
+# %% [markdown]
+# ## Exercises
+#
+# **Exercise 1.** The workshop's fp16 run (seed 003, section 4.1) logged a loss scale of 131072 at iteration 20,
+# starting from $2^{32}$. How many iterations had it skipped by then? (Its log says 10 + 6.)
+
+# %%
+answer_1 = ...
+
+# %%
+check_number(answer_1, skipped_until(2 ** 32, 131072), name="Exercise 1 (skipped iterations)", rel_tol=0.0,
+             hint="count the halvings from 2^32 down to 131072, plus the one overflow hysteresis absorbs")
+
+# %% [markdown]
+# **Exercise 2.** Which 16-bit format trains without a loss scale? Answer `"fp16"` or `"bf16"`.
+
+# %%
+answer_2 = ...
+
+# %%
+check_choice(answer_2, "bf16", name="Exercise 2 (no loss scale)", choices=["fp16", "bf16"],
+             hint="which one has fp32's 8 exponent bits?")
+
+# %% [markdown]
+# **Exercise 3.** With fp16 and Megatron's distributed optimizer over 8 data-parallel GPUs, how many bytes of model
+# state does each GPU keep per parameter? (`bytes_per_param` has the answer; try it by hand first.)
+
+# %%
+answer_3 = ...
+
+# %%
+check_number(answer_3, sum(bytes_per_param("fp16", data_parallel=8, distributed_optimizer=True)),
+             name="Exercise 3 (bytes per parameter)", rel_tol=0.0,
+             hint="the 16-bit weight and gradient stay on every GPU; the 16 bytes of fp32 state are split 8 ways")

@@ -1,0 +1,63 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %%
+
+# %% [markdown]
+# # Lab 02 solutions: mixed precision
+
+# %%
+import math
+
+from labkit.estimate.memory import bytes_per_param
+from labkit.exercises import check_choice, check_number
+from labkit.logs.loss_scale import skipped_until
+
+# %% [markdown]
+# **Exercise 1.** $2^{32} / 131072 = 2^{15}$: fifteen halvings, each one a skipped iteration, plus the first overflow,
+# which hysteresis 2 absorbs without halving: 16.
+
+# %%
+answer_1 = int(math.log2(2 ** 32 / 131072)) + 1
+answer_1
+
+# %%
+check_number(answer_1, skipped_until(2 ** 32, 131072), name="Exercise 1 (skipped iterations)", rel_tol=0.0,
+             hint="count the halvings from 2^32 down to 131072, plus the one overflow hysteresis absorbs")
+
+# %% [markdown]
+# **Exercise 2.** bf16 keeps fp32's 8 exponent bits (range up to about $3 \times 10^{38}$) and gives up mantissa
+# bits instead; gradients neither overflow nor underflow, so no scale is needed.
+
+# %%
+answer_2 = "bf16"
+
+# %%
+check_choice(answer_2, "bf16", name="Exercise 2 (no loss scale)", choices=["fp16", "bf16"],
+             hint="which one has fp32's 8 exponent bits?")
+
+# %% [markdown]
+# **Exercise 3.** fp16 weights (2) and gradients (2) on every GPU, the fp32 master weights, fp32 gradients and Adam's
+# two moments (16) split over 8: $2 + 2 + 16/8 = 6$.
+
+# %%
+answer_3 = 2 + 2 + 16 / 8
+answer_3
+
+# %%
+check_number(answer_3, sum(bytes_per_param("fp16", data_parallel=8, distributed_optimizer=True)),
+             name="Exercise 3 (bytes per parameter)", rel_tol=0.0,
+             hint="the 16-bit weight and gradient stay on every GPU; the 16 bytes of fp32 state are split 8 ways")
