@@ -4,7 +4,7 @@ import pytest
 
 from labkit.estimate.flops import layer_forward_flops, model_flops
 from labkit.estimate.params import Shape
-from labkit.estimate.recompute import recompute_cost, recompute_table
+from labkit.estimate.recompute import against_measured, recompute_cost, recompute_table
 from labkit.spec import load_spec
 
 MIB = 2 ** 20
@@ -64,3 +64,18 @@ def test_the_table_orders_saving_against_cost(tiny):
     assert table.loc["full/uniform", "saved_mib"] == pytest.approx(2 * (ALL - INPUT) / MIB)
     with pytest.raises(ValueError, match="at least one"):
         recompute_table({})
+
+
+def test_measurements_are_set_beside_the_prediction_against_the_baseline(tiny):
+    predicted = recompute_table({mode: tiny.replace(recompute=r) for mode, r in MODES.items()})
+    saved = {"none": 2.49, "selective": 1.76, "full/uniform": 0.69, "full/block": 1.59}
+    times = {"none": 50.0, "selective": 51.0, "full/uniform": 60.0, "full/block": 55.0}
+    table = against_measured(predicted, saved, times)
+    assert table.loc["full/uniform", "measured_saved_mib"] == pytest.approx(1.8)
+    assert table.loc["full/block", "measured_time_paid"] == pytest.approx(0.1)
+    assert table.loc["none"].tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert table["predicted_saved_mib"].tolist() == predicted["saved_mib"].tolist()
+    with pytest.raises(KeyError, match="full/block"):
+        against_measured(predicted, {k: v for k, v in saved.items() if k != "full/block"}, times)
+    with pytest.raises(KeyError, match="baseline"):
+        against_measured(predicted, saved, times, baseline="off")

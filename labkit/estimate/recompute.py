@@ -85,3 +85,23 @@ def recompute_table(specs: Mapping[str, RunSpec]) -> pd.DataFrame:
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "run"
     return table
+
+
+def against_measured(predicted: pd.DataFrame, activations_mib: Mapping[str, float],
+                     iteration_ms: Mapping[str, float], baseline: str = "none") -> pd.DataFrame:
+    """Predicted beside measured, per run: memory saved against the `baseline` run (MiB) and time paid (the extra time
+    per iteration as a share of the baseline's; predicted as the extra compute).
+
+    `predicted` is recompute_table's; `activations_mib` the measured activations kept for the backward pass (the
+    profiler's `saved_mb`), `iteration_ms` the measured steady time per iteration, each keyed by run name."""
+    if baseline not in predicted.index:
+        raise KeyError(f"baseline: {baseline!r} is not one of the runs ({', '.join(predicted.index)})")
+    missing = sorted((set(predicted.index) - set(activations_mib)) | (set(predicted.index) - set(iteration_ms)))
+    if missing:
+        raise KeyError(f"no measurement for run(s) {', '.join(missing)}")
+    return pd.DataFrame({
+        "predicted_saved_mib": predicted["saved_mib"],
+        "measured_saved_mib": [activations_mib[baseline] - activations_mib[name] for name in predicted.index],
+        "predicted_time_paid": predicted["extra_compute"],
+        "measured_time_paid": [iteration_ms[name] / iteration_ms[baseline] - 1 for name in predicted.index],
+    }, index=predicted.index)
