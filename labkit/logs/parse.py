@@ -684,7 +684,9 @@ def _timers(s: _Scan, iteration_pos) -> pd.DataFrame:
     n = len(data["phase"])
     data["line"] = s.line_nos(data["line"])
     data["source"] = [s.source] * n
-    return _frame(data, n, TIMER_COLUMNS).sort_values("line", kind="stable", ignore_index=True)
+    timers = _frame(data, n, TIMER_COLUMNS)
+    in_order = bool(np.all(np.diff(data["line"]) >= 0))
+    return timers if in_order else timers.sort_values("line", kind="stable", ignore_index=True)
 
 
 _TIMER_FIELDS = ["iteration", "phase", "ms", "min_ms", "max_ms", "style", "node", "task", "rank", "local_rank", "line"]
