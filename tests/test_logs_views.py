@@ -76,6 +76,12 @@ def test_comparison_table(runs):
     assert table.loc["fp16", "mfu"] == pytest.approx(2 * tflops / catalog.gpu("A100-80GB").peak("fp16"))
     with pytest.raises(KeyError, match="baseline"):
         comparison_table(runs, baseline="nope")
+    # a run that has not logged an interval yet, and runs whose logs print no batch size
+    empty = comparison_table({"queued": parse_text("starting\n"), **runs})
+    assert empty["speedup"].isna().all()
+    no_batch = comparison_table({"a": parse_text(" iteration 10/ 20 | elapsed time per iteration (ms): 200.0 |\n"),
+                                 "b": parse_text(" iteration 10/ 20 | elapsed time per iteration (ms): 100.0 |\n")})
+    assert no_batch["speedup"].tolist() == [1.0, 2.0]
 
 
 def test_loss_figure(runs):

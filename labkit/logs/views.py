@@ -63,11 +63,11 @@ def comparison_table(runs, baseline: str | None = None, specs: Mapping | None = 
             "warmup_excluded": speed.steady.warmup_iterations if speed.steady else [],
         }
     table = pd.DataFrame.from_dict(rows, orient="index")
-    base = table.loc[baseline]
-    if pd.notna(base["samples_per_s"]) and base["samples_per_s"]:
-        table.insert(1, "speedup", table["samples_per_s"] / base["samples_per_s"])
-    else:
-        table.insert(1, "speedup", base["iteration_ms"] / table["iteration_ms"])
+    speed = pd.to_numeric(table["samples_per_s"], errors="coerce")
+    if not pd.notna(speed[baseline]):
+        # Without the batch size, compare time per iteration.
+        speed = 1 / pd.to_numeric(table["iteration_ms"], errors="coerce")
+    table.insert(1, "speedup", speed / speed[baseline])
     table.index.name = "run"
     return table
 
