@@ -1,0 +1,178 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %%
+
+# %% [markdown]
+# # Lab 04: Gradient accumulation: a bigger global batch at the same micro-batch
+#
+# **Objectives.** By the end of this lab you can
+# - say how Megatron turns a global batch into micro-batches: global = micro x data parallel x micro-batches, and
+#   read the count back from the log (`setting number of micro-batches to constant N`);
+# - predict, then measure, what accumulating more micro-batches costs: time per iteration grows, samples per second
+#   grows a little (the optimizer step is shared), memory stays at one micro-batch's;
+# - show that accumulation computes the same step: a global batch of 8 as 4 micro-batches of 2 gives the same loss
+#   as one micro-batch of 8, in fp32.
+#
+# This is the workshop's section 4.3: keep `MICRO_BATCH_SIZE` and raise `GLOBAL_BATCH_SIZE`.
+
+# %% tags=["parameters"]
+backend = "local"        # "local" (here) or "slurm" (a cluster, or labkit's local Slurm)
+spec_file = "tiny-cpu.yaml"
+gpu = "cpu"              # the GPU of the one-GPU runs below ("A100-80GB" on a cluster)
+iterations = 10
+log_interval = 1
+micro_batch = 2
+global_batches = [2, 8, 16]   # at micro_batch: 1, 4 and 8 micro-batches per iteration
+large_micro_batch = 8         # one micro-batch holding the same samples as global_batches[1]
+
+# %%
+from labkit.estimate.compare import compare
+from labkit.exercises import check_choice, check_number, check_spec
+from labkit.jobs import backend_named
+from labkit.jobs.sweep import NO_DROPOUT, Sweep, profiled, with_flags
+from labkit.lab import REPO_ROOT
+from labkit.logs.losses import loss_table
+from labkit.logs.views import comparison_table, iteration_time_figure, loss_figure
+from labkit.profiling import views as profile_views
+from labkit.spec import load_spec
+
+# %% [markdown]
+# ## 4.1 From a global batch to micro-batches
+#
+# Each data-parallel rank runs forward and backward on `global / (micro x data parallel)` micro-batches, adding their
+# gradients, then all ranks reduce the sum and take one optimizer step. To see accumulation alone, the runs here use
+# one GPU (data parallel 1), in fp32 and without dropout (so that the same samples give the same numbers).
+
+# %%
+base = with_flags(load_spec(REPO_ROOT / "examples" / spec_file).replace(**{
+    "train.iters": iterations, "train.log_interval": log_interval, "precision": "fp32", "batch.micro": micro_batch,
+    "cluster": {"nodes": [{"gpu": gpu, "count": 1, "gpus_per_node": 1}]}}), *NO_DROPOUT)
+specs = {f"micro {micro_batch} x {global_batch // micro_batch}": base.replace(**{"batch.global": global_batch})
+         for global_batch in global_batches}
+equivalent = f"micro {micro_batch} x {global_batches[1] // micro_batch}"
+specs[f"micro {large_micro_batch} x 1"] = base.replace(
+    **{"batch.micro": large_micro_batch, "batch.global": global_batches[1]})
+for name, spec in specs.items():
+    print(f"{name:>14}: global batch {spec.batch.global_:3d} = micro {spec.batch.micro} x data parallel "
+          f"{spec.data_parallel} x {spec.num_micro_batches} micro-batch(es)")
+
+# %% [markdown]
+# ## 4.2 Predict
+#
+# The estimate: time grows with the number of micro-batches, samples per second grows a little (one optimizer step
+# for more samples), and activation memory does not grow at all: each micro-batch's activations are freed by its
+# backward pass before the next one starts. Only the one large micro-batch needs more.
+
+# %%
+compare(specs)[["global_batch", "micro_batch", "num_micro_batches", "iteration_ms", "samples_per_s",
+                "activations_mib", "total_mib"]].round(3)
+
+# %% [markdown]
+# ## 4.3 Run them
+#
+# All four together; the two that see the same 8 samples per iteration are profiled for one iteration, to look at
+# their memory.
+
+# %%
+profile_at = max(1, iterations - 1)
+to_profile = (equivalent, f"micro {large_micro_batch} x 1")
+jobs = backend_named(backend, runs_dir=REPO_ROOT / "runs")
+sweep = Sweep.submit(jobs, {name: profiled(spec, profile_at) if name in to_profile else spec
+                            for name, spec in specs.items()}, prefix="lab04")
+states = sweep.wait()
+print({name: str(state) for name, state in states.items()})
+
+# %% [markdown]
+# ## 4.4 Micro-batch count and throughput
+#
+# `num_micro_batches` is what each run's log says (`setting number of micro-batches to constant N`, the line the seed
+# greps for).
+
+# %%
+comparison_table(sweep.logs, specs=sweep.specs)[
+    ["global_batch_size", "num_micro_batches", "iteration_ms", "samples_per_s", "speedup"]]
+
+# %%
+iteration_time_figure(sweep.logs).show()
+
+# %% [markdown]
+# On a machine of its own, the time per iteration grows about in proportion to the micro-batches, and samples per
+# second grow a little, by what the optimizer step and the other per-iteration costs were taking (the prediction in
+# 4.2). Here four runs share two cores and reach their training loops at different moments, so their times carry
+# more noise than signal; on a cluster each run has its own GPUs.
+#
+# ## 4.5 Memory: one micro-batch at a time
+#
+# The seed's memory trace showed four rises and falls per step with four accumulated micro-batches. The same in the
+# profiled iteration: four small peaks for `micro 2 x 4`, one four times as tall for `micro 8 x 1`.
+
+# %%
+traces = {name: sweep.traces(name)[0] for name in to_profile}
+profile_views.memory_figure(traces).show()
+
+# %%
+profile_views.comparison_table(traces)[["run", "step_ms", "peak_growth_mb", "saved_mb"]].round(3)
+
+# %% [markdown]
+# ## 4.6 The same step, computed two ways
+#
+# With the same seed, the same samples and no dropout, 4 micro-batches of 2 and 1 micro-batch of 8 compute the same
+# gradient (Megatron averages the loss over micro-batches), so the same weights and the same loss at every
+# iteration; only the order of floating-point additions differs.
+
+# %%
+losses = loss_table({name: sweep.logs[name] for name in to_profile})
+losses
+
+# %%
+print(f"largest difference over {len(losses)} iterations: {losses['spread'].max():.2e}")
+loss_figure({name: sweep.logs[name] for name in to_profile}).show()
+
+# %% [markdown]
+# ## Exercises
+#
+# **Exercise 1.** The workshop's run in section 4.3: 2 nodes with 2 GPUs each, data parallel only, micro-batch 4 and
+# global batch 64. Build its spec from `base` (set `batch.micro`, `batch.global` and a `cluster` of 2 nodes with
+# 2 `gpu`s each). How many micro-batches does each GPU accumulate?
+
+# %%
+answer_1 = ...
+
+# %%
+check_spec(answer_1, name="Exercise 1 (the workshop's accumulation)", batch__micro=4, batch__global_=64,
+           data_parallel=4, num_micro_batches=4)
+
+# %% [markdown]
+# **Exercise 2.** At a global batch of 16, how many samples has a run consumed after 10 iterations (the log's
+# `consumed samples`)?
+
+# %%
+answer_2 = ...
+
+# %%
+check_number(answer_2, 16 * 10, name="Exercise 2 (consumed samples)", rel_tol=0.0)
+
+# %% [markdown]
+# **Exercise 3.** At a fixed micro-batch, what grows with the number of accumulated micro-batches? Answer
+# `"activation memory"` or `"time per iteration"`.
+
+# %%
+answer_3 = ...
+
+# %%
+check_choice(answer_3, "time per iteration", name="Exercise 3 (what accumulation costs)",
+             choices=["activation memory", "time per iteration"], hint="look at 4.5's memory curves again")
