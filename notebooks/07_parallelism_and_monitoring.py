@@ -1,0 +1,237 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %%
+
+# %% [markdown]
+# # Lab 07: 3D parallelism and monitoring: three layouts, their logs, a failure, the dashboard
+#
+# **Objectives.** By the end of this lab you can
+# - split the same model and batch three ways over two nodes (data, tensor and pipeline parallel) and predict what
+#   each costs in memory, time and communication;
+# - draw the pipeline's 1F1B schedule and its bubble;
+# - follow a job through its per-node logs and the monitor (the seeds' `get_result.sh`), and check that what each
+#   node says about its layout matches the spec;
+# - find the communication of each parallel group (tp, pp, dp) in the profiler;
+# - tell why a job failed from its logs, with a job that fails on purpose;
+# - pick runs and views in the run dashboard.
+
+# %% tags=["parameters"]
+backend = "local"        # "local" (here) or "slurm" (a cluster, or labkit's local Slurm)
+spec_file = "tiny-cpu.yaml"
+gpu = "cpu"              # the GPU of each node ("A100-80GB" on a cluster)
+nodes = 2                # one GPU (process) per node: every layout below uses 2 ranks
+iterations = 6
+log_interval = 1
+bad_data_path = "/nonexistent/corpus_text_document"  # the deliberately failing job trains on this
+
+# %%
+from labkit.diagrams import bubble_fraction, pipeline_schedule, show
+from labkit.estimate import estimate
+from labkit.estimate.compare import compare
+from labkit.exercises import check_choice, check_number
+from labkit.jobs import backend_named
+from labkit.jobs.monitor import format_report, report, widget
+from labkit.jobs.sweep import Sweep, profiled
+from labkit.lab import REPO_ROOT
+from labkit.logs import dashboard
+from labkit.logs.views import comparison_table, timer_breakdown_figure
+from labkit.plan.views import schedule_figure
+from labkit.profiling import trace
+from labkit.profiling import views as profile_views
+from labkit.spec import load_spec
+
+# %% [markdown]
+# ## 7.1 One model, three layouts
+#
+# Two ranks, one per node, and a global batch of 8 at micro-batch 2:
+# - **dp2** (data parallel): each rank holds the whole model and half the batch; gradients are all-reduced;
+# - **tp2** (tensor parallel): each rank holds half of every weight matrix; activations are all-reduced inside
+#   every layer, twice forward and twice backward;
+# - **pp2** (pipeline parallel): each rank holds one of the two layers (plus the embedding or the output);
+#   activations go forward and gradients backward between the stages, micro-batch by micro-batch.
+
+# %%
+base = load_spec(REPO_ROOT / "examples" / spec_file).replace(**{
+    "train.iters": iterations, "train.log_interval": log_interval,
+    "cluster": {"nodes": [{"gpu": gpu, "count": nodes, "gpus_per_node": 1}]}})
+layouts = {"dp2": {}, "tp2": {"parallel.tensor": 2}, "pp2": {"parallel.pipeline": 2}}
+specs = {name: base.replace(**changes) for name, changes in layouts.items()}
+compare(specs)[["tp", "pp", "dp", "num_micro_batches", "iteration_ms", "weights_mib", "activations_mib",
+                "total_mib"]].round(3)
+
+# %% [markdown]
+# Tensor and pipeline parallelism halve the weights each rank holds; data parallelism halves nothing but the batch.
+# Which one communicates most often? Predict before 7.5.
+#
+# ## 7.2 The pipeline schedule
+#
+# With 2 stages and 4 micro-batches per iteration, 1F1B: stage 0 runs its forwards until stage 1 can start, then
+# each stage alternates one forward and one backward. The idle ramps at both ends are the bubble, a share of
+# $(p - 1) / (m + p - 1)$ of the iteration for $p$ stages and $m$ micro-batches.
+
+# %%
+pp = specs["pp2"]
+est = estimate(pp)
+schedule_figure(est.stage_times_s, [0.0] * (pp.parallel.pipeline - 1), pp.num_micro_batches,
+                title=f"pp2: 1F1B over {pp.num_micro_batches} micro-batches (estimated stage times)").show()
+print(f"bubble: {bubble_fraction(pipeline_schedule(pp.parallel.pipeline, pp.num_micro_batches)):.0%} of the iteration")
+
+# %% [markdown]
+# More micro-batches shrink the bubble; the interleaved schedule (several model chunks per stage) shrinks it
+# further, at the price of more messages:
+
+# %%
+show("pipeline_schedules")
+
+# %% [markdown]
+# ## 7.3 Submit the three, and one that will fail
+#
+# The three layouts train together, each profiled on its first rank for one iteration. A fourth job points at a data
+# path that does not exist: a mistake worth recognising from the logs alone.
+
+# %%
+jobs = backend_named(backend, runs_dir=REPO_ROOT / "runs")
+sweep = Sweep.submit(jobs, {name: profiled(spec, max(1, iterations - 1)) for name, spec in specs.items()},
+                     prefix="lab07")
+broken = jobs.submit(base.replace(name="lab07-bad-data", data={"mock": False, "path": bad_data_path},
+                                  cluster={"nodes": [{"gpu": gpu, "count": 1, "gpus_per_node": 1}]}))
+sweep.jobs["pp2"]
+
+# %% [markdown]
+# The monitor (the seeds' `get_result.sh`): each node's last lines, the job information each node printed checked
+# against the spec, and the iteration times so far. It refreshes until the job ends.
+
+# %% tags=["nbval-ignore-output"]
+widget(sweep.jobs["pp2"])
+
+# %%
+states = sweep.wait()
+print({name: str(state) for name, state in states.items()})
+
+# %% [markdown]
+# ## 7.4 Per-node logs
+#
+# Every node writes `LOGDIR/JOBID/NODE.out`, `.err` and `.gpu` (GPU samples, where `nvidia-smi` exists):
+
+# %%
+for node, files in sweep.jobs["pp2"].node_logs().items():
+    print(f"{node}: {', '.join(sorted(path.name for path in files.values()))}")
+
+# %% [markdown]
+# The monitor's report of the finished pipeline run: each node's last lines (node 1 holds the last stage, whose
+# timers close the log), what each node said about its layout against the spec, and the iteration times.
+
+# %%
+print(format_report(report(sweep.jobs["pp2"], lines=3), color=False))
+
+# %% [markdown]
+# ## 7.5 The layouts side by side, measured
+#
+# On a laptop every "node" shares the same two cores with the other runs, so times say less than they would on a
+# cluster; the memory and the communication pattern are the layouts' own.
+
+# %%
+comparison_table(sweep.logs, baseline="dp2", specs=sweep.specs)[
+    ["iteration_ms", "speedup", "num_micro_batches", "max_allocated_mb"]]
+
+# %%
+timer_breakdown_figure(sweep.logs).show()
+
+# %% [markdown]
+# ## 7.6 Communication per parallel group
+#
+# The profiler names each collective's group from the Megatron code that called it: dp2 all-reduces its gradients
+# in the data-parallel group once per iteration; tp2 all-reduces activations in the tensor group inside every layer;
+# pp2 sends and receives between the stages (and all-reduces the tied embedding's gradient between first and last
+# stage).
+
+# %%
+for name, spec in sweep.specs.items():
+    by_group = trace.communication_by_group(sweep.traces(name), tensor=spec.parallel.tensor,
+                                            pipeline=spec.parallel.pipeline)
+    print(f"{name}:\n{by_group.round(3).to_string(index=False)}\n")
+
+# %%
+tp2 = sweep.specs["tp2"]
+profile_views.communication_group_figure(sweep.traces("tp2"), tensor=tp2.parallel.tensor).show()
+
+# %% [markdown]
+# ## 7.7 Why did it fail?
+#
+# The monitor reads a failed job's logs for the usual causes (out of memory, NaN loss, NCCL/gloo errors, time limit,
+# cancellation, a bad data path, a node failure) and names the line that shows it.
+
+# %%
+state = broken.wait(progress=False)
+print(f"{broken.record.run_id}: {state}")
+print(f"cause: {broken.cause()}")
+
+# %%
+print(format_report(report(broken, lines=3), color=False))
+
+# %% [markdown]
+# ## 7.8 The run dashboard
+#
+# Every run above is in the run index (`labkit runs` lists it too). The dashboard picks runs and a view (loss,
+# iteration time, timers, memory per rank, the per-rank timeline, the comparison table), and refreshes while a
+# chosen run is still running. Its views are plain functions, here the comparison of this lab's three layouts:
+
+# %%
+chosen = [job.record.run_id for job in sweep.jobs.values()]
+dashboard.view("comparison table", *dashboard.load_runs(chosen, REPO_ROOT / "runs"))[
+    ["iteration_ms", "num_micro_batches", "max_allocated_mb"]]
+
+# %% tags=["nbval-ignore-output"]
+board = dashboard.Dashboard(root=REPO_ROOT / "runs").show()
+board.runs.value = tuple(chosen)
+
+# %% [markdown]
+# ## Exercises
+#
+# **Exercise 1.** On 2 nodes of 4 GPUs with tensor parallel 2 and pipeline parallel 2, what is the data-parallel
+# size?
+
+# %%
+answer_1 = ...
+
+# %%
+eight = base.replace(**{"parallel.tensor": 2, "parallel.pipeline": 2,
+                        "cluster": {"nodes": [{"gpu": gpu, "count": 2, "gpus_per_node": 4}]}})
+check_number(answer_1, eight.data_parallel, name="Exercise 1 (data-parallel size)", rel_tol=0.0,
+             hint="world size / (tensor x pipeline)")
+
+# %% [markdown]
+# **Exercise 2.** Which parallel group carries the gradient all-reduce at the end of every iteration? Answer `"tp"`,
+# `"pp"` or `"dp"`.
+
+# %%
+answer_2 = ...
+
+# %%
+check_choice(answer_2, "dp", name="Exercise 2 (gradient all-reduce)", choices=["tp", "pp", "dp"],
+             hint="look at dp2's line in 7.6")
+
+# %% [markdown]
+# **Exercise 3.** What share of an iteration is the 1F1B bubble with 4 pipeline stages and 8 micro-batches? (A
+# fraction between 0 and 1.)
+
+# %%
+answer_3 = ...
+
+# %%
+check_number(answer_3, bubble_fraction(pipeline_schedule(4, 8)), name="Exercise 3 (pipeline bubble)", rel_tol=0.01,
+             hint="(p - 1) / (m + p - 1)")

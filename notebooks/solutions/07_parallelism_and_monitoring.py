@@ -1,0 +1,63 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %%
+
+# %% [markdown]
+# # Lab 07 solutions: 3D parallelism and monitoring
+
+# %%
+from labkit.diagrams import bubble_fraction, pipeline_schedule
+from labkit.exercises import check_choice, check_number
+from labkit.lab import REPO_ROOT
+from labkit.spec import load_spec
+
+gpu = "cpu"
+base = load_spec(REPO_ROOT / "examples" / "tiny-cpu.yaml")
+
+# %% [markdown]
+# **Exercise 1.** 8 GPUs in all; each model replica spans tensor x pipeline = 4 of them: 2 replicas.
+
+# %%
+answer_1 = 2 * 4 // (2 * 2)
+
+# %%
+eight = base.replace(**{"parallel.tensor": 2, "parallel.pipeline": 2,
+                        "cluster": {"nodes": [{"gpu": gpu, "count": 2, "gpus_per_node": 4}]}})
+check_number(answer_1, eight.data_parallel, name="Exercise 1 (data-parallel size)", rel_tol=0.0,
+             hint="world size / (tensor x pipeline)")
+
+# %% [markdown]
+# **Exercise 2.** Every data-parallel replica computed gradients on its own samples; they are summed across the
+# replicas once per iteration, in the data-parallel group.
+
+# %%
+answer_2 = "dp"
+
+# %%
+check_choice(answer_2, "dp", name="Exercise 2 (gradient all-reduce)", choices=["tp", "pp", "dp"],
+             hint="look at dp2's line in 7.6")
+
+# %% [markdown]
+# **Exercise 3.** $(p - 1) / (m + p - 1) = 3 / 11$.
+
+# %%
+answer_3 = 3 / 11
+answer_3
+
+# %%
+check_number(answer_3, bubble_fraction(pipeline_schedule(4, 8)), name="Exercise 3 (pipeline bubble)", rel_tol=0.01,
+             hint="(p - 1) / (m + p - 1)")
