@@ -1,5 +1,6 @@
 """Recompute modes predicted layer by layer: sizes worked out by hand from Korthikanti et al.'s per-layer formula for
 the tiny model (s = 64, b = 2, h = 64, a = 4, fp32 doubling the 16-bit sizes)."""
+import pandas as pd
 import pytest
 
 from labkit.estimate.flops import layer_forward_flops, model_flops
@@ -75,6 +76,8 @@ def test_measurements_are_set_beside_the_prediction_against_the_baseline(tiny):
     assert table.loc["full/block", "measured_time_paid"] == pytest.approx(0.1)
     assert table.loc["none"].tolist() == [0.0, 0.0, 0.0, 0.0]
     assert table["predicted_saved_mib"].tolist() == predicted["saved_mib"].tolist()
+    as_series = against_measured(predicted, pd.Series(saved), pd.Series(times))
+    assert as_series.equals(table)
     with pytest.raises(KeyError, match="full/block"):
         against_measured(predicted, {k: v for k, v in saved.items() if k != "full/block"}, times)
     with pytest.raises(KeyError, match="baseline"):

@@ -93,7 +93,9 @@ def against_measured(predicted: pd.DataFrame, activations_mib: Mapping[str, floa
     per iteration as a share of the baseline's; predicted as the extra compute).
 
     `predicted` is recompute_table's; `activations_mib` the measured activations kept for the backward pass (the
-    profiler's `saved_mb`), `iteration_ms` the measured steady time per iteration, each keyed by run name."""
+    profiler's `saved_mb`), `iteration_ms` the measured steady time per iteration, each keyed by run name (mappings or
+    Series indexed by run)."""
+    activations_mib, iteration_ms = dict(activations_mib), dict(iteration_ms)  # a pandas Series iterates its values
     if baseline not in predicted.index:
         raise KeyError(f"baseline: {baseline!r} is not one of the runs ({', '.join(predicted.index)})")
     missing = sorted((set(predicted.index) - set(activations_mib)) | (set(predicted.index) - set(iteration_ms)))
