@@ -276,7 +276,11 @@ def test_profiler_trace_covers_the_chosen_steps_on_each_rank(runs):
         steps = {n for n in names if n.startswith("ProfilerStep#")}
         assert len(steps) == 2, steps
         assert any("all_reduce" in n or "allreduce" in n or "reduce_scatter" in n for n in names)
-        assert (tb / f"rank{rank}_steps3-4.memory_timeline.json").is_file()
+        # the allocator's events, from which a memory curve can always be drawn
+        assert any(e.get("name") == "[memory]" and "Total Allocated" in e.get("args", {}) for e in trace["traceEvents"])
+        # torch's own memory timeline is best effort: its analysis sometimes rejects a step, and the driver says so
+        assert (tb / f"rank{rank}_steps3-4.memory_timeline.json").is_file() or \
+            f"WARNING: no memory timeline from torch.profiler on rank {rank}" in runs["corpus_dp2"].text
 
 
 def test_fixture_log_has_the_current_line_shapes(runs):

@@ -288,6 +288,7 @@ def run(args) -> int:
     train_iter = data.data_iterators(args, train_ds, args.consumed_train_samples, device)
     valid_consumed = (iteration // args.eval_interval) * args.eval_iters * args.global_batch_size
     valid_iter = data.data_iterators(args, valid_ds, valid_consumed, device) if args.eval_iters else None
+    test_iter = data.data_iterators(args, test_ds, 0, device) if args.eval_iters else None
     print_rank_0(megatron_log.datetime_line("after dataloaders are built"))
     print_rank_0("done with setup ...")
     print_rank_0("training ...")
@@ -321,7 +322,7 @@ def run(args) -> int:
                 training_log(args, timers, iteration, stats, optimizer, grad_norm, tensorboard, report_memory)
                 report_memory = False
             if args.eval_iters and valid_iter is not None and iteration % args.eval_interval == 0:
-                _validate(args, forward_backward_func, valid_iter, model, timers, tensorboard, iteration)
+                _validate(args, forward_backward_func, valid_iter, model, timers, tensorboard, f"iteration {iteration}")
             if args.save and args.save_interval and iteration % args.save_interval == 0:
                 _save(args, timers, iteration, model, optimizer, scheduler)
         if args.save and (not args.save_interval or iteration % args.save_interval):
@@ -330,8 +331,11 @@ def run(args) -> int:
         profiler.finish()
         tensorboard.close()
     print_rank_0(megatron_log.datetime_line("after training is done"))
-    if args.eval_iters and valid_iter is not None and iteration % args.eval_interval:
-        _validate(args, forward_backward_func, valid_iter, model, timers, tensorboard, iteration)
+    # As Megatron-LM ends a run: one more pass over the validation set, then the test set.
+    for split, split_iter in (("validation", valid_iter), ("test", test_iter)):
+        if split_iter is not None:
+            _validate(args, forward_backward_func, split_iter, model, timers, None,
+                      f"iteration {iteration} on {split} set")
     dist.barrier()
     return 0
 
@@ -357,15 +361,16 @@ def _guarded(step, *args, iteration: int, **kwargs):
                             f"{str(exc).strip().splitlines()[0]}; {OOM_HINT}") from exc
 
 
-def _validate(args, forward_backward_func, valid_iter, model, timers, tensorboard, iteration):
+def _validate(args, forward_backward_func, data_iterator, model, timers, tensorboard, prefix: str) -> None:
     timers("evaluate", log_level=0).start(barrier=True)
-    losses = evaluate(args, forward_backward_func, valid_iter, model, timers)
+    losses = evaluate(args, forward_backward_func, data_iterator, model, timers)
     timers("evaluate").stop()
     log_timers(timers, ["evaluate"])
     if losses:
-        print_logging_rank(megatron_log.validation_lines(f"iteration {iteration}", losses))
-        tensorboard.validation(iteration, args.consumed_train_samples, losses)
-        tensorboard.flush()
+        print_logging_rank(megatron_log.validation_lines(prefix, losses))
+        if tensorboard is not None:
+            tensorboard.validation(args.iteration, args.consumed_train_samples, losses)
+            tensorboard.flush()
 
 
 def _save(args, timers, iteration, model, optimizer, scheduler):
