@@ -54,7 +54,8 @@ _VIRTUAL = re.compile(rb"virtual stages per pipeline stage: *(\w+)")
 _TOPOLOGY = re.compile(rb"Using topology: \{[^\n]*")
 _PARAMS_DTYPE = re.compile(rb"using (torch\.\w+) for parameters")
 _PADDED_VOCAB = re.compile(rb"padded vocab \(size: (\d+)\) with (\d+) dummy tokens \(new size: (\d+)\)")
-_VALIDATION = re.compile(rb"validation loss at (?:iteration +(\d+)|the end of training for (\w+) data) *\|([^\n]*)")
+_VALIDATION = re.compile(rb"validation loss at (?:iteration +(\d+)(?: on (\w+) set)?|the end of training for (\w+) data)"
+                         rb" *\|([^\n]*)")
 _TAIL_HEADER = re.compile(rb"==> ([^\n]*?) <==")
 _JOB_INFO = re.compile(rb"\n(WORLD_SIZE|DP_SIZE|TENSOR_MP_SIZE|PIPELINE_MP_SIZE|NNODES|GLOBAL_BATCH_SIZE|"
                        rb"MICRO_BATCH_SIZE|PARTITION): ([\w-]+)(?=\n)")
@@ -785,15 +786,18 @@ def _validation(s: _Scan) -> pd.DataFrame:
     cols = _Columns()
     its, splits, lines = [], [], []
     for m in _VALIDATION.finditer(s.buf):
-        for f in m.group(3).split(b"|"):
+        for f in m.group(4).split(b"|"):
             key, sep, value = f.partition(b":")
             if not sep or not value.strip():
                 continue
             name = _snake(key).replace("_value", "")
             name = {"lm_loss_ppl": "lm_ppl"}.get(name, name.replace("_loss_ppl", "_ppl"))
             cols.add_raw(name, value)
+        # During training: "at iteration N"; at its end: "at iteration N on test set" or, before 2023,
+        # "at the end of training for test data".
         its.append(int(m.group(1)) if m.group(1) else None)
-        splits.append("valid" if m.group(1) else _text(m.group(2)))
+        end_split = m.group(2) or m.group(3)
+        splits.append(_text(end_split) if end_split else "valid")
         lines.append(s.line_start(m.start()))
         cols.n += 1
     cols.obj.update(iteration=its, split=splits, line=s.line_nos(lines), source=[s.source] * cols.n)

@@ -91,6 +91,7 @@ def loss_figure(runs, validation: bool = True) -> go.Figure:
         fig.add_trace(go.Scatter(x=its["iteration"], y=its["lm_loss"], mode="lines+markers", name=name,
                                  line={"color": color}, marker={"size": 4}))
         val = parsed.validation.dropna(subset=["iteration", "lm_loss"]) if validation else parsed.validation[:0]
+        val = val[val["split"].isin(["valid", "validation", "val"])]  # not the test set
         if len(val):
             fig.add_trace(go.Scatter(x=val["iteration"], y=val["lm_loss"], mode="markers", name=f"{name} (validation)",
                                      marker={"color": color, "symbol": "diamond-open", "size": 9}))
