@@ -58,7 +58,8 @@ def main() -> int:
     iters = parser.parse_args().iters
     print(f"tiny GPT (4 layers, hidden 64, seq 128), {iters} iterations, 4 micro-batches of 2 per data-parallel rank; "
           f"os.cpu_count()={os.cpu_count()}")
-    print(f"{'mode':10s} {'procs':>5s} {'ms/iteration':>13s} {'last lm loss':>13s} {'peak RSS MB':>12s} {'run wall s':>11s}")
+    print(f"{'mode':10s} {'procs':>5s} {'ms/iteration':>13s} {'last lm loss':>13s} {'peak RSS MB':>12s} "
+          f"{'run wall s':>11s}")
     for name, (processes, flags) in MODES.items():
         r = run(processes, flags, iters)
         print(f"{name:10s} {processes:5d} {r['ms']:13.1f} {r['loss']:13.4f} {r['rss']:12.0f} {r['wall']:11.1f}",

@@ -138,6 +138,7 @@ def test_weighted_data_blend(tmp_path):
 
 def test_help_lists_megatron_flag_names():
     text = build_parser().format_help()
-    for flag in ("--pipeline-model-parallel-layout", "--num-layers-per-virtual-pipeline-stage", "--use-distributed-optimizer",
-                 "--checkpoint-activations", "--tensorboard-dir", "--profile-ranks", "--mock-data", "--log-throughput"):
+    for flag in ("--pipeline-model-parallel-layout", "--num-layers-per-virtual-pipeline-stage",
+                 "--use-distributed-optimizer", "--checkpoint-activations", "--tensorboard-dir", "--profile-ranks",
+                 "--mock-data", "--log-throughput"):
         assert flag in text

@@ -6,7 +6,6 @@ each test reads the logs and files they left. Comparisons that must be exact use
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import socket
@@ -111,8 +110,8 @@ def runs(tmp_path_factory):
                                      "--log-interval", "1", "--eval-iters", "0", "--pipeline-model-parallel-size", "2",
                                      "--num-layers-per-virtual-pipeline-stage", "1"]),
         "fp16": Run(root / "fp16", 1, [*MODEL, *MOCK, "--micro-batch-size", "2", "--global-batch-size", "8",
-                                       "--lr", "1e-3", "--train-iters", "30", "--log-interval", "5", "--eval-iters", "0",
-                                       "--fp16"]),
+                                       "--lr", "1e-3", "--train-iters", "30", "--log-interval", "5",
+                                       "--eval-iters", "0", "--fp16"]),
         "nan": Run(root / "nan", 1, [*MODEL, *MOCK, "--lr", "1e-3", "--train-iters", "3", "--log-interval", "1",
                                      "--eval-iters", "0", "--init-method-std", "1e30"]),
         "unknown_flag": Run(root / "unknown_flag", 1, [*MODEL, *MOCK, "--lr", "1e-3", "--train-iters", "3",
@@ -148,7 +147,8 @@ def test_one_iteration_line_per_interval_and_megatron_fields_in_order(runs):
     memory = [line for line in text.splitlines() if "memory (MB)" in line]
     assert len(memory) == 1  # data-parallel rank 0 of each model-parallel rank, after the first interval
     assert re.match(r"\[Rank 0\] \(after 5 iterations\) memory \(MB\) \| allocated: [\d.]+ \| max allocated: [\d.]+ "
-                    r"\| reserved: [\d.]+ \| max reserved: [\d.]+ \| measured as: cpu process resident memory$", memory[0])
+                    r"\| reserved: [\d.]+ \| max reserved: [\d.]+ \| measured as: cpu process resident memory$",
+                    memory[0])
     block = text.split("(min, max) time across ranks (ms):\n", 1)[1].split("\n [")[0]
     for timer in ("forward-compute", "backward-compute", "all-grads-sync", "optimizer"):
         assert re.search(rf"^    {timer} \.+: \([\d.]+, [\d.]+\)$", block, re.M), block

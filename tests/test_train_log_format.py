@@ -1,4 +1,5 @@
-"""labkit's log lines against lines Megatron-LM printed (tests/fixtures/logs/03-*, 04-*): same values in, same text out."""
+"""labkit's log lines against lines Megatron-LM printed (tests/fixtures/logs/03-*, 04-*): same values in, same text
+out."""
 from __future__ import annotations
 
 import argparse

@@ -27,7 +27,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m labkit.train", allow_abbrev=False, usage="%(prog)s [Megatron-LM flags; --help lists them]",
+    p = _Parser(prog="python -m labkit.train", allow_abbrev=False,
+                usage="%(prog)s [Megatron-LM flags; --help lists them]",
                 description="Train a GPT with megatron-core (CPU/gloo or GPU/NCCL), logging like Megatron-LM.")
     g = p.add_argument_group("model")
     g.add_argument("--num-layers", type=int, required=True)
@@ -112,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--data-path", nargs="+", default=None,
                    help="PREFIX (from `labkit data prepare`) or WEIGHT PREFIX WEIGHT PREFIX ... for a blend")
     g.add_argument("--split", default="969,30,1")
-    g.add_argument("--data-cache-path", default=None, help="where dataset indices are cached (default: next to the data)")
+    g.add_argument("--data-cache-path", default=None,
+                   help="where dataset indices are cached (default: next to the data)")
     g.add_argument("--mock-data", action="store_true")
     g.add_argument("--tokenizer-type", choices=["GPT2BPETokenizer", "NullTokenizer"], default=None)
     g.add_argument("--vocab-file", default=None, help=f"default {DEFAULT_VOCAB}")
@@ -293,7 +295,8 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
             raise ArgumentError("--tokenizer-type: real data needs GPT2BPETokenizer (--vocab-file/--merge-file)")
     else:
         args.data_prefixes, args.data_weights = [], None
-        args.tokenizer_type = args.tokenizer_type or ("GPT2BPETokenizer" if args.vocab_size is None else "NullTokenizer")
+        mock_tokenizer = "GPT2BPETokenizer" if args.vocab_size is None else "NullTokenizer"
+        args.tokenizer_type = args.tokenizer_type or mock_tokenizer
     if args.tokenizer_type == "GPT2BPETokenizer":
         args.vocab_file = args.vocab_file or str(DEFAULT_VOCAB)
         args.merge_file = args.merge_file or str(DEFAULT_MERGES)

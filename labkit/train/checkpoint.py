@@ -88,7 +88,8 @@ def save(args, iteration: int, model, optimizer, scheduler) -> None:
     dist.all_gather_object(rng_states, _rng_state(), group=dp_group)
     if args.use_distributed_optimizer:
         folder.mkdir(parents=True, exist_ok=True)
-        torch.save(_shard_state(optimizer), folder / f"distrib_optim_dp_{parallel_state.get_data_parallel_rank():03d}.pt")
+        shard = folder / f"distrib_optim_dp_{parallel_state.get_data_parallel_rank():03d}.pt"
+        torch.save(_shard_state(optimizer), shard)
     if parallel_state.get_data_parallel_rank() == 0:
         folder.mkdir(parents=True, exist_ok=True)
         state = {

@@ -220,7 +220,8 @@ def training_log(args, timers, iteration, stats, optimizer, grad_norm, tensorboa
     print_logging_rank(megatron_log.iteration_line(
         iteration=iteration, train_iters=args.train_iters, consumed_samples=args.consumed_train_samples,
         elapsed_ms=per_iteration * 1000.0, throughput=throughput, learning_rate=lr,
-        global_batch_size=args.global_batch_size, losses=stats.mean_losses(), loss_scale=optimizer.get_loss_scale().item(),
+        global_batch_size=args.global_batch_size, losses=stats.mean_losses(),
+        loss_scale=optimizer.get_loss_scale().item(),
         grad_norm=grad_norm, skipped=stats.skipped, nan=stats.nan))
     stats.reset()
     if report_memory and parallel_state.get_data_parallel_rank() == 0:
@@ -312,7 +313,8 @@ def run(args) -> int:
             args.consumed_train_samples += args.global_batch_size
             if _loss_is_nan_anywhere(losses, device) and not skipped:
                 raise TrainingError(f"NaN loss at iteration {iteration} (lm loss {losses.get('lm loss', 'nan')}); "
-                                    "lower --lr or --init-method-std, keep --clip-grad on, or use --bf16 instead of --fp16")
+                                    "lower --lr or --init-method-std, keep --clip-grad on, "
+                                    "or use --bf16 instead of --fp16")
             stats.add(losses, skipped)
             profiler.after_step(iteration)
             if losses:
