@@ -250,9 +250,10 @@ def report_seed000() -> float:
 
 # ---------------------------------------------------------------------------------------------------------------------
 # CPU closed loop. This host has 2 cores; every training process runs one thread (OMP_NUM_THREADS=1), so the profile is
-# taken with one thread per process too, and layouts of 1 and 2 processes compute at the same per-process speed. Other
+# taken with one thread per process too, and with as many processes running at once as the layout has. Other
 # jobs on the host slow every measurement down: the load average is printed beside each one, each layout's profile is
-# measured right before its driver runs, and each layout runs LOOP_REPEATS times (the median ratio is kept).
+# measured right before and right after its driver runs (the prediction is the geometric mean of the two), and each
+# layout runs LOOP_REPEATS times (the median ratio is kept).
 LOOP_MODEL = {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "seq_length": 256, "vocab_size": 1024}
 LOOP_MICRO, LOOP_GLOBAL = 2, 8
 LOOP_ITERS, LOOP_WARMUP = 7, 2  # iterations run, and leading ones left out of the steady state
@@ -292,17 +293,28 @@ def wait_for_quiet() -> float:
     return os.getloadavg()[0]
 
 
-def measure_profile(tensor: int, workdir: Path) -> Profile:
-    """`labkit profile` of the loop model at this tensor size, one thread per process."""
+def measure_profile(tensor: int, processes: int, workdir: Path) -> Profile:
+    """`labkit profile` of the loop model at this tensor size, one thread per process, with as many processes busy as
+    the layout runs (`processes` profilers of `tensor` workers each, at once): the cores, caches and memory bandwidth
+    are shared as in training. The profiles are averaged layer by layer."""
     spec_path = workdir / "cpu-loop.yaml"
     spec_path.write_text(yaml.safe_dump(loop_spec(tensor).to_dict()))
-    out = workdir / f"cpu-loop_cpu_tp{tensor}.json"
-    cmd = [sys.executable, "-m", "labkit", "profile", "--model", str(spec_path), "--tensor", str(tensor),
-           "--micro-batch", str(LOOP_MICRO), "--precision", "fp32", "--repeats", "5", "--output", str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, env=_one_thread_env(), capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise RuntimeError(f"labkit profile failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    return load_profile(out)
+    outs = [workdir / f"cpu-loop_cpu_tp{tensor}_{i}.json" for i in range(processes)]
+    running = [subprocess.Popen([sys.executable, "-m", "labkit", "profile", "--model", str(spec_path), "--tensor",
+                                 str(tensor), "--micro-batch", str(LOOP_MICRO), "--precision", "fp32", "--repeats", "12",
+                                 "--output", str(out)], cwd=ROOT, env=_one_thread_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True) for out in outs]
+    for proc in running:
+        output, _ = proc.communicate(timeout=900)
+        if proc.returncode != 0:
+            raise RuntimeError(f"labkit profile failed ({proc.returncode}):\n{output[-3000:]}")
+    profiles = [load_profile(out) for out in outs]
+    mean = profiles[0]
+    mean.layers_s = [statistics.fmean(x) for x in zip(*(p.layers_s for p in profiles))]
+    mean.embedding_s = statistics.fmean(p.embedding_s for p in profiles)
+    mean.output_s = statistics.fmean(p.output_s for p in profiles)
+    mean.backward_factor = statistics.fmean(p.backward_factor for p in profiles)
+    return mean
 
 
 def run_driver(spec, workdir: Path) -> float:
@@ -324,10 +336,12 @@ def measure_cpu_loop(save: Path | None = None) -> list[dict]:
         for repeat in range(LOOP_REPEATS):
             for label, t, p, d, recompute in LOOP_LAYOUTS:
                 load = wait_for_quiet()
-                profile = measure_profile(t, workdir)
+                before = measure_profile(t, p * d, workdir)
                 measured = run_driver(loop_spec(t, p, d, recompute), workdir)
+                after = measure_profile(t, p * d, workdir)
                 records.append({"label": label, "layout": [t, p, d, recompute], "repeat": repeat + 1, "load": load,
-                                "load_after": os.getloadavg()[0], "measured_s": measured, "profile": profile.to_dict()})
+                                "load_after": os.getloadavg()[0], "measured_s": measured,
+                                "profiles": [before.to_dict(), after.to_dict()]})
                 if save:
                     save.write_text(json.dumps(records, indent=1))
     return records
@@ -336,19 +350,24 @@ def measure_cpu_loop(save: Path | None = None) -> list[dict]:
 def report_cpu_loop(records: list[dict]) -> list[float]:
     print(f"CPU closed loop: GPT L{LOOP_MODEL['num_layers']} h{LOOP_MODEL['hidden_size']} s{LOOP_MODEL['seq_length']} "
           f"V{LOOP_MODEL['vocab_size']}, micro {LOOP_MICRO}, global {LOOP_GLOBAL}, fp32, 1 thread per process; "
-          f"profile measured right before each run; 1-minute load average before and after each")
+          f"profile measured right before and after each run; 1-minute load average before and after each")
     ratios: dict[str, list[float]] = {}
     for rec in records:
         t, p, d, recompute = rec["layout"]
-        fields = {k: v for k, v in rec["profile"].items() if k in Profile.__dataclass_fields__}
-        fwd = rec["profile"]["forward_s"]
-        profile = Profile(**fields, embedding_s=fwd["embedding"], layers_s=fwd["layers"], output_s=fwd["output"])
-        predicted = estimate(loop_spec(t, p, d, recompute), profiles={("cpu", t): profile}).iteration_time_s
+        spec = loop_spec(t, p, d, recompute)
+        predictions, per_layer = [], []
+        for saved in rec.get("profiles") or [rec["profile"]]:
+            fields = {k: v for k, v in saved.items() if k in Profile.__dataclass_fields__}
+            fwd = saved["forward_s"]
+            profile = Profile(**fields, embedding_s=fwd["embedding"], layers_s=fwd["layers"], output_s=fwd["output"])
+            predictions.append(estimate(spec, profiles={("cpu", t): profile}).iteration_time_s)
+            per_layer.append(f"{1000 * statistics.fmean(profile.layers_s):.0f}")
+        predicted = statistics.geometric_mean(predictions)  # profiles taken before and after the run
         ratio = predicted / rec["measured_s"]
         ratios.setdefault(rec["label"], []).append(ratio)
         print(f"  run {rec['repeat']} {rec['label']:<20} load {rec['load']:5.1f}/{rec['load_after']:5.1f}  profile "
-              f"{1000 * statistics.fmean(profile.layers_s):6.1f} ms/layer fwd, bwd x{profile.backward_factor:.2f}  "
-              f"predicted {predicted:6.3f} s  measured {rec['measured_s']:6.3f} s  ratio {ratio:5.2f}")
+              f"{'/'.join(per_layer):>7} ms/layer fwd  predicted {predicted:6.3f} s  measured {rec['measured_s']:6.3f} s"
+              f"  ratio {ratio:5.2f}")
     errs = []
     for label, values in ratios.items():
         ratio = statistics.median(values)
