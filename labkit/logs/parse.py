@@ -13,8 +13,8 @@ returns a `ParsedLog`. It understands, in any mix:
 - memory reports, timers (one-line `time (ms) |` and the `(min, max)`, `max` and per-rank `times across ranks`
   blocks), the arguments block, parallel sizes, validation losses, and errors/warnings with their line numbers.
 
-Conventions. `iteration` counts completed steps as Megatron does: NeMo's 0-based `iteration 28/99` is row 29 of 100
-(its printed index stays in `global_step`). Times are milliseconds. One row per iteration even when several ranks print it: rows of one iteration are merged, the first
+Conventions. Iteration numbers are kept as printed, NeMo's 0-based `iteration 28/99` included (its `epoch` is kept
+beside it). Times are milliseconds. One row per iteration even when several ranks print it: rows of one iteration are merged, the first
 value printed wins; when a stream prints an iteration again after a higher one (a restart from a checkpoint) the later
 print wins. A line cut off mid-record (a truncated file, a line broken by another rank's output) is ignored and
 reported in `partial_lines`. Bytes that are not UTF-8 are replaced, never fatal.
@@ -491,8 +491,7 @@ def _iterations(s: _Scan):
             continue
         it, n = int(m.group(1)), int(m.group(2))
         if nemo is not None:
-            # NeMo counts iterations from 0 and prints the last index; Megatron counts completed steps.
-            it, n = it + 1, n + 1
+            # NeMo counts from 0 (`iteration 28/99`); the numbers are kept as printed, with the epoch beside them.
             epoch.append(int(nemo.group(1)))
             prefix = prefix[:nemo.start()]
             s.formats.add("nemo")
