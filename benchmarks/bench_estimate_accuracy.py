@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -293,10 +294,60 @@ def wait_for_quiet() -> float:
     return os.getloadavg()[0]
 
 
-def measure_profile(tensor: int, processes: int, workdir: Path) -> Profile:
+class RunQueueWait:
+    """Time the processes under `root` (all their threads) spent runnable but waiting for a CPU, from
+    /proc/PID/task/TID/schedstat, sampled every `period` s so that processes which exit are still counted: the time
+    other jobs on the host took from them. `cpu_share()` is the fraction of their runnable time they had a CPU."""
+
+    def __init__(self, root: int, period: float = 0.2):
+        self.root, self.period, self.latest, self._stop = root, period, {}, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _tree(pid: int) -> list[int]:
+        out, todo = [], [pid]
+        while todo:
+            p = todo.pop()
+            out.append(p)
+            for children in Path(f"/proc/{p}/task").glob("*/children"):
+                with contextlib.suppress(OSError, ValueError):
+                    todo += [int(c) for c in children.read_text().split()]
+        return out
+
+    def sample(self) -> dict[int, tuple[int, int, str]]:
+        """{pid: (ns on a CPU, ns waiting for one, command line)} for every process seen so far."""
+        for pid in self._tree(self.root):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                run = wait = 0
+                for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+                    fields = stat.read_text().split()
+                    run, wait = run + int(fields[0]), wait + int(fields[1])
+                cmd = self.latest[pid][2] if pid in self.latest else \
+                    Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
+                self.latest[pid] = (run, wait, cmd)
+        return dict(self.latest)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.period)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+
+    def cpu_share(self) -> float:
+        run = sum(r for r, _, _ in self.latest.values())
+        wait = sum(w for _, w, _ in self.latest.values())
+        return run / (run + wait) if run + wait else 1.0
+
+
+def measure_profile(tensor: int, processes: int, workdir: Path) -> tuple[Profile, float]:
     """`labkit profile` of the loop model at this tensor size, one thread per process, with as many processes busy as
     the layout runs (`processes` profilers of `tensor` workers each, at once): the cores, caches and memory bandwidth
-    are shared as in training. The profiles are averaged layer by layer."""
+    are shared as in training. The profiles are averaged layer by layer; also returns the share of their runnable
+    time the profilers had a CPU (RunQueueWait)."""
     spec_path = workdir / "cpu-loop.yaml"
     spec_path.write_text(yaml.safe_dump(loop_spec(tensor).to_dict()))
     outs = [workdir / f"cpu-loop_cpu_tp{tensor}_{i}.json" for i in range(processes)]
@@ -304,8 +355,10 @@ def measure_profile(tensor: int, processes: int, workdir: Path) -> Profile:
                                  str(tensor), "--micro-batch", str(LOOP_MICRO), "--precision", "fp32", "--repeats", "12",
                                  "--output", str(out)], cwd=ROOT, env=_one_thread_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True) for out in outs]
-    for proc in running:
+    samplers = [RunQueueWait(proc.pid) for proc in running]
+    for proc, sampler in zip(running, samplers):
         output, _ = proc.communicate(timeout=900)
+        sampler.stop()
         if proc.returncode != 0:
             raise RuntimeError(f"labkit profile failed ({proc.returncode}):\n{output[-3000:]}")
     profiles = [load_profile(out) for out in outs]
@@ -314,18 +367,36 @@ def measure_profile(tensor: int, processes: int, workdir: Path) -> Profile:
     mean.embedding_s = statistics.fmean(p.embedding_s for p in profiles)
     mean.output_s = statistics.fmean(p.output_s for p in profiles)
     mean.backward_factor = statistics.fmean(p.backward_factor for p in profiles)
-    return mean
+    return mean, statistics.fmean(s.cpu_share() for s in samplers)
 
 
-def run_driver(spec, workdir: Path) -> float:
-    """Steady-state seconds per iteration from the driver's Megatron-format log (warm-up iterations left out)."""
+def run_driver(spec, workdir: Path) -> tuple[float, float]:
+    """Steady-state seconds per iteration from the driver's Megatron-format log (warm-up iterations left out): as
+    logged, and less the time its training processes waited for a CPU during each logged iteration (their mean,
+    sampled as each log line appears)."""
     cmd = [str(ROOT / ".venv" / "bin" / "torchrun"), "--nproc-per-node", str(spec.world_size), "-m", "labkit.train",
            *megatron_args(spec)]
-    done = subprocess.run(cmd, cwd=workdir, env=_one_thread_env(), capture_output=True, text=True, timeout=900)
-    iterations = parse_text(done.stdout).iterations
-    if done.returncode != 0 or len(iterations) <= LOOP_WARMUP:
-        raise RuntimeError(f"training driver failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    return steady_state(iterations, warmup=LOOP_WARMUP).median_ms / 1000
+    proc = subprocess.Popen(cmd, cwd=workdir, env=_one_thread_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, bufsize=1)
+    sampler = RunQueueWait(proc.pid)
+    lines, waits = [], []
+    for line in proc.stdout:
+        lines.append(line)
+        if "elapsed time per iteration" in line:
+            workers = [w for _, w, cmd in sampler.sample().values()
+                       if "labkit.train" in cmd and "torchrun" not in cmd and "distributed.run" not in cmd]
+            waits.append(statistics.fmean(workers) / 1e9 if workers else 0.0)
+    stderr = proc.stderr.read()
+    proc.wait(timeout=900)
+    sampler.stop()
+    stdout = "".join(lines)
+    iterations = parse_text(stdout).iterations
+    if proc.returncode != 0 or len(iterations) <= LOOP_WARMUP or len(waits) != len(iterations):
+        raise RuntimeError(f"training driver failed ({proc.returncode}):\n{stdout[-2000:]}\n{stderr[-2000:]}")
+    elapsed = iterations.sort_values("iteration")["elapsed_ms"].to_numpy(dtype=float) / 1000
+    waited = np.diff([0.0, *waits])
+    steady = slice(LOOP_WARMUP, None)
+    return float(np.median(elapsed[steady])), float(np.median((elapsed - waited)[steady]))
 
 
 def measure_cpu_loop(save: Path | None = None) -> list[dict]:
@@ -336,44 +407,61 @@ def measure_cpu_loop(save: Path | None = None) -> list[dict]:
         for repeat in range(LOOP_REPEATS):
             for label, t, p, d, recompute in LOOP_LAYOUTS:
                 load = wait_for_quiet()
-                before = measure_profile(t, p * d, workdir)
-                measured = run_driver(loop_spec(t, p, d, recompute), workdir)
-                after = measure_profile(t, p * d, workdir)
+                before, share_before = measure_profile(t, p * d, workdir)
+                measured, measured_own = run_driver(loop_spec(t, p, d, recompute), workdir)
+                after, share_after = measure_profile(t, p * d, workdir)
                 records.append({"label": label, "layout": [t, p, d, recompute], "repeat": repeat + 1, "load": load,
                                 "load_after": os.getloadavg()[0], "measured_s": measured,
-                                "profiles": [before.to_dict(), after.to_dict()]})
+                                "measured_own_cpu_s": measured_own, "profiles": [before.to_dict(), after.to_dict()],
+                                "profile_cpu_shares": [share_before, share_after]})
                 if save:
                     save.write_text(json.dumps(records, indent=1))
     return records
 
 
+def _loop_prediction(rec: dict, scale_by_share: bool) -> tuple[float, list[float]]:
+    """Geometric mean of the predictions from the profiles taken before and after the run; with `scale_by_share`
+    each profile's times are first multiplied by the CPU share its processes had (the time they would take alone)."""
+    t, p, d, recompute = rec["layout"]
+    spec = loop_spec(t, p, d, recompute)
+    shares = rec.get("profile_cpu_shares") or [1.0] * len(rec["profiles"])
+    predictions, per_layer = [], []
+    for saved, share in zip(rec["profiles"], shares):
+        k = share if scale_by_share else 1.0
+        fields = {key: v for key, v in saved.items() if key in Profile.__dataclass_fields__}
+        fwd = saved["forward_s"]
+        profile = Profile(**fields, embedding_s=k * fwd["embedding"], layers_s=[k * x for x in fwd["layers"]],
+                          output_s=k * fwd["output"])
+        predictions.append(estimate(spec, profiles={("cpu", t): profile}).iteration_time_s)
+        per_layer.append(1000 * statistics.fmean(profile.layers_s))
+    return statistics.geometric_mean(predictions), per_layer
+
+
 def report_cpu_loop(records: list[dict]) -> list[float]:
+    """Predicted / measured per layout, as measured and with the time other jobs took from our processes taken out
+    of both the profile and the driver's iterations (RunQueueWait); the median over repeats of the latter scores."""
     print(f"CPU closed loop: GPT L{LOOP_MODEL['num_layers']} h{LOOP_MODEL['hidden_size']} s{LOOP_MODEL['seq_length']} "
-          f"V{LOOP_MODEL['vocab_size']}, micro {LOOP_MICRO}, global {LOOP_GLOBAL}, fp32, 1 thread per process; "
-          f"profile measured right before and after each run; 1-minute load average before and after each")
-    ratios: dict[str, list[float]] = {}
+          f"V{LOOP_MODEL['vocab_size']}, micro {LOOP_MICRO}, global {LOOP_GLOBAL}, fp32, 1 thread per process; profile "
+          f"before and after each run; load = 1-minute load average before/after")
+    raw: dict[str, list[float]] = {}
+    own: dict[str, list[float]] = {}
     for rec in records:
-        t, p, d, recompute = rec["layout"]
-        spec = loop_spec(t, p, d, recompute)
-        predictions, per_layer = [], []
-        for saved in rec.get("profiles") or [rec["profile"]]:
-            fields = {k: v for k, v in saved.items() if k in Profile.__dataclass_fields__}
-            fwd = saved["forward_s"]
-            profile = Profile(**fields, embedding_s=fwd["embedding"], layers_s=fwd["layers"], output_s=fwd["output"])
-            predictions.append(estimate(spec, profiles={("cpu", t): profile}).iteration_time_s)
-            per_layer.append(f"{1000 * statistics.fmean(profile.layers_s):.0f}")
-        predicted = statistics.geometric_mean(predictions)  # profiles taken before and after the run
-        ratio = predicted / rec["measured_s"]
-        ratios.setdefault(rec["label"], []).append(ratio)
-        print(f"  run {rec['repeat']} {rec['label']:<20} load {rec['load']:5.1f}/{rec['load_after']:5.1f}  profile "
-              f"{'/'.join(per_layer):>7} ms/layer fwd  predicted {predicted:6.3f} s  measured {rec['measured_s']:6.3f} s"
-              f"  ratio {ratio:5.2f}")
+        predicted, _ = _loop_prediction(rec, scale_by_share=False)
+        predicted_own, per_layer = _loop_prediction(rec, scale_by_share=True)
+        measured_own = rec.get("measured_own_cpu_s", rec["measured_s"])
+        raw.setdefault(rec["label"], []).append(predicted / rec["measured_s"])
+        own.setdefault(rec["label"], []).append(predicted_own / measured_own)
+        shares = "/".join(f"{x:.2f}" for x in rec.get("profile_cpu_shares", []))
+        print(f"  run {rec['repeat']} {rec['label']:<19} load {rec['load']:4.1f}/{rec['load_after']:4.1f}  as measured: "
+              f"{predicted:6.3f} vs {rec['measured_s']:6.3f} s ({predicted / rec['measured_s']:4.2f})  own CPU time: "
+              f"profile {'/'.join(f'{x:.0f}' for x in per_layer)} ms/layer (share {shares}), "
+              f"{predicted_own:6.3f} vs {measured_own:6.3f} s ({predicted_own / measured_own:4.2f})")
     errs = []
-    for label, values in ratios.items():
-        ratio = statistics.median(values)
+    for label in own:
+        ratio, ratio_raw = statistics.median(own[label]), statistics.median(raw[label])
         errs.append(abs(ratio - 1))
-        print(f"  {label:<20} predicted/measured, median of {len(values)}: {ratio:5.2f}  "
-              f"error {100 * (ratio - 1):+6.1f}%")
+        print(f"  {label:<20} predicted/measured, median of {len(own[label])}: {ratio:5.2f} ({100 * (ratio - 1):+6.1f}%)"
+              f"   as measured, with other jobs' CPU time in: {ratio_raw:5.2f}")
     print(f"  mean |error| {100 * statistics.fmean(errs):.1f}%, max {100 * max(errs):.1f}% over {len(errs)} layouts")
     return errs
 
