@@ -370,6 +370,53 @@ def measure_profile(tensor: int, processes: int, workdir: Path) -> tuple[Profile
     return mean, statistics.fmean(s.cpu_share() for s in samplers)
 
 
+# A profiler process for `measure_cpu_time_profile`: labkit.plan.profiler's own worker, with its clock swapped for the
+# process's CPU time. argv: rank world port out.json megatron-args-json
+_CPU_TIME_WORKER = """
+import json, sys, time, types
+import labkit.plan.profiler as profiler
+profiler.time = types.SimpleNamespace(perf_counter=time.process_time)
+rank, world, port, out, argv = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
+class Results:
+    def put(self, value):
+        open(out, "w").write(json.dumps(value))
+profiler._worker(rank, world, argv, 12, 2, port, Results())
+"""
+
+
+def measure_cpu_time_profile(tensor: int, processes: int, workdir: Path) -> Profile:
+    """The profile `labkit profile` measures, with each span timed in the process's own CPU time instead of wall time
+    (labkit.plan.profiler's worker with its clock swapped): what the layers cost with the CPUs to themselves, however
+    busy the host is. `processes` groups of `tensor` workers run at once, as in the layout; their profiles are
+    averaged layer by layer."""
+    from labkit.plan.profiler import _free_port, profiling_spec
+
+    (workdir / "cpu-loop.yaml").write_text(yaml.safe_dump(loop_spec(tensor).to_dict()))
+    argv = megatron_args(profiling_spec(str(workdir / "cpu-loop.yaml"), tensor, LOOP_MICRO, "fp32")) + [
+        "--distributed-backend", "gloo"]
+    groups = []
+    for g in range(processes):
+        port, out = _free_port(), workdir / f"cpu-time-profile-{g}.json"
+        groups.append((out, [subprocess.Popen([sys.executable, "-c", _CPU_TIME_WORKER, str(rank), str(tensor), str(port),
+                                               str(out), json.dumps(argv)], cwd=ROOT, env=_one_thread_env(),
+                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             for rank in range(tensor)]))
+    measured = []
+    for out, procs in groups:
+        for proc in procs:
+            output, _ = proc.communicate(timeout=900)
+            if proc.returncode != 0:
+                raise RuntimeError(f"CPU-time profile failed ({proc.returncode}):\n{output[-3000:]}")
+        measured.append(json.loads(out.read_text()))
+    return Profile(model="cpu-loop", gpu="cpu", tensor=tensor,
+                   embedding_s=statistics.fmean(m["embedding"] for m in measured),
+                   layers_s=[statistics.fmean(x) for x in zip(*(m["layers"] for m in measured))],
+                   output_s=statistics.fmean(m["output"] for m in measured), micro_batch=LOOP_MICRO,
+                   seq_length=LOOP_MODEL["seq_length"], precision="fp32",
+                   backward_factor=statistics.fmean(m["backward_factor"] for m in measured),
+                   source="labkit.plan.profiler worker timed in process CPU time")
+
+
 def run_driver(spec, workdir: Path) -> tuple[float, float]:
     """Steady-state seconds per iteration from the driver's Megatron-format log (warm-up iterations left out): as
     logged, and less the time its training processes waited for a CPU during each logged iteration (their mean,
@@ -407,55 +454,48 @@ def measure_cpu_loop(save: Path | None = None) -> list[dict]:
         for repeat in range(LOOP_REPEATS):
             for label, t, p, d, recompute in LOOP_LAYOUTS:
                 load = wait_for_quiet()
-                before, share_before = measure_profile(t, p * d, workdir)
+                cpu_time_profile = measure_cpu_time_profile(t, p * d, workdir)
                 measured, measured_own = run_driver(loop_spec(t, p, d, recompute), workdir)
-                after, share_after = measure_profile(t, p * d, workdir)
+                wall_profile, _ = measure_profile(t, p * d, workdir)
                 records.append({"label": label, "layout": [t, p, d, recompute], "repeat": repeat + 1, "load": load,
                                 "load_after": os.getloadavg()[0], "measured_s": measured,
-                                "measured_own_cpu_s": measured_own, "profiles": [before.to_dict(), after.to_dict()],
-                                "profile_cpu_shares": [share_before, share_after]})
+                                "measured_own_cpu_s": measured_own, "wall_profile": wall_profile.to_dict(),
+                                "cpu_time_profile": cpu_time_profile.to_dict()})
                 if save:
                     save.write_text(json.dumps(records, indent=1))
     return records
 
 
-def _loop_prediction(rec: dict, scale_by_share: bool) -> tuple[float, list[float]]:
-    """Geometric mean of the predictions from the profiles taken before and after the run; with `scale_by_share`
-    each profile's times are first multiplied by the CPU share its processes had (the time they would take alone)."""
+def _loop_prediction(rec: dict, key: str) -> tuple[float, float]:
+    """Predicted seconds per iteration from a saved profile, and that profile's mean forward ms per layer."""
     t, p, d, recompute = rec["layout"]
-    spec = loop_spec(t, p, d, recompute)
-    shares = rec.get("profile_cpu_shares") or [1.0] * len(rec["profiles"])
-    predictions, per_layer = [], []
-    for saved, share in zip(rec["profiles"], shares):
-        k = share if scale_by_share else 1.0
-        fields = {key: v for key, v in saved.items() if key in Profile.__dataclass_fields__}
-        fwd = saved["forward_s"]
-        profile = Profile(**fields, embedding_s=k * fwd["embedding"], layers_s=[k * x for x in fwd["layers"]],
-                          output_s=k * fwd["output"])
-        predictions.append(estimate(spec, profiles={("cpu", t): profile}).iteration_time_s)
-        per_layer.append(1000 * statistics.fmean(profile.layers_s))
-    return statistics.geometric_mean(predictions), per_layer
+    saved = rec[key]
+    fields = {k: v for k, v in saved.items() if k in Profile.__dataclass_fields__}
+    fwd = saved["forward_s"]
+    profile = Profile(**fields, embedding_s=fwd["embedding"], layers_s=fwd["layers"], output_s=fwd["output"])
+    return (estimate(loop_spec(t, p, d, recompute), profiles={("cpu", t): profile}).iteration_time_s,
+            1000 * statistics.fmean(profile.layers_s))
 
 
 def report_cpu_loop(records: list[dict]) -> list[float]:
-    """Predicted / measured per layout, as measured and with the time other jobs took from our processes taken out
-    of both the profile and the driver's iterations (RunQueueWait); the median over repeats of the latter scores."""
+    """Predicted / measured per layout: in wall time (`labkit profile` after the run, the driver's logged times), and
+    with other jobs' share of the CPUs taken out of both (the profiler's worker timed in CPU time before the run; the
+    logged times less the run-queue wait of the training processes). The median over repeats of the latter scores."""
     print(f"CPU closed loop: GPT L{LOOP_MODEL['num_layers']} h{LOOP_MODEL['hidden_size']} s{LOOP_MODEL['seq_length']} "
-          f"V{LOOP_MODEL['vocab_size']}, micro {LOOP_MICRO}, global {LOOP_GLOBAL}, fp32, 1 thread per process; profile "
-          f"before and after each run; load = 1-minute load average before/after")
+          f"V{LOOP_MODEL['vocab_size']}, micro {LOOP_MICRO}, global {LOOP_GLOBAL}, fp32, 1 thread per process; "
+          f"load = 1-minute load average before/after")
     raw: dict[str, list[float]] = {}
     own: dict[str, list[float]] = {}
     for rec in records:
-        predicted, _ = _loop_prediction(rec, scale_by_share=False)
-        predicted_own, per_layer = _loop_prediction(rec, scale_by_share=True)
-        measured_own = rec.get("measured_own_cpu_s", rec["measured_s"])
+        predicted, wall_ms = _loop_prediction(rec, "wall_profile")
+        predicted_own, cpu_ms = _loop_prediction(rec, "cpu_time_profile")
+        measured_own = rec["measured_own_cpu_s"]
         raw.setdefault(rec["label"], []).append(predicted / rec["measured_s"])
         own.setdefault(rec["label"], []).append(predicted_own / measured_own)
-        shares = "/".join(f"{x:.2f}" for x in rec.get("profile_cpu_shares", []))
-        print(f"  run {rec['repeat']} {rec['label']:<19} load {rec['load']:4.1f}/{rec['load_after']:4.1f}  as measured: "
-              f"{predicted:6.3f} vs {rec['measured_s']:6.3f} s ({predicted / rec['measured_s']:4.2f})  own CPU time: "
-              f"profile {'/'.join(f'{x:.0f}' for x in per_layer)} ms/layer (share {shares}), "
-              f"{predicted_own:6.3f} vs {measured_own:6.3f} s ({predicted_own / measured_own:4.2f})")
+        print(f"  run {rec['repeat']} {rec['label']:<19} load {rec['load']:4.1f}/{rec['load_after']:4.1f}  wall: profile "
+              f"{wall_ms:3.0f} ms/layer, {predicted:6.3f} vs {rec['measured_s']:6.3f} s ({predicted / rec['measured_s']:4.2f})"
+              f"  own CPU time: profile {cpu_ms:3.0f} ms/layer, {predicted_own:6.3f} vs {measured_own:6.3f} s "
+              f"({predicted_own / measured_own:4.2f})")
     errs = []
     for label in own:
         ratio, ratio_raw = statistics.median(own[label]), statistics.median(raw[label])
