@@ -323,10 +323,15 @@ def run(args) -> int:
             if iteration % args.log_interval == 0:
                 training_log(args, timers, iteration, stats, optimizer, grad_norm, tensorboard, report_memory)
                 report_memory = False
+            # As in Megatron-LM, evaluation and checkpointing do not count towards the iteration time.
             if args.eval_iters and valid_iter is not None and iteration % args.eval_interval == 0:
+                timers("interval-time").stop()
                 _validate(args, forward_backward_func, valid_iter, model, timers, tensorboard, f"iteration {iteration}")
+                timers("interval-time", log_level=0).start(barrier=True)
             if args.save and args.save_interval and iteration % args.save_interval == 0:
+                timers("interval-time").stop()
                 _save(args, timers, iteration, model, optimizer, scheduler)
+                timers("interval-time", log_level=0).start(barrier=True)
         if args.save and (not args.save_interval or iteration % args.save_interval):
             _save(args, timers, iteration, model, optimizer, scheduler)
     finally:
