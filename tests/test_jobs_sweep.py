@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from labkit.jobs import LocalBackend, State
-from labkit.jobs.sweep import NO_DROPOUT, PROFILE_DIR, Sweep, SweepFailed, profiled, with_flags
+from labkit.jobs.sweep import NO_DROPOUT, PROFILE_DIR, Sweep, SweepFailed, profiled, share_cores, with_flags
 from labkit.spec import load_spec
 
 FAKE_TORCHRUN = str(Path(__file__).resolve().parent / "fake_torchrun.sh")
@@ -17,6 +17,11 @@ def tiny(**changes):
     spec = load_spec({"name": "tiny", "model": {"preset": "tiny"}, "batch": {"micro": 2, "global": 8},
                       "train": {"iters": 10, "log_interval": 5}, "cluster": "laptop"})
     return spec.replace(**changes) if changes else spec
+
+
+def recorded_env(job) -> dict[str, str]:
+    (env,) = job.log_dir.glob("*.env0")
+    return dict(entry.split("=", 1) for entry in env.read_bytes().decode().split("\0") if "=" in entry)
 
 
 def recorded_args(job) -> list[str]:
@@ -42,6 +47,34 @@ def test_every_variant_runs_under_its_prefixed_name_and_is_read_back(sweep):
     assert list(sweep.logs) == ["fp32", "bf16", "plain"]
     assert sweep.logs["fp32"].iterations["iteration"].tolist() == [5, 10]
     assert all(path.name.startswith(sweep.jobs[name].record.run_id) for name, path in sweep.run_dirs.items())
+
+
+def test_local_runs_share_the_cores_as_openmp_threads(sweep):
+    # three runs of two processes on this host: one thread each (fewer cores than processes still gives one)
+    assert {recorded_env(job)["OMP_NUM_THREADS"] for job in sweep.jobs.values()} == {"1"}
+
+
+def test_core_shares_and_a_spec_that_sets_its_own_threads():
+    one_process = tiny(cluster={"nodes": [{"gpu": "cpu", "count": 1, "gpus_per_node": 1}]})
+    shared = share_cores({"a": one_process, "b": one_process, "c": tiny()}, cores=16)
+    assert [s.job.env["OMP_NUM_THREADS"] for s in shared.values()] == ["4", "4", "4"]  # 16 cores, 4 processes
+    own = one_process.replace(**{"job.env": {"OMP_NUM_THREADS": "3", "X": "y"}})
+    assert share_cores({"a": own, "b": one_process}, cores=2)["a"].job.env == {"OMP_NUM_THREADS": "3", "X": "y"}
+    assert share_cores({"a": one_process}, cores=2)["a"].job.env == {"OMP_NUM_THREADS": "2"}
+
+
+def test_a_cluster_backend_leaves_the_threads_to_the_job():
+    class Recorder:
+        name = "slurm"
+        submitted = []
+
+        def submit(self, spec):
+            self.submitted.append(spec)
+            return spec
+
+    backend = Recorder()
+    Sweep.submit(backend, {"a": tiny()})
+    assert "OMP_NUM_THREADS" not in backend.submitted[0].job.env
 
 
 def test_profiled_passes_zero_based_steps_ranks_and_the_run_local_tensorboard_dir(sweep):

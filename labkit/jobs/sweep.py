@@ -7,10 +7,14 @@ fp16 vs bf16, recompute modes, batch sizes, parallel layouts).
     sweep.traces("fp16")      # its torch.profiler traces, when its spec asked for them (see `profiled`)
 
 The jobs run at the same time: on a cluster each gets its own nodes; on a laptop they share its cores, so their
-timings are comparable with each other but slower than one run alone.
+timings are comparable with each other but slower than one run alone. There, each training process gets an equal
+share of the cores as OpenMP threads (at least one), unless a spec's `job.env` sets OMP_NUM_THREADS: left alone,
+PyTorch gives every process a thread per core (torchrun sets one thread only when it starts several processes), and
+processes spinning on more threads than the host has cores slow each other down a hundredfold.
 """
 from __future__ import annotations
 
+import os
 from functools import cached_property
 from pathlib import Path
 from typing import Mapping
@@ -47,6 +51,16 @@ def profiled(spec: RunSpec, first: int, last: int | None = None, ranks: tuple[in
                       "--log-memory-to-tensorboard")
 
 
+def share_cores(specs: Mapping[str, RunSpec], cores: int | None = None) -> dict[str, RunSpec]:
+    """The specs with OMP_NUM_THREADS = cores / (their processes, all together), at least 1, in `job.env`, for runs
+    that share one host; a spec that sets OMP_NUM_THREADS itself keeps it."""
+    processes = sum(spec.world_size for spec in specs.values())
+    threads = max(1, (cores or os.cpu_count() or 1) // max(1, processes))
+    return {name: spec if "OMP_NUM_THREADS" in spec.job.env
+            else spec.replace(**{"job.env": {**spec.job.env, "OMP_NUM_THREADS": str(threads)}})
+            for name, spec in specs.items()}
+
+
 class SweepFailed(RuntimeError):
     """Some runs of a sweep did not complete; `causes` maps each one's name to why."""
 
@@ -67,6 +81,8 @@ class Sweep:
         if not specs:
             raise ValueError("specs: give at least one {name: RunSpec}")
         named = {name: spec.replace(name=f"{prefix}-{name}") if prefix else spec for name, spec in specs.items()}
+        if backend.name == "local":
+            named = share_cores(named)
         return cls({name: backend.submit(spec) for name, spec in named.items()})
 
     def wait(self, timeout: float | None = None, raise_on_failure: bool = True) -> dict[str, State]:
