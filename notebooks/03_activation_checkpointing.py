@@ -1,0 +1,190 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %%
+
+# %% [markdown]
+# # Lab 03: Activation checkpointing: memory saved, time paid
+#
+# **Objectives.** By the end of this lab you can
+# - say what each of Megatron's recompute modes keeps for the backward pass: `full` with the `uniform` or `block`
+#   method, `selective`, or none;
+# - predict, layer by layer, the activation memory each one saves and the forward work it repeats;
+# - measure both: the memory the forward pass leaves for the backward pass (the profiler's memory curve flattens)
+#   and the time per iteration, and set them beside the prediction;
+# - check that recomputation changes no number: the losses are identical.
+#
+# This is the workshop's section 4.2 (`--activations-checkpoint-method uniform`, today
+# `--recompute-granularity full --recompute-method uniform`).
+
+# %% tags=["parameters"]
+backend = "local"        # "local" (here) or "slurm" (a cluster, or labkit's local Slurm)
+spec_file = "tiny-cpu.yaml"
+gpu = "cpu"              # the GPU of the one-GPU runs below ("A100-80GB" on a cluster)
+iterations = 10
+log_interval = 1
+recompute_layers = 1     # uniform: layers per checkpointed group; block: layers checkpointed per stage
+
+# %%
+from labkit.diagrams import show
+from labkit.estimate.recompute import against_measured, recompute_cost, recompute_table
+from labkit.exercises import check_number, check_spec
+from labkit.jobs import backend_named
+from labkit.jobs.sweep import Sweep, profiled
+from labkit.lab import REPO_ROOT
+from labkit.logs.losses import loss_table
+from labkit.logs.views import comparison_table, iteration_time_figure
+from labkit.profiling import views as profile_views
+from labkit.spec import load_spec
+
+# %% [markdown]
+# ## 3.1 What each mode keeps
+#
+# In a plain forward pass every layer keeps its intermediate results (activations) until its backward pass needs
+# them. Recomputation keeps less and runs part of the forward pass again during the backward pass:
+# - **full, uniform**: the layers are grouped `num_layers` at a time; each group keeps only its input and is
+#   recomputed whole;
+# - **full, block**: only the first `num_layers` layers of each pipeline stage keep just their input; the others
+#   keep everything (less saved, less recomputed: for when memory is only a little short);
+# - **selective**: every layer keeps everything except the attention core (the $a \cdot s^2$ score matrices, their
+#   softmax and dropout), which is cheap to recompute and large to keep at long sequences.
+
+# %%
+show("activation_checkpointing")
+
+# %% [markdown]
+# ## 3.2 Predict
+#
+# The tiny model has 2 layers. For one micro-batch, each layer is sized by what it keeps (Korthikanti et al.'s
+# per-layer formula; the embedding output and the fp32 logits are kept in every mode), and the extra compute is the
+# recomputed forward work as a share of a step's.
+
+# %%
+base = load_spec(REPO_ROOT / "examples" / spec_file).replace(**{
+    "train.iters": iterations, "train.log_interval": log_interval,
+    "cluster": {"nodes": [{"gpu": gpu, "count": 1, "gpus_per_node": 1}]}})
+modes = {
+    "none": None,
+    "selective": {"granularity": "selective", "method": None},
+    "full/uniform": {"granularity": "full", "method": "uniform", "num_layers": recompute_layers},
+    "full/block": {"granularity": "full", "method": "block", "num_layers": recompute_layers},
+}
+specs = {name: base.replace(recompute=mode) for name, mode in modes.items()}
+predicted = recompute_table(specs)
+predicted.round(3)
+
+# %% [markdown]
+# Write down your prediction: order the four runs by the memory they keep, and by their time per iteration.
+#
+# ## 3.3 Run the four modes
+#
+# One process each, all four together, each profiled for one iteration.
+
+# %%
+jobs = backend_named(backend, runs_dir=REPO_ROOT / "runs")
+sweep = Sweep.submit(jobs, {name: profiled(spec, max(1, iterations - 1)) for name, spec in specs.items()},
+                     prefix="lab03")
+states = sweep.wait()
+print({name: str(state) for name, state in states.items()})
+
+# %% [markdown]
+# ## 3.4 Memory, measured
+#
+# First the log's memory line, as the seed would read it:
+
+# %%
+comparison_table(sweep.logs, baseline="none")[["recompute", "max_allocated_mb", "iteration_ms", "speedup"]]
+
+# %% [markdown]
+# On a GPU this line is the CUDA allocator's peak, and it drops with recomputation (the seed: from about 10 GB to
+# 3 GB). On a CPU it is the process's resident memory, hundreds of MB of PyTorch itself, and a tiny model's
+# activations are lost in it. The profiler counts every allocation instead: the memory curve over the profiled
+# iteration rises through the forward pass and falls through the backward pass, and recomputation flattens it.
+
+# %%
+traces = {name: sweep.traces(name)[0] for name in sweep.jobs}
+profile_views.memory_figure(traces).show()
+
+# %%
+measured = profile_views.comparison_table(traces).set_index("run")
+measured[["saved_mb", "peak_growth_mb", "step_ms"]].round(3)
+
+# %% [markdown]
+# `saved_mb` is what the forward pass left allocated when the backward pass began: the activations kept for it
+# (MiB). Now beside the prediction, as memory saved against no recomputation and time paid as a share of its
+# iteration time:
+
+# %%
+steady_ms = comparison_table(sweep.logs)["iteration_ms"]
+against_measured(predicted, measured["saved_mb"], steady_ms).round(3)
+
+# %% [markdown]
+# The memory agrees with the per-layer prediction to within the handful of small tensors the formula leaves out.
+# The time is the noisy half here: a tiny model on two shared cores spends much of an iteration outside the layers,
+# so the recomputed forwards are a small, jittery share. On a GPU with a real model the time paid approaches the
+# prediction (full recomputation: about a third more compute; selective: a few percent).
+
+# %%
+iteration_time_figure(sweep.logs).show()
+
+# %% [markdown]
+# ## 3.5 Recomputation changes no number
+#
+# The recomputed forward replays the same dropout masks (Megatron saves the random state with each checkpoint), so
+# the losses are bit-identical: the spread across the four runs is zero.
+
+# %%
+loss_table(sweep.logs)
+
+# %% [markdown]
+# ## Exercises
+#
+# **Exercise 1.** GPT-2 small has 12 layers. With `full` recomputation, method `block` and `num_layers` 4 on one
+# pipeline stage, how many layers run their forward pass again during the backward pass?
+
+# %%
+answer_1 = ...
+
+# %%
+gpt2 = base.replace(model={"preset": "gpt2-small"})
+check_number(answer_1, recompute_cost(gpt2.replace(recompute={"granularity": "full", "method": "block",
+                                                              "num_layers": 4})).recomputed_layers,
+             name="Exercise 1 (layers recomputed)", rel_tol=0.0)
+
+# %% [markdown]
+# **Exercise 2.** Build from `base` a spec that checkpoints only the first 2 layers of each pipeline stage.
+
+# %%
+answer_2 = ...
+
+# %%
+check_spec(answer_2, name="Exercise 2 (block recompute)", recompute__granularity="full", recompute__method="block",
+           recompute__num_layers=2)
+
+# %% [markdown]
+# **Exercise 3.** Selective recomputation drops the attention core's $5 a s / h$ of the $34 + 5 a s / h$ bytes per
+# token and hidden unit that a 16-bit layer keeps. For GPT-2 small ($s$ = 1024, $h$ = 768, $a$ = 12, 12 layers) at
+# micro-batch 4 in bf16, how many MiB does that save per micro-batch? (Compute it by hand: $5as/h \cdot sbh$ bytes
+# per layer.)
+
+# %%
+answer_3 = ...
+
+# %%
+selective_bf16 = {"precision": "bf16", "recompute": {"granularity": "selective", "method": None}, "batch.micro": 4}
+selective_gpt2 = recompute_table({"selective": gpt2.replace(**selective_bf16)})
+check_number(answer_3, selective_gpt2.loc["selective", "saved_mib"], name="Exercise 3 (selective saving)",
+             rel_tol=0.01, hint="5 * 12 * 1024 / 768 bytes per token and hidden unit, times s * b * h, times 12 layers")

@@ -1,0 +1,67 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %%
+
+# %% [markdown]
+# # Lab 03 solutions: activation checkpointing
+
+# %%
+from labkit.estimate.recompute import recompute_cost, recompute_table
+from labkit.exercises import check_number, check_spec
+from labkit.lab import REPO_ROOT
+from labkit.spec import load_spec
+
+base = load_spec(REPO_ROOT / "examples" / "tiny-cpu.yaml").replace(
+    cluster={"nodes": [{"gpu": "cpu", "count": 1, "gpus_per_node": 1}]})
+gpt2 = base.replace(model={"preset": "gpt2-small"})
+
+# %% [markdown]
+# **Exercise 1.** Block checkpoints (and so recomputes) the first `num_layers` layers of the stage; the other 8 keep
+# all their activations: 4.
+
+# %%
+answer_1 = 4
+
+# %%
+check_number(answer_1, recompute_cost(gpt2.replace(recompute={"granularity": "full", "method": "block",
+                                                              "num_layers": 4})).recomputed_layers,
+             name="Exercise 1 (layers recomputed)", rel_tol=0.0)
+
+# %% [markdown]
+# **Exercise 2.**
+
+# %%
+answer_2 = base.replace(recompute={"granularity": "full", "method": "block", "num_layers": 2})
+
+# %%
+check_spec(answer_2, name="Exercise 2 (block recompute)", recompute__granularity="full", recompute__method="block",
+           recompute__num_layers=2)
+
+# %% [markdown]
+# **Exercise 3.** $5as/h = 5 \cdot 12 \cdot 1024 / 768 = 80$ bytes per token and hidden unit, against 34 for the rest of
+# the layer: at this sequence length the scores are most of a layer's activations. Times $sbh = 1024 \cdot 4 \cdot 768$
+# and 12 layers, in MiB:
+
+# %%
+answer_3 = 80 * 1024 * 4 * 768 * 12 / 2 ** 20
+answer_3
+
+# %%
+selective_bf16 = {"precision": "bf16", "recompute": {"granularity": "selective", "method": None}, "batch.micro": 4}
+selective_gpt2 = recompute_table({"selective": gpt2.replace(**selective_bf16)})
+check_number(answer_3, selective_gpt2.loc["selective", "saved_mib"], name="Exercise 3 (selective saving)",
+             rel_tol=0.01, hint="5 * 12 * 1024 / 768 bytes per token and hidden unit, times s * b * h, times 12 layers")
