@@ -110,10 +110,10 @@ comparison_table(sweep.logs, specs=sweep.specs)[
 iteration_time_figure(sweep.logs).show()
 
 # %% [markdown]
-# On a machine of its own, the time per iteration grows about in proportion to the micro-batches, and samples per
-# second grow a little, by what the optimizer step and the other per-iteration costs were taking (the prediction in
-# 4.2). Here four runs share two cores and reach their training loops at different moments, so their times carry
-# more noise than signal; on a cluster each run has its own GPUs.
+# The time per iteration grows with the micro-batches, and samples per second grow too, by what the optimizer step
+# and the other per-iteration costs were taking (the prediction in 4.2). Four runs share two cores here and reach
+# their training loops at different moments, so expect noise on top of the trend; on a cluster each run has its own
+# GPUs.
 #
 # ## 4.5 Memory: one micro-batch at a time
 #
