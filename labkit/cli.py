@@ -32,16 +32,21 @@ def register(sub) -> None:
     p.set_defaults(func=_validate)
 
 
+def print_spec_errors(where, exc) -> int:
+    """Every error of a SpecError on stderr, one per line; returns the exit status for invalid input (2)."""
+    print(f"{where}: {len(exc.errors)} error(s)", file=sys.stderr)
+    for error in exc.errors:
+        print(f"  - {error}", file=sys.stderr)
+    return 2
+
+
 def _validate(args) -> int:
     from labkit.spec import SpecError, load_spec, resolved_summary
 
     try:
         spec = load_spec(args.spec)
     except SpecError as exc:
-        print(f"{args.spec}: {len(exc.errors)} error(s)", file=sys.stderr)
-        for error in exc.errors:
-            print(f"  - {error}", file=sys.stderr)
-        return 2
+        return print_spec_errors(args.spec, exc)
     resolved = {"spec": spec.to_dict(), "resolved": resolved_summary(spec)}
     if args.json:
         print(json.dumps(resolved, indent=2))

@@ -18,16 +18,14 @@ def register(sub) -> None:
 
 
 def _run(args) -> int:
+    from labkit.cli import print_spec_errors
     from labkit.estimate import estimate
     from labkit.spec import SpecError, load_spec
 
     try:
         spec = load_spec(args.spec)
     except SpecError as exc:
-        print(f"{args.spec}: {len(exc.errors)} error(s)", file=sys.stderr)
-        for error in exc.errors:
-            print(f"  - {error}", file=sys.stderr)
-        return 2
+        return print_spec_errors(args.spec, exc)
     if args.tokens is not None and args.tokens <= 0:
         print(f"--tokens: must be a positive number of tokens, got {args.tokens:g}", file=sys.stderr)
         return 2

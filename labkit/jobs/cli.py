@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
+from labkit.cli import print_spec_errors
 from labkit.spec import SpecError
 
 
@@ -36,13 +37,6 @@ def register(sub) -> None:
     p.set_defaults(func=_runs)
 
 
-def _print_spec_error(where: str, exc: SpecError) -> int:
-    print(f"{where}: {len(exc.errors)} error(s)", file=sys.stderr)
-    for error in exc.errors:
-        print(f"  - {error}", file=sys.stderr)
-    return 2
-
-
 def _run(args) -> int:
     from labkit.jobs import SlurmError, backend_named, default_backend
     from labkit.jobs.monitor import format_report, report
@@ -65,7 +59,7 @@ def _run(args) -> int:
         backend = backend_named(args.backend, **options) if args.backend else default_backend(**options)
         job = backend.submit(spec, layout=args.layout) if backend.name == "slurm" else backend.submit(spec)
     except SpecError as exc:
-        return _print_spec_error(args.spec, exc)
+        return print_spec_errors(args.spec, exc)
     except SlurmError as exc:
         print(f"sbatch refused the job: {exc}", file=sys.stderr)
         return 1
