@@ -418,21 +418,20 @@ def measure_cpu_time_profile(tensor: int, processes: int, workdir: Path) -> Prof
 
 
 def run_driver(spec, workdir: Path) -> tuple[float, float]:
-    """Steady-state seconds per iteration from the driver's Megatron-format log (warm-up iterations left out): as
-    logged, and less the time its training processes waited for a CPU during each logged iteration (their mean,
-    sampled as each log line appears)."""
+    """Steady-state seconds per iteration from the driver's Megatron-format log (warm-up iterations left out): the
+    median as logged, and the mean less the time its training processes waited for a CPU over those iterations (the
+    mean over processes of their run-queue wait between the log lines that bound the steady iterations)."""
     cmd = [str(ROOT / ".venv" / "bin" / "torchrun"), "--nproc-per-node", str(spec.world_size), "-m", "labkit.train",
            *megatron_args(spec)]
     proc = subprocess.Popen(cmd, cwd=workdir, env=_one_thread_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, bufsize=1)
     sampler = RunQueueWait(proc.pid)
-    lines, waits = [], []
+    lines, waits = [], []  # waits: {training process: its run-queue wait so far} as each iteration's line appears
     for line in proc.stdout:
         lines.append(line)
         if "elapsed time per iteration" in line:
-            workers = [w for _, w, cmd in sampler.sample().values()
-                       if "labkit.train" in cmd and "torchrun" not in cmd and "distributed.run" not in cmd]
-            waits.append(statistics.fmean(workers) / 1e9 if workers else 0.0)
+            waits.append({pid: w / 1e9 for pid, (_, w, cmd) in sampler.sample().items()
+                          if "labkit.train" in cmd and "torchrun" not in cmd and "distributed.run" not in cmd})
     stderr = proc.stderr.read()
     proc.wait(timeout=900)
     sampler.stop()
@@ -441,9 +440,10 @@ def run_driver(spec, workdir: Path) -> tuple[float, float]:
     if proc.returncode != 0 or len(iterations) <= LOOP_WARMUP or len(waits) != len(iterations):
         raise RuntimeError(f"training driver failed ({proc.returncode}):\n{stdout[-2000:]}\n{stderr[-2000:]}")
     elapsed = iterations.sort_values("iteration")["elapsed_ms"].to_numpy(dtype=float) / 1000
-    waited = np.diff([0.0, *waits])
-    steady = slice(LOOP_WARMUP, None)
-    return float(np.median(elapsed[steady])), float(np.median((elapsed - waited)[steady]))
+    first, last = waits[LOOP_WARMUP - 1], waits[-1]  # the steady iterations lie between these two lines
+    waited = statistics.fmean(last[pid] - first[pid] for pid in last if pid in first) if first else 0.0
+    steady = elapsed[LOOP_WARMUP:]
+    return float(np.median(steady)), float((steady.sum() - waited) / len(steady))
 
 
 def measure_cpu_loop(save: Path | None = None) -> list[dict]:
