@@ -295,8 +295,8 @@ def wait_for_quiet() -> float:
 
 
 class RunQueueWait:
-    """Time the processes under `root` (all their threads) spent runnable but waiting for a CPU, from
-    /proc/PID/task/TID/schedstat, sampled every `period` s so that processes which exit are still counted: the time
+    """Time the processes under `root` (their main threads) spent runnable but waiting for a CPU, from
+    /proc/PID/task/PID/schedstat, sampled every `period` s so that processes which exit are still counted: the time
     other jobs on the host took from them. `cpu_share()` is the fraction of their runnable time they had a CPU."""
 
     def __init__(self, root: int, period: float = 0.2):
@@ -319,10 +319,8 @@ class RunQueueWait:
         """{pid: (ns on a CPU, ns waiting for one, command line)} for every process seen so far."""
         for pid in self._tree(self.root):
             with contextlib.suppress(OSError, ValueError, IndexError):
-                run = wait = 0
-                for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
-                    fields = stat.read_text().split()
-                    run, wait = run + int(fields[0]), wait + int(fields[1])
+                # the main thread, which runs the model (one thread per process); helper threads' waits overlap it
+                run, wait = (int(x) for x in Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[:2])
                 cmd = self.latest[pid][2] if pid in self.latest else \
                     Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
                 self.latest[pid] = (run, wait, cmd)
