@@ -147,7 +147,7 @@ print(f"bf16: loss scale {loss_scale_history(sweep.logs['bf16'])['loss_scale'].i
 
 # %%
 scalars = tensorboard.read_scalars(sweep.run_dirs["fp16"])
-profile_views.scalars_figure(scalars, ["loss-scale", "lm loss"]).show()
+profile_views.scalars_figure(scalars, ["loss-scale"]).show()
 
 # %% [markdown]
 # ## 2.5 The profiler's view
