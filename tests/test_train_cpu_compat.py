@@ -3,8 +3,6 @@ needed (megatron fails without it), undone by `remove`, and left off when a GPU 
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import sys
 
 import pytest
@@ -21,11 +19,8 @@ def process_group():
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    # An in-process store: nothing leaks into the environment that later training subprocesses inherit.
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     parallel_state.initialize_model_parallel()
     yield
     parallel_state.destroy_model_parallel()

@@ -54,11 +54,17 @@ def initialize(args) -> torch.device:
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()) if args.world_size == 1 else "29500")
         print_rank_0("> initializing torch distributed ...")
+        rendezvous = {}
+        if args.world_size == 1 and "MASTER_ADDR" not in os.environ:
+            # One process started without torchrun: an in-process store, so runs started side by side never race
+            # for a TCP port.
+            rendezvous["store"] = dist.HashStore()
+        else:
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", "29500")
         dist.init_process_group(backend=args.distributed_backend, world_size=args.world_size, rank=args.rank,
-                                device_id=device if device.type == "cuda" else None)
+                                device_id=device if device.type == "cuda" else None, **rendezvous)
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
@@ -74,14 +80,6 @@ def initialize(args) -> torch.device:
     torch.manual_seed(seed)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     return device
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_optimizer(args, model, config):

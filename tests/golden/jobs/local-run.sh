@@ -61,6 +61,10 @@ node_main() {
     # Every node of a job (all hetjob components, master and slave alike) shares JOB_ID, so they agree on the port,
     # while two jobs placed on the same node get different ones.
     export MASTER_PORT=${MASTER_PORT:-$((20000 + JOB_ID % 20000))}
+    # torchrun limits threads only when it starts several processes; share the task's CPUs among them ourselves,
+    # so one-process jobs placed side by side do not each spin a thread per core.
+    local cpus=${SLURM_CPUS_PER_TASK:-$(getconf _NPROCESSORS_ONLN)}
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((cpus / nproc > 0 ? cpus / nproc : 1))}
     mkdir -p "$logs"
     exec >"$logs/$node.out" 2>"$logs/$node.err"
     echo "******************* job info $JOB_ID *******************"
