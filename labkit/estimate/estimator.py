@@ -69,7 +69,7 @@ class Estimate:
         return out
 
 
-def _profile_lookup(profiles, model: str | None):
+def profile_lookup(profiles, model: str | None):
     """Normalise `profiles` (None, a mapping keyed by (gpu, tensor), or a callable) into lookup(gpu, tensor)."""
     if profiles is None:
         return lambda gpu, tensor: find_profile(model, gpu, tensor) if model else None
@@ -81,12 +81,8 @@ def _profile_lookup(profiles, model: str | None):
     return lambda gpu, tensor: table.get((catalog.resolve_gpu_name(gpu) or gpu, int(tensor)))
 
 
-def _latency(topo: Topology, ranks: list[int]) -> float:
-    """Per-step latency of a collective or message among `ranks` (NCCL's small-message latency)."""
-    return timing.LINK_LATENCY_S
-
-
-def _usable(prof: Profile | None, shape: Shape) -> bool:
+def profile_fits(prof: Profile | None, shape: Shape) -> bool:
+    """Whether a per-layer profile was measured at this model's sequence length (or says nothing about it)."""
     return prof is not None and (prof.seq_length is None or prof.seq_length == shape.seq_length)
 
 
@@ -110,7 +106,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     recompute = spec.recompute.granularity if spec.recompute is not None else None
     precision = spec.precision
     topo = Topology(spec)
-    lookup = _profile_lookup(profiles, spec.model.preset)
+    lookup = profile_lookup(profiles, spec.model.preset)
 
     # Per-stage compute of one micro-batch.
     stages, gpus, sources = [], [], []
@@ -118,9 +114,9 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     for i, layers in enumerate(partition):
         name = topo.stage_gpu(i)
         prof = lookup(name, t)
-        if not _usable(prof, shape) and t > 1:
+        if not profile_fits(prof, shape) and t > 1:
             prof = lookup(name, 1)  # a single-GPU profile, split over the tensor ranks
-        source = prof if _usable(prof, shape) else catalog.gpu(name)
+        source = prof if profile_fits(prof, shape) else catalog.gpu(name)
         st = stage_time(source, layers, b.micro, t, shape=shape, precision=precision, first=i == 0, last=i == p - 1,
                         recompute=recompute, first_layer=first_layer, tp_gbps=topo.tp_gbps(i), stack=stack)
         stages.append(st)
@@ -133,7 +129,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     if par.sequence_parallel:
         message /= t
     boundaries = [p2p_time(message, topo.pair_gbps(i, i + 1),
-                           _latency(topo, topo.stage_ranks(i) + topo.stage_ranks(i + 1)) + stack.p2p_message_s)
+                           timing.LINK_LATENCY_S + stack.p2p_message_s)
                   for i in range(p - 1)]
     pipe = pipeline_time([s.total_s for s in stages], boundaries, m, v, messages=stack.p2p_messages)
 
@@ -143,7 +139,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     dp_exposed = []
     for i, params in enumerate(per_stage_params):
         reduce_s = allreduce_time(params * grad_bytes, d, topo.dp_gbps(i),
-                                  _latency(topo, [topo.rank(i, j, 0) for j in range(d)]))
+                                  timing.LINK_LATENCY_S)
         if overlap_dp:
             reduce_s = max(0.0, reduce_s - stages[i].backward_s)
         dp_exposed.append(reduce_s)
@@ -153,7 +149,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         # the tied copy's gradient is reduced as the model keeps it, outside the data-parallel gradient buffers
         embedding_bytes = shape.vocab * shape.hidden / t * GRAD_REDUCE_BYTES.get(precision, 4)
         embedding_comm = allreduce_time(embedding_bytes, 2, topo.pair_gbps(0, p - 1),
-                                        _latency(topo, topo.stage_ranks(0) + topo.stage_ranks(p - 1)))
+                                        timing.LINK_LATENCY_S)
     shards = d if spec.optimizer.distributed else 1
     optimizer = max(optimizer_step_time(params / shards, catalog.gpu(gpus[i]).memory_bw_gb_s, precision)
                     for i, params in enumerate(per_stage_params))

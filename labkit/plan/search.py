@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 from labkit import catalog
 from labkit.estimate import (Shape, allreduce_time, estimate, memory_per_stage, p2p_time, pipeline_time, stage_params,
                              stage_time)
-from labkit.estimate.estimator import MEMORY_MARGIN, _latency, _profile_lookup, _usable
-from labkit.estimate.timing import ACTIVATION_BYTES, GRAD_REDUCE_BYTES
+from labkit.estimate.estimator import MEMORY_MARGIN, profile_fits, profile_lookup
+from labkit.estimate.timing import ACTIVATION_BYTES, GRAD_REDUCE_BYTES, LINK_LATENCY_S
 from labkit.estimate.topology import Topology
 from labkit.plan.partition import min_max_partition
 from labkit.plan.placement import as_cluster, grouped_orders, node_kinds, placements
@@ -130,7 +130,7 @@ class _StageCosts:
 
     def source(self, gpu: str, tensor: int):
         prof = self.lookup(gpu, tensor)
-        return prof if _usable(prof, self.shape) else catalog.gpu(gpu)
+        return prof if profile_fits(prof, self.shape) else catalog.gpu(gpu)
 
     def per_layer(self, gpu: str, tensor: int, micro: int, recompute: str | None, tp_gbps: float) -> list[float]:
         key = ("layer", gpu, tensor, micro, recompute, tp_gbps)
@@ -174,10 +174,10 @@ class _Links:
         return cls(
             stage_gpus=tuple(topo.stage_gpu(i) for i in range(p)),
             tp_gbps=tuple(topo.tp_gbps(i) for i in range(p)),
-            dp=tuple((topo.dp_gbps(i), _latency(topo, [topo.rank(i, j, 0) for j in range(d)])) for i in range(p)),
-            boundaries=tuple((topo.pair_gbps(i, i + 1), _latency(topo, topo.stage_ranks(i) + topo.stage_ranks(i + 1)))
+            dp=tuple((topo.dp_gbps(i), LINK_LATENCY_S) for i in range(p)),
+            boundaries=tuple((topo.pair_gbps(i, i + 1), LINK_LATENCY_S)
                              for i in range(p - 1)),
-            ends=(topo.pair_gbps(0, p - 1), _latency(topo, topo.stage_ranks(0) + topo.stage_ranks(p - 1))))
+            ends=(topo.pair_gbps(0, p - 1), LINK_LATENCY_S))
 
     def boundary_times(self, message_bytes: float) -> list[float]:
         return [p2p_time(message_bytes, gbps, latency) for gbps, latency in self.boundaries]
@@ -305,7 +305,7 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
     kinds, counts = node_kinds(cluster)
     world = sum(k.gpus_per_node * n for k, n in zip(kinds, counts))
     shape = Shape.of(base.model)
-    lookup = _profile_lookup(profiles, base.model.preset)
+    lookup = profile_lookup(profiles, base.model.preset)
     profile_table = {}
 
     def cached_lookup(gpu, tensor):  # profiles are read once per search, not once per layout
