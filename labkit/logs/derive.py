@@ -260,6 +260,16 @@ def leaf_phases(phases) -> list[str]:
     return leaves
 
 
+def _leaf_timers(parsed, iterations: list[int] | None) -> tuple[pd.DataFrame, list[str]]:
+    """Timer rows of logged iterations (those in `iterations`, when given) for leaf phases only, and those phases."""
+    t = parsed.timers
+    t = t[t["iteration"].notna()]
+    if iterations is not None:
+        t = t[t["iteration"].isin(iterations)]
+    phases = leaf_phases(t["phase"])
+    return t[t["phase"].isin(phases)], phases
+
+
 def timer_table(parsed, by: str = "rank", iterations: list[int] | None = None) -> pd.DataFrame:
     """Mean milliseconds per leaf phase (columns) for each rank, task or node (rows), over training iterations.
 
@@ -267,12 +277,7 @@ def timer_table(parsed, by: str = "rank", iterations: list[int] | None = None) -
     Per-rank rows come from per-rank timers (Megatron's `times across ranks`, DeepSpeed's `[Rank N] time (ms)`, or
     one-line `time (ms)` printed by several ranks); a log with only the (min, max) summary gives the "range" rows.
     """
-    t = parsed.timers
-    t = t[t["iteration"].notna()]
-    if iterations is not None:
-        t = t[t["iteration"].isin(iterations)]
-    phases = leaf_phases(t["phase"])
-    t = t[t["phase"].isin(phases)]
+    t, phases = _leaf_timers(parsed, iterations)
     if t.empty:
         return pd.DataFrame()
     if by == "range":
@@ -368,12 +373,7 @@ def _first(value):
 def phase_times(parsed, iterations: list[int] | None = None) -> pd.DataFrame:
     """Milliseconds per leaf phase (columns) for each logged iteration (rows): the slowest rank's time, which is
     the one that paces the step (the `max` of a `(min, max)` block, or the largest per-rank value)."""
-    t = parsed.timers
-    t = t[t["iteration"].notna()]
-    if iterations is not None:
-        t = t[t["iteration"].isin(iterations)]
-    phases = leaf_phases(t["phase"])
-    t = t[t["phase"].isin(phases)]
+    t, phases = _leaf_timers(parsed, iterations)
     if t.empty:
         return pd.DataFrame()
     value = t["max_ms"].fillna(t["ms"])
