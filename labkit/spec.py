@@ -212,16 +212,20 @@ class RunSpec:
 
     def replace(self, **changes) -> "RunSpec":
         """A copy with dotted-path changes, e.g. spec.replace(precision="bf16", **{"batch.micro": 2})."""
-        data = self.to_dict()
-        for dotted, value in changes.items():
-            node = data
-            *parents, leaf = dotted.replace("__", ".").split(".")
-            for key in parents:
-                if node.get(key) is None:
-                    node[key] = {}
-                node = node[key]
-            node[leaf] = value
-        return load_spec(data)
+        return load_spec(with_changes(self.to_dict(), **changes))
+
+
+def with_changes(data: dict, /, **changes) -> dict:
+    """Plain spec data with dotted-path changes applied in place ("batch.micro" or batch__micro), not yet validated."""
+    for dotted, value in changes.items():
+        node = data
+        *parents, leaf = dotted.replace("__", ".").split(".")
+        for key in parents:
+            if node.get(key) is None:
+                node[key] = {}
+            node = node[key]
+        node[leaf] = value
+    return data
 
 
 class SpecError(ValueError):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from labkit.jobs.render import check_job, gres_type, node_groups, render, render_array, time_limit_seconds
-from labkit.spec import SpecError, load_spec
+from labkit.spec import SpecError, load_spec, with_changes
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "jobs"
@@ -21,13 +21,7 @@ def two_node_spec(**changes):
     spec = {"name": "tiny-2nodes", "model": {"preset": "tiny"}, "parallel": {"tensor": 1, "pipeline": 1},
             "batch": {"micro": 2, "global": 8}, "train": {"iters": 10, "log_interval": 5}, "data": {"mock": True},
             "cluster": {"nodes": [{"gpu": "A10", "count": 2, "gpus_per_node": 1}]}}
-    for dotted, value in changes.items():
-        node = spec
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return load_spec(spec)
+    return load_spec(with_changes(spec, **changes))
 
 
 def full_options_spec():

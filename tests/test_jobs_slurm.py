@@ -16,7 +16,7 @@ import pytest
 from labkit.jobs import LocalBackend, SlurmBackend, SlurmError, State
 from labkit.jobs.local import free_port
 from labkit.jobs.render import render, render_array
-from labkit.spec import load_spec
+from labkit.spec import load_spec, with_changes
 
 pytestmark = pytest.mark.slurm
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,13 +27,7 @@ def spec_for(nodes, name="tiny", **changes):
     data = {"name": name, "model": {"preset": "tiny"}, "parallel": {"tensor": 1, "pipeline": 1},
             "batch": {"micro": 2, "global": 8}, "train": {"iters": 10, "log_interval": 5}, "data": {"mock": True},
             "cluster": {"nodes": nodes}, "job": {"master_port": free_port()}}
-    for dotted, value in changes.items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return load_spec(data)
+    return load_spec(with_changes(data, **changes))
 
 
 A10 = {"gpu": "A10", "count": 1, "gpus_per_node": 1}
