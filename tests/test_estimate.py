@@ -2,10 +2,13 @@
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from labkit import catalog
 from labkit.cli import main
-from labkit.estimate import (Profile, Shape, allreduce_time, estimate, memory_per_stage, pipeline_time,
+from labkit.estimate import (Profile, Shape, allreduce_time, estimate, memory_per_stage, pipeline_lower_bound,
+                             pipeline_time,
                              stage_time, timing)
 from labkit.estimate.memory import activation_bytes_per_layer
 from labkit.estimate.timing import bus_gbps
@@ -44,11 +47,23 @@ def test_interleaving_divides_the_bubble_by_v():
 
 
 def test_slowest_stage_sets_the_steady_state_and_sends_add_up():
-    result = pipeline_time([0.1, 0.3, 0.1], [0.01, 0.01], 10)
-    assert result.bottleneck_stage == 1
-    assert result.total_s == pytest.approx(9 * (0.3 + 0.02) + 0.5 + 0.04)
+    # The slowest stage last: it starts once the first micro-batch has come through, then never waits; after its
+    # last backward the gradient goes back through the others. That is the critical-path closed form.
+    result = pipeline_time([0.1, 0.1, 0.3], [0.01, 0.01], 10)
+    assert result.bottleneck_stage == 2
+    assert result.total_s == pytest.approx(9 * (0.3 + 0.01) + 0.5 + 0.04)
     with pytest.raises(ValueError, match="boundary_times"):
         pipeline_time([0.1, 0.1], [], 4)
+
+
+def test_warm_up_forwards_of_an_early_slow_stage_hide_the_round_trip_behind_it():
+    # Stage 1 is slowest (0.1 s forward + 0.2 s backward, plus a 0.01 s send after each). Its one warm-up forward
+    # covers stage 2's round trip, so from the moment stage 0's first forward (and send) is done, stage 1 is busy
+    # for 10 x 0.32 s; stage 0's last backward follows. The closed form would charge stage 2's work as fill/drain.
+    result = pipeline_time([0.1, 0.3, 0.1], [0.01, 0.01], 10)
+    assert result.bottleneck_stage == 1
+    assert result.total_s == pytest.approx((0.1 / 3 + 0.01) + 10 * 0.32 + 0.2 / 3)
+    assert result.total_s < 9 * (0.3 + 0.02) + 0.5 + 0.04
 
 
 def test_stage_time_from_gpu_scales_with_layers_tensor_and_recompute():
@@ -236,3 +251,13 @@ def test_amp_t4_trials_within_fifteen_percent(layout, measured):
 def test_amp_tensor_parallel_gets_faster_with_fewer_larger_micro_batches():
     times = [estimate(amp_spec(4, 1, 4, b), stack=DS, grad_reduce_bytes=4).iteration_time_s for b in (1, 2, 4, 8)]
     assert times == sorted(times, reverse=True)
+
+
+@given(st.lists(st.floats(0.001, 1.0), min_size=1, max_size=8), st.integers(1, 40), st.sampled_from([1, 2]),
+       st.data())
+@settings(max_examples=80, deadline=None)
+def test_planner_bound_never_exceeds_the_pipeline_time(stages, m, messages, data):
+    sends = data.draw(st.lists(st.floats(0.0, 0.3), min_size=len(stages) - 1, max_size=len(stages) - 1))
+    bound = pipeline_lower_bound(stages, sends, m, messages=messages)
+    assert bound <= pipeline_time(stages, sends, m, messages=messages).total_s * (1 + 1e-9)
+    assert bound >= m * max(stages)

@@ -21,11 +21,13 @@ def test_schedule_of_equal_stages_takes_m_plus_p_minus_one_steps():
     assert peak == p
 
 
-def test_schedule_agrees_with_the_estimator_on_uneven_stages():
+def test_schedule_drawn_is_the_one_the_estimator_times():
     stages, sends, m = [2.0, 5.0, 3.0], [0.5, 0.25], 8
     events = schedule_events(stages, sends, m)
-    closed_form = pipeline_time(stages, sends, m).total_s
-    assert events["end_s"].max() == pytest.approx(closed_form, rel=0.15)
+    assert events["end_s"].max() == pytest.approx(pipeline_time(stages, sends, m).total_s)
+    # a stage never runs two operations at once
+    for _, ops in events.sort_values("start_s").groupby("stage"):
+        assert (ops["start_s"].to_numpy()[1:] >= ops["end_s"].to_numpy()[:-1] - 1e-12).all()
     fig = schedule_figure(stages, sends, m, stage_labels=["A100", "A10", "A10"])
     assert {trace.name for trace in fig.data} == {"forward", "backward"}
 

@@ -16,7 +16,8 @@ Pieces to call in a hot loop without building a RunSpec (all times in seconds, l
 - `stage_time(profile_or_gpu, layers, micro_batch, tensor, shape=..., precision=..., first=, last=, recompute=,
   first_layer=, tp_gbps=)` -> StageTime(forward_s, backward_s, tp_comm_s, total_s): one micro-batch on one stage.
 - `pipeline_time(stage_times, boundary_times, num_micro_batches, virtual_stages=1, messages=1)` -> PipelineTime(total_s,
-  busy_s, bubble_s, pp_comm_s, bottleneck_stage): the 1F1B schedule over heterogeneous stages.
+  busy_s, bubble_s, pp_comm_s, bottleneck_stage): the 1F1B schedule over heterogeneous stages, played out by
+  `schedule_1f1b` (every forward and backward with its start and end); `pipeline_lower_bound`: a cheap bound below it.
 - `allreduce_time(nbytes, n, gbps)`, `p2p_time(nbytes, gbps)`: ring all-reduce and one pipeline send.
 - `memory_per_stage(shape, partition, tensor=, data_parallel=, micro_batch=, num_micro_batches=, precision=,
   recompute=, sequence_parallel=, virtual_stages=, distributed_optimizer=, zero_stage=)` -> [StageMemory] in GiB.
@@ -34,7 +35,8 @@ from labkit.estimate.params import Shape, gpt_params, layer_params, stage_params
 from labkit.estimate.profiles import (Profile, ProfileError, available_profiles, find_profile, load_profile,
                                       save_profile)
 from labkit.estimate.timing import (STACKS, PipelineTime, Stack, StageTime, allreduce_time, bus_gbps,
-                                    optimizer_step_time, p2p_time, pipeline_time, stage_time)
+                                    optimizer_step_time, p2p_time, pipeline_lower_bound, pipeline_time,
+                                    schedule_1f1b, stage_time)
 
 __all__ = [
     "estimate", "Estimate", "MEMORY_MARGIN",
@@ -42,7 +44,7 @@ __all__ = [
     "model_flops", "hardware_flops", "megatron_logged_flops", "flops_96", "flops_72", "achieved_tflops",
     "utilization", "training_days",
     "memory_per_stage", "bytes_per_param", "StageMemory",
-    "stage_time", "pipeline_time", "allreduce_time", "p2p_time", "optimizer_step_time", "StageTime", "PipelineTime",
+    "stage_time", "pipeline_time", "pipeline_lower_bound", "schedule_1f1b", "allreduce_time", "p2p_time", "optimizer_step_time", "StageTime", "PipelineTime",
     "Stack", "STACKS", "bus_gbps",
     "Profile", "ProfileError", "load_profile", "save_profile", "find_profile", "available_profiles",
 ]

@@ -11,12 +11,17 @@ memory-bound kernels (layer norms, softmax, dropout, GELU, residual adds), which
 and what each tensor-parallel all-reduce and pipeline message costs on top of moving its bytes, depend on the training
 software rather than the hardware: a `Stack` holds them.
 
-The pipeline (see `pipeline_time`) follows the critical-path form AMP, Alpa and Metis use for 1F1B:
-    T = (m - 1) max_i T'_i + sum_i T_i + 2 sum_j C_j
-with T_i one micro-batch's forward + backward on stage i, C_j one boundary's send of one micro-batch, and
-T'_i = T_i + k v (C_in + C_out) the steady-state step of stage i, which exchanges k messages with each neighbour per
-micro-batch (Megatron pairs each send with the opposite receive, k = 1; DeepSpeed's pipeline engine issues four
-blocking transfers, k = 2). For v interleaved chunks the fill/drain part shrinks to max T + (sum T - max T)/v.
+The pipeline (see `pipeline_time`) is Megatron's 1F1B schedule played out operation by operation
+(`schedule_1f1b`): stage i runs min(p - i - 1, m) warm-up forwards, then alternates one forward and one backward,
+then drains; an operation starts when its stage is free and its input has arrived. Each stage sends what it computed
+before it moves on (Megatron pairs each send with the opposite receive, so the stage is held for one transfer time C
+per forward and per backward). With k > 1 blocking transfers per neighbour per micro-batch (DeepSpeed's pipeline engine
+issues four, k = 2), a receive also holds a busy receiver for (k - 1) C. Where the slowest stage is the last one, or
+stages are equal, this gives the critical-path form AMP, Alpa and Metis use,
+    T = (m - 1) max_i T'_i + sum_i T_i + 2 sum_j C_j,    T'_i = T_i + k (C_in + C_out)
+(T_i one micro-batch's forward + backward on stage i, C_j one boundary's send); where an earlier stage is the slowest,
+its warm-up forwards overlap the round trip through the later stages and T is shorter than that form. For v interleaved
+chunks the closed form is kept, with the fill/drain part shrunk to max T + (sum T - max T)/v.
 """
 from __future__ import annotations
 
@@ -207,13 +212,85 @@ def pipeline_time(stage_times: list[float], boundary_times: list[float], num_mic
     edges = [0.0, *boundary_times, 0.0]
     steady = [t + messages * v * (edges[i] + edges[i + 1]) for i, t in enumerate(stage_times)]
     k = max(range(p), key=lambda i: steady[i])
-    t_max = max(stage_times)
-    fill_drain = t_max + (sum(stage_times) - t_max) / v
-    total = (m - 1) * steady[k] + fill_drain + 2 * sum(boundary_times)
+    if v == 1:
+        total = _play_1f1b(stage_times, boundary_times, m, messages)[-1][-1]
+    else:
+        t_max = max(stage_times)
+        total = (m - 1) * steady[k] + t_max + (sum(stage_times) - t_max) / v + 2 * sum(boundary_times)
     busy = m * stage_times[k]
-    pp_comm = (m - 1) * (steady[k] - stage_times[k]) + 2 * sum(boundary_times)
+    pp_comm = min((m - 1) * (steady[k] - stage_times[k]) + 2 * sum(boundary_times), total - busy)
     return PipelineTime(total_s=total, busy_s=busy, bubble_s=total - busy - pp_comm, pp_comm_s=pp_comm,
                         bottleneck_stage=k)
+
+
+BACKWARD_SHARE = 2 / 3  # of a micro-batch's forward + backward: the backward computes two GEMMs per forward one
+
+def pipeline_lower_bound(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
+                         virtual_stages: int = 1, messages: int = 1) -> float:
+    """A bound that pipeline_time never goes below, in O(stages): some stage k cannot start before the first
+    micro-batch's forwards (and sends) before it are done, then does m forwards and backwards with their sends, and
+    its last gradient still has to go back through the stages before it. (Interleaved: the closed form itself.)"""
+    p, m = len(stage_times), num_micro_batches
+    if virtual_stages > 1:
+        return pipeline_time(stage_times, boundary_times, m, virtual_stages, messages).total_s
+    send = [0.0, *boundary_times, 0.0]
+    best = upstream = 0.0
+    for k, t in enumerate(stage_times):
+        best = max(best, upstream + m * (t + send[k] + send[k + 1]))
+        upstream += t + send[k + 1] + send[k]  # stage k's forward with its send, and later its backward with its send
+    return best
+
+
+def schedule_1f1b(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
+                  messages: int = 1) -> list[tuple[int, int, str, float, float]]:
+    """Every forward and backward of one 1F1B step as (stage, micro_batch, "forward" | "backward", start_s, end_s),
+    ordered by end time; an operation's time includes the sends that follow it (see the module docstring)."""
+    return _play_1f1b(stage_times, boundary_times, num_micro_batches, messages)
+
+
+def _play_1f1b(stage_times, boundary_times, m, messages):
+    p = len(stage_times)
+    send = [0.0, *boundary_times, 0.0]  # send[i]: the link between stage i - 1 and stage i
+    hold = messages - 1                 # receives beyond the first that hold a busy receiver
+    orders = []
+    for i in range(p):
+        warm = min(p - i - 1, m)
+        ops = [("forward", j) for j in range(warm)]
+        for j in range(m - warm):
+            ops += [("forward", warm + j), ("backward", j)]
+        ops += [("backward", j) for j in range(m - warm, m)]
+        orders.append(ops)
+    done: dict[tuple, float] = {}
+    events = []
+    position, free = [0] * p, [0.0] * p
+    remaining = 2 * p * m
+    while remaining:
+        progressed = False
+        for i in range(p):
+            order = orders[i]
+            while position[i] < len(order):
+                op, j = order[position[i]]
+                if op == "forward":
+                    arrived, link = (0.0, 0.0) if i == 0 else (done.get(("forward", i - 1, j)), send[i])
+                    work, out = stage_times[i] * (1 - BACKWARD_SHARE), send[i + 1]
+                else:
+                    arrived, link = ((done.get(("forward", i, j)), 0.0) if i == p - 1
+                                     else (done.get(("backward", i + 1, j)), send[i + 1]))
+                    work, out = stage_times[i] * BACKWARD_SHARE, send[i]
+                if arrived is None:
+                    break
+                start = max(free[i], arrived - hold * link) + hold * link
+                end = start + work + out
+                done[(op, i, j)] = end
+                free[i] = end
+                events.append((i, j, op, start, end))
+                position[i] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("1F1B schedule deadlocked; stage orders are inconsistent")
+    events.sort(key=lambda e: e[4])
+    return events
 
 
 def optimizer_step_time(params: float, memory_bw_gb_s: float, precision: str = "bf16") -> float:

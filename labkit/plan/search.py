@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field, replace
 
 from labkit import catalog
-from labkit.estimate import (Shape, allreduce_time, estimate, memory_per_stage, p2p_time, pipeline_time, stage_params,
-                             stage_time)
+from labkit.estimate import (Shape, allreduce_time, estimate, memory_per_stage, p2p_time, pipeline_lower_bound,
+                             stage_params, stage_time)
 from labkit.estimate.estimator import MEMORY_MARGIN, profile_fits, profile_lookup
 from labkit.estimate.timing import ACTIVATION_BYTES, GRAD_REDUCE_BYTES, LINK_LATENCY_S
 from labkit.estimate.topology import Topology
@@ -240,7 +240,7 @@ def _bound(shape: Shape, precision: str, t: int, d: int, b: int, v: int, links: 
     for i, n in enumerate(layers):
         totals.append(ends[i] + sum(per_layer[i][start:start + n]))
         start += n
-    pipe_s = pipeline_time(totals, boundaries, costs.global_batch // (d * b), v).total_s
+    pipe_s = pipeline_lower_bound(totals, boundaries, costs.global_batch // (d * b), v)
     # the gradient and tied-embedding all-reduces that follow the last backward, as estimate() charges them
     grad_bytes = GRAD_REDUCE_BYTES.get(precision, 4)
     dp_s = max(allreduce_time(n * grad_bytes, d, gbps, latency)

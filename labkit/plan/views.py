@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from labkit.estimate.timing import schedule_1f1b
+
 TABLE_COLUMNS = {
     "mbs": "micro", "tp": "tp", "dp": "dp", "pp": "pp", "virtual_stages": "vp", "recompute": "recompute",
     "distributed_optimizer": "dist opt", "placement": "placement", "partition": "partition",
@@ -63,54 +65,11 @@ def pareto_figure(sweep: pd.DataFrame, title: str = "Cost and time per step by c
 
 
 def schedule_events(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
-                    backward_share: float = 2 / 3) -> pd.DataFrame:
-    """Start and end of every forward and backward of a 1F1B schedule (non-interleaved), for drawing it.
-
-    Each stage runs min(p - i - 1, m) warm-up forwards, then alternates one forward and one backward, then drains;
-    an operation starts when the stage is free and its input (the neighbour's output plus the send) has arrived.
-    """
-    p, m = len(stage_times), num_micro_batches
-    fwd = [t * (1 - backward_share) for t in stage_times]
-    bwd = [t * backward_share for t in stage_times]
-    send = [0.0, *boundary_times, 0.0]  # send[i] is the link between stage i-1 and i
-    orders = []
-    for i in range(p):
-        warm = min(p - i - 1, m)
-        ops = [("F", j) for j in range(warm)]
-        for j in range(m - warm):
-            ops += [("F", warm + j), ("B", j)]
-        ops += [("B", j) for j in range(m - warm, m)]
-        orders.append(ops)
-    done: dict[tuple, float] = {}
-    events = []
-    position = [0] * p
-    free = [0.0] * p
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for i in range(p):
-            while position[i] < len(orders[i]):
-                kind, j = orders[i][position[i]]
-                if kind == "F":
-                    ready = 0.0 if i == 0 else done.get(("F", i - 1, j))
-                    ready = None if ready is None else ready + (send[i] if i else 0.0)
-                else:
-                    ready = done.get(("F", i, j)) if i == p - 1 else done.get(("B", i + 1, j))
-                    ready = None if ready is None else ready + (send[i + 1] if i < p - 1 else 0.0)
-                if ready is None:
-                    break
-                start = max(free[i], ready)
-                end = start + (fwd[i] if kind == "F" else bwd[i])
-                done[(kind, i, j)] = end
-                free[i] = end
-                events.append({"stage": i, "micro_batch": j, "op": "forward" if kind == "F" else "backward",
-                               "start_s": start, "end_s": end})
-                position[i] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise RuntimeError("1F1B schedule deadlocked; stage orders are inconsistent")
-    return pd.DataFrame(events)
+                    messages: int = 1) -> pd.DataFrame:
+    """Start and end of every forward and backward of a 1F1B schedule (non-interleaved), for drawing it: the schedule
+    the estimator's pipeline time comes from (labkit.estimate.timing.schedule_1f1b)."""
+    events = schedule_1f1b(stage_times, boundary_times, num_micro_batches, messages)
+    return pd.DataFrame(events, columns=["stage", "micro_batch", "op", "start_s", "end_s"])
 
 
 def schedule_figure(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
