@@ -9,6 +9,7 @@ rank 0 prints its memory line. Then parses it with labkit.logs.parse_log and pri
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import tempfile
@@ -62,6 +63,12 @@ def synthetic_log(path: Path, megabytes: float, world: int, rng: random.Random) 
     return iteration
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and of the children it has waited for (the parser forks one on large logs)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=200.0, help="size of the synthetic log in MB")
@@ -76,15 +83,15 @@ def main(argv=None) -> int:
         size_mb = path.stat().st_size / 1e6
         best = best_cpu = float("inf")
         for _ in range(args.repeat):
-            start, start_cpu = time.perf_counter(), time.process_time()
+            start, start_cpu = time.perf_counter(), cpu_seconds()
             parsed = parse_log(path)
             best = min(best, time.perf_counter() - start)
-            best_cpu = min(best_cpu, time.process_time() - start_cpu)
+            best_cpu = min(best_cpu, cpu_seconds() - start_cpu)
     assert len(parsed.iterations) == iterations, (len(parsed.iterations), iterations)
     print(f"log: {size_mb:.1f} MB, {world} ranks, {iterations} iterations, {len(parsed.timers)} timer rows, "
           f"{len(parsed.memory)} memory rows, {len(parsed.events)} events")
     print(f"parse_log: {best:.2f} s wall (best of {args.repeat}) = {size_mb / best:.1f} MB/s (goal >= 50 MB/s); "
-          f"{best_cpu:.2f} s CPU = {size_mb / best_cpu:.1f} MB/s per core")
+          f"{best_cpu:.2f} s CPU (with its child) = {size_mb / best_cpu:.1f} MB/s per CPU second")
     return 0
 
 

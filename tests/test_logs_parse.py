@@ -3,6 +3,7 @@
 Expected values were read off the log text by eye (each assertion quotes what the line prints)."""
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -459,3 +460,20 @@ def test_labkit_driver_sample_from_its_tests():
     # since 2024 Megatron-LM ends with "validation loss at iteration 20 on validation set |" and "... on test set |"
     assert set(p.validation["split"]) <= {"valid", "validation", "test"}
     assert p.parallel["world_size"] == 2 and p.parallel["data"] == 2 and len(p.arguments) > 20
+
+
+def test_event_scan_in_a_forked_child_finds_what_the_inline_scan_finds(monkeypatch):
+    from labkit.logs import parse as parse_module
+
+    path = FIXTURES / "03-mlm2025-gpt2-fp16-autodl.log"
+    inline = parse_log(path).events
+    assert len(inline) > 0
+    monkeypatch.setattr(parse_module, "_BACKGROUND_SCAN_BYTES", 0)
+    if len(os.sched_getaffinity(0)) > 1:
+        parent, scan = os.getpid(), parse_module._event_hits
+
+        def scan_in_child_only(buf):
+            assert os.getpid() != parent, "the event scan ran in the parsing process"
+            return scan(buf)
+        monkeypatch.setattr(parse_module, "_event_hits", scan_in_child_only)
+    pd.testing.assert_frame_equal(parse_log(path).events, inline)

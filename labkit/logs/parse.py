@@ -20,7 +20,8 @@ print wins. A line cut off mid-record (a truncated file, a line broken by anothe
 reported in `partial_lines`. Bytes that are not UTF-8 are replaced, never fatal.
 
 The scan works on bytes with one C-level regex pass per record kind, so Python code runs only for lines that carry
-data; that is what keeps large multi-rank logs fast (see benchmarks/bench_log_parse.py).
+data; that is what keeps large multi-rank logs fast (see benchmarks/bench_log_parse.py). On a large log the
+event-word passes run in a forked child on a second CPU meanwhile (`_start_event_scan`).
 """
 from __future__ import annotations
 
@@ -29,7 +30,10 @@ import bisect
 import contextlib
 import functools
 import gc
+import multiprocessing
+import os
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -447,13 +451,14 @@ def _prefix_info(prefix: str) -> tuple:
 
 def _scan(data: bytes, source: str, node: str | None) -> dict:
     s = _Scan(data, source, node)
+    event_hits = _start_event_scan(s.buf)
     iterations, iteration_pos, partial = _iterations(s)
     tables = {
         "iterations": iterations,
         "memory": _memory(s, iteration_pos, partial),
         "timers": _timers(s, iteration_pos),
         "validation": _validation(s),
-        "events": _events(s),
+        "events": _events(s, event_hits()),
     }
     partial.extend(s.partial)
     tables["partial_lines"] = _frame(
@@ -803,10 +808,51 @@ def _validation(s: _Scan) -> pd.DataFrame:
     return cols.frame(VALIDATION_COLUMNS)
 
 
-def _events(s: _Scan) -> pd.DataFrame:
+def _event_hits(buf: bytes) -> list[int]:
+    """Offsets of the event words, in order."""
+    return sorted(m.start() for pattern in _EVENT_SCANS for m in pattern.finditer(buf))
+
+
+# A log this large has its event-word scans (a fifth of the parse) run in a forked process while the rest is parsed.
+_BACKGROUND_SCAN_BYTES = 16 << 20
+
+
+def _start_event_scan(buf: bytes):
+    """Start finding the event words; returns a function that gives their offsets when they are needed.
+
+    The scans need only the bytes, so on a Linux machine with a spare CPU a forked child runs them (it shares the
+    buffer without copying it and sends back a list of offsets). Forking is skipped in a process with other threads
+    (a Jupyter kernel, say), where a child could inherit a lock some thread holds; there the scans run in line.
+    """
+    spare_cpu = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1
+    if len(buf) < _BACKGROUND_SCAN_BYTES or not spare_cpu or threading.active_count() > 1:
+        hits = _event_hits(buf)
+        return lambda: hits
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_send_event_hits, args=(buf, send), daemon=True)
+    child.start()
+    send.close()
+
+    def collect() -> list[int]:
+        try:
+            return receive.recv()
+        except EOFError:  # the child died without an answer: scan here instead
+            return _event_hits(buf)
+        finally:
+            receive.close()
+            child.join()
+    return collect
+
+
+def _send_event_hits(buf: bytes, send) -> None:
+    send.send(_event_hits(buf))
+    send.close()
+
+
+def _events(s: _Scan, hits: list[int]) -> pd.DataFrame:
     rows = []
     buf = s.buf
-    hits = sorted(m.start() for pattern in _EVENT_SCANS for m in pattern.finditer(buf))
     last_line_start = -1
     for hit in hits:
         start = s.line_start(hit)
