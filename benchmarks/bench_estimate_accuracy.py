@@ -6,7 +6,8 @@
 1. AMP's 90 real trials (../shared/reference/amp/measured.csv): GPT-2 345M-like on 16 T4 and on 12 V100 + 4 T4,
    DeepSpeed 3D parallelism; AMP's own predictions printed beside ours.
 2. Seed 000: GPT-2 XL on 8 nodes x 4 A10, PP 8, DP 4, partition 0-11-8-8-8-8-5-0, 1.4 s/iteration.
-3. The CPU closed loop: profile this machine, predict, then run `python -m labkit.train` in several layouts.
+3. Published Megatron-LM runs on A100 (data/published_runs.yaml): SC21 Table 1 and Korthikanti et al. Table 5.
+4. The CPU closed loop: profile this machine, predict, then run `python -m labkit.train` in several layouts.
 """
 from __future__ import annotations
 
@@ -247,6 +248,50 @@ def report_seed000() -> float:
     print(f"Seed 000 GPT-2 XL, 32 x A10, PP 8 DP 4: measured {measured:.3f} s, labkit {est.iteration_time_s:.3f} s "
           f"({100 * err:+.1f}% abs)  [{parts}]")
     return err
+
+
+def published_runs() -> list[dict]:
+    """data/published_runs.yaml as specs with their measured figure."""
+    data = yaml.safe_load((ROOT / "data" / "published_runs.yaml").read_text())
+    cluster, model = data["cluster"], data["model"]
+    rows = []
+    for name, group in data["sets"].items():
+        recompute = {"granularity": group["recompute"]}
+        if group["recompute"] == "full":
+            recompute.update(method="uniform", num_layers=1)
+        for billions, heads, hidden, layers, t, p, gpus, batch, measured in group["runs"]:
+            spec = load_spec({
+                "name": f"{name}-{billions}B",
+                "model": {"num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads, **model},
+                "parallel": {"tensor": t, "pipeline": p, "data": gpus // (t * p),
+                             "sequence_parallel": group["sequence_parallel"]},
+                "batch": {"micro": 1, "global": batch}, "precision": "fp16", "recompute": recompute,
+                "cluster": {"nodes": [{"gpu": cluster["gpu"], "count": max(1, gpus // cluster["gpus_per_node"]),
+                                       "gpus_per_node": min(gpus, cluster["gpus_per_node"]),
+                                       "inter_node_gbps": cluster["inter_node_gbps"]}]},
+            })
+            rows.append({"set": name, "label": f"{billions:g}B t{t} p{p} {gpus} GPUs", "spec": spec,
+                         "key": group["measured"], "measured": measured})
+    return rows
+
+
+def report_published() -> dict[str, list[float]]:
+    """Predicted against published Megatron-LM runs on A100 (per set: the figure the paper prints)."""
+    print("Published Megatron-LM runs on DGX A100 (data/published_runs.yaml; micro-batch 1 assumed)")
+    errs: dict[str, list[float]] = {}
+    for row in published_runs():
+        est = estimate(row["spec"])
+        predicted = est.tflops_per_gpu if row["key"] == "tflops_per_gpu" else est.iteration_time_s
+        err = predicted / row["measured"] - 1
+        errs.setdefault(row["set"], []).append(abs(err))
+        unit = "TFLOP/s/GPU" if row["key"] == "tflops_per_gpu" else "s/iteration"
+        print(f"  {row['set']:<16} {row['label']:<26} measured {row['measured']:7.2f}  labkit {predicted:7.2f} "
+              f"{unit}  ({100 * err:+5.1f}%)")
+    for name, e in errs.items():
+        role = "fitted A100 efficiency" if name == "sc21" else "held out"
+        print(f"  {name:<16} n={len(e):>2}  median |err| {100 * statistics.median(e):4.1f}%  mean "
+              f"{100 * statistics.fmean(e):4.1f}%   ({role})")
+    return errs
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -519,6 +564,7 @@ def main(argv=None) -> int:
     if args.validate:
         report_validation()
     report_seed000()
+    report_published()
     if args.replay_loop:
         report_cpu_loop(json.loads(args.replay_loop.read_text()))
     elif not args.skip_cpu:

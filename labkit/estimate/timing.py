@@ -69,9 +69,11 @@ class Stack:
 
 STACKS = {
     "megatron-core": Stack(
-        "megatron-core", memory_passes=0.0, tp_allreduce_s=0.0, p2p_message_s=0.0, p2p_messages=1,
-        description="Megatron-LM / megatron-core (labkit's driver): fused kernels and flash attention leave little "
-                    "memory-bound work, folded into each GPU's efficiency; NCCL's own latency only"),
+        "megatron-core", memory_passes=4.0, tp_allreduce_s=0.0, p2p_message_s=0.0, p2p_messages=1,
+        description="Megatron-LM / megatron-core (labkit's driver): every activation byte a layer keeps for the "
+                    "backward (Korthikanti Table 2) is written in the forward and read in the backward, and so is "
+                    "its gradient: 4 passes at the GPU's memory bandwidth beside the matrix multiplies; NCCL's own "
+                    "latency only"),
     "deepspeed-megatron-2020": Stack(
         "deepspeed-megatron-2020", memory_passes=12.5, tp_allreduce_s=1.2e-3, p2p_message_s=0.1e-3, p2p_messages=2,
         description="DeepSpeed 3D parallelism on Megatron-LM v1.1.5 (AMP's trials): unfused layer norms, softmax and "
