@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from labkit import catalog  # noqa: E402
 from labkit.estimate import Profile, estimate, load_profile, timing  # noqa: E402
+from labkit.estimate.published import published_table  # noqa: E402
 from labkit.logs.derive import steady_state  # noqa: E402
 from labkit.logs.parse import parse_text  # noqa: E402
 from labkit.megatron_args import megatron_args  # noqa: E402
@@ -250,48 +251,18 @@ def report_seed000() -> float:
     return err
 
 
-def published_runs() -> list[dict]:
-    """data/published_runs.yaml as specs with their measured figure."""
-    data = yaml.safe_load((ROOT / "data" / "published_runs.yaml").read_text())
-    cluster, model = data["cluster"], data["model"]
-    rows = []
-    for name, group in data["sets"].items():
-        recompute = {"granularity": group["recompute"]}
-        if group["recompute"] == "full":
-            recompute.update(method="uniform", num_layers=1)
-        for billions, heads, hidden, layers, t, p, gpus, batch, measured in group["runs"]:
-            spec = load_spec({
-                "name": f"{name}-{billions}B",
-                "model": {"num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads, **model},
-                "parallel": {"tensor": t, "pipeline": p, "data": gpus // (t * p),
-                             "sequence_parallel": group["sequence_parallel"]},
-                "batch": {"micro": 1, "global": batch}, "precision": "fp16", "recompute": recompute,
-                "cluster": {"nodes": [{"gpu": cluster["gpu"], "count": max(1, gpus // cluster["gpus_per_node"]),
-                                       "gpus_per_node": min(gpus, cluster["gpus_per_node"]),
-                                       "inter_node_gbps": cluster["inter_node_gbps"]}]},
-            })
-            rows.append({"set": name, "label": f"{billions:g}B t{t} p{p} {gpus} GPUs", "spec": spec,
-                         "key": group["measured"], "measured": measured})
-    return rows
-
-
-def report_published() -> dict[str, list[float]]:
+def report_published() -> None:
     """Predicted against published Megatron-LM runs on A100 (per set: the figure the paper prints)."""
     print("Published Megatron-LM runs on DGX A100 (data/published_runs.yaml; micro-batch 1 assumed)")
-    errs: dict[str, list[float]] = {}
-    for row in published_runs():
-        est = estimate(row["spec"])
-        predicted = est.tflops_per_gpu if row["key"] == "tflops_per_gpu" else est.iteration_time_s
-        err = predicted / row["measured"] - 1
-        errs.setdefault(row["set"], []).append(abs(err))
-        unit = "TFLOP/s/GPU" if row["key"] == "tflops_per_gpu" else "s/iteration"
-        print(f"  {row['set']:<16} {row['label']:<26} measured {row['measured']:7.2f}  labkit {predicted:7.2f} "
-              f"{unit}  ({100 * err:+5.1f}%)")
-    for name, e in errs.items():
+    table = published_table()
+    for row in table.itertuples():
+        unit = "TFLOP/s/GPU" if row.figure == "tflops_per_gpu" else "s/iteration"
+        print(f"  {row.set:<16} {row.run:<26} measured {row.measured:7.2f}  labkit {row.predicted:7.2f} {unit}  "
+              f"({100 * row.error:+5.1f}%)")
+    for name, group in table.groupby("set", sort=False):
+        e = group["error"].abs()
         role = "fitted A100 efficiency" if name == "sc21" else "held out"
-        print(f"  {name:<16} n={len(e):>2}  median |err| {100 * statistics.median(e):4.1f}%  mean "
-              f"{100 * statistics.fmean(e):4.1f}%   ({role})")
-    return errs
+        print(f"  {name:<16} n={len(e):>2}  median |err| {100 * e.median():4.1f}%  mean {100 * e.mean():4.1f}%   ({role})")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
