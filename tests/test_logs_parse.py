@@ -469,11 +469,11 @@ def test_event_scan_in_a_forked_child_finds_what_the_inline_scan_finds(monkeypat
     inline = parse_log(path).events
     assert len(inline) > 0
     monkeypatch.setattr(parse_module, "_BACKGROUND_SCAN_BYTES", 0)
-    if len(os.sched_getaffinity(0)) > 1:
-        parent, scan = os.getpid(), parse_module._event_hits
+    monkeypatch.setattr(parse_module, "_can_fork_a_scanner", lambda: True)  # the suite's own threads aside
+    parent, scan = os.getpid(), parse_module._event_hits
 
-        def scan_in_child_only(buf):
-            assert os.getpid() != parent, "the event scan ran in the parsing process"
-            return scan(buf)
-        monkeypatch.setattr(parse_module, "_event_hits", scan_in_child_only)
+    def scan_in_child_only(buf):
+        assert os.getpid() != parent, "the event scan ran in the parsing process"
+        return scan(buf)
+    monkeypatch.setattr(parse_module, "_event_hits", scan_in_child_only)
     pd.testing.assert_frame_equal(parse_log(path).events, inline)

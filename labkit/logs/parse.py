@@ -824,8 +824,7 @@ def _start_event_scan(buf: bytes):
     buffer without copying it and sends back a list of offsets). Forking is skipped in a process with other threads
     (a Jupyter kernel, say), where a child could inherit a lock some thread holds; there the scans run in line.
     """
-    spare_cpu = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1
-    if len(buf) < _BACKGROUND_SCAN_BYTES or not spare_cpu or threading.active_count() > 1:
+    if len(buf) < _BACKGROUND_SCAN_BYTES or not _can_fork_a_scanner():
         hits = _event_hits(buf)
         return lambda: hits
     context = multiprocessing.get_context("fork")
@@ -843,6 +842,11 @@ def _start_event_scan(buf: bytes):
             receive.close()
             child.join()
     return collect
+
+
+def _can_fork_a_scanner() -> bool:
+    spare_cpu = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1
+    return spare_cpu and threading.active_count() == 1
 
 
 def _send_event_hits(buf: bytes, send) -> None:
