@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import yaml
@@ -26,7 +27,7 @@ class PublishedRun:
 
 
 def published_runs(path=PUBLISHED_RUNS) -> list[PublishedRun]:
-    data = yaml.safe_load(open(path).read())
+    data = yaml.safe_load(Path(path).read_text())
     cluster, model = data["cluster"], data["model"]
     runs = []
     for name, group in data["sets"].items():

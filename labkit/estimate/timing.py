@@ -215,7 +215,7 @@ def pipeline_time(stage_times: list[float], boundary_times: list[float], num_mic
     steady = [t + messages * v * (edges[i] + edges[i + 1]) for i, t in enumerate(stage_times)]
     k = max(range(p), key=lambda i: steady[i])
     if v == 1:
-        total = _play_1f1b(stage_times, boundary_times, m, messages)[-1][-1]
+        total = schedule_1f1b(stage_times, boundary_times, m, messages)[-1][-1]
     else:
         t_max = max(stage_times)
         total = (m - 1) * steady[k] + t_max + (sum(stage_times) - t_max) / v + 2 * sum(boundary_times)
@@ -226,6 +226,7 @@ def pipeline_time(stage_times: list[float], boundary_times: list[float], num_mic
 
 
 BACKWARD_SHARE = 2 / 3  # of a micro-batch's forward + backward: the backward computes two GEMMs per forward one
+
 
 def pipeline_lower_bound(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
                          virtual_stages: int = 1, messages: int = 1) -> float:
@@ -247,11 +248,7 @@ def schedule_1f1b(stage_times: list[float], boundary_times: list[float], num_mic
                   messages: int = 1) -> list[tuple[int, int, str, float, float]]:
     """Every forward and backward of one 1F1B step as (stage, micro_batch, "forward" | "backward", start_s, end_s),
     ordered by end time; an operation's time includes the sends that follow it (see the module docstring)."""
-    return _play_1f1b(stage_times, boundary_times, num_micro_batches, messages)
-
-
-def _play_1f1b(stage_times, boundary_times, m, messages):
-    p = len(stage_times)
+    p, m = len(stage_times), num_micro_batches
     send = [0.0, *boundary_times, 0.0]  # send[i]: the link between stage i - 1 and stage i
     hold = messages - 1                 # receives beyond the first that hold a busy receiver
     orders = []
