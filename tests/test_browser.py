@@ -83,9 +83,16 @@ def _get(url: str):
 def jupyterlab(executed_lab):
     port, token = _free_port(), secrets.token_hex(16)
     log = open(executed_lab.directory / "jupyterlab.log", "w")
+    # Every cell stays in the page (JupyterLab otherwise drops cells scrolled far out of view), so the page's text
+    # holds the whole lab.
+    settings = executed_lab.directory / "jupyterlab-settings"
+    tracker = settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
+    tracker.parent.mkdir(parents=True, exist_ok=True)
+    tracker.write_text(json.dumps({"windowingMode": "none"}))
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={executed_lab.directory}",
+         f"--LabApp.user_settings_dir={settings}",
          "--LabApp.expose_app_in_browser=True"] + (["--allow-root"] if os.geteuid() == 0 else []),
         stdout=log, stderr=subprocess.STDOUT, cwd=executed_lab.directory)
     base = f"http://127.0.0.1:{port}"
