@@ -477,3 +477,19 @@ def test_event_scan_in_a_forked_child_finds_what_the_inline_scan_finds(monkeypat
         return scan(buf)
     monkeypatch.setattr(parse_module, "_event_hits", scan_in_child_only)
     pd.testing.assert_frame_equal(parse_log(path).events, inline)
+
+
+def test_event_scan_runs_in_line_when_no_child_can_be_started(monkeypatch):
+    import multiprocessing
+
+    from labkit.logs import parse as parse_module
+
+    path = FIXTURES / "03-mlm2025-gpt2-fp16-autodl.log"
+    inline = parse_log(path).events
+    monkeypatch.setattr(parse_module, "_BACKGROUND_SCAN_BYTES", 0)
+    monkeypatch.setattr(parse_module, "_can_fork_a_scanner", lambda: True)
+
+    def no_fork(self):
+        raise OSError(11, "Resource temporarily unavailable")
+    monkeypatch.setattr(multiprocessing.get_context("fork").Process, "start", no_fork)
+    pd.testing.assert_frame_equal(parse_log(path).events, inline)

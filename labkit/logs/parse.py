@@ -830,7 +830,13 @@ def _start_event_scan(buf: bytes):
     context = multiprocessing.get_context("fork")
     receive, send = context.Pipe(duplex=False)
     child = context.Process(target=_send_event_hits, args=(buf, send), daemon=True)
-    child.start()
+    try:
+        child.start()
+    except OSError:  # no process to be had (a memory or process limit): scan here
+        receive.close()
+        send.close()
+        hits = _event_hits(buf)
+        return lambda: hits
     send.close()
 
     def collect() -> list[int]:
