@@ -11,7 +11,7 @@ from labkit.estimate import (Profile, Shape, allreduce_time, estimate, memory_pe
                              pipeline_time,
                              stage_time, timing)
 from labkit.estimate.memory import activation_bytes_per_layer
-from labkit.estimate.timing import bus_gbps
+from labkit.estimate.timing import bus_gbps, schedule_1f1b
 from labkit.spec import load_spec
 
 GPT2_XL = Shape(num_layers=48, hidden=1600, heads=25, seq_length=1024, vocab=50257)
@@ -266,3 +266,12 @@ def test_planner_bound_never_exceeds_the_pipeline_time(stages, m, messages, data
     bound = pipeline_lower_bound(stages, sends, m, messages=messages)
     assert bound <= pipeline_time(stages, sends, m, messages=messages).total_s * (1 + 1e-9)
     assert bound >= m * max(stages)
+
+
+def test_schedule_splits_each_stage_into_its_own_forward_and_backward():
+    # full recompute makes a stage's backward 3 of its 4 forward-equivalents; a CPU profile may measure 1:1
+    events = schedule_1f1b([1.0, 1.0], [0.0], 2, backward_shares=[0.75, 0.5])
+    lengths = {(stage, op): end - start for stage, _, op, start, end in events}
+    assert lengths == {(0, "forward"): 0.25, (0, "backward"): 0.75, (1, "forward"): 0.5, (1, "backward"): 0.5}
+    assert {(s, op): e - b for s, _, op, b, e in schedule_1f1b([0.9, 0.9], [0.0], 2)} == pytest.approx(
+        {(0, "forward"): 0.3, (0, "backward"): 0.6, (1, "forward"): 0.3, (1, "backward"): 0.6})

@@ -131,7 +131,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     boundaries = [p2p_time(message, topo.pair_gbps(i, i + 1),
                            timing.LINK_LATENCY_S + stack.p2p_message_s)
                   for i in range(p - 1)]
-    pipe = pipeline_time([s.total_s for s in stages], boundaries, m, v, messages=stack.p2p_messages)
+    pipe = pipeline_time([s.total_s for s in stages], boundaries, m, v, messages=stack.p2p_messages,
+                         backward_shares=[s.backward_share for s in stages])
 
     # After the last backward: gradient all-reduce per stage, tied-embedding all-reduce, optimizer step.
     per_stage_params = stage_params(shape, partition, t)

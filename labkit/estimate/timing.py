@@ -127,6 +127,11 @@ class StageTime:
     def total_s(self) -> float:
         return self.forward_s + self.backward_s + self.tp_comm_s
 
+    @property
+    def backward_share(self) -> float:
+        compute = self.forward_s + self.backward_s
+        return self.backward_s / compute if compute > 0 else BACKWARD_SHARE
+
 
 def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape: Shape, precision: str = "bf16",
                first: bool = False, last: bool = False, recompute: str | None = None, first_layer: int = 0,
@@ -204,10 +209,12 @@ class PipelineTime:
 
 
 def pipeline_time(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
-                  virtual_stages: int = 1, messages: int = 1) -> PipelineTime:
+                  virtual_stages: int = 1, messages: int = 1,
+                  backward_shares: list[float] | None = None) -> PipelineTime:
     """1F1B (interleaved when virtual_stages > 1) over stages with per-micro-batch times `stage_times` (forward +
     backward) and per-micro-batch, one-way send times `boundary_times` (one per boundary, len = stages - 1);
-    `messages`: transfers per neighbour per micro-batch in the steady state (k in the module's formula)."""
+    `messages`: transfers per neighbour per micro-batch in the steady state (k in the module's formula);
+    `backward_shares`: each stage's backward as a share of its time (BACKWARD_SHARE where not given)."""
     p, m, v = len(stage_times), num_micro_batches, max(1, virtual_stages)
     if len(boundary_times) != max(0, p - 1):
         raise ValueError(f"boundary_times: need {max(0, p - 1)} values (one per stage boundary), got {len(boundary_times)}")
@@ -215,7 +222,7 @@ def pipeline_time(stage_times: list[float], boundary_times: list[float], num_mic
     steady = [t + messages * v * (edges[i] + edges[i + 1]) for i, t in enumerate(stage_times)]
     k = max(range(p), key=lambda i: steady[i])
     if v == 1:
-        total = schedule_1f1b(stage_times, boundary_times, m, messages)[-1][-1]
+        total = schedule_1f1b(stage_times, boundary_times, m, messages, backward_shares)[-1][-1]
     else:
         t_max = max(stage_times)
         total = (m - 1) * steady[k] + t_max + (sum(stage_times) - t_max) / v + 2 * sum(boundary_times)
@@ -225,7 +232,8 @@ def pipeline_time(stage_times: list[float], boundary_times: list[float], num_mic
                         bottleneck_stage=k)
 
 
-BACKWARD_SHARE = 2 / 3  # of a micro-batch's forward + backward: the backward computes two GEMMs per forward one
+# Of a micro-batch's forward + backward, without recompute: the backward computes two GEMMs per forward one.
+BACKWARD_SHARE = 2 / 3
 
 
 def pipeline_lower_bound(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
@@ -245,10 +253,12 @@ def pipeline_lower_bound(stage_times: list[float], boundary_times: list[float], 
 
 
 def schedule_1f1b(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
-                  messages: int = 1) -> list[tuple[int, int, str, float, float]]:
+                  messages: int = 1, backward_shares: list[float] | None = None
+                  ) -> list[tuple[int, int, str, float, float]]:
     """Every forward and backward of one 1F1B step as (stage, micro_batch, "forward" | "backward", start_s, end_s),
     ordered by end time; an operation's time includes the sends that follow it (see the module docstring)."""
     p, m = len(stage_times), num_micro_batches
+    shares = backward_shares or [BACKWARD_SHARE] * p
     send = [0.0, *boundary_times, 0.0]  # send[i]: the link between stage i - 1 and stage i
     hold = messages - 1                 # receives beyond the first that hold a busy receiver
     orders = []
@@ -271,11 +281,11 @@ def schedule_1f1b(stage_times: list[float], boundary_times: list[float], num_mic
                 op, j = order[position[i]]
                 if op == "forward":
                     arrived, link = (0.0, 0.0) if i == 0 else (done.get(("forward", i - 1, j)), send[i])
-                    work, out = stage_times[i] * (1 - BACKWARD_SHARE), send[i + 1]
+                    work, out = stage_times[i] * (1 - shares[i]), send[i + 1]
                 else:
                     arrived, link = ((done.get(("forward", i, j)), 0.0) if i == p - 1
                                      else (done.get(("backward", i + 1, j)), send[i + 1]))
-                    work, out = stage_times[i] * BACKWARD_SHARE, send[i]
+                    work, out = stage_times[i] * shares[i], send[i]
                 if arrived is None:
                     break
                 start = max(free[i], arrived - hold * link) + hold * link
