@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import html
 import json
 import re
@@ -114,6 +115,16 @@ def strip_widget_state(path: Path) -> None:
         nbformat.write(nb, path)
 
 
+# A cell tagged `widgets` only builds widgets and is done in a second, but the notebook client can sit on its reply
+# until the cell's timeout runs out (jupyter/nbclient#312): such cells get a short timeout, after which the reply is read.
+WIDGETS_TAG, WIDGETS_TIMEOUT_S = "widgets", 20
+
+
+def cell_timeout(cell, default_s: int) -> int:
+    """Seconds the notebook client waits for a cell's reply."""
+    return WIDGETS_TIMEOUT_S if WIDGETS_TAG in cell.metadata.get("tags", []) else default_s
+
+
 def run_lab(only: list[str] | None = None, parameters: dict | None = None, backend: str | None = None,
             runs_dir: Path | str = RUNS_DIR, notebook_dir: Path | str = NOTEBOOK_DIR, progress: bool = True,
             timeout_s: int = 600, html_index: bool = True) -> LabRun:
@@ -146,7 +157,8 @@ def run_lab(only: list[str] | None = None, parameters: dict | None = None, backe
         error = None
         try:
             papermill.execute_notebook(str(notebook), str(output), parameters=params, cwd=str(notebook_dir),
-                                       progress_bar=False, execution_timeout=timeout_s)
+                                       progress_bar=False, execution_timeout=timeout_s,
+                                       timeout_func=functools.partial(cell_timeout, default_s=timeout_s))
         except papermill.PapermillExecutionError as exc:
             error = f"{exc.ename}: {exc.evalue}".strip()
         except Exception as exc:  # kernel died, timeout: the notebook failed, the series goes on

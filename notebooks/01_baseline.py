@@ -78,7 +78,7 @@ jobs = backend_named(backend, runs_dir=REPO_ROOT / "runs")
 job = jobs.submit(spec)
 job
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "widgets"]
 widget(job)
 
 # %%

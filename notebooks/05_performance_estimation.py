@@ -73,7 +73,7 @@ model_size_table()
 # Move the sliders: the $12lh^2$ term dominates as soon as $h$ is in the thousands, which is why a model's size is
 # mostly decided by its depth and width.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "widgets"]
 _ = interact(gpt_params, l=(2, 96, 2), h=(256, 12288, 256), s=fixed(2048), V=fixed(50257))
 
 # %% [markdown]
@@ -122,7 +122,7 @@ print(f"GPT-3: {training_days(tokens=300e9, params=175e9, num_gpus=1024, tflops_
 # %% tags=["nbval-check-output"]
 days_per_epoch(params=params, tokens=dataset_tokens, gpu_counts=[16, 64, 256, 1024], tflops_per_gpu=tflops).round(1)
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "widgets"]
 _ = interact(training_days, tokens=fixed(dataset_tokens), params=fixed(params), num_gpus=(8, 2048, 8),
              tflops_per_gpu=(50.0, 400.0, 10.0), recompute=True)
 

@@ -115,7 +115,7 @@ sweep.jobs["pp2"]
 # The monitor (the seeds' `get_result.sh`): each node's last lines, the job information each node printed checked
 # against the spec, and the iteration times so far. It refreshes until the job ends.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "widgets"]
 widget(sweep.jobs["pp2"])
 
 # %%
@@ -195,7 +195,7 @@ chosen = [job.record.run_id for job in sweep.jobs.values()]
 dashboard.view("comparison table", *dashboard.load_runs(chosen, REPO_ROOT / "runs"))[
     ["iteration_ms", "num_micro_batches", "max_allocated_mb"]]
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "widgets"]
 board = dashboard.Dashboard(root=REPO_ROOT / "runs").show()
 board.runs.value = tuple(chosen)
 

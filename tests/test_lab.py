@@ -124,3 +124,18 @@ def test_cli_parses_parameters_as_yaml_and_reports_bad_requests(capsys, monkeypa
     assert "stop here" in capsys.readouterr().err
     assert seen["parameters"] == {"iterations": 10, "precision": "bf16", "profile": True}
     assert seen["only"] == ["05", "08"] and seen["backend"] == "local"
+
+
+WIDGET_CALL = re.compile(r"\b(interact|widget|Dashboard)\(")
+
+
+def test_every_cell_that_builds_widgets_is_tagged_for_the_short_timeout():
+    tagged = 0
+    for path in lab.lab_notebooks():
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "code" and WIDGET_CALL.search(cell.source):
+                assert lab.WIDGETS_TAG in cell.metadata.get("tags", []), f"{path.name}: {cell.source[:60]!r}"
+                assert lab.cell_timeout(cell, default_s=600) == lab.WIDGETS_TIMEOUT_S
+                tagged += 1
+    assert tagged >= 5
+    assert lab.cell_timeout(new_code_cell("x = 1"), default_s=600) == 600
