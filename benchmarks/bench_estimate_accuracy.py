@@ -262,7 +262,8 @@ def report_published() -> None:
     for name, group in table.groupby("set", sort=False):
         e = group["error"].abs()
         role = "fitted A100 efficiency" if name == "sc21" else "held out"
-        print(f"  {name:<16} n={len(e):>2}  median |err| {100 * e.median():4.1f}%  mean {100 * e.mean():4.1f}%   ({role})")
+        print(f"  {name:<16} n={len(e):>2}  median |err| {100 * e.median():4.1f}%  mean {100 * e.mean():4.1f}%   "
+              f"({role})")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

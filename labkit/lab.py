@@ -116,7 +116,8 @@ def strip_widget_state(path: Path) -> None:
 
 
 # A cell tagged `widgets` only builds widgets and is done in a second, but the notebook client can sit on its reply
-# until the cell's timeout runs out (jupyter/nbclient#312): such cells get a short timeout, after which the reply is read.
+# until the cell's timeout runs out (jupyter/nbclient#312): such cells get a short timeout, after which the reply is
+# read.
 WIDGETS_TAG, WIDGETS_TIMEOUT_S = "widgets", 20
 
 

@@ -44,7 +44,8 @@ __all__ = [
     "model_flops", "hardware_flops", "megatron_logged_flops", "flops_96", "flops_72", "achieved_tflops",
     "utilization", "training_days",
     "memory_per_stage", "bytes_per_param", "StageMemory",
-    "stage_time", "pipeline_time", "pipeline_lower_bound", "schedule_1f1b", "allreduce_time", "p2p_time", "optimizer_step_time", "StageTime", "PipelineTime",
+    "stage_time", "pipeline_time", "pipeline_lower_bound", "schedule_1f1b", "allreduce_time", "p2p_time",
+    "optimizer_step_time", "StageTime", "PipelineTime",
     "Stack", "STACKS", "bus_gbps",
     "Profile", "ProfileError", "load_profile", "save_profile", "find_profile", "available_profiles",
 ]

@@ -29,13 +29,13 @@ class PublishedRun:
 def published_runs(path=PUBLISHED_RUNS) -> list[PublishedRun]:
     data = yaml.safe_load(Path(path).read_text())
     cluster, model = data["cluster"], data["model"]
+    per_node = cluster["gpus_per_node"]
     runs = []
     for name, group in data["sets"].items():
         recompute = {"granularity": group["recompute"]}
         if group["recompute"] == "full":
             recompute.update(method="uniform", num_layers=1)
         for billions, heads, hidden, layers, t, p, gpus, batch, measured in group["runs"]:
-            per_node = cluster["gpus_per_node"]
             spec = load_spec({
                 "name": f"{name}-{billions:g}B",
                 "model": {"num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads, **model},
