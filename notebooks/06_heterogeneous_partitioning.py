@@ -80,16 +80,17 @@ compositions[compositions["pareto"]][["cluster", "estimated_s", "price_per_step"
 # %% [markdown]
 # ## 6.3 The chosen layout's pipeline
 #
-# The best layout with a pipeline: each stage's forward and backward for one micro-batch, from the estimator, in
-# 1F1B order.
-# The slowest stage sets the pace, and the ramp at each end is the bubble. (The generic picture, 1F1B next to the
-# interleaved schedule, is below.)
+# The best layout with a (non-interleaved) pipeline: each stage's forward and backward for one micro-batch, with the
+# sends between stages, in 1F1B order. This is the schedule the planner timed the row with, so the last bar ends at
+# the row's pipeline time. The slowest stage sets the pace, and the ramp at each end is the bubble. (The generic
+# picture, 1F1B next to the interleaved schedule, is below.)
 
 # %%
-pipelined = next(r for r in plan.rows if r.pp > 1 and not r.oom)
+pipelined = next(r for r in plan.rows if r.pp > 1 and r.virtual_stages == 1 and not r.oom)
 print(f"best pipelined row: tp {pipelined.tp}, dp {pipelined.dp}, pp {pipelined.pp}, mbs {pipelined.mbs}, "
-      f"partition {'-'.join(map(str, pipelined.partition))}, {pipelined.estimated_s:.3f} s/step")
-schedule_figure(pipelined.stage_times_s, [0.0] * (pipelined.pp - 1), global_batch // (pipelined.mbs * pipelined.dp),
+      f"partition {'-'.join(map(str, pipelined.partition))}, {pipelined.estimated_s:.3f} s/step, "
+      f"of which the pipeline {pipelined.pipeline_s:.3f} s")
+schedule_figure(pipelined.pipeline,
                 stage_labels=[f"stage {i} ({g})" for i, g in enumerate(pipelined.spec.stage_gpus)]).show()
 
 # %%

@@ -86,8 +86,7 @@ compare(specs)[["tp", "pp", "dp", "num_micro_batches", "iteration_ms", "weights_
 # %%
 pp = specs["pp2"]
 est = estimate(pp)
-schedule_figure(est.stage_times_s, [0.0] * (pp.parallel.pipeline - 1), pp.num_micro_batches,
-                title=f"pp2: 1F1B over {pp.num_micro_batches} micro-batches (estimated stage times)").show()
+schedule_figure(est.pipeline, title=f"pp2: 1F1B over {pp.num_micro_batches} micro-batches (as estimated)").show()
 print(f"bubble: {bubble_fraction(pipeline_schedule(pp.parallel.pipeline, pp.num_micro_batches)):.0%} of the iteration")
 
 # %% [markdown]

@@ -18,6 +18,8 @@ Pieces to call in a hot loop without building a RunSpec (all times in seconds, l
 - `pipeline_time(stage_times, boundary_times, num_micro_batches, virtual_stages=1, messages=1)` -> PipelineTime(total_s,
   busy_s, bubble_s, pp_comm_s, bottleneck_stage): the 1F1B schedule over heterogeneous stages, played out by
   `schedule_1f1b` (every forward and backward with its start and end); `pipeline_lower_bound`: a cheap bound below it.
+  `Pipeline(stage_times_s, boundary_times_s, num_micro_batches, ...)` holds those inputs; `Estimate.pipeline` is the
+  one an estimate was timed with (`.time()`, `.events()`).
 - `allreduce_time(nbytes, n, gbps)`, `p2p_time(nbytes, gbps)`: ring all-reduce and one pipeline send.
 - `memory_per_stage(shape, partition, tensor=, data_parallel=, micro_batch=, num_micro_batches=, precision=,
   recompute=, sequence_parallel=, virtual_stages=, distributed_optimizer=, zero_stage=)` -> [StageMemory] in GiB.
@@ -34,7 +36,7 @@ from labkit.estimate.memory import StageMemory, bytes_per_param, memory_per_stag
 from labkit.estimate.params import Shape, gpt_params, layer_params, stage_params, total_params
 from labkit.estimate.profiles import (Profile, ProfileError, available_profiles, find_profile, load_profile,
                                       save_profile)
-from labkit.estimate.timing import (STACKS, PipelineTime, Stack, StageTime, allreduce_time, bus_gbps,
+from labkit.estimate.timing import (STACKS, Pipeline, PipelineTime, Stack, StageTime, allreduce_time, bus_gbps,
                                     optimizer_step_time, p2p_time, pipeline_lower_bound, pipeline_time,
                                     schedule_1f1b, stage_time)
 
@@ -45,7 +47,7 @@ __all__ = [
     "utilization", "training_days",
     "memory_per_stage", "bytes_per_param", "StageMemory",
     "stage_time", "pipeline_time", "pipeline_lower_bound", "schedule_1f1b", "allreduce_time", "p2p_time",
-    "optimizer_step_time", "StageTime", "PipelineTime",
+    "optimizer_step_time", "StageTime", "Pipeline", "PipelineTime",
     "Stack", "STACKS", "bus_gbps",
     "Profile", "ProfileError", "load_profile", "save_profile", "find_profile", "available_profiles",
 ]

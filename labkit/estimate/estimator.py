@@ -9,8 +9,8 @@ from labkit.estimate import timing
 from labkit.estimate.memory import GIB, memory_per_stage
 from labkit.estimate.params import Shape, stage_params, total_params
 from labkit.estimate.profiles import Profile, find_profile
-from labkit.estimate.timing import (ACTIVATION_BYTES, GRAD_REDUCE_BYTES, allreduce_time, get_stack,
-                                    optimizer_step_time, p2p_time, pipeline_time, stage_time)
+from labkit.estimate.timing import (ACTIVATION_BYTES, GRAD_REDUCE_BYTES, Pipeline, allreduce_time, get_stack,
+                                    optimizer_step_time, p2p_time, stage_time)
 from labkit.estimate.topology import Topology
 
 # Memory the estimate does not itemise (CUDA context, NCCL buffers, allocator fragmentation) is kept as this fraction
@@ -40,6 +40,7 @@ class Estimate:
     tokens_per_iteration: int = 0
     tokens: float | None = None
     training_days: float | None = None
+    pipeline: Pipeline | None = None    # the schedule the pipeline time comes from: pipeline.events() draws it
 
     def to_dict(self) -> dict:
         out = {
@@ -58,6 +59,7 @@ class Estimate:
             "stage_times_s": self.stage_times_s,
             "stage_gpus": self.stage_gpus,
             "stage_sources": self.stage_sources,
+            "boundary_times_s": list(self.pipeline.boundary_times_s) if self.pipeline else [],
             "memory_detail": self.memory_detail,
             "params_per_stage": self.params_per_stage,
             "num_gpus": self.num_gpus,
@@ -131,8 +133,9 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     boundaries = [p2p_time(message, topo.pair_gbps(i, i + 1),
                            timing.LINK_LATENCY_S + stack.p2p_message_s)
                   for i in range(p - 1)]
-    pipe = pipeline_time([s.total_s for s in stages], boundaries, m, v, messages=stack.p2p_messages,
-                         backward_shares=[s.backward_share for s in stages])
+    pipeline = Pipeline(tuple(s.total_s for s in stages), tuple(boundaries), m, v, messages=stack.p2p_messages,
+                        backward_shares=tuple(s.backward_share for s in stages))
+    pipe = pipeline.time()
 
     # After the last backward: gradient all-reduce per stage, tied-embedding all-reduce, optimizer step.
     per_stage_params = stage_params(shape, partition, t)
@@ -208,6 +211,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         tokens_per_iteration=tokens_per_iteration,
         tokens=tokens,
         training_days=days,
+        pipeline=pipeline,
     )
 
 

@@ -236,6 +236,31 @@ def pipeline_time(stage_times: list[float], boundary_times: list[float], num_mic
 BACKWARD_SHARE = 2 / 3
 
 
+@dataclass(frozen=True)
+class Pipeline:
+    """What a pipeline's time is computed from; `time()` and `events()` are the same schedule, so a drawing of
+    `events()` ends where the estimate's pipeline time does."""
+    stage_times_s: tuple[float, ...]       # forward + backward of one micro-batch per stage
+    boundary_times_s: tuple[float, ...]    # one send between stage i and i + 1
+    num_micro_batches: int
+    virtual_stages: int = 1
+    messages: int = 1
+    backward_shares: tuple[float, ...] | None = None
+
+    def time(self) -> PipelineTime:
+        return pipeline_time(list(self.stage_times_s), list(self.boundary_times_s), self.num_micro_batches,
+                             self.virtual_stages, self.messages,
+                             list(self.backward_shares) if self.backward_shares else None)
+
+    def events(self) -> list[tuple[int, int, str, float, float]]:
+        """Every forward and backward as (stage, micro_batch, op, start_s, end_s); see `schedule_1f1b`."""
+        if self.virtual_stages > 1:
+            raise ValueError(f"virtual_stages: {self.virtual_stages} interleaved chunks are timed by a closed form, "
+                             "not played out; draw the schedule of the same layout with virtual_stages 1")
+        return schedule_1f1b(list(self.stage_times_s), list(self.boundary_times_s), self.num_micro_batches,
+                             self.messages, list(self.backward_shares) if self.backward_shares else None)
+
+
 def pipeline_lower_bound(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
                          virtual_stages: int = 1, messages: int = 1) -> float:
     """A bound that pipeline_time never goes below, in O(stages): some stage k cannot start before the first

@@ -18,7 +18,7 @@ from labkit import catalog
 from labkit.estimate import (Shape, allreduce_time, estimate, memory_per_stage, p2p_time, pipeline_lower_bound,
                              stage_params, stage_time)
 from labkit.estimate.estimator import MEMORY_MARGIN, profile_fits, profile_lookup
-from labkit.estimate.timing import ACTIVATION_BYTES, GRAD_REDUCE_BYTES, LINK_LATENCY_S
+from labkit.estimate.timing import ACTIVATION_BYTES, GRAD_REDUCE_BYTES, LINK_LATENCY_S, Pipeline
 from labkit.estimate.topology import Topology
 from labkit.plan.partition import min_max_partition
 from labkit.plan.placement import as_cluster, grouped_orders, node_kinds, placements
@@ -50,9 +50,10 @@ class Row:
     stage_times_s: list[float]
     within_budget: bool = True
     spec: RunSpec | None = field(default=None, repr=False)
+    pipeline: Pipeline | None = field(default=None, repr=False)   # what pipeline_s was timed from, to draw it
 
     def to_dict(self) -> dict:
-        out = {k: v for k, v in self.__dict__.items() if k != "spec"}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("spec", "pipeline")}
         out["partition_string"] = "-".join(str(n) for n in self.partition)
         return out
 
@@ -284,7 +285,7 @@ def _row(spec: RunSpec, est, order_names: list[str], price_s: float) -> Row:
                dp_allreduce_s=bd["dp_comm"], embedding_allreduce_s=bd["embedding_comm"],
                price_per_step=price_s * est.iteration_time_s, oom=not est.fits_in_memory,
                memory_gb_per_stage=[round(x, 3) for x in est.memory_gb_per_stage],
-               stage_times_s=est.stage_times_s, spec=spec)
+               stage_times_s=est.stage_times_s, spec=spec, pipeline=est.pipeline)
 
 
 def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None = None,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from labkit.estimate.timing import schedule_1f1b
+from labkit.estimate.timing import Pipeline
 
 TABLE_COLUMNS = {
     "mbs": "micro", "tp": "tp", "dp": "dp", "pp": "pp", "virtual_stages": "vp", "recompute": "recompute",
@@ -64,21 +64,18 @@ def pareto_figure(sweep: pd.DataFrame, title: str = "Cost and time per step by c
     return fig
 
 
-def schedule_events(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
-                    messages: int = 1) -> pd.DataFrame:
-    """Start and end of every forward and backward of a 1F1B schedule (non-interleaved), for drawing it: the schedule
-    the estimator's pipeline time comes from (labkit.estimate.timing.schedule_1f1b)."""
-    events = schedule_1f1b(stage_times, boundary_times, num_micro_batches, messages)
-    return pd.DataFrame(events, columns=["stage", "micro_batch", "op", "start_s", "end_s"])
+def schedule_events(pipeline: Pipeline) -> pd.DataFrame:
+    """Start and end of every forward and backward of a (non-interleaved) 1F1B schedule, for drawing it: the
+    schedule the pipeline's time comes from. `Estimate.pipeline` and `Row.pipeline` are the ones estimated."""
+    return pd.DataFrame(pipeline.events(), columns=["stage", "micro_batch", "op", "start_s", "end_s"])
 
 
-def schedule_figure(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
-                    stage_labels: list[str] | None = None, title: str = "1F1B pipeline schedule"):
+def schedule_figure(pipeline: Pipeline, stage_labels: list[str] | None = None, title: str = "1F1B pipeline schedule"):
     """Gantt chart of one step's forwards (light) and backwards (dark) per stage, micro-batch numbers on the bars."""
     import plotly.graph_objects as go
 
-    events = schedule_events(stage_times, boundary_times, num_micro_batches)
-    labels = stage_labels or [f"stage {i}" for i in range(len(stage_times))]
+    events = schedule_events(pipeline)
+    labels = stage_labels or [f"stage {i}" for i in range(len(pipeline.stage_times_s))]
     fig = go.Figure()
     for op, color in (("forward", "#9ecae1"), ("backward", "#3182bd")):
         sub = events[events["op"] == op]
