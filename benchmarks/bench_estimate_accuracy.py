@@ -145,6 +145,26 @@ def report_amp_by_dimension() -> None:
         print(f"  by {dim}: {cells}")
 
 
+def report_amp_step_times() -> None:
+    """Where a measurement falls outside what any 1F1B cost can give: for one layout and partition, doubling the
+    micro-batch halves the micro-batches m and doubles each one's work, so the time per pipeline step,
+    T / (m + p - 1), cannot fall. Lists each such pair, per cluster."""
+    families: dict[tuple, list[tuple[int, float]]] = {}
+    for r in amp_rows():
+        t, p, d, b = (int(x) for x in re.findall(r"\d+", r["layout"]))
+        m = r["spec"].num_micro_batches
+        key = (r["cluster"], t, p, d, tuple(r["spec"].layer_partition))
+        families.setdefault(key, []).append((b, r["measured"] / (m + p - 1)))
+    print("  time per pipeline step falling as the micro-batch doubles (same layout and partition):")
+    for cluster in sorted({key[0] for key in families}):
+        falls = []
+        for (name, t, p, d, _), steps in sorted(families.items()):
+            steps.sort()
+            falls += [f"t{t} p{p} d{d} b{b1}->b{b2}: {1000 * s1:.0f} -> {1000 * s2:.0f} ms"
+                      for (b1, s1), (b2, s2) in zip(steps, steps[1:]) if name == cluster and s2 < s1]
+        print(f"    {cluster:<28}{'; '.join(falls) or 'none'}")
+
+
 # The constants fitted to AMP's trials, with where each lives; `--validate` refits them on part of the trials.
 FITTED = ("T4 efficiency", "memory passes", "TP all-reduce s", "p2p message s", "T4 in-node Gbit/s",
           "network bus fraction")
@@ -533,6 +553,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     report_amp(args.verbose)
     report_amp_by_dimension()
+    report_amp_step_times()
     if args.validate:
         report_validation()
     report_seed000()
