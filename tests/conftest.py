@@ -12,12 +12,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SLURM_LOCAL = ROOT / "slurm" / "local"
 SLURM_TOOLS = ("sbatch", "squeue", "scontrol", "slurmctld", "slurmd", "munged")
+ACCOUNTING_TOOLS = ("slurmdbd", "mariadbd", "mariadb-install-db")
 
 
 @dataclass
 class LocalSlurm:
     runtime_dir: Path
     conf: Path  # what SLURM_CONF points at
+    accounting: bool  # slurmdbd runs: sacct answers for finished jobs
 
     @property
     def jobcomp(self) -> Path:
@@ -35,6 +37,15 @@ def why_slurm_cannot_be_installed() -> str | None:
         return ("Slurm is not installed and this host has no apt-get to install it: install slurmctld, slurmd, "
                 "slurm-client and munge with your package manager")
     return None
+
+
+def accounting_setting() -> str:
+    """LABKIT_SLURM_ACCOUNTING for the suite's cluster: on (slurmdbd on MariaDB, as on production clusters) where it
+    is installed or can be, unless the environment says otherwise."""
+    if "LABKIT_SLURM_ACCOUNTING" in os.environ:
+        return os.environ["LABKIT_SLURM_ACCOUNTING"]
+    installable = os.geteuid() == 0 and shutil.which("apt-get")
+    return "1" if installable or all(shutil.which(tool) for tool in ACCOUNTING_TOOLS) else "0"
 
 
 def _daemon_alive(pid_file: Path) -> bool:
@@ -56,14 +67,16 @@ def local_slurm():
         pytest.skip(reason)
     runtime_dir = Path(os.environ.get("LABKIT_SLURM_DIR", "/tmp/labkit-slurm"))
     was_running = _daemon_alive(runtime_dir / "run" / "slurmctld.pid")
-    started = subprocess.run(["bash", str(SLURM_LOCAL / "start.sh")], capture_output=True, text=True)
+    accounting = accounting_setting()
+    started = subprocess.run(["bash", str(SLURM_LOCAL / "start.sh")], capture_output=True, text=True,
+                             env={**os.environ, "LABKIT_SLURM_ACCOUNTING": accounting})
     if started.returncode != 0:
         pytest.fail(f"slurm/local/start.sh failed (exit {started.returncode}):\n{started.stdout}{started.stderr}")
     users = runtime_dir / "users"
     users.mkdir(exist_ok=True)
     me = users / str(os.getpid())
     me.touch()
-    cluster = LocalSlurm(runtime_dir=runtime_dir, conf=runtime_dir / "etc" / "slurm.conf")
+    cluster = LocalSlurm(runtime_dir=runtime_dir, conf=runtime_dir / "etc" / "slurm.conf", accounting=accounting == "1")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SLURM_CONF", str(cluster.conf))
         yield cluster

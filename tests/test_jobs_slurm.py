@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit.jobs import LocalBackend, SlurmBackend, SlurmError, State
+from labkit.jobs import Job, LocalBackend, SlurmBackend, SlurmError, State
+from labkit.jobs import slurm as slurm_backend
 from labkit.jobs.local import free_port
 from labkit.jobs.render import render, render_array
 from labkit.spec import load_spec, with_changes
@@ -126,6 +127,45 @@ def test_cancel_gives_cancelled_with_its_cause(early, fake, runs):
     assert wait(job, 60) == State.CANCELLED
     assert job.cause().startswith("cancelled")
     assert job.record.last_status()["state"] == "CANCELLED"
+
+
+def _purged_by_the_controller(monkeypatch, backend, keep_jobcomp: bool) -> None:
+    """What a finished job looks like once the controller has dropped it (MinJobAge): squeue and scontrol no longer
+    know it; the jobcomp file is there only when `keep_jobcomp`."""
+    real_run = slurm_backend._run
+
+    def run(args, check=True, cwd=None):
+        if args[0] == "squeue":
+            return subprocess.CompletedProcess(args, 1, "", "slurm_load_jobs error: Invalid job id specified")
+        if args[:3] == ["scontrol", "-o", "show"]:
+            return subprocess.CompletedProcess(args, 0, "", "")
+        return real_run(args, check, cwd)
+
+    monkeypatch.setattr(slurm_backend, "_run", run)
+    if not keep_jobcomp:
+        monkeypatch.setitem(backend.config(), "JobCompType", "jobcomp/none")
+
+
+def test_a_finished_job_reads_the_same_from_scontrol_sacct_and_the_jobcomp_file(early, local_slurm, fake,
+                                                                                monkeypatch):
+    if not local_slurm.accounting:
+        pytest.skip("the local Slurm runs without slurmdbd (LABKIT_SLURM_ACCOUNTING=0): sacct cannot answer")
+    job = fake.submit(spec_for([A10], "exits-3", **{"job.env": {"FAKE_EXIT": "3"}}))
+    assert wait(job, 60) == State.FAILED
+    seen = {}
+    with monkeypatch.context() as patch:  # the controller still knows the job: squeue, then scontrol
+        patch.setitem(fake.config(), "AccountingStorageType", "accounting_storage/none")
+        seen["scontrol"] = Job(fake, job.job_ids, job.record).status()
+    with monkeypatch.context() as patch:
+        _purged_by_the_controller(patch, fake, keep_jobcomp=False)
+        assert fake.accounting()
+        seen["sacct"] = Job(fake, job.job_ids, job.record).status()
+    with monkeypatch.context() as patch:
+        _purged_by_the_controller(patch, fake, keep_jobcomp=True)
+        patch.setitem(fake.config(), "AccountingStorageType", "accounting_storage/none")
+        seen["jobcomp"] = Job(fake, job.job_ids, job.record).status()
+    assert {name: (s.state, s.exit_code) for name, s in seen.items()} == \
+        {name: (State.FAILED, "3:0") for name in ("scontrol", "sacct", "jobcomp")}
 
 
 def test_array_runs_each_spec_as_its_own_task_and_run(early, fake):

@@ -35,7 +35,8 @@ def test_schedule_drawn_is_the_one_the_estimator_times():
 def test_an_estimates_schedule_ends_where_its_pipeline_time_does():
     # recompute changes each stage's backward share and the sends are not free: a drawing made from stage times
     # alone (default 2:1 split, no sends) would end elsewhere
-    spec = load_spec({"model": {"preset": "gpt2-medium"}, "parallel": {"pipeline": 4}, "batch": {"micro": 2, "global": 32},
+    spec = load_spec({"model": {"preset": "gpt2-medium"}, "parallel": {"pipeline": 4},
+                      "batch": {"micro": 2, "global": 32},
                       "precision": "bf16", "recompute": {"granularity": "full", "method": "uniform", "num_layers": 1},
                       "cluster": {"nodes": [{"gpu": "A10", "count": 2, "gpus_per_node": 2, "inter_node_gbps": 1}]}})
     est = estimate(spec)

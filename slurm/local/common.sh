@@ -8,17 +8,23 @@
 #   LABKIT_SLURM_CPUS   CPUs each emulated node declares (may exceed the host's cores)       [4]
 #   LABKIT_SLURM_MEMORY MB of memory each emulated node declares                             [4000]
 #   LABKIT_SLURM_PORT   slurmctld port; slurmd of node K listens on PORT+10000+K             [6817]
+#   LABKIT_SLURM_ACCOUNTING  1: also run slurmdbd (port PORT+2) on a private MariaDB (PORT+3), so that `sacct`
+#                       answers as on a production cluster; installs slurmdbd and mariadb-server   [0]
 
 SLURM_DIR=${LABKIT_SLURM_DIR:-/tmp/labkit-slurm}
 GPU_GROUPS=${LABKIT_SLURM_GPUS-1xa100:4,3xa10:4}
 CPUS_PER_NODE=${LABKIT_SLURM_CPUS:-4}
 MEMORY_MB=${LABKIT_SLURM_MEMORY:-4000}
 CTLD_PORT=${LABKIT_SLURM_PORT:-6817}
+ACCOUNTING=${LABKIT_SLURM_ACCOUNTING:-0}
+DBD_PORT=$((CTLD_PORT + 2))
+DB_PORT=$((CTLD_PORT + 3))
 
 CONF=$SLURM_DIR/etc/slurm.conf
 RUN=$SLURM_DIR/run
 LOG=$SLURM_DIR/log
 MUNGE=$SLURM_DIR/munge
+DB=$SLURM_DIR/db
 HOST=$(hostname -s)
 HOSTS_MARK="# labkit local slurm $SLURM_DIR"
 
@@ -38,6 +44,7 @@ for _group in "${_groups[@]}"; do
         NODE_GRES+=("gpu:${BASH_REMATCH[2]}:${BASH_REMATCH[3]}")
     done
 done
+[[ $ACCOUNTING =~ ^[01]$ ]] || die "LABKIT_SLURM_ACCOUNTING: '$ACCOUNTING' is not 0 or 1"
 NODE_COUNT=${LABKIT_SLURM_NODES:-${#NODE_NAMES[@]}}
 [[ $NODE_COUNT =~ ^[1-9][0-9]*$ ]] || die "LABKIT_SLURM_NODES: '$NODE_COUNT' is not a positive number of nodes"
 while ((${#NODE_NAMES[@]} < NODE_COUNT)); do
@@ -48,14 +55,16 @@ NODE_NAMES=("${NODE_NAMES[@]:0:NODE_COUNT}")
 NODE_GRES=("${NODE_GRES[@]:0:NODE_COUNT}")
 unset _groups _group _i
 
-# The pid recorded in FILE, if that process is alive and is still the daemon we started (its command line names our
-# runtime dir), so a recycled pid is never mistaken for ours.
+# The pid recorded in FILE, if that process is alive and is still the daemon we started (its command line, or for
+# slurmdbd, which takes no config path, its SLURM_CONF, names our runtime dir), so a recycled pid is never mistaken
+# for ours.
 live_pid() {
     local file=$1 pid
     [ -s "$file" ] || return 1
     pid=$(tr -dc 0-9 <"$file")
     [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
-    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$SLURM_DIR/" || return 1
+    { tr '\0' ' ' <"/proc/$pid/cmdline"; tr '\0' ' ' <"/proc/$pid/environ" 2>/dev/null || true; } \
+        | grep -qF -- "$SLURM_DIR/" || return 1
     echo "$pid"
 }
 
@@ -90,7 +99,8 @@ stop_daemons() {
     rm -f "$@"
 }
 
-# Cancel the cluster's jobs, then stop its daemons: slurmd first, munged last.
+# Cancel the cluster's jobs, then stop its daemons: slurmd first, then slurmctld, slurmdbd and its database, munged
+# last.
 stop_all() {
     local i jobs
     if live_pid "$RUN/slurmctld.pid" >/dev/null; then
@@ -111,6 +121,8 @@ stop_all() {
     shopt -s nullglob
     stop_daemons "$RUN"/slurmd-*.pid
     stop_daemons "$RUN/slurmctld.pid"
+    stop_daemons "$RUN/slurmdbd.pid"
+    stop_daemons "$RUN/mariadbd.pid"
     stop_daemons "$MUNGE/munged.pid"
 
     if grep -qF "$HOSTS_MARK" /etc/hosts 2>/dev/null && [ -w /etc/hosts ]; then

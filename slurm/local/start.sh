@@ -9,16 +9,20 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/common.sh"
 
 install_packages() {
-    local missing=()
+    local missing=() packages=(slurmctld slurmd slurm-client munge)
     local tool
     for tool in munged slurmctld slurmd sbatch; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+    if [ "$ACCOUNTING" = 1 ]; then
+        packages+=(slurmdbd mariadb-server)
+        for tool in slurmdbd mariadbd mariadb-install-db; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+    fi
     [ ${#missing[@]} -eq 0 ] && return 0
     [ "$(id -u)" -eq 0 ] || die "Slurm is not installed (${missing[*]} missing) and installing it needs root"
     command -v apt-get >/dev/null || die "Slurm is not installed (${missing[*]} missing) and there is no apt-get to install it"
-    say "installing slurmctld slurmd slurm-client munge ..."
+    say "installing ${packages[*]} ..."
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq >/dev/null
-    apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
+    apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
 }
 
 write_config() {
@@ -57,7 +61,15 @@ write_config() {
         echo "KillWait=5"
         echo "MailProg=/bin/true"
         echo "MinJobAge=300"
-        echo "AccountingStorageType=accounting_storage/none"
+        if [ "$ACCOUNTING" = 1 ]; then
+            echo "AccountingStorageType=accounting_storage/slurmdbd"
+            echo "AccountingStorageHost=localhost"
+            echo "AccountingStoragePort=$DBD_PORT"
+            # for slurmdbd connections the munge socket is named here, not by AuthInfo
+            echo "AccountingStoragePass=$MUNGE/munge.socket.2"
+        else
+            echo "AccountingStorageType=accounting_storage/none"
+        fi
         echo "JobCompType=jobcomp/filetxt"
         echo "JobCompLoc=$LOG/jobcomp.txt"
         echo "GresTypes=gpu"
@@ -80,6 +92,60 @@ write_config() {
             echo "NodeName=$name Name=gpu Type=$gpu_type File=$SLURM_DIR/dev/$name-gpu[0-$((gpu_count - 1))]"
         done
     } >"$dir/gres.conf"
+    # slurmdbd reads slurmdbd.conf beside slurm.conf and refuses one that others can read (it holds the password of
+    # the database it alone uses).
+    if [ "$ACCOUNTING" = 1 ]; then
+        {
+            echo "AuthType=auth/munge"
+            echo "AuthInfo=socket=$MUNGE/munge.socket.2"
+            echo "DbdHost=localhost"
+            echo "DbdPort=$DBD_PORT"
+            echo "SlurmUser=root"
+            echo "PidFile=$RUN/slurmdbd.pid"
+            echo "LogFile=$LOG/slurmdbd.log"
+            echo "StorageType=accounting_storage/mysql"
+            echo "StorageHost=127.0.0.1"
+            echo "StoragePort=$DB_PORT"
+            echo "StorageUser=slurm"
+            echo "StoragePass=labkit-local"
+            echo "StorageLoc=slurm_acct_db"
+        } >"$dir/slurmdbd.conf"
+        chmod 0600 "$dir/slurmdbd.conf"
+    fi
+}
+
+wait_for() {
+    local what=$1 deadline=$((SECONDS + 30))
+    shift
+    until "$@" >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || die "$what did not come up within 30 s; see $LOG"
+        sleep 0.25
+    done
+}
+
+# MariaDB for slurmdbd, private to this runtime dir: its own data dir, socket and port, root by socket only.
+start_database() {
+    live_pid "$RUN/mariadbd.pid" >/dev/null && return 0
+    if [ ! -d "$DB/data/mysql" ]; then
+        mkdir -p "$DB/data"
+        mariadb-install-db --user=root --datadir="$DB/data" --auth-root-authentication-method=socket --skip-test-db \
+            >"$LOG/mariadb-install.log" 2>&1 || die "mariadb-install-db failed; see $LOG/mariadb-install.log"
+    fi
+    port_busy "$DB_PORT" && die "port $DB_PORT (MariaDB for slurmdbd) is taken; set LABKIT_SLURM_PORT"
+    rm -f "$DB/mysqld.sock"
+    mariadbd --user=root --datadir="$DB/data" --socket="$DB/mysqld.sock" --port="$DB_PORT" --bind-address=127.0.0.1 \
+        --skip-name-resolve --pid-file="$RUN/mariadbd.pid" --log-error="$LOG/mariadbd.log" 9>&- 2>>"$LOG/mariadbd.log" &
+    wait_for "MariaDB" mariadb --socket="$DB/mysqld.sock" -u root -e "SELECT 1"
+    mariadb --socket="$DB/mysqld.sock" -u root -e "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
+        CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'labkit-local';
+        GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
+}
+
+start_slurmdbd() {
+    live_pid "$RUN/slurmdbd.pid" >/dev/null && return 0
+    port_busy "$DBD_PORT" && die "port $DBD_PORT (slurmdbd) is taken by another program; set LABKIT_SLURM_PORT"
+    SLURM_CONF=$CONF slurmdbd 9>&-
+    wait_for "slurmdbd" sacctmgr -n list cluster
 }
 
 make_fake_gpus() {
@@ -143,12 +209,14 @@ main() {
     fresh=$(mktemp -d)
     trap 'rm -rf "$fresh"' EXIT
     write_config "$fresh"
-    if ! cmp -s "$fresh/slurm.conf" "$CONF" || ! cmp -s "$fresh/gres.conf" "$SLURM_DIR/etc/gres.conf"; then
-        if live_pid "$RUN/slurmctld.pid" >/dev/null; then
+    if ! cmp -s "$fresh/slurm.conf" "$CONF" || ! cmp -s "$fresh/gres.conf" "$SLURM_DIR/etc/gres.conf" \
+        || { [ -e "$fresh/slurmdbd.conf" ] && ! cmp -s "$fresh/slurmdbd.conf" "$SLURM_DIR/etc/slurmdbd.conf"; }; then
+        if live_pid "$RUN/slurmctld.pid" >/dev/null || live_pid "$RUN/slurmdbd.pid" >/dev/null; then
             say "configuration changed: restarting"
             stop_all
         fi
-        cp "$fresh/slurm.conf" "$fresh/gres.conf" "$SLURM_DIR/etc/"
+        rm -f "$SLURM_DIR/etc/slurmdbd.conf"
+        cp -p "$fresh"/*.conf "$SLURM_DIR/etc/"
     fi
     make_fake_gpus
     export SLURM_CONF=$CONF
@@ -156,6 +224,10 @@ main() {
     local since
     since=$(date +%s)
     start_munged
+    if [ "$ACCOUNTING" = 1 ]; then
+        start_database
+        start_slurmdbd
+    fi
     if ! live_pid "$RUN/slurmctld.pid" >/dev/null; then
         port_busy "$CTLD_PORT" && die "port $CTLD_PORT is taken by another program; set LABKIT_SLURM_PORT"
         slurmctld -f "$CONF" 9>&-
