@@ -68,16 +68,17 @@ def local_slurm():
     runtime_dir = Path(os.environ.get("LABKIT_SLURM_DIR", "/tmp/labkit-slurm"))
     was_running = _daemon_alive(runtime_dir / "run" / "slurmctld.pid")
     accounting = accounting_setting()
-    started = subprocess.run(["bash", str(SLURM_LOCAL / "start.sh")], capture_output=True, text=True,
-                             env={**os.environ, "LABKIT_SLURM_ACCOUNTING": accounting})
-    if started.returncode != 0:
-        pytest.fail(f"slurm/local/start.sh failed (exit {started.returncode}):\n{started.stdout}{started.stderr}")
-    users = runtime_dir / "users"
-    users.mkdir(exist_ok=True)
-    me = users / str(os.getpid())
-    me.touch()
-    cluster = LocalSlurm(runtime_dir=runtime_dir, conf=runtime_dir / "etc" / "slurm.conf", accounting=accounting == "1")
     with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LABKIT_SLURM_ACCOUNTING", accounting)  # a later start.sh must not change the cluster's setup
+        started = subprocess.run(["bash", str(SLURM_LOCAL / "start.sh")], capture_output=True, text=True)
+        if started.returncode != 0:
+            pytest.fail(f"slurm/local/start.sh failed (exit {started.returncode}):\n{started.stdout}{started.stderr}")
+        users = runtime_dir / "users"
+        users.mkdir(exist_ok=True)
+        me = users / str(os.getpid())
+        me.touch()
+        cluster = LocalSlurm(runtime_dir=runtime_dir, conf=runtime_dir / "etc" / "slurm.conf",
+                             accounting=accounting == "1")
         patch.setenv("SLURM_CONF", str(cluster.conf))
         yield cluster
     me.unlink(missing_ok=True)
