@@ -9,6 +9,7 @@ import pytest
 from labkit.jobs.job import Job, State, Status, slurm_state
 from labkit.jobs.monitor import explain, format_report, report, widget
 from labkit.jobs.runs import RunIndex, RunRecord, load_run
+from labkit.jobs.slurm import settle
 from labkit.spec import load_spec
 
 WARNINGS = ("/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py:83: FutureWarning: deprecated\n"
@@ -188,3 +189,16 @@ def test_cli_status_json_reads_a_finished_run(tmp_path):
     assert status["state"] == "COMPLETED" and status["iterations"][0]["iteration"] == 5
     listing = labkit("runs", "--runs-dir", str(tmp_path / "runs"))
     assert job.record.run_id in listing.stdout and "COMPLETED" in listing.stdout
+
+
+def test_a_lagging_accounting_record_neither_reopens_a_job_nor_drops_its_reason():
+    cancelled = [Status(State.CANCELLED, reason="DependencyNeverSatisfied")]
+    # slurmdbd has not heard of the end yet: squeue's view stands
+    assert settle(cancelled, [Status(State.PENDING, "0:0", "Dependency")]) == cancelled
+    # it has, but without a reason: squeue's reason is kept with the record's state and exit code
+    assert settle(cancelled, [Status(State.CANCELLED, "0:0", "None")]) == \
+        [Status(State.CANCELLED, "0:0", "DependencyNeverSatisfied")]
+    # the record's own reason and a job squeue no longer knows are taken as recorded
+    failed = [Status(State.FAILED, "3:0", "NonZeroExitCode")]
+    assert settle([Status(State.FAILED, reason="None")], failed) == failed
+    assert settle([], failed) == failed

@@ -60,6 +60,18 @@ def combine(statuses: list[Status]) -> Status:
     return sorted(failed, key=lambda s: order.index(s.state))[0] if failed else statuses[0]
 
 
+def settle(queued: list[Status], recorded: list[Status]) -> list[Status]:
+    """A unit squeue saw end, as its final record (sacct, scontrol, the jobcomp file) has it. slurmdbd learns of a
+    job's end a moment after the controller: while the record still shows the unit unfinished, squeue's view stands,
+    and a reason the record lacks (sacct has none yet for a job its dependency cancelled) is squeue's."""
+    if queued and all(s.state.finished for s in queued) and not all(s.state.finished for s in recorded):
+        return queued
+    reasons = [s.reason for s in queued if s.reason and s.reason != "None"]
+    if not reasons:
+        return recorded
+    return [s if s.reason and s.reason != "None" else Status(s.state, s.exit_code, reasons[0]) for s in recorded]
+
+
 class SlurmBackend:
     name = "slurm"
 
@@ -154,7 +166,7 @@ class SlurmBackend:
         ended = {i for i in wanted if i not in units or all(s.state.finished for s in units[i])}
         if ended:
             for key, statuses in self._final_statuses(ended).items():
-                units[key] = statuses
+                units[key] = settle(units.get(key, []), statuses)
         for job in jobs:
             statuses = [s for i in job.job_ids for s in units.get(i, [])]
             job._set_status(combine(statuses) if statuses else
