@@ -5,11 +5,9 @@ import difflib
 import functools
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
-
 import yaml
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+from labkit.paths import DATA_DIR
 
 
 @dataclass(frozen=True)

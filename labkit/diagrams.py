@@ -12,10 +12,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from labkit.paths import course_dir, example
 from labkit.spec import RunSpec, load_spec
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-IMAGES_DIR = REPO_ROOT / "images"
 
 FORWARD_COLOR = "#4c78a8"
 BACKWARD_COLOR = "#f58518"
@@ -346,7 +345,7 @@ def heterogeneous_pipeline_svg(spec: RunSpec) -> str:
 
 def diagrams() -> dict[str, str]:
     """File name -> SVG text for every diagram the labs show."""
-    hetero = load_spec(REPO_ROOT / "examples" / "gpt2-xl-hetero.yaml")
+    hetero = load_spec(example("gpt2-xl-hetero.yaml"))
     return {
         "pipeline_schedules.svg": pipeline_schedules_svg(4, 8, 2),
         "activation_checkpointing.svg": activation_checkpointing_svg(8),
@@ -355,7 +354,7 @@ def diagrams() -> dict[str, str]:
     }
 
 
-def write_diagrams(out_dir: Path | str = IMAGES_DIR) -> list[Path]:
+def write_diagrams(out_dir: Path | str = "images") -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -373,12 +372,12 @@ def show(name_or_svg: str):
     if name_or_svg.lstrip().startswith("<svg"):
         return SVG(data=name_or_svg)
     name = name_or_svg if name_or_svg.endswith(".svg") else f"{name_or_svg}.svg"
-    return SVG(filename=str(IMAGES_DIR / name))
+    return SVG(filename=str(course_dir("images") / name))
 
 
 def register(sub) -> None:
     p = sub.add_parser("diagrams", help="regenerate the labs' diagrams (SVG) in images/")
-    p.add_argument("--out", default=str(IMAGES_DIR), help="output directory (default: the repository's images/)")
+    p.add_argument("--out", default="images", help="output directory (default: images/ under the current directory)")
     p.set_defaults(func=lambda args: _main(args.out))
 
 
@@ -390,5 +389,5 @@ def _main(out: str) -> int:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="regenerate the labs' diagrams")
-    parser.add_argument("--out", default=str(IMAGES_DIR))
+    parser.add_argument("--out", default="images")
     sys.exit(_main(parser.parse_args().out))

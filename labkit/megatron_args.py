@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
-
+from labkit.paths import data_file
 from labkit.spec import RunSpec
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-DEFAULT_VOCAB = DATA_DIR / "tokenizer" / "vocab.json"
-DEFAULT_MERGES = DATA_DIR / "tokenizer" / "merges.txt"
+DEFAULT_VOCAB = data_file("tokenizer", "vocab.json")
+DEFAULT_MERGES = data_file("tokenizer", "merges.txt")
 
 
 def pipeline_layout(partition: list[int]) -> str:

@@ -1,6 +1,6 @@
 """Per-layer profiles: measured forward seconds of each layer at one micro-batch size, per GPU type and tensor size.
 
-Two formats load through `load_profile` (data/profiles/README.md documents both):
+Two formats load through `load_profile` (labkit/data/profiles/README.md documents both):
 - labkit's JSON: {"model", "gpu", "tensor", "micro_batch", "seq_length", "precision", "unit": "s",
   "forward_s": {"embedding", "layers": [...], "output"}, "backward_factor", "source", "measured_on"};
 - FASOP's known_cost .npy, named <model>_<gpu>_<tensor>.npy, holding [embedding, layer..., output] forward seconds at
@@ -15,8 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkit import catalog
+from labkit.paths import data_file, user_dir
 
-PROFILE_DIR = catalog.DATA_DIR / "profiles"
+SHIPPED_PROFILE_DIR = data_file("profiles")
+
+
+def user_profile_dir() -> Path:
+    """Where `labkit profile` writes what it measured on the user's machines; searched before the shipped profiles."""
+    return user_dir() / "profiles"
+
 
 # FASOP's file-name models -> labkit model presets (bert and T5 have no preset; they keep their own names).
 _FASOP_MODELS = {"gpt2XL": "gpt2-xl", "gpt2": "gpt2-small", "bert": "bert-large", "T5": "t5"}
@@ -123,8 +130,8 @@ def profile_filename(model: str, gpu: str, tensor: int) -> str:
 
 
 def save_profile(profile: Profile, path=None) -> Path:
-    """Write a profile as labkit JSON (to data/profiles/<model>_<gpu>_tp<t>.json when no path is given)."""
-    path = Path(path) if path is not None else PROFILE_DIR / profile_filename(profile.model, profile.gpu, profile.tensor)
+    """Write a profile as labkit JSON (to <user_profile_dir()>/<model>_<gpu>_tp<t>.json when no path is given)."""
+    path = Path(path) if path is not None else user_profile_dir() / profile_filename(profile.model, profile.gpu, profile.tensor)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(profile.to_dict(), indent=2) + "\n")
     _index.cache_clear()
@@ -149,13 +156,20 @@ def _index(directory: str) -> dict:
     return table
 
 
+def _search_path(directory) -> list[str]:
+    """The given directory, or the user's profiles followed by the shipped ones (the user's measurement wins)."""
+    return [str(directory)] if directory else [str(user_profile_dir()), str(SHIPPED_PROFILE_DIR)]
+
+
 def find_profile(model: str, gpu: str, tensor: int, directory=None) -> Profile | None:
     """The profile for a model preset on a GPU type at a tensor size, or None when none was measured."""
-    table = _index(str(directory or PROFILE_DIR))
-    path = table.get((model, catalog.resolve_gpu_name(gpu) or gpu, int(tensor)))
-    return load_profile(path) if path else None
+    key = (model, catalog.resolve_gpu_name(gpu) or gpu, int(tensor))
+    for root in _search_path(directory):
+        if key in _index(root):
+            return load_profile(_index(root)[key])
+    return None
 
 
 def available_profiles(directory=None) -> list[tuple[str, str, int]]:
     """(model, gpu, tensor) of every profile found."""
-    return sorted(_index(str(directory or PROFILE_DIR)))
+    return sorted({key for root in _search_path(directory) for key in _index(root)})

@@ -12,9 +12,10 @@ import yaml
 
 from labkit import catalog
 from labkit.estimate.estimator import estimate
+from labkit.paths import data_file
 from labkit.spec import RunSpec, load_spec
 
-PUBLISHED_RUNS = catalog.DATA_DIR / "published_runs.yaml"
+PUBLISHED_RUNS = data_file("published_runs.yaml")
 
 
 @dataclass

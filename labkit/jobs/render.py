@@ -1,9 +1,9 @@
-"""Run spec -> job scripts, from the jinja2 templates in slurm/.
+"""Run spec -> job scripts, from the jinja2 templates in labkit/templates/.
 
 Layouts:
   multinode  one node group: one sbatch script, one srun task per node running torchrun (node rank = SLURM_PROCID)
   hetjob     several node groups: one Slurm heterogeneous job, one component (and one srun step) per group
-  pair       two node groups on clusters without hetjob support: master.sbatch + slave.sbatch, as in seed 000
+  pair       two node groups on clusters without hetjob support: master.sbatch + slave.sbatch, as in FASOP's heterogeneous Megatron-LM scripts
   local      the embedded backend: a bash script that plays every node on this host
 
 Every value that comes from the user reaches the shell single-quoted (shlex.quote) and #SBATCH lines double-quoted in
@@ -24,7 +24,6 @@ from labkit import catalog
 from labkit.megatron_args import megatron_args
 from labkit.spec import RunSpec, SpecError
 
-TEMPLATE_DIR = Path(__file__).resolve().parent.parent.parent / "slurm"
 LAYOUTS = ("multinode", "hetjob", "pair", "local")
 INFO_KEYS = ("NNODES", "WORLD_SIZE", "GLOBAL_BATCH_SIZE", "MICRO_BATCH_SIZE", "TENSOR_MP_SIZE", "PIPELINE_MP_SIZE",
              "DP_SIZE", "PARTITION", "MODEL", "NUM_LAYERS", "HIDDEN_SIZE", "NUM_ATTENTION_HEADS", "SEQ_LENGTH",
@@ -191,7 +190,7 @@ def _sbatch_component(spec: RunSpec, group: NodeGroupPlan) -> list[str]:
 
 
 def _environment():
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR), undefined=jinja2.StrictUndefined,
+    env = jinja2.Environment(loader=jinja2.PackageLoader("labkit", "templates"), undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
     env.filters["q"] = lambda value: shlex.quote(str(value))
     return env

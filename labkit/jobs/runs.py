@@ -22,14 +22,9 @@ import re
 import sqlite3
 from pathlib import Path
 
+from labkit.paths import runs_dir
 from labkit.spec import RunSpec, load_spec
 
-DEFAULT_RUNS_DIR = "runs"
-
-
-def runs_dir(path: str | os.PathLike | None = None) -> Path:
-    """Where runs live: the argument, else $LABKIT_RUNS_DIR, else ./runs."""
-    return Path(path or os.environ.get("LABKIT_RUNS_DIR") or DEFAULT_RUNS_DIR).resolve()
 
 
 def _now() -> str:

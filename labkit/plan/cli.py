@@ -28,20 +28,20 @@ def register(sub) -> None:
     p.add_argument("--max-price-per-step", type=float,
                    help="cost budget (USD): with --objective time, the dearest step allowed")
     p.add_argument("--top", type=int, default=10, help="rows to show (default 10)")
-    p.add_argument("--profiles", help="directory of per-layer profiles (default data/profiles)")
+    p.add_argument("--profiles", help="directory of per-layer profiles (default: yours under ~/.labkit/profiles, then the shipped ones)")
     p.add_argument("--json", action="store_true", help="print rows, search_seconds, configs_evaluated and spec as JSON")
     p.add_argument("--output", "-o", help="also write the chosen run spec to this YAML file")
     p.set_defaults(func=_plan)
 
     p = sub.add_parser("profile", help="measure per-layer forward time of a model on this machine and write it to "
-                                       "data/profiles/ for the estimator and the planner")
+                                       "~/.labkit/profiles/ ($LABKIT_HOME/profiles) for the estimator and the planner")
     p.add_argument("--model", required=True, metavar="PRESET|SPEC", help="model preset name or run spec file")
     p.add_argument("--tensor", type=int, default=1, help="tensor-parallel size the profile stands for (default 1)")
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5, help="timed forward passes per layer (median is kept)")
     p.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default=None,
                    help="default: bf16 on a GPU, fp32 on CPU")
-    p.add_argument("--output", "-o", help="profile path (default data/profiles/<model>_<gpu>_tp<t>.json)")
+    p.add_argument("--output", "-o", help="profile path (default ~/.labkit/profiles/<model>_<gpu>_tp<t>.json)")
     p.set_defaults(func=_profile)
 
 
