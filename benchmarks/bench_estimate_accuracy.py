@@ -6,7 +6,7 @@
 1. AMP's 90 real trials (../shared/reference/amp/measured.csv): GPT-2 345M-like on 16 T4 and on 12 V100 + 4 T4,
    DeepSpeed 3D parallelism; AMP's own predictions printed beside ours.
 2. Seed 000: GPT-2 XL on 8 nodes x 4 A10, PP 8, DP 4, partition 0-11-8-8-8-8-5-0, 1.4 s/iteration.
-3. Published Megatron-LM runs on A100 (data/published_runs.yaml): SC21 Table 1 and Korthikanti et al. Table 5.
+3. Published Megatron-LM runs on A100 (labkit/data/published_runs.yaml): SC21 Table 1 and Korthikanti et al. Table 5.
 4. The CPU closed loop: profile this machine, predict, then run `python -m labkit.train` in several layouts.
 """
 from __future__ import annotations
@@ -273,7 +273,7 @@ def report_seed000() -> float:
 
 def report_published() -> None:
     """Predicted against published Megatron-LM runs on A100 (per set: the figure the paper prints)."""
-    print("Published Megatron-LM runs on DGX A100 (data/published_runs.yaml; micro-batch 1 assumed)")
+    print("Published Megatron-LM runs on DGX A100 (labkit/data/published_runs.yaml; micro-batch 1 assumed)")
     table = published_table()
     for row in table.itertuples():
         unit = "TFLOP/s/GPU" if row.figure == "tflops_per_gpu" else "s/iteration"

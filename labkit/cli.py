@@ -56,7 +56,10 @@ def _validate(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from labkit import __version__
+
     parser = argparse.ArgumentParser(prog="labkit", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"labkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         module = sys.modules[__name__] if name == __name__ else importlib.import_module(name)

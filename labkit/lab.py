@@ -1,7 +1,8 @@
 """Run the lab series headless: papermill executes each notebook into runs/lab-<timestamp>/, and an HTML index of the
 executed notebooks is written beside them that opens offline (plotly.js inlined, diagrams embedded).
 
-`labkit lab [--backend local|slurm] [-p key value] [--only NAMES]`, or `make lab`.
+`labkit lab [--backend local|slurm] [-p key value] [--only NAMES]`, or `make lab`. `labkit workspace DIR` copies the
+notebooks, their solutions, the examples and the images out of an installed wheel into DIR, to work on them there.
 """
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import datetime as dt
 import functools
 import html
 import json
+import os
 import re
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -18,9 +21,8 @@ from pathlib import Path
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK_DIR = REPO_ROOT / "notebooks"
-RUNS_DIR = Path("runs")
+from labkit.paths import COURSE_NAMES, course_dir, runs_dir
+
 BACKENDS = ("local", "slurm")
 
 
@@ -65,10 +67,35 @@ class LabRun:
         return "\n".join(lines)
 
 
-def lab_notebooks(directory: Path | str = NOTEBOOK_DIR, only: list[str] | None = None) -> list[Path]:
+def default_notebook_dir() -> Path:
+    """The labs to run: ./notebooks when the current directory has them (a checkout or a workspace), else the
+    notebooks shipped with labkit."""
+    here = Path("notebooks")
+    return here.resolve() if any(here.glob("[0-9][0-9]_*.ipynb")) else course_dir("notebooks")
+
+
+def copy_workspace(target: Path | str) -> list[Path]:
+    """Copy the course files (notebooks with their solutions, examples, images) into `target`; an existing file is
+    never overwritten, so a student's edited notebook survives a second copy. Returns the files written."""
+    target = Path(target)
+    written = []
+    for name in COURSE_NAMES:
+        source = course_dir(name)
+        for path in sorted(p for p in source.rglob("*") if p.is_file() and ".ipynb_checkpoints" not in p.parts
+                           and p.suffix in (".ipynb", ".yaml", ".svg", ".cfg")):
+            destination = target / name / path.relative_to(source)
+            if destination.exists():
+                continue
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, destination)
+            written.append(destination)
+    return written
+
+
+def lab_notebooks(directory: Path | str | None = None, only: list[str] | None = None) -> list[Path]:
     """The series in order (NN_name.ipynb); `only` picks by number ("05"), name ("05_performance_estimation") or
     a part of the name ("estimation")."""
-    directory = Path(directory)
+    directory = Path(directory) if directory is not None else default_notebook_dir()
     notebooks = sorted(p for p in directory.glob("[0-9][0-9]_*.ipynb"))
     if not notebooks:
         raise LabError(f"no lab notebooks (NN_name.ipynb) in {directory}")
@@ -91,19 +118,19 @@ def declared_parameters(notebook: Path) -> dict:
     return {name: info["default"] for name, info in papermill.inspect_notebook(str(notebook)).items()}
 
 
-def new_run_directory(runs_dir: Path | str = RUNS_DIR, now: dt.datetime | None = None) -> Path:
+def new_run_directory(parent: Path | str | None = None, now: dt.datetime | None = None) -> Path:
     """runs/lab-YYYYmmdd-HHMMSS, with -2, -3... when that name is taken: an earlier run is never overwritten."""
-    runs_dir = Path(runs_dir)
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    parent = runs_dir(parent)
+    parent.mkdir(parents=True, exist_ok=True)
     stamp = (now or dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
     for attempt in range(1, 1000):
-        candidate = runs_dir / (f"lab-{stamp}" if attempt == 1 else f"lab-{stamp}-{attempt}")
+        candidate = parent / (f"lab-{stamp}" if attempt == 1 else f"lab-{stamp}-{attempt}")
         try:
             candidate.mkdir()
             return candidate
         except FileExistsError:
             continue
-    raise LabError(f"could not create a new lab directory under {runs_dir}")
+    raise LabError(f"could not create a new lab directory under {parent}")
 
 
 def strip_widget_state(path: Path) -> None:
@@ -127,14 +154,14 @@ def cell_timeout(cell, default_s: int) -> int:
 
 
 def run_lab(only: list[str] | None = None, parameters: dict | None = None, backend: str | None = None,
-            runs_dir: Path | str = RUNS_DIR, notebook_dir: Path | str = NOTEBOOK_DIR, progress: bool = True,
+            runs_dir: Path | str | None = None, notebook_dir: Path | str | None = None, progress: bool = True,
             timeout_s: int = 600, html_index: bool = True) -> LabRun:
     """Execute the chosen notebooks in order into a new run directory; a failing notebook is recorded and the series
     goes on. Parameters are passed to the notebooks that declare them; one that no notebook declares is an error."""
     import papermill
     from tqdm.auto import tqdm
 
-    notebook_dir = Path(notebook_dir).resolve()
+    notebook_dir = Path(notebook_dir).resolve() if notebook_dir is not None else default_notebook_dir()
     notebooks = lab_notebooks(notebook_dir, only)
     parameters = dict(parameters or {})
     if backend is not None:
@@ -149,6 +176,9 @@ def run_lab(only: list[str] | None = None, parameters: dict | None = None, backe
                        f"known parameters: {', '.join(known)}")
 
     run = LabRun(directory=new_run_directory(runs_dir), parameters=parameters)
+    # The kernels inherit this process's environment: the notebooks' own jobs are recorded beside the lab run,
+    # whatever directory a kernel starts in.
+    os.environ.setdefault("LABKIT_RUNS_DIR", str(run.directory.parent))
     bar = tqdm(notebooks, desc="lab", unit="notebook", disable=not progress, file=sys.stderr)
     for notebook in bar:
         bar.set_postfix_str(notebook.stem)
@@ -247,7 +277,7 @@ def notebook_to_html(path: Path, resources_dir: Path) -> str:
     return re.sub(r'<script src="[^"]*require\.min\.js"></script>\s*', "", body)
 
 
-def write_html_index(run: LabRun, notebook_dir: Path | str = NOTEBOOK_DIR) -> Path:
+def write_html_index(run: LabRun, notebook_dir: Path | str) -> Path:
     """index.html linking each executed notebook's HTML page, with its status and run time."""
     for result in run.results:
         source = run.directory / result.output
@@ -300,12 +330,23 @@ def register(sub) -> None:
                    help="set a notebook parameter (VALUE read as YAML: 10, true, bf16); repeatable")
     p.add_argument("--only", action="append", default=[], metavar="NAMES",
                    help="run only these labs: numbers or names, comma-separated (e.g. 05,08)")
-    p.add_argument("--runs-dir", default=str(RUNS_DIR), help="parent of the lab-<timestamp> directory (default runs)")
+    p.add_argument("--runs-dir", help="parent of the lab-<timestamp> directory (default $LABKIT_RUNS_DIR, else runs)")
     p.add_argument("--timeout", type=int, default=600, help="seconds a single cell may run (default 600)")
     p.add_argument("--store-outputs", action="store_true",
                    help=f"instead of a lab run: execute the chosen source notebooks (and their solutions) in place, "
                         f"keeping only the outputs of cells tagged {CHECKED_TAG}, which nbval compares")
     p.set_defaults(func=_lab_command)
+    p = sub.add_parser("workspace", help="copy the lab notebooks, their solutions, the examples and the images into a "
+                                         "directory to work in (files already there are kept)")
+    p.add_argument("directory", help="where to copy them (created when missing)")
+    p.set_defaults(func=_workspace_command)
+
+
+def _workspace_command(args: argparse.Namespace) -> int:
+    written = copy_workspace(args.directory)
+    print(f"copied {len(written)} file(s) into {Path(args.directory).resolve()}; "
+          f"run the labs there with `labkit lab` or open notebooks/ in JupyterLab")
+    return 0
 
 
 def _lab_command(args: argparse.Namespace) -> int:
@@ -313,13 +354,13 @@ def _lab_command(args: argparse.Namespace) -> int:
     parameters = {key: _parameter(value) for key, value in args.parameter}
     if args.store_outputs:
         try:
-            chosen = lab_notebooks(NOTEBOOK_DIR, only or None)
+            chosen = lab_notebooks(None, only or None)
         except LabError as exc:
             print(f"labkit lab: {exc}", file=sys.stderr)
             return 2
-        for notebook in chosen + [NOTEBOOK_DIR / "solutions" / p.name for p in chosen]:
+        for notebook in chosen + [p.parent / "solutions" / p.name for p in chosen]:
             if notebook.exists():
-                print(f"{notebook.relative_to(REPO_ROOT)}: kept {store_checked_outputs(notebook, args.timeout)} "
+                print(f"{notebook}: kept {store_checked_outputs(notebook, args.timeout)} "
                       f"checked output(s)")
         return 0
     try:

@@ -38,7 +38,7 @@ import torch
 
 from labkit.exercises import check_choice
 from labkit.jobs import backend_named, default_backend
-from labkit.lab import REPO_ROOT
+from labkit.paths import example
 from labkit.spec import load_spec
 
 # %% [markdown]
@@ -76,9 +76,9 @@ else:
 # The embedded default spec trains a two-layer GPT with two processes on mock tokens.
 
 # %%
-spec = load_spec(REPO_ROOT / "examples" / "tiny-cpu.yaml").replace(
+spec = load_spec(example("tiny-cpu.yaml")).replace(
     **{"train.iters": iterations, "train.log_interval": 1})
-job = backend_named(backend, runs_dir=REPO_ROOT / "runs").submit(spec)
+job = backend_named(backend).submit(spec)
 state = job.wait(progress=False)
 print(f"{job}: {state}")
 assert str(state) == "COMPLETED", job.cause()

@@ -39,7 +39,7 @@ from labkit.exercises import check_spec
 from labkit.jobs import backend_named
 from labkit.jobs.monitor import format_report, widget
 from labkit.jobs.render import render
-from labkit.lab import REPO_ROOT
+from labkit.paths import example, runs_dir
 from labkit.logs.views import comparison_table, iteration_time_figure, loss_figure
 from labkit.spec import load_spec
 
@@ -50,7 +50,7 @@ from labkit.spec import load_spec
 # precision and the cluster. Everything else (Megatron's flags, the job script, the estimate) is rendered from it.
 
 # %%
-spec = load_spec(REPO_ROOT / "examples" / spec_file).replace(
+spec = load_spec(example(spec_file)).replace(
     **{"train.iters": iterations, "train.log_interval": log_interval})
 print(spec.to_yaml())
 print(f"world size {spec.world_size}, data parallel {spec.data_parallel}, "
@@ -63,7 +63,7 @@ print(f"world size {spec.world_size}, data parallel {spec.data_parallel}, "
 # user-given string shell-quoted). `labkit run SPEC --dry-run` prints the same.
 
 # %%
-script = render(spec, REPO_ROOT / "runs" / "RUN_ID" / "logs", layout="multinode")
+script = render(spec, runs_dir() / "RUN_ID" / "logs", layout="multinode")
 for name, text in script.scripts.items():
     print(f"# ===== {name} =====\n{text}")
 
@@ -74,7 +74,7 @@ for name, text in script.scripts.items():
 # `get_result.sh`: per-node logs, the job's own view of its layout compared with the spec, iterations so far).
 
 # %%
-jobs = backend_named(backend, runs_dir=REPO_ROOT / "runs")
+jobs = backend_named(backend)
 job = jobs.submit(spec)
 job
 

@@ -44,7 +44,7 @@ from labkit.estimate.memory import bytes_per_param
 from labkit.exercises import check_choice, check_number
 from labkit.jobs import backend_named
 from labkit.jobs.sweep import Sweep, profiled
-from labkit.lab import REPO_ROOT
+from labkit.paths import example
 from labkit.logs.loss_scale import loss_scale_history, skipped_until
 from labkit.logs.views import comparison_table, iteration_time_figure, loss_figure
 from labkit.profiling import tensorboard
@@ -72,7 +72,7 @@ for precision in ("fp32", "bf16", "fp16"):
     print(f"{precision}: {weight:g} + {grad:g} + {optimizer:g} = {weight + grad + optimizer:g} bytes per parameter")
 
 # %%
-base = load_spec(REPO_ROOT / "examples" / spec_file).replace(
+base = load_spec(example(spec_file)).replace(
     **{"train.iters": iterations, "train.log_interval": log_interval})
 specs = {precision: base.replace(precision=precision) for precision in ("fp32", "fp16", "bf16")}
 compare(specs)[["gpu", "precision", "bytes_per_param", "weights_mib", "gradients_mib", "optimizer_mib",
@@ -95,7 +95,7 @@ compare(specs, gpu=predict_on)[["gpu", "precision", "iteration_ms", "samples_per
 # each other, not with lab 01). Each is profiled for its last but one iteration, when fp16 is past its skipped ones.
 
 # %%
-jobs = backend_named(backend, runs_dir=REPO_ROOT / "runs")
+jobs = backend_named(backend)
 sweep = Sweep.submit(jobs, {name: profiled(spec, max(1, iterations - 1)) for name, spec in specs.items()},
                      prefix="lab02")
 states = sweep.wait()

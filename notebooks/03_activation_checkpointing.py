@@ -44,7 +44,7 @@ from labkit.estimate.recompute import against_measured, recompute_cost, recomput
 from labkit.exercises import check_number, check_spec
 from labkit.jobs import backend_named
 from labkit.jobs.sweep import Sweep, profiled
-from labkit.lab import REPO_ROOT
+from labkit.paths import example
 from labkit.logs.losses import loss_table
 from labkit.logs.views import comparison_table, iteration_time_figure
 from labkit.profiling import views as profile_views
@@ -73,7 +73,7 @@ show("activation_checkpointing")
 # recomputed forward work as a share of a step's.
 
 # %%
-base = load_spec(REPO_ROOT / "examples" / spec_file).replace(**{
+base = load_spec(example(spec_file)).replace(**{
     "train.iters": iterations, "train.log_interval": log_interval,
     "cluster": {"nodes": [{"gpu": gpu, "count": 1, "gpus_per_node": 1}]}})
 modes = {
@@ -94,7 +94,7 @@ predicted.round(3)
 # One process each, all four together, each profiled for one iteration.
 
 # %%
-jobs = backend_named(backend, runs_dir=REPO_ROOT / "runs")
+jobs = backend_named(backend)
 sweep = Sweep.submit(jobs, {name: profiled(spec, max(1, iterations - 1)) for name, spec in specs.items()},
                      prefix="lab03")
 states = sweep.wait()

@@ -44,7 +44,7 @@ from labkit.estimate.compare import compare
 from labkit.exercises import check_choice, check_number, check_spec
 from labkit.jobs import backend_named
 from labkit.jobs.sweep import NO_DROPOUT, Sweep, profiled, with_flags
-from labkit.lab import REPO_ROOT
+from labkit.paths import example
 from labkit.logs.losses import loss_table
 from labkit.logs.views import comparison_table, iteration_time_figure, loss_figure
 from labkit.profiling import views as profile_views
@@ -58,7 +58,7 @@ from labkit.spec import load_spec
 # one GPU (data parallel 1), in fp32 and without dropout (so that the same samples give the same numbers).
 
 # %%
-base = with_flags(load_spec(REPO_ROOT / "examples" / spec_file).replace(**{
+base = with_flags(load_spec(example(spec_file)).replace(**{
     "train.iters": iterations, "train.log_interval": log_interval, "precision": "fp32", "batch.micro": micro_batch,
     "cluster": {"nodes": [{"gpu": gpu, "count": 1, "gpus_per_node": 1}]}}), *NO_DROPOUT)
 specs = {f"micro {micro_batch} x {global_batch // micro_batch}": base.replace(**{"batch.global": global_batch})
@@ -90,7 +90,7 @@ compare(specs)[["global_batch", "micro_batch", "num_micro_batches", "iteration_m
 # %%
 profile_at = max(1, iterations - 1)
 to_profile = (equivalent, f"micro {large_micro_batch} x 1")
-jobs = backend_named(backend, runs_dir=REPO_ROOT / "runs")
+jobs = backend_named(backend)
 sweep = Sweep.submit(jobs, {name: profiled(spec, profile_at) if name in to_profile else spec
                             for name, spec in specs.items()}, prefix="lab04")
 states = sweep.wait()

@@ -44,7 +44,7 @@ from labkit.estimate import (achieved_tflops, estimate, flops_72, flops_96, gpt_
 from labkit.estimate.views import (breakdown_table, days_per_epoch, memory_bars, model_size_table,
                                    time_breakdown)
 from labkit.exercises import check_number
-from labkit.lab import REPO_ROOT
+from labkit.paths import example
 from labkit.spec import load_spec
 
 # %% [markdown]
@@ -63,7 +63,7 @@ params = gpt_params(l=40, h=6144, s=1048, V=50257)
 print(f"{params:,} parameters")
 
 # %% [markdown]
-# The sizes Megatron-LM's paper trained (seed 004's table), from the presets in `data/models.yaml`: the formula and
+# The sizes Megatron-LM's paper trained (seed 004's table), from the presets in `labkit/data/models.yaml`: the formula and
 # the exact count (which also knows about GQA, SwiGLU and untied embeddings) agree for these GPT models.
 
 # %% tags=["nbval-check-output"]
@@ -139,7 +139,7 @@ from labkit.diagrams import show
 show("heterogeneous_pipeline")
 
 # %%
-spec = load_spec(REPO_ROOT / "examples" / spec_file)
+spec = load_spec(example(spec_file))
 est = estimate(spec)
 print(f"{est.params:,} parameters; {est.iteration_time_s:.2f} s per iteration; MFU {est.mfu:.1%}; "
       f"fits in memory: {est.fits_in_memory}")
@@ -156,7 +156,7 @@ memory_bars(est).show()
 # A10s; lab 06 searches for a better one.
 #
 # How right is the estimator? Here it is against published Megatron-LM runs on DGX A100: SC21's Table 1 (the A100
-# efficiency in `data/gpus.yaml` was fitted to it) and Korthikanti et al.'s Table 5 (held out: selective recompute
+# efficiency in `labkit/data/gpus.yaml` was fitted to it) and Korthikanti et al.'s Table 5 (held out: selective recompute
 # and sequence parallelism, never used for fitting).
 
 # %% tags=["nbval-ignore-output"]

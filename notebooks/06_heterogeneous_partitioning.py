@@ -40,7 +40,6 @@ from labkit.estimate import estimate
 from labkit.estimate.views import compare_measured
 from labkit.exercises import check_number
 from labkit.jobs import backend_named
-from labkit.lab import REPO_ROOT
 from labkit.logs.derive import steady_state
 from labkit.plan.pareto import sweep
 from labkit.plan.search import search
@@ -112,7 +111,7 @@ tiny_plan = search(tiny)
 row = next(r for r in tiny_plan.rows if r.pp == 2 and r.virtual_stages == 1 and not r.oom)
 spec = load_spec(row.spec.to_dict())
 print(f"launching partition {spec.partition_string} on {spec.stage_gpus}")
-job = backend_named(backend, runs_dir=REPO_ROOT / "runs").submit(spec)
+job = backend_named(backend).submit(spec)
 state = job.wait(progress=False)
 assert str(state) == "COMPLETED", job.cause()
 

@@ -46,7 +46,7 @@ from labkit.exercises import check_choice, check_number
 from labkit.jobs import backend_named
 from labkit.jobs.monitor import format_report, report, widget
 from labkit.jobs.sweep import Sweep, profiled
-from labkit.lab import REPO_ROOT
+from labkit.paths import example, runs_dir
 from labkit.logs import dashboard
 from labkit.logs.views import comparison_table, timer_breakdown_figure
 from labkit.plan.views import schedule_figure
@@ -65,7 +65,7 @@ from labkit.spec import load_spec
 #   activations go forward and gradients backward between the stages, micro-batch by micro-batch.
 
 # %%
-base = load_spec(REPO_ROOT / "examples" / spec_file).replace(**{
+base = load_spec(example(spec_file)).replace(**{
     "train.iters": iterations, "train.log_interval": log_interval,
     "cluster": {"nodes": [{"gpu": gpu, "count": nodes, "gpus_per_node": 1}]}})
 layouts = {"dp2": {}, "tp2": {"parallel.tensor": 2}, "pp2": {"parallel.pipeline": 2}}
@@ -103,7 +103,7 @@ show("pipeline_schedules")
 # path that does not exist: a mistake worth recognising from the logs alone.
 
 # %%
-jobs = backend_named(backend, runs_dir=REPO_ROOT / "runs")
+jobs = backend_named(backend)
 sweep = Sweep.submit(jobs, {name: profiled(spec, max(1, iterations - 1)) for name, spec in specs.items()},
                      prefix="lab07")
 broken = jobs.submit(base.replace(name="lab07-bad-data", data={"mock": False, "path": bad_data_path},
@@ -191,11 +191,11 @@ print(format_report(report(broken, lines=3), color=False))
 
 # %%
 chosen = [job.record.run_id for job in sweep.jobs.values()]
-dashboard.view("comparison table", *dashboard.load_runs(chosen, REPO_ROOT / "runs"))[
+dashboard.view("comparison table", *dashboard.load_runs(chosen, runs_dir()))[
     ["iteration_ms", "num_micro_batches", "max_allocated_mb"]]
 
 # %% tags=["nbval-ignore-output", "widgets"]
-board = dashboard.Dashboard(root=REPO_ROOT / "runs").show()
+board = dashboard.Dashboard(root=runs_dir()).show()
 board.runs.value = tuple(chosen)
 
 # %% [markdown]

@@ -26,17 +26,18 @@
 #   read it back, and point a run spec at it;
 # - reason about how many training sequences a corpus gives.
 #
-# The corpus shipped in `data/corpus/` is small and public domain (CC0), and its small byte-level BPE tokenizer was
-# trained on it offline. Real GPT-2 `vocab.json`/`merges.txt` files work the same way.
+# The corpus shipped with labkit (`labkit/data/corpus/`) is small and public domain (CC0), and its small byte-level
+# BPE tokenizer was trained on it offline. Real GPT-2 `vocab.json`/`merges.txt` files work the same way.
 
 # %% tags=["parameters"]
-corpus = "data/corpus/corpus.jsonl"   # relative to the repository
-output_dir = "runs/data"              # where the indexed dataset is written (relative to the repository)
+corpus = ""                # a JSON-lines corpus; empty: the one shipped with labkit
+output_dir = "runs/data"   # where the indexed dataset is written (relative to the notebook)
 seq_length = 64
 
 # %%
 import json
 import warnings
+from pathlib import Path
 
 import pandas as pd
 
@@ -45,13 +46,13 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from labkit.data_prep import prepare
 from labkit.exercises import check_number
-from labkit.lab import REPO_ROOT
 from labkit.megatron_args import DEFAULT_MERGES, DEFAULT_VOCAB, megatron_args
+from labkit.paths import data_file
 from labkit.spec import load_spec
 from labkit.train.tokenizer import GPT2BPETokenizer
 
-corpus_path = REPO_ROOT / corpus
-output_prefix = REPO_ROOT / output_dir / corpus_path.stem
+corpus_path = Path(corpus) if corpus else data_file("corpus", "corpus.jsonl")
+output_prefix = Path(output_dir) / corpus_path.stem
 
 # %% [markdown]
 # ## 8.1 The corpus

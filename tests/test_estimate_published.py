@@ -1,4 +1,4 @@
-"""The estimator against published Megatron-LM runs on A100 (data/published_runs.yaml)."""
+"""The estimator against published Megatron-LM runs on A100 (labkit/data/published_runs.yaml)."""
 import pytest
 
 from labkit.estimate.published import published_runs, published_table

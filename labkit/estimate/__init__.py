@@ -5,9 +5,9 @@
     est.iteration_time_s, est.breakdown, est.memory_gb_per_stage, est.fits_in_memory, est.to_dict()
 
 `estimate(spec, profiles=None, tokens=None, overlap_dp=False, stack=None, grad_reduce_bytes=None)` -> `Estimate`.
-Per-layer compute comes from a measured profile for the stage's (GPU, tensor size) when one exists (data/profiles/, or
+Per-layer compute comes from a measured profile for the stage's (GPU, tensor size) when one exists (labkit/data/profiles/, or
 `profiles=` a mapping {(gpu, tensor): Profile} or a callable), otherwise from FLOPs / (peak x efficiency) with the
-efficiency kept per GPU in data/gpus.yaml, plus the stack's memory-bound passes. `stack` names the training software
+efficiency kept per GPU in labkit/data/gpus.yaml, plus the stack's memory-bound passes. `stack` names the training software
 (timing.STACKS: "megatron-core", the default, or "deepspeed-megatron-2020", fitted to AMP's trials); links run at their
 NCCL bus bandwidth (timing.bus_gbps).
 

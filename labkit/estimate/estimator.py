@@ -92,7 +92,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
              grad_reduce_bytes: int | None = None) -> Estimate:
     """Predict parameters, FLOPs, memory per stage and iteration time of a RunSpec.
 
-    `profiles`: None looks up data/profiles for the spec's model preset; or a mapping {(gpu, tensor): Profile};
+    `profiles`: None looks up labkit/data/profiles for the spec's model preset; or a mapping {(gpu, tensor): Profile};
     or a callable (gpu, tensor) -> Profile | None. Stages without a profile use analytic FLOPs / (peak x efficiency).
     `overlap_dp`: gradient all-reduce overlapped with the last micro-batch's backward (Megatron --overlap-grad-reduce).
     `stack`: the training software, a name in timing.STACKS ("megatron-core" by default) or a timing.Stack.

@@ -83,7 +83,7 @@ def _from_json(path: Path) -> Profile:
         raise ProfileError(f"{path}: not valid JSON: {exc}") from None
     missing = [k for k in ("model", "gpu", "tensor", "forward_s") if k not in data]
     if missing:
-        raise ProfileError(f"{path}: missing {', '.join(missing)}; see data/profiles/README.md for the format")
+        raise ProfileError(f"{path}: missing {', '.join(missing)}; see labkit/data/profiles/README.md for the format")
     if data.get("unit", "s") != "s":
         raise ProfileError(f"{path}: unit {data['unit']!r} is not supported; write seconds (\"unit\": \"s\")")
     fwd = data["forward_s"]

@@ -1,4 +1,4 @@
-"""Published Megatron-LM runs (data/published_runs.yaml) as run specs, and the estimator's predictions beside them.
+"""Published Megatron-LM runs (labkit/data/published_runs.yaml) as run specs, and the estimator's predictions beside them.
 
     published_table()      # one row per run: measured, predicted, error
 """

@@ -16,14 +16,14 @@ def register(sub) -> None:
     p = sub.add_parser("plan", help="rank tensor/pipeline/data layouts, micro-batch and node order by estimated time "
                                     "or price, and print the best as a run spec")
     p.add_argument("target", metavar="CLUSTER_OR_SPEC",
-                   help=f"a cluster name ({', '.join(catalog.clusters())}), a cluster YAML (nodes: [...]) "
+                   help="a cluster name from labkit/data/clusters.yaml, a cluster YAML (nodes: [...]) "
                         "or a run spec whose cluster, model and batch are used")
-    p.add_argument("--model", help=f"model preset ({', '.join(catalog.models())}); default: the spec's model")
+    p.add_argument("--model", help="model preset from labkit/data/models.yaml; default: the spec's model")
     p.add_argument("--global-batch", type=int, help="sequences per step; default: the spec's batch.global")
     p.add_argument("--precision", choices=("fp32", "fp16", "bf16"),
                    help="default: the spec's, else bf16 where every GPU has it, else fp16")
     p.add_argument("--objective", choices=("time", "cost"), default="time",
-                   help="time: fastest step; cost: cheapest step (price per node-hour from data/gpus.yaml)")
+                   help="time: fastest step; cost: cheapest step (price per node-hour from labkit/data/gpus.yaml)")
     p.add_argument("--max-step-s", type=float, help="time budget: with --objective cost, the slowest step allowed")
     p.add_argument("--max-price-per-step", type=float,
                    help="cost budget (USD): with --objective time, the dearest step allowed")
@@ -69,7 +69,7 @@ def base_spec(target: str, model: str | None, global_batch: int | None, precisio
             spec_data = load_spec(path).to_dict()
             cluster = (spec_data.get("cluster") or {}).get("nodes")
     if not cluster:
-        raise SpecError(["cluster: the planner needs a cluster; name one from data/clusters.yaml or give a spec "
+        raise SpecError(["cluster: the planner needs a cluster; name one from labkit/data/clusters.yaml or give a spec "
                          "with cluster.nodes"])
     if model:
         spec_data["model"] = {"preset": model}

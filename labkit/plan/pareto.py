@@ -1,6 +1,6 @@
 """The cost/time Pareto front over cluster compositions: 0..N nodes of each of two GPU types (seed 002's chart).
 
-Each composition is a cluster of catalog instances (GPUs per node, links and price per node-hour from data/gpus.yaml);
+Each composition is a cluster of catalog instances (GPUs per node, links and price per node-hour from labkit/data/gpus.yaml);
 its fastest fitting layout comes from the planner's search, asked for one row and with each GPU type's nodes kept
 together (the search over every node order is for one chosen cluster, not for a sweep of dozens).
 """
@@ -23,7 +23,7 @@ def composition(gpu_a: str, count_a: int, gpu_b: str, count_b: int) -> ClusterSp
         if count:
             gpu = catalog.gpu(name)
             if not gpu.gpus_per_node:
-                raise ValueError(f"{name}: data/gpus.yaml gives no gpus_per_node (instance) for it; add one to sweep it")
+                raise ValueError(f"{name}: labkit/data/gpus.yaml gives no gpus_per_node (instance) for it; add one to sweep it")
             groups.append(NodeGroup(gpu=gpu.name, count=count, gpus_per_node=gpu.gpus_per_node))
     return ClusterSpec(nodes=groups)
 

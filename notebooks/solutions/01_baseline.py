@@ -21,10 +21,10 @@
 
 # %%
 from labkit.exercises import check_spec
-from labkit.lab import REPO_ROOT
+from labkit.paths import example
 from labkit.spec import load_spec
 
-spec = load_spec(REPO_ROOT / "examples" / "tiny-cpu.yaml")
+spec = load_spec(example("tiny-cpu.yaml"))
 
 # %% [markdown]
 # **Exercise 1.** Global 16 = micro 2 x data parallel 2 x 4 micro-batches.

@@ -22,10 +22,10 @@
 # %%
 from labkit.estimate.recompute import recompute_cost, recompute_table
 from labkit.exercises import check_number, check_spec
-from labkit.lab import REPO_ROOT
+from labkit.paths import example
 from labkit.spec import load_spec
 
-base = load_spec(REPO_ROOT / "examples" / "tiny-cpu.yaml").replace(
+base = load_spec(example("tiny-cpu.yaml")).replace(
     cluster={"nodes": [{"gpu": "cpu", "count": 1, "gpus_per_node": 1}]})
 gpt2 = base.replace(model={"preset": "gpt2-small"})
 

@@ -21,11 +21,11 @@
 
 # %%
 from labkit.exercises import check_choice, check_number, check_spec
-from labkit.lab import REPO_ROOT
+from labkit.paths import example
 from labkit.spec import load_spec
 
 gpu = "cpu"
-base = load_spec(REPO_ROOT / "examples" / "tiny-cpu.yaml").replace(
+base = load_spec(example("tiny-cpu.yaml")).replace(
     cluster={"nodes": [{"gpu": gpu, "count": 1, "gpus_per_node": 1}]})
 
 # %% [markdown]

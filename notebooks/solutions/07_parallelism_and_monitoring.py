@@ -22,11 +22,11 @@
 # %%
 from labkit.diagrams import bubble_fraction, pipeline_schedule
 from labkit.exercises import check_choice, check_number
-from labkit.lab import REPO_ROOT
+from labkit.paths import example
 from labkit.spec import load_spec
 
 gpu = "cpu"
-base = load_spec(REPO_ROOT / "examples" / "tiny-cpu.yaml")
+base = load_spec(example("tiny-cpu.yaml"))
 
 # %% [markdown]
 # **Exercise 1.** 8 GPUs in all; each model replica spans tensor x pipeline = 4 of them: 2 replicas.

@@ -22,16 +22,17 @@
 # %%
 import json
 import warnings
+from pathlib import Path
 
 warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")  # expected on CPU
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from labkit.data_prep import prepare
 from labkit.exercises import check_number
-from labkit.lab import REPO_ROOT
+from labkit.paths import data_file
 
 seq_length = 64
-result = prepare(REPO_ROOT / "data/corpus/corpus.jsonl", REPO_ROOT / "runs/data/corpus", progress=False)
+result = prepare(data_file("corpus", "corpus.jsonl"), "runs/data/corpus", progress=False)
 
 # %% [markdown]
 # **Exercise 1.** Each sequence takes `seq_length` tokens as inputs and the next one as its last label, so $n$
@@ -48,11 +49,11 @@ check_number(answer_1, (result["tokens"] - 1) // seq_length, name="Exercise 1 (s
 # **Exercise 2.** Three documents under the key `body`.
 
 # %%
-mine = REPO_ROOT / "runs/data/mine.jsonl"
+mine = Path("runs/data/mine.jsonl")
 mine.parent.mkdir(parents=True, exist_ok=True)
 mine.write_text("".join(json.dumps({"body": text}) + "\n" for text in
                         ["Ada met Cleo at the river.", "It was foggy on Monday.", "Fay had a wooden box."]))
-answer_2 = IndexedDataset(prepare(mine, REPO_ROOT / "runs/data/mine", json_key="body", progress=False)["prefix"])
+answer_2 = IndexedDataset(prepare(mine, "runs/data/mine", json_key="body", progress=False)["prefix"])
 len(answer_2)
 
 # %%
