@@ -1,0 +1,106 @@
+"""The shape of the house: labkit's imports form no cycle, and each concept has one home.
+
+Imports are read from the source (function-level imports included: a deferred import hides a cycle, it does not remove
+it). A concept's home is found by what its code must contain, so that a second copy under another name is caught too.
+"""
+import ast
+import graphlib
+import re
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "labkit"
+
+
+def modules(root: Path = PACKAGE) -> dict[str, Path]:
+    out = {}
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (at module level, in functions, not under TYPE_CHECKING)."""
+    known = modules(root)
+
+    def owner(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for name, path in known.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+        targets = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = name if path.name == "__init__.py" else name.rpartition(".")[0]
+                    for _ in range(node.level - 1):
+                        anchor = anchor.rpartition(".")[0]
+                    base = f"{anchor}.{base}" if node.module else anchor
+                # `from package import sub` depends on the submodule when there is one, else on the package
+                targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names}
+        graph[name] = {owner(t) for t in targets if t.split(".")[0] == root.name and owner(t)} - {name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        return exc.args[1]
+    return None
+
+
+def test_labkit_imports_have_no_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_sees_a_deferred_import(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from pkg.b import g\n")
+    (package / "b.py").write_text("def g():\n    from pkg import a\n")
+    assert set(find_cycle(import_graph(package))) == {"pkg.a", "pkg.b"}
+
+
+# Each concept, the one module allowed to hold it, and what its code must contain.
+HOMES = {
+    "repository-root computation": ("labkit/paths.py", re.compile(r"__file__|resources\.files\(")),
+    "free-port helper": ("labkit/net.py", re.compile(r"\.bind\(\(\s*['\"][^'\"]*['\"]\s*,\s*0\s*\)\)")),
+    "iteration-line parser": ("labkit/logs/parse.py", re.compile(r"re\.compile\([^\n]*iteration[^\n]*\(\\d\+\)")),
+    "pipeline simulator": ("labkit/estimate/timing.py",
+                           re.compile(r"def \w*(1f1b|interleav|simulate_pipeline|play_schedule)\w*\(")),
+    "rank-order mapping": ("labkit/spec/layout.py", re.compile(r"def \w*(rank_order|rank_to_stage|stage_ranks)\w*\(")),
+}
+
+
+def homes_of(pattern: re.Pattern) -> list[str]:
+    root = PACKAGE.parent
+    return sorted(str(p.relative_to(root)) for p in PACKAGE.rglob("*.py") if pattern.search(p.read_text()))
+
+
+@pytest.mark.parametrize("concept", HOMES)
+def test_each_concept_has_one_home(concept):
+    home, pattern = HOMES[concept]
+    assert homes_of(pattern) == [home], f"the {concept} belongs in {home} only"
+
+
+def test_the_home_check_sees_a_second_copy(tmp_path):
+    copy = tmp_path / "copy.py"
+    copy.write_text("import socket\ns = socket.socket()\ns.bind(('', 0))\n")
+    assert HOMES["free-port helper"][1].search(copy.read_text())
