@@ -1,16 +1,19 @@
 # Two commands do all the set-up: `make lab` runs the lab series, `make test` runs the test suite.
-PYTHON ?= python3.11
+# PYTHON: the newest supported interpreter found (3.13, 3.12, then 3.11; one that is on PATH but does not run, such as
+# an inactive pyenv shim, is skipped); override with `make test PYTHON=/path/to/python3.x`.
+SUPPORTED := python3.13 python3.12 python3.11
+PYTHON ?= $(firstword $(foreach py,$(SUPPORTED),$(shell $(py) -c 'import sys' >/dev/null 2>&1 && echo $(py))))
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: lab test env slurm-up slurm-down clean-venv
+.PHONY: lab test test-suite wheel-check other-pythons env slurm-up slurm-down clean-venv
 
 env: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@test -x $(BIN)/python || { command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }; $(PYTHON) -m venv $(VENV); }
-	@echo "installing labkit and its pinned dependencies into $(VENV) ..."
+	@test -x $(BIN)/python || { test -n "$(PYTHON)" || { echo "need Python 3.11, 3.12 or 3.13 on PATH (or PYTHON=...)"; exit 1; }; $(PYTHON) -m venv $(VENV); }
+	@echo "installing labkit and its pinned dependencies into $(VENV) with $$($(BIN)/python --version) ..."
 	@$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
 	@$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
 	@rm -f $(VENV)/.installed-* && touch $@
@@ -18,8 +21,18 @@ $(STAMP): pyproject.toml
 lab: $(STAMP)
 	$(BIN)/labkit lab
 
-test: $(STAMP)
+# The whole suite on this environment's Python, then the wheel as a user installs it, then the fast suite on the other
+# supported Pythons found here.
+test: test-suite wheel-check other-pythons
+
+test-suite: $(STAMP)
 	$(BIN)/python -m pytest
+
+wheel-check: $(STAMP)
+	bash tests/wheel_check.sh $(BIN)/python
+
+other-pythons: $(STAMP)
+	bash tests/other_pythons.sh $(BIN)/python
 
 slurm-up:
 	bash slurm/local/start.sh

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The wheel as a user installs it: build it, install it (not editable) into a throwaway environment, and from an
+# unrelated directory validate, estimate, dry-run and run a tiny local job, then copy the course files out.
+# Usage: tests/wheel_check.sh PYTHON   (the interpreter that builds the wheel and makes the throwaway environment)
+set -euo pipefail
+python=${1:-python3}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+
+echo "wheel check: building the wheel"
+"$python" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$scratch/dist" "$repo"
+# The base interpreter, not the project's venv: the throwaway environment sees nothing of the checkout.
+base=$("$python" -c 'import sys; print(sys._base_executable)')
+"$base" -m venv "$scratch/env"
+echo "wheel check: installing $(basename "$scratch"/dist/labkit-*.whl) into a throwaway environment"
+"$scratch/env/bin/pip" install --quiet --disable-pip-version-check torch==2.13.0
+"$scratch/env/bin/pip" install --quiet --disable-pip-version-check "$scratch"/dist/labkit-*.whl
+
+mkdir "$scratch/elsewhere"
+cd "$scratch/elsewhere"
+export PATH="$scratch/env/bin:$PATH" LABKIT_HOME="$scratch/home"
+set -x
+labkit --version
+labkit --help >/dev/null
+labkit workspace course
+test -f course/notebooks/05_performance_estimation.ipynb
+test -f course/notebooks/solutions/05_performance_estimation.ipynb
+labkit validate course/examples/tiny-cpu.yaml >/dev/null
+labkit estimate course/examples/gpt2-xl-hetero.yaml >/dev/null
+labkit run course/examples/tiny-cpu.yaml --backend local --dry-run >/dev/null
+printf 'name: wheel-check\nmodel: {preset: tiny}\nbatch: {micro: 2, global: 4}\ntrain: {iters: 2, log_interval: 1}\n' \
+  > tiny.yaml
+labkit run tiny.yaml --backend local --wait
+set +x
+python -c 'import labkit, sys; sys.exit(0 if "site-packages" in labkit.__file__ else "labkit did not come from the wheel")'
+echo "wheel check: ok"
