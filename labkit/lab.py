@@ -7,6 +7,7 @@ notebooks, their solutions, the examples and the images out of an installed whee
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import functools
 import html
@@ -158,7 +159,6 @@ def run_lab(only: list[str] | None = None, parameters: dict | None = None, backe
             timeout_s: int = 600, html_index: bool = True) -> LabRun:
     """Execute the chosen notebooks in order into a new run directory; a failing notebook is recorded and the series
     goes on. Parameters are passed to the notebooks that declare them; one that no notebook declares is an error."""
-    import papermill
     from tqdm.auto import tqdm
 
     notebook_dir = Path(notebook_dir).resolve() if notebook_dir is not None else default_notebook_dir()
@@ -176,34 +176,53 @@ def run_lab(only: list[str] | None = None, parameters: dict | None = None, backe
                        f"known parameters: {', '.join(known)}")
 
     run = LabRun(directory=new_run_directory(runs_dir), parameters=parameters)
-    # The kernels inherit this process's environment: the notebooks' own jobs are recorded beside the lab run,
-    # whatever directory a kernel starts in.
-    os.environ.setdefault("LABKIT_RUNS_DIR", str(run.directory.parent))
-    bar = tqdm(notebooks, desc="lab", unit="notebook", disable=not progress, file=sys.stderr)
-    for notebook in bar:
-        bar.set_postfix_str(notebook.stem)
-        output = run.directory / notebook.name
-        params = {k: v for k, v in parameters.items() if k in declared[notebook]}
-        start = time.perf_counter()
-        error = None
-        try:
-            papermill.execute_notebook(str(notebook), str(output), parameters=params, cwd=str(notebook_dir),
-                                       progress_bar=False, execution_timeout=timeout_s,
-                                       timeout_func=functools.partial(cell_timeout, default_s=timeout_s))
-        except papermill.PapermillExecutionError as exc:
-            error = f"{exc.ename}: {exc.evalue}".strip()
-        except Exception as exc:  # kernel died, timeout: the notebook failed, the series goes on
-            error = f"{type(exc).__name__}: {exc}".strip()
-        seconds = time.perf_counter() - start
-        if output.exists():
-            strip_widget_state(output)
-        run.results.append(NotebookResult(name=notebook.stem, status="failed" if error else "ok",
-                                          seconds=round(seconds, 2), output=output.name, error=error))
-        _write_record(run)
-    bar.close()
+    with _kernel_runs_dir(run.directory.parent):
+        bar = tqdm(notebooks, desc="lab", unit="notebook", disable=not progress, file=sys.stderr)
+        for notebook in bar:
+            bar.set_postfix_str(notebook.stem)
+            output = run.directory / notebook.name
+            params = {k: v for k, v in parameters.items() if k in declared[notebook]}
+            start = time.perf_counter()
+            error = _execute(notebook, output, params, notebook_dir, timeout_s)
+            run.results.append(NotebookResult(name=notebook.stem, status="failed" if error else "ok",
+                                              seconds=round(time.perf_counter() - start, 2), output=output.name,
+                                              error=error))
+            _write_record(run)
+        bar.close()
     if html_index:
         write_html_index(run, notebook_dir)
     return run
+
+
+@contextlib.contextmanager
+def _kernel_runs_dir(path: Path):
+    """Kernels inherit this process's environment: the notebooks' own jobs are recorded beside the lab run, whatever
+    directory a kernel starts in, unless the caller chose a runs directory; the caller's environment is restored."""
+    previous = os.environ.get("LABKIT_RUNS_DIR")
+    os.environ["LABKIT_RUNS_DIR"] = previous or str(path)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("LABKIT_RUNS_DIR", None)
+
+
+def _execute(notebook: Path, output: Path, params: dict, cwd: Path, timeout_s: int) -> str | None:
+    """Run one notebook into `output`; returns the error that stopped it, or None."""
+    import papermill
+
+    error = None
+    try:
+        papermill.execute_notebook(str(notebook), str(output), parameters=params, cwd=str(cwd), progress_bar=False,
+                                   execution_timeout=timeout_s,
+                                   timeout_func=functools.partial(cell_timeout, default_s=timeout_s))
+    except papermill.PapermillExecutionError as exc:
+        error = f"{exc.ename}: {exc.evalue}".strip()
+    except Exception as exc:  # kernel died, timeout: the notebook failed, the series goes on
+        error = f"{type(exc).__name__}: {exc}".strip()
+    if output.exists():
+        strip_widget_state(output)
+    return error
 
 
 def _write_record(run: LabRun) -> None:

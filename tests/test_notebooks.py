@@ -1,12 +1,16 @@
 """Every lab and solution notebook runs under nbval: lax (every cell runs without error), and strict on the cells
 tagged `nbval-check-output`, whose stored outputs are deterministic (refresh them with `labkit lab --store-outputs`)."""
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from labkit.lab import NOTEBOOK_DIR, REPO_ROOT
+from labkit.paths import course_dir, source_tree
+
+REPO_ROOT = source_tree()
+NOTEBOOK_DIR = course_dir("notebooks")
 
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")) + sorted((NOTEBOOK_DIR / "solutions").glob("*.ipynb"))
 
@@ -22,9 +26,10 @@ def test_every_lab_has_a_paired_source_and_a_solution():
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[str(p.relative_to(NOTEBOOK_DIR)) for p in NOTEBOOKS])
-def test_notebook_runs_under_nbval(notebook: Path):
+def test_notebook_runs_under_nbval(notebook: Path, tmp_path):
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env",
                "--nbval-sanitize-with", str(NOTEBOOK_DIR / "nbval_sanitize.cfg"), "--nbval-cell-timeout", "300",
                str(notebook)]
-    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    env = {**os.environ, "LABKIT_RUNS_DIR": str(tmp_path / "runs")}
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, env=env)
     assert result.returncode == 0, f"{notebook.name} failed under nbval:\n{result.stdout[-6000:]}\n{result.stderr[-2000:]}"

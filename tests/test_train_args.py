@@ -12,7 +12,7 @@ from labkit.spec import load_spec
 from labkit.train.arguments import build_parser, parse_args
 
 ROOT = Path(__file__).resolve().parent.parent
-CORPUS = str(ROOT / "data" / "corpus" / "corpus_text_document")
+CORPUS = str(ROOT / "labkit" / "data" / "corpus" / "corpus_text_document")
 TINY = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --lr 1e-3 --train-iters 2".split()
 
 

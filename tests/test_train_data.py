@@ -12,7 +12,7 @@ from labkit.megatron_args import DEFAULT_MERGES, DEFAULT_VOCAB
 from labkit.train.tokenizer import EOD_TOKEN, GPT2BPETokenizer, padded_vocab_size
 
 ROOT = Path(__file__).resolve().parent.parent
-CORPUS = ROOT / "data" / "corpus"
+CORPUS = ROOT / "labkit" / "data" / "corpus"
 
 
 @pytest.fixture(scope="module")

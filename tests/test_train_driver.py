@@ -20,7 +20,7 @@ from labkit.megatron_args import pipeline_layout
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-CORPUS = ROOT / "data" / "corpus" / "corpus_text_document"
+CORPUS = ROOT / "labkit" / "data" / "corpus" / "corpus_text_document"
 FIXTURE_LOG = ROOT / "tests" / "fixtures" / "logs" / "labkit-driver-dp2.log"
 MODEL = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64".split()
 MOCK = "--mock-data --vocab-size 1024".split()
