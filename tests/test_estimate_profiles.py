@@ -1,12 +1,12 @@
 """Profiles: labkit JSON and FASOP .npy through one reader."""
 import json
-from pathlib import Path
 
 import pytest
 
 from labkit.estimate import Profile, ProfileError, available_profiles, find_profile, load_profile, save_profile
+from labkit.paths import data_file
 
-FASOP_DIR = Path(__file__).resolve().parent.parent / "data" / "profiles" / "fasop"
+FASOP_DIR = data_file("profiles", "fasop")
 
 
 def test_every_fasop_file_loads_with_embedding_layers_and_output():
