@@ -91,3 +91,12 @@ def local_slurm():
 def _slurm_for_marked_tests(request):
     if request.node.get_closest_marker("slurm"):
         request.getfixturevalue("local_slurm")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _scratch_user_directory(tmp_path_factory):
+    """What labkit writes to the user's directory (measured profiles) goes to a scratch one during the suite."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("LABKIT_HOME", str(tmp_path_factory.mktemp("labkit-home")))
+    yield
+    patch.undo()
