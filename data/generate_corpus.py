@@ -1,12 +1,12 @@
 """Write labkit's training corpus, its tokenizer and its indexed dataset, reproducibly and offline.
 
-    .venv/bin/python data/corpus/generate.py
+    .venv/bin/python data/generate_corpus.py
 
-1. data/corpus/corpus.jsonl: short English documents composed by the seeded grammar below (no outside text, so the
-   corpus is ours to give away: CC0, see data/corpus/LICENSE).
-2. data/tokenizer/vocab.json + merges.txt: a byte-level BPE (GPT-2 form, `<|endoftext|>` as end-of-document) trained on
+1. labkit/data/corpus/corpus.jsonl: short English documents composed by the seeded grammar below (no outside text, so the
+   corpus is ours to give away: CC0, see labkit/data/corpus/README.md).
+2. labkit/data/tokenizer/vocab.json + merges.txt: a byte-level BPE (GPT-2 form, `<|endoftext|>` as end-of-document) trained on
    that corpus with the `tokenizers` package.
-3. data/corpus/corpus_text_document.bin/.idx: the corpus tokenised by `labkit data prepare`.
+3. labkit/data/corpus/corpus_text_document.bin/.idx: the corpus tokenised by `labkit data prepare`.
 """
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-TOKENIZER_DIR = HERE.parent / "tokenizer"
+PACKAGE_DATA = Path(__file__).resolve().parent.parent / "labkit" / "data"  # written in the checkout, not an install
+CORPUS_DIR = PACKAGE_DATA / "corpus"
+TOKENIZER_DIR = PACKAGE_DATA / "tokenizer"
 VOCAB_SIZE = 1024  # the `tiny` model preset's vocabulary
 SEED = 1234
 DOCUMENTS = 1500
@@ -96,13 +97,13 @@ def train_tokenizer(texts: list[str], out_dir: Path, vocab_size: int = VOCAB_SIZ
 
 def main() -> int:
     texts = corpus()
-    jsonl = HERE / "corpus.jsonl"
+    jsonl = CORPUS_DIR / "corpus.jsonl"
     with open(jsonl, "w") as f:
         for text in texts:
             f.write(json.dumps({"text": text}) + "\n")
     train_tokenizer(texts, TOKENIZER_DIR)
     return subprocess.call([sys.executable, "-m", "labkit.cli", "data", "prepare", str(jsonl),
-                            "--output-prefix", str(HERE / "corpus"),
+                            "--output-prefix", str(CORPUS_DIR / "corpus"),
                             "--vocab-file", str(TOKENIZER_DIR / "vocab.json"),
                             "--merge-file", str(TOKENIZER_DIR / "merges.txt")])
 
