@@ -5,7 +5,8 @@
 
 1. AMP's 90 real trials (../shared/reference/amp/measured.csv): GPT-2 345M-like on 16 T4 and on 12 V100 + 4 T4,
    DeepSpeed 3D parallelism; AMP's own predictions printed beside ours.
-2. Seed 000: GPT-2 XL on 8 nodes x 4 A10, PP 8, DP 4, partition 0-11-8-8-8-8-5-0, 1.4 s/iteration.
+2. FASOP's Megatron-LM scripts (github.com/AvatarHwang/FASOP): GPT-2 XL on 8 nodes x 4 A10, PP 8, DP 4,
+   partition 0-11-8-8-8-8-5-0, 1.4 s/iteration.
 3. Published Megatron-LM runs on A100 (labkit/data/published_runs.yaml): SC21 Table 1 and Korthikanti et al. Table 5.
 4. The CPU closed loop: profile this machine, predict, then run `python -m labkit.train` in several layouts.
 """
@@ -34,8 +35,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from labkit import catalog  # noqa: E402
-from labkit.estimate import Profile, estimate, load_profile, timing  # noqa: E402
+from labkit.estimate import Calibration, Profile, default_calibration, estimate, load_profile  # noqa: E402
 from labkit.estimate.published import published_table  # noqa: E402
 from labkit.logs.derive import steady_state  # noqa: E402
 from labkit.logs.parse import parse_text  # noqa: E402
@@ -106,14 +106,19 @@ def errors(pred: list[float], meas: list[float]) -> list[float]:
     return [abs(p - m) / m for p, m in zip(pred, meas)]
 
 
+def amp_estimate(spec, calibration: Calibration | None = None) -> float:
+    return estimate(spec, stack=AMP_STACK, grad_reduce_bytes=AMP_GRAD_BYTES, calibration=calibration).iteration_time_s
+
+
 def report_amp(verbose: bool) -> dict:
     rows = amp_rows()
-    ours = [estimate(r["spec"], stack=AMP_STACK, grad_reduce_bytes=AMP_GRAD_BYTES).iteration_time_s for r in rows]
+    ours = [amp_estimate(r["spec"]) for r in rows]
     meas = [r["measured"] for r in rows]
     amp = [r["amp"] for r in rows]
     print(f"AMP real trials ({len(rows)}): GPT-2 L24 h1024 s1024, DeepSpeed 3D, fp16; stack {AMP_STACK}")
-    fitted = ", ".join(f"{k} {v:.3g}" for k, v in current_constants().items())
-    print(f"  fitted to these trials: {fitted}; V100 efficiency {catalog.gpu('V100-16GB').efficiency:.3g} (weakly)")
+    fitted = ", ".join(f"{k} {v:.3g}" for k, v in constants_of(default_calibration()).items())
+    print(f"  fitted to these trials: {fitted}; V100 efficiency "
+          f"{default_calibration().gpu_efficiency('V100-16GB'):.3g} (weakly)")
     if verbose:
         print(f"  {'cluster':<28}{'layout':<18}{'measured':>9}{'labkit':>9}{'AMP':>9}")
         for r, o in zip(rows, ours):
@@ -134,7 +139,7 @@ def report_amp(verbose: bool) -> dict:
 def report_amp_by_dimension() -> None:
     """Signed mean error per value of each layout dimension: where the remaining error sits."""
     rows = amp_rows()
-    ours = [estimate(r["spec"], stack=AMP_STACK, grad_reduce_bytes=AMP_GRAD_BYTES).iteration_time_s for r in rows]
+    ours = [amp_estimate(r["spec"]) for r in rows]
     signed = [(o - r["measured"]) / r["measured"] for o, r in zip(ours, rows)]
     for dim in ("t", "p", "d", "b"):
         groups: dict[int, list[float]] = {}
@@ -165,46 +170,36 @@ def report_amp_step_times() -> None:
         print(f"    {cluster:<28}{'; '.join(falls) or 'none'}")
 
 
-# The constants fitted to AMP's trials, with where each lives; `--validate` refits them on part of the trials.
+# The constants fitted to AMP's trials (in labkit/data/calibration.yaml); `--validate` refits them on part of the trials.
 FITTED = ("T4 efficiency", "memory passes", "TP all-reduce s", "p2p message s", "T4 in-node Gbit/s",
           "network bus fraction")
 
 
-def current_constants() -> dict:
-    stack = timing.STACKS[AMP_STACK]
-    return {"T4 efficiency": catalog.gpu("T4").efficiency, "memory passes": stack.memory_passes,
+def constants_of(cal: Calibration) -> dict:
+    stack = cal.stack(AMP_STACK)
+    return {"T4 efficiency": cal.gpu_efficiency("T4"), "memory passes": stack.memory_passes,
             "TP all-reduce s": stack.tp_allreduce_s, "p2p message s": stack.p2p_message_s,
-            "T4 in-node Gbit/s": catalog.gpu("T4").intra_node_gbps, "network bus fraction": timing.NETWORK_BUS_FRACTION}
+            "T4 in-node Gbit/s": cal.intra_node_gbps["T4"], "network bus fraction": cal.network_bus_fraction}
 
 
-@contextlib.contextmanager
-def constants(values: dict):
-    """Temporarily set the fitted constants (catalog entry, timing module constants and the AMP stack)."""
-    saved, t4, stack = current_constants(), catalog.gpu("T4"), timing.STACKS[AMP_STACK]
-
-    def put(v):
-        object.__setattr__(t4, "efficiency", v["T4 efficiency"])
-        object.__setattr__(t4, "intra_node_gbps", v["T4 in-node Gbit/s"])
-        timing.NETWORK_BUS_FRACTION = v["network bus fraction"]
-        timing.STACKS[AMP_STACK] = dataclasses.replace(stack, memory_passes=v["memory passes"],
-                                                       tp_allreduce_s=v["TP all-reduce s"],
-                                                       p2p_message_s=v["p2p message s"])
-    put(values)
-    try:
-        yield
-    finally:
-        put(saved)
+def calibrated(values: dict, base: Calibration | None = None) -> Calibration:
+    """`base` (the shipped calibration by default) with the fitted constants set to `values`."""
+    cal = base or default_calibration()
+    stack = dataclasses.replace(cal.stack(AMP_STACK), memory_passes=values["memory passes"],
+                                tp_allreduce_s=values["TP all-reduce s"], p2p_message_s=values["p2p message s"])
+    return dataclasses.replace(cal.with_efficiency("T4", values["T4 efficiency"])
+                               .with_intra_node_gbps("T4", values["T4 in-node Gbit/s"]).with_stack(stack),
+                               network_bus_fraction=values["network bus fraction"])
 
 
 def log_error(values: dict, rows: list[dict]) -> float:
-    with constants(values):
-        return statistics.fmean(abs(math.log(estimate(r["spec"], stack=AMP_STACK, grad_reduce_bytes=AMP_GRAD_BYTES)
-                                             .iteration_time_s / r["measured"])) for r in rows)
+    cal = calibrated(values)
+    return statistics.fmean(abs(math.log(amp_estimate(r["spec"], cal) / r["measured"])) for r in rows)
 
 
 def fit_constants(rows: list[dict], iterations: int = 300) -> dict:
     """Nelder-Mead on log-constants, minimising the mean |log(predicted / measured)| over `rows`."""
-    start = current_constants()
+    start = constants_of(default_calibration())
     x0 = np.log([start[k] for k in FITTED])
 
     def objective(x):
@@ -244,12 +239,11 @@ def report_validation() -> None:
     halves = [[rows[i] for i in order[0::2]], [rows[i] for i in order[1::2]]]
     splits = [("half A -> half B", halves[0], halves[1]), ("half B -> half A", halves[1], halves[0]),
               ("16x T4 -> 12x V100 + 4x T4", t4, het), ("12x V100 + 4x T4 -> 16x T4", het, t4)]
-    print("Validation: constants refitted on the left, scored on the right (V100 efficiency held at the catalog's)")
+    print("Validation: constants refitted on the left, scored on the right (V100 efficiency held at the calibration's)")
     for name, train, test in splits:
         fitted = fit_constants(train)
-        with constants(fitted):
-            pred = [estimate(r["spec"], stack=AMP_STACK, grad_reduce_bytes=AMP_GRAD_BYTES).iteration_time_s
-                    for r in test]
+        cal = calibrated(fitted)
+        pred = [amp_estimate(r["spec"], cal) for r in test]
         meas = [r["measured"] for r in test]
         errs = errors(pred, meas)
         shown = ", ".join(f"{k} {v:.3g}" for k, v in fitted.items())
@@ -257,8 +251,8 @@ def report_validation() -> None:
               f"median {100 * statistics.median(errs):5.1f}%  Spearman {spearman(pred, meas):.3f}   [{shown}]")
 
 
-def report_seed000() -> float:
-    spec = load_spec({"name": "seed000", "model": {"preset": "gpt2-xl"},
+def report_fasop_gpt2_xl() -> float:
+    spec = load_spec({"name": "fasop-gpt2-xl", "model": {"preset": "gpt2-xl"},
                       "parallel": {"tensor": 1, "pipeline": 8, "data": 4, "partition": [0, 11, 8, 8, 8, 8, 5, 0]},
                       "batch": {"micro": 1, "global": 64}, "precision": "fp16", "recompute": "none",
                       "cluster": "a10x8"})
@@ -266,7 +260,7 @@ def report_seed000() -> float:
     measured = 1.4  # mean of iterations 20..50: 1.4015, 1.4238, 1.3739, 1.4098
     err = abs(est.iteration_time_s - measured) / measured
     parts = ", ".join(f"{k} {v:.3f}" for k, v in est.breakdown.items())
-    print(f"Seed 000 GPT-2 XL, 32 x A10, PP 8 DP 4: measured {measured:.3f} s, labkit {est.iteration_time_s:.3f} s "
+    print(f"FASOP's GPT-2 XL, 32 x A10, PP 8 DP 4: measured {measured:.3f} s, labkit {est.iteration_time_s:.3f} s "
           f"({100 * err:+.1f}% abs)  [{parts}]")
     return err
 
@@ -556,7 +550,7 @@ def main(argv=None) -> int:
     report_amp_step_times()
     if args.validate:
         report_validation()
-    report_seed000()
+    report_fasop_gpt2_xl()
     report_published()
     if args.replay_loop:
         report_cpu_loop(json.loads(args.replay_loop.read_text()))

@@ -1,4 +1,4 @@
-"""Catalogs kept as data in data/: GPUs, model presets, named clusters, per-layer profiles."""
+"""Catalogs kept as data in data/: GPUs, model presets, named clusters, profiles, the estimator's calibration."""
 from __future__ import annotations
 
 import difflib
@@ -20,7 +20,6 @@ class GPU:
     fp16: bool
     intra_node_gbps: float
     inter_node_gbps: float
-    efficiency: float
     source: str
     usable_memory_gb: float | None = None
     price_per_node_hour: float | None = None
@@ -92,6 +91,11 @@ def models() -> dict[str, dict]:
 @functools.cache
 def clusters() -> dict[str, dict]:
     return _load("clusters.yaml")["clusters"]
+
+
+def calibration() -> dict:
+    """The estimator's fitted constants as written in calibration.yaml (labkit.estimate.calibration builds them)."""
+    return _load("calibration.yaml")
 
 
 def closest(name: str, choices) -> list[str]:

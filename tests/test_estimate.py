@@ -1,4 +1,5 @@
 """Iteration time, memory and the `estimate` entry point."""
+import dataclasses
 import json
 
 import pytest
@@ -7,11 +8,10 @@ from hypothesis import strategies as st
 
 from labkit import catalog
 from labkit.cli import main
-from labkit.estimate import (Profile, Shape, allreduce_time, estimate, memory_per_stage, pipeline_lower_bound,
-                             pipeline_time,
-                             stage_time, timing)
+from labkit.estimate import (Calibration, Profile, Shape, Stack, allreduce_time, default_calibration, estimate,
+                             memory_per_stage, pipeline_lower_bound, pipeline_time, stage_time)
 from labkit.estimate.memory import activation_bytes_per_layer
-from labkit.estimate.timing import bus_gbps, schedule_1f1b
+from labkit.estimate.timing import schedule_1f1b
 from labkit.spec import load_spec
 
 GPT2_XL = Shape(num_layers=48, hidden=1600, heads=25, seq_length=1024, vocab=50257)
@@ -27,10 +27,12 @@ def seed000(**changes):
 
 
 def test_allreduce_is_the_ring_formula():
-    assert allreduce_time(1e9, 1, 100) == 0
+    latency = default_calibration().link_latency_s
+    assert allreduce_time(1e9, 1, 100, latency) == 0
     # 2 (n-1)/n x 1 GB over 100 Gbit/s = 1.5 x 0.08 s, plus 6 latency steps
     assert allreduce_time(1e9, 4, 100, latency_s=0) == pytest.approx(0.12)
-    assert allreduce_time(1e9, 4, 100) > allreduce_time(1e9, 4, 100, latency_s=0)
+    assert allreduce_time(1e9, 4, 100, latency) == pytest.approx(0.12 + 6 * latency)
+    assert latency > 0
 
 
 def test_homogeneous_pipeline_is_m_plus_p_minus_1_stage_times():
@@ -71,7 +73,7 @@ def test_stage_time_from_gpu_scales_with_layers_tensor_and_recompute():
     assert stage_time("A100-40GB", 8, 1, 1, shape=GPT2_XL).forward_s == pytest.approx(2 * one.forward_s)
     assert one.backward_s == pytest.approx(2 * one.forward_s)
     tp2 = stage_time("A100-40GB", 4, 1, 2, shape=GPT2_XL)
-    gemm_only = timing.Stack("matrix multiplies only", memory_passes=0.0, tp_allreduce_s=0.0, p2p_message_s=0.0,
+    gemm_only = Stack("matrix multiplies only", memory_passes=0.0, tp_allreduce_s=0.0, p2p_message_s=0.0,
                              p2p_messages=1)
     assert (stage_time("A100-40GB", 4, 1, 2, shape=GPT2_XL, stack=gemm_only).forward_s
             == pytest.approx(stage_time("A100-40GB", 4, 1, 1, shape=GPT2_XL, stack=gemm_only).forward_s / 2))
@@ -181,9 +183,10 @@ def test_a_single_gpu_profile_is_split_over_tensor_ranks_with_all_reduces_added(
 
 
 def test_bus_bandwidth_is_a_fraction_of_the_link_by_link_class():
-    assert bus_gbps(2400, inter_node=False) == pytest.approx(2400 * timing.NVLINK_BUS_FRACTION)
-    assert bus_gbps(252, inter_node=False) == pytest.approx(252 * timing.PCIE_BUS_FRACTION)
-    assert bus_gbps(100, inter_node=True) == pytest.approx(100 * timing.NETWORK_BUS_FRACTION)
+    cal = default_calibration()
+    assert cal.bus_gbps(2400, inter_node=False) == pytest.approx(2400 * cal.nvlink_bus_fraction)
+    assert cal.bus_gbps(252, inter_node=False) == pytest.approx(252 * cal.pcie_bus_fraction)
+    assert cal.bus_gbps(100, inter_node=True) == pytest.approx(100 * cal.network_bus_fraction)
 
 
 AMP_SHAPE = Shape(num_layers=24, hidden=1024, heads=16, seq_length=1024, vocab=52256)
@@ -194,7 +197,7 @@ def test_stack_memory_passes_add_activation_traffic_at_memory_bandwidth():
     plain = stage_time("T4", 6, 2, 1, shape=AMP_SHAPE, precision="fp16")
     ds = stage_time("T4", 6, 2, 1, shape=AMP_SHAPE, precision="fp16", stack=DS)
     act = activation_bytes_per_layer(AMP_SHAPE, 2, 1, precision="fp16")
-    passes = timing.STACKS[DS].memory_passes - timing.DEFAULT_STACK.memory_passes
+    passes = default_calibration().stack(DS).memory_passes - default_calibration().stack().memory_passes
     expected = 6 * passes * act / (catalog.gpu("T4").memory_bw_gb_s * 1e9)
     assert ds.forward_s + ds.backward_s - plain.forward_s - plain.backward_s == pytest.approx(expected)
 
@@ -209,7 +212,7 @@ def test_tensor_parallel_compute_splits_less_than_linearly_when_memory_bound_wor
 def test_stack_charges_a_fixed_cost_per_tensor_parallel_all_reduce():
     plain = stage_time("T4", 6, 1, 2, shape=AMP_SHAPE, precision="fp16", tp_gbps=30)
     ds = stage_time("T4", 6, 1, 2, shape=AMP_SHAPE, precision="fp16", tp_gbps=30, stack=DS)
-    assert ds.tp_comm_s - plain.tp_comm_s == pytest.approx(6 * 4 * timing.STACKS[DS].tp_allreduce_s)
+    assert ds.tp_comm_s - plain.tp_comm_s == pytest.approx(6 * 4 * default_calibration().stack(DS).tp_allreduce_s)
 
 
 def test_blocking_pipeline_transfers_double_the_steady_state_exchange():
@@ -275,3 +278,57 @@ def test_schedule_splits_each_stage_into_its_own_forward_and_backward():
     assert lengths == {(0, "forward"): 0.25, (0, "backward"): 0.75, (1, "forward"): 0.5, (1, "backward"): 0.5}
     assert {(s, op): e - b for s, _, op, b, e in schedule_1f1b([0.9, 0.9], [0.0], 2)} == pytest.approx(
         {(0, "forward"): 0.3, (0, "backward"): 0.6, (1, "forward"): 0.3, (1, "backward"): 0.6})
+
+
+def test_a_custom_calibration_changes_the_estimate_and_leaves_the_default_alone():
+    spec, analytic = seed000(), {}  # no profiles: compute is FLOPs / (peak x efficiency)
+    default = estimate(spec, analytic)
+    cal = default_calibration()
+    halved = cal.with_efficiency("A10", cal.gpu_efficiency("A10") / 2)
+    slow = estimate(spec, analytic, calibration=halved)
+    assert slow.breakdown["compute"] > 1.3 * default.breakdown["compute"]
+    assert slow.iteration_time_s > default.iteration_time_s
+    # the bus fraction of inter-node links sets the sends between stages on different nodes
+    slow_net = estimate(spec, analytic,
+                        calibration=dataclasses.replace(cal, network_bus_fraction=cal.network_bus_fraction / 2))
+    assert sum(slow_net.pipeline.boundary_times_s) > 1.5 * sum(default.pipeline.boundary_times_s)
+    # no global state: the default calibration and the estimate made with it are unchanged
+    assert default_calibration() == cal and cal.gpu_efficiency("A10") == halved.gpu_efficiency("A10") * 2
+    assert estimate(spec, analytic).iteration_time_s == default.iteration_time_s
+    assert estimate(spec, analytic, calibration=cal).to_dict() == default.to_dict()
+
+
+def test_calibration_is_immutable_and_says_where_each_constant_comes_from():
+    cal = default_calibration()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cal.network_bus_fraction = 1.0
+    with pytest.raises(TypeError):
+        cal.efficiency["A10"] = 1.0
+    constants = ([f"efficiency.{g}" for g in cal.efficiency] + [f"intra_node_gbps.{g}" for g in cal.intra_node_gbps]
+                 + [f"stacks.{s}" for s in cal.stacks]
+                 + ["nvlink_bus_fraction", "pcie_bus_fraction", "network_bus_fraction", "link_latency_s"])
+    kinds = ("fitted", "derived", "published", "assumed", "as A100-40GB (same compute)")
+    assert all(cal.sources.get(c, "").split(":")[0] in kinds for c in constants), cal.sources
+    assert "SC21" in cal.sources["efficiency.A100-40GB"] and "FASOP" in cal.sources["efficiency.A10"]
+    assert "AMP" in cal.sources["stacks.deepspeed-megatron-2020"]
+    # every GPU the catalog knows can be estimated analytically
+    assert set(catalog.gpus()) <= set(cal.efficiency)
+
+
+def test_fitted_link_rates_take_the_catalogs_place_unless_the_spec_names_one():
+    cal = default_calibration()
+    t4 = catalog.gpu("T4")
+    assert cal.intra_node_link(t4) == cal.intra_node_gbps["T4"] < t4.intra_node_gbps
+    base = stage_time("T4", 6, 1, 2, shape=AMP_SHAPE, precision="fp16")
+    faster = stage_time("T4", 6, 1, 2, shape=AMP_SHAPE, precision="fp16",
+                        calibration=cal.with_intra_node_gbps("T4", t4.intra_node_gbps))
+    assert faster.tp_comm_s < base.tp_comm_s
+    named = amp_spec(4, 1, 4, 1)
+    named.cluster.nodes[0].intra_node_gbps = 126
+    assert estimate(named, stack=DS).breakdown["tp_comm"] < estimate(amp_spec(4, 1, 4, 1), stack=DS).breakdown["tp_comm"]
+
+
+def test_a_calibration_without_a_gpu_names_what_it_knows():
+    cal = dataclasses.replace(default_calibration(), efficiency={"A100-40GB": 0.7})
+    with pytest.raises(KeyError, match="A100-40GB"):
+        stage_time("T4", 1, 1, 1, shape=AMP_SHAPE, calibration=cal)

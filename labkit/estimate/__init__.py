@@ -4,12 +4,14 @@
     est = estimate(spec)                 # spec: labkit.spec.RunSpec
     est.iteration_time_s, est.breakdown, est.memory_gb_per_stage, est.fits_in_memory, est.to_dict()
 
-`estimate(spec, profiles=None, tokens=None, overlap_dp=False, stack=None, grad_reduce_bytes=None)` -> `Estimate`.
-Per-layer compute comes from a measured profile for the stage's (GPU, tensor size) when one exists (labkit/data/profiles/, or
-`profiles=` a mapping {(gpu, tensor): Profile} or a callable), otherwise from FLOPs / (peak x efficiency) with the
-efficiency kept per GPU in labkit/data/gpus.yaml, plus the stack's memory-bound passes. `stack` names the training software
-(timing.STACKS: "megatron-core", the default, or "deepspeed-megatron-2020", fitted to AMP's trials); links run at their
-NCCL bus bandwidth (timing.bus_gbps).
+`estimate(spec, profiles=None, tokens=None, overlap_dp=False, stack=None, grad_reduce_bytes=None, calibration=None)`
+-> `Estimate`. Per-layer compute comes from a measured profile for the stage's (GPU, tensor size) when one exists
+(labkit/data/profiles/, or `profiles=` a mapping {(gpu, tensor): Profile} or a callable), otherwise from
+FLOPs / (peak x efficiency), plus the stack's memory-bound passes. `stack` names the training software
+("megatron-core", the default, or "deepspeed-megatron-2020", fitted to AMP's trials); links run at their NCCL bus
+bandwidth. Every fitted constant (efficiency per GPU, bus fractions, latency, stacks) is in a `Calibration`:
+`default_calibration()` reads labkit/data/calibration.yaml, which says what each was fitted to; pass another as
+`calibration=` (built with dataclasses.replace or its `with_*` methods) to see what a constant does.
 
 Pieces to call in a hot loop without building a RunSpec (all times in seconds, links in Gbit/s per direction):
 - `Shape(num_layers, hidden, heads, seq_length, vocab, ...)` or `Shape.of(spec.model)`: the model sizes.
@@ -20,7 +22,8 @@ Pieces to call in a hot loop without building a RunSpec (all times in seconds, l
   `schedule_1f1b` (every forward and backward with its start and end); `pipeline_lower_bound`: a cheap bound below it.
   `Pipeline(stage_times_s, boundary_times_s, num_micro_batches, ...)` holds those inputs; `Estimate.pipeline` is the
   one an estimate was timed with (`.time()`, `.events()`).
-- `allreduce_time(nbytes, n, gbps)`, `p2p_time(nbytes, gbps)`: ring all-reduce and one pipeline send.
+- `allreduce_time(nbytes, n, gbps, latency_s)`, `p2p_time(nbytes, gbps, latency_s)`: ring all-reduce and one
+  pipeline send.
 - `memory_per_stage(shape, partition, tensor=, data_parallel=, micro_batch=, num_micro_batches=, precision=,
   recompute=, sequence_parallel=, virtual_stages=, distributed_optimizer=, zero_stage=)` -> [StageMemory] in GiB.
 - `stage_params(shape, partition, tensor)`, `total_params(shape)`, `gpt_params(l, h, s, V)`.
@@ -29,6 +32,7 @@ Pieces to call in a hot loop without building a RunSpec (all times in seconds, l
 - Profiles: `Profile`, `load_profile(path)` (labkit JSON or FASOP .npy), `save_profile(profile, path=None)`,
   `find_profile(model, gpu, tensor)`, `available_profiles()`.
 """
+from labkit.estimate.calibration import Calibration, Stack, default_calibration
 from labkit.estimate.estimator import MEMORY_MARGIN, Estimate, estimate
 from labkit.estimate.flops import (achieved_tflops, flops_72, flops_96, hardware_flops, megatron_logged_flops,
                                    model_flops, training_days, utilization)
@@ -36,9 +40,8 @@ from labkit.estimate.memory import StageMemory, bytes_per_param, memory_per_stag
 from labkit.estimate.params import Shape, gpt_params, layer_params, stage_params, total_params
 from labkit.estimate.profiles import (Profile, ProfileError, available_profiles, find_profile, load_profile,
                                       save_profile)
-from labkit.estimate.timing import (STACKS, Pipeline, PipelineTime, Stack, StageTime, allreduce_time, bus_gbps,
-                                    optimizer_step_time, p2p_time, pipeline_lower_bound, pipeline_time,
-                                    schedule_1f1b, stage_time)
+from labkit.estimate.timing import (Pipeline, PipelineTime, StageTime, allreduce_time, optimizer_step_time, p2p_time,
+                                    pipeline_lower_bound, pipeline_time, schedule_1f1b, stage_time)
 
 __all__ = [
     "estimate", "Estimate", "MEMORY_MARGIN",
@@ -48,6 +51,6 @@ __all__ = [
     "memory_per_stage", "bytes_per_param", "StageMemory",
     "stage_time", "pipeline_time", "pipeline_lower_bound", "schedule_1f1b", "allreduce_time", "p2p_time",
     "optimizer_step_time", "StageTime", "Pipeline", "PipelineTime",
-    "Stack", "STACKS", "bus_gbps",
+    "Calibration", "Stack", "default_calibration",
     "Profile", "ProfileError", "load_profile", "save_profile", "find_profile", "available_profiles",
 ]

@@ -5,11 +5,11 @@ from dataclasses import dataclass, field
 
 from labkit import catalog
 from labkit.estimate import flops as F
-from labkit.estimate import timing
+from labkit.estimate.calibration import Calibration, resolve
 from labkit.estimate.memory import GIB, memory_per_stage
 from labkit.estimate.params import Shape, stage_params, total_params
 from labkit.estimate.profiles import Profile, find_profile
-from labkit.estimate.timing import (ACTIVATION_BYTES, GRAD_REDUCE_BYTES, Pipeline, allreduce_time, get_stack,
+from labkit.estimate.timing import (ACTIVATION_BYTES, GRAD_REDUCE_BYTES, Pipeline, allreduce_time,
                                     optimizer_step_time, p2p_time, stage_time)
 from labkit.estimate.topology import Topology
 
@@ -89,17 +89,21 @@ def profile_fits(prof: Profile | None, shape: Shape) -> bool:
 
 
 def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bool = False, stack=None,
-             grad_reduce_bytes: int | None = None) -> Estimate:
+             grad_reduce_bytes: int | None = None, calibration: Calibration | None = None) -> Estimate:
     """Predict parameters, FLOPs, memory per stage and iteration time of a RunSpec.
 
     `profiles`: None looks up labkit/data/profiles for the spec's model preset; or a mapping {(gpu, tensor): Profile};
     or a callable (gpu, tensor) -> Profile | None. Stages without a profile use analytic FLOPs / (peak x efficiency).
     `overlap_dp`: gradient all-reduce overlapped with the last micro-batch's backward (Megatron --overlap-grad-reduce).
-    `stack`: the training software, a name in timing.STACKS ("megatron-core" by default) or a timing.Stack.
+    `stack`: the training software, a name in the calibration's stacks ("megatron-core" by default) or a Stack.
     `grad_reduce_bytes`: bytes per gradient element in the data-parallel all-reduce when the software differs from
     Megatron's choice for the precision (DeepSpeed's fp32_allreduce reduces fp16 gradients as 4-byte floats).
+    `calibration`: the fitted constants (efficiencies, bus fractions, latencies, stacks); default_calibration() when
+    None.
     """
-    stack = get_stack(stack)
+    cal = resolve(calibration)
+    latency = cal.link_latency_s
+    stack = cal.stack(stack)
     shape = Shape.of(spec.model)
     par, b = spec.parallel, spec.batch
     t, p, d, v = par.tensor, par.pipeline, spec.data_parallel, par.virtual_stages
@@ -107,7 +111,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     partition = spec.layer_partition
     recompute = spec.recompute.granularity if spec.recompute is not None else None
     precision = spec.precision
-    topo = Topology(spec)
+    topo = Topology(spec, cal)
     lookup = profile_lookup(profiles, spec.model.preset)
 
     # Per-stage compute of one micro-batch.
@@ -120,7 +124,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
             prof = lookup(name, 1)  # a single-GPU profile, split over the tensor ranks
         source = prof if profile_fits(prof, shape) else catalog.gpu(name)
         st = stage_time(source, layers, b.micro, t, shape=shape, precision=precision, first=i == 0, last=i == p - 1,
-                        recompute=recompute, first_layer=first_layer, tp_gbps=topo.tp_gbps(i), stack=stack)
+                        recompute=recompute, first_layer=first_layer, tp_gbps=topo.tp_gbps(i), stack=stack,
+                        calibration=cal)
         stages.append(st)
         gpus.append(name)
         sources.append(st.source)
@@ -130,9 +135,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     message = b.micro * shape.seq_length * shape.hidden * ACTIVATION_BYTES.get(precision, 2)
     if par.sequence_parallel:
         message /= t
-    boundaries = [p2p_time(message, topo.pair_gbps(i, i + 1),
-                           timing.LINK_LATENCY_S + stack.p2p_message_s)
-                  for i in range(p - 1)]
+    boundaries = [p2p_time(message, topo.pair_gbps(i, i + 1), latency + stack.p2p_message_s) for i in range(p - 1)]
     pipeline = Pipeline(tuple(s.total_s for s in stages), tuple(boundaries), m, v, messages=stack.p2p_messages,
                         backward_shares=tuple(s.backward_share for s in stages))
     pipe = pipeline.time()
@@ -142,8 +145,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     grad_bytes = grad_reduce_bytes or GRAD_REDUCE_BYTES.get(precision, 4)
     dp_exposed = []
     for i, params in enumerate(per_stage_params):
-        reduce_s = allreduce_time(params * grad_bytes, d, topo.dp_gbps(i),
-                                  timing.LINK_LATENCY_S)
+        reduce_s = allreduce_time(params * grad_bytes, d, topo.dp_gbps(i), latency)
         if overlap_dp:
             reduce_s = max(0.0, reduce_s - stages[i].backward_s)
         dp_exposed.append(reduce_s)
@@ -152,8 +154,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     if p > 1 and shape.tied:
         # the tied copy's gradient is reduced as the model keeps it, outside the data-parallel gradient buffers
         embedding_bytes = shape.vocab * shape.hidden / t * GRAD_REDUCE_BYTES.get(precision, 4)
-        embedding_comm = allreduce_time(embedding_bytes, 2, topo.pair_gbps(0, p - 1),
-                                        timing.LINK_LATENCY_S)
+        embedding_comm = allreduce_time(embedding_bytes, 2, topo.pair_gbps(0, p - 1), latency)
     shards = d if spec.optimizer.distributed else 1
     optimizer = max(optimizer_step_time(params / shards, catalog.gpu(gpus[i]).memory_bw_gb_s, precision)
                     for i, params in enumerate(per_stage_params))

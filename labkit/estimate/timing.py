@@ -27,71 +27,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from labkit.estimate.calibration import Calibration, Stack, resolve
 from labkit.estimate.flops import attention_core_forward_flops, layer_forward_flops, logits_forward_flops
 from labkit.estimate.memory import activation_bytes_per_layer
 from labkit.estimate.params import Shape
 from labkit.estimate.profiles import Profile
-
-# One step of a ring collective or one p2p message costs at least this much (NCCL's small-message latency is
-# 5-20 us over NVLink/InfiniBand); it matters only for small models. Assumed, not fitted.
-LINK_LATENCY_S = 10e-6
-
-# Bus bandwidth as a fraction of the link rate.
-# NVLink: NCCL's all_reduce_perf reaches ~230 of 300 GB/s on DGX A100 (assumed, published figure).
-NVLINK_BUS_FRACTION = 0.8
-# PCIe with GPU peer-to-peer: NCCL reaches ~22 of 31.5 GB/s on Gen4 x16 (assumed). Nodes without peer-to-peer
-# (AWS g4dn's T4s) stage every byte through host memory; their catalog entry carries the lower rate they reach.
-PCIE_BUS_FRACTION = 0.7
-# Intra-node links up to PCIe Gen5 x16 (504 Gbit/s) are PCIe; faster ones are NVLink-class.
-PCIE_MAX_GBPS = 512
-# Between nodes: NCCL over TCP sockets on 10/50 Gbit/s Ethernet. Fitted: 0.85, to AMP's 90 trials (AWS p3.8xlarge
-# and g4dn.12xlarge); applied to every inter-node link.
-NETWORK_BUS_FRACTION = 0.85
-
-
-def bus_gbps(link_gbps: float, inter_node: bool) -> float:
-    """What a collective or p2p transfer reaches on a link of `link_gbps` (see the fractions above)."""
-    if inter_node:
-        return link_gbps * NETWORK_BUS_FRACTION
-    return link_gbps * (PCIE_BUS_FRACTION if link_gbps <= PCIE_MAX_GBPS else NVLINK_BUS_FRACTION)
-
-
-@dataclass(frozen=True)
-class Stack:
-    """What the training software adds on top of the hardware."""
-    name: str
-    memory_passes: float         # analytic compute: passes over a layer's activation bytes, forward + backward
-    tp_allreduce_s: float        # fixed cost of each tensor-parallel all-reduce, beyond the ring's bytes and latency
-    p2p_message_s: float         # fixed cost of each pipeline send or receive
-    p2p_messages: int            # k above: transfers per neighbour per micro-batch on the critical path
-    description: str = ""
-
-
-STACKS = {
-    "megatron-core": Stack(
-        "megatron-core", memory_passes=4.0, tp_allreduce_s=0.0, p2p_message_s=0.0, p2p_messages=1,
-        description="Megatron-LM / megatron-core (labkit's driver): every activation byte a layer keeps for the "
-                    "backward (Korthikanti Table 2) is written in the forward and read in the backward, and so is "
-                    "its gradient: 4 passes at the GPU's memory bandwidth beside the matrix multiplies; NCCL's own "
-                    "latency only"),
-    "deepspeed-megatron-2020": Stack(
-        "deepspeed-megatron-2020", memory_passes=12.5, tp_allreduce_s=1.2e-3, p2p_message_s=0.1e-3, p2p_messages=2,
-        description="DeepSpeed 3D parallelism on Megatron-LM v1.1.5 (AMP's trials): unfused layer norms, softmax and "
-                    "dropout; blocking pipeline transfers. All three costs fitted to AMP's 90 trials "
-                    "(benchmarks/bench_estimate_accuracy.py)"),
-}
-DEFAULT_STACK = STACKS["megatron-core"]
-
-
-def get_stack(stack) -> Stack:
-    if stack is None:
-        return DEFAULT_STACK
-    if isinstance(stack, Stack):
-        return stack
-    if stack not in STACKS:
-        raise ValueError(f"stack: {stack!r} is not one of {', '.join(STACKS)}")
-    return STACKS[stack]
-
 
 ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GRAD_REDUCE_BYTES = {"fp32": 4, "bf16": 4, "fp16": 2}  # Megatron reduces bf16 runs' gradients in fp32
@@ -101,18 +41,16 @@ def _bytes_per_s(gbps: float) -> float:
     return gbps * 1e9 / 8
 
 
-def allreduce_time(nbytes: float, n: int, gbps: float, latency_s: float | None = None) -> float:
-    """Ring all-reduce of `nbytes` over `n` ranks on links of `gbps` Gbit/s."""
+def allreduce_time(nbytes: float, n: int, gbps: float, latency_s: float) -> float:
+    """Ring all-reduce of `nbytes` over `n` ranks on links of `gbps` Gbit/s, `latency_s` per ring step."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    latency = LINK_LATENCY_S if latency_s is None else latency_s
-    return 2 * (n - 1) / n * nbytes / _bytes_per_s(gbps) + 2 * (n - 1) * latency
+    return 2 * (n - 1) / n * nbytes / _bytes_per_s(gbps) + 2 * (n - 1) * latency_s
 
 
-def p2p_time(nbytes: float, gbps: float, latency_s: float | None = None) -> float:
+def p2p_time(nbytes: float, gbps: float, latency_s: float) -> float:
     """One point-to-point message (a pipeline send/recv)."""
-    latency = LINK_LATENCY_S if latency_s is None else latency_s
-    return nbytes / _bytes_per_s(gbps) + latency if nbytes > 0 else 0.0
+    return nbytes / _bytes_per_s(gbps) + latency_s if nbytes > 0 else 0.0
 
 
 @dataclass
@@ -135,18 +73,19 @@ class StageTime:
 
 def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape: Shape, precision: str = "bf16",
                first: bool = False, last: bool = False, recompute: str | None = None, first_layer: int = 0,
-               tp_gbps: float | None = None, efficiency: float | None = None,
-               stack: Stack | str | None = None) -> StageTime:
+               tp_gbps: float | None = None, stack: Stack | str | None = None,
+               calibration: Calibration | None = None) -> StageTime:
     """Forward + backward of one micro-batch through one pipeline stage.
 
     `source` is a Profile (measured forward seconds; its time already contains the tensor-parallel all-reduces it
     was measured with) or a GPU (catalog.GPU or its name), for which compute is FLOPs / (peak x efficiency) and the
     tensor-parallel all-reduces (2 forward + 2 backward per layer of b s h activations) are added from `tp_gbps`
-    (a bus bandwidth, see `bus_gbps`). The stack adds its memory-bound passes (a third in the forward) and its fixed
+    (a bus bandwidth, see `Calibration.bus_gbps`). The stack adds its memory-bound passes (a third in the forward) and its fixed
     cost per all-reduce. Full recompute adds one more forward of the transformer layers to the backward; selective
-    re-runs attention's core.
+    re-runs attention's core. `calibration` (default: the shipped one) gives the efficiency, link fractions and stacks.
     """
-    stack = get_stack(stack)
+    cal = resolve(calibration)
+    stack = cal.stack(stack)
     tokens = micro_batch * shape.seq_length
     layer_flops = layer_forward_flops(shape, tokens)
     if recompute == "full":
@@ -163,7 +102,8 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
             # a profile taken at another tensor size: its compute splits by the ratio; the all-reduces are added
             layer_s *= source.tensor / tensor
             ends_s *= source.tensor / tensor
-            comm = _tp_comm(layers, tokens, shape, tensor, precision, recompute, tp_gbps or 100.0, stack)
+            comm = _tp_comm(layers, tokens, shape, tensor, precision, recompute, tp_gbps or 100.0, stack,
+                            cal.link_latency_s)
         forward = layer_s + ends_s
         backward = source.backward_factor * forward + recompute_fraction * layer_s
         return StageTime(forward, backward, comm, source=f"profile {source.model}/{source.gpu}/tp{source.tensor}")
@@ -171,7 +111,7 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
     from labkit import catalog
 
     gpu = source if isinstance(source, catalog.GPU) else catalog.gpu(source)
-    rate = gpu.peak(precision) * 1e12 * (efficiency if efficiency is not None else gpu.efficiency)
+    rate = gpu.peak(precision) * 1e12 * cal.gpu_efficiency(gpu.name)
     bandwidth = gpu.memory_bw_gb_s * 1e9
     activations = activation_bytes_per_layer(shape, micro_batch, tensor, precision=precision)
     memory_s = stack.memory_passes * activations / bandwidth
@@ -184,19 +124,20 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
             ends_s += 4 * (4 * tokens * shape.vocab / tensor) / 3 / bandwidth
     forward = layer_s + ends_s
     backward = 2 * forward + recompute_fraction * layer_s
-    comm = _tp_comm(layers, tokens, shape, tensor, precision, recompute,
-                    tp_gbps if tp_gbps is not None else bus_gbps(gpu.intra_node_gbps, inter_node=False), stack)
+    if tp_gbps is None:
+        tp_gbps = cal.bus_gbps(cal.intra_node_link(gpu), inter_node=False)
+    comm = _tp_comm(layers, tokens, shape, tensor, precision, recompute, tp_gbps, stack, cal.link_latency_s)
     return StageTime(forward, backward, comm, source=f"analytic {gpu.name}")
 
 
 def _tp_comm(layers: int, tokens: int, shape: Shape, tensor: int, precision: str, recompute: str | None,
-             gbps: float, stack: Stack) -> float:
+             gbps: float, stack: Stack, latency_s: float) -> float:
     """Megatron's 2 forward + 2 backward all-reduces of b s h activations per layer (2 more for a recomputed forward)."""
     if tensor <= 1:
         return 0.0
     message = tokens * shape.hidden * ACTIVATION_BYTES.get(precision, 2)
     per_layer = 4 + (2 if recompute == "full" else 0)
-    return layers * per_layer * (allreduce_time(message, tensor, gbps) + stack.tp_allreduce_s)
+    return layers * per_layer * (allreduce_time(message, tensor, gbps, latency_s) + stack.tp_allreduce_s)
 
 
 @dataclass

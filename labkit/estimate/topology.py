@@ -3,7 +3,7 @@ order) and Megatron's rank order: tensor fastest, then data, then pipeline (rank
 
 A group of ranks inside one node talks over that node's intra-node link; a group spanning nodes runs at the slowest
 node's inter-node link, shared by the concurrent transfers leaving a node through its one network interface. Speeds
-returned are bus bandwidths (timing.bus_gbps: what NCCL reaches on the link), in Gbit/s.
+returned are bus bandwidths (Calibration.bus_gbps: what NCCL reaches on the link), in Gbit/s.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from labkit import catalog
-from labkit.estimate.timing import bus_gbps
+from labkit.estimate.calibration import Calibration, resolve
 
 
 @dataclass(frozen=True)
@@ -23,14 +23,15 @@ class Slot:
 
 
 class Topology:
-    def __init__(self, spec):
+    def __init__(self, spec, calibration: Calibration | None = None):
+        self.calibration = cal = resolve(calibration)
         cluster = spec.cluster_or_default()
         self.tensor, self.pipeline, self.data = spec.parallel.tensor, spec.parallel.pipeline, spec.data_parallel
         slots, node = [], 0
         for group in cluster.nodes:
             name = catalog.resolve_gpu_name(group.gpu) or group.gpu
             gpu = catalog.gpu(name)
-            intra = group.intra_node_gbps or cluster.intra_node_gbps or gpu.intra_node_gbps
+            intra = group.intra_node_gbps or cluster.intra_node_gbps or cal.intra_node_link(gpu)
             inter = group.inter_node_gbps or cluster.inter_node_gbps or gpu.inter_node_gbps
             for _ in range(group.count):
                 slots += [Slot(node, name, float(intra), float(inter))] * group.gpus_per_node
@@ -46,14 +47,14 @@ class Topology:
     def stage_gpu(self, stage: int) -> str:
         """The stage's GPU type; a stage spread over several types runs at the pace of its slowest (lowest peak)."""
         names = {self.slots[r].gpu for r in self.stage_ranks(stage)}
-        return min(names, key=lambda n: (catalog.gpu(n).peak("fp16") * catalog.gpu(n).efficiency, n))
+        return min(names, key=lambda n: (catalog.gpu(n).peak("fp16") * self.calibration.gpu_efficiency(n), n))
 
     def group_gbps(self, ranks: list[int]) -> float:
         """Speed of a collective over `ranks` (one of several such groups running at once)."""
         nodes = {self.slots[r].node for r in ranks}
         if len(nodes) == 1:
-            return bus_gbps(min(self.slots[r].intra_gbps for r in ranks), inter_node=False)
-        return bus_gbps(min(self.slots[r].inter_gbps for r in ranks), inter_node=True)
+            return self.calibration.bus_gbps(min(self.slots[r].intra_gbps for r in ranks), inter_node=False)
+        return self.calibration.bus_gbps(min(self.slots[r].inter_gbps for r in ranks), inter_node=True)
 
     def crosses_nodes(self, ranks: list[int]) -> bool:
         return len({self.slots[r].node for r in ranks}) > 1
@@ -78,12 +79,12 @@ class Topology:
         pairs = [(self.rank(stage_a, j, k), self.rank(stage_b, j, k))
                  for j in range(self.data) for k in range(self.tensor)]
         crossing = Counter(self.slots[a].node for a, b in pairs if self.slots[a].node != self.slots[b].node)
-        slowest = float("inf")
+        slowest, bus = float("inf"), self.calibration.bus_gbps
         for a, b in pairs:
             sa, sb = self.slots[a], self.slots[b]
             if sa.node == sb.node:
-                gbps = bus_gbps(min(sa.intra_gbps, sb.intra_gbps), inter_node=False)
+                gbps = bus(min(sa.intra_gbps, sb.intra_gbps), inter_node=False)
             else:
-                gbps = bus_gbps(min(sa.inter_gbps, sb.inter_gbps), inter_node=True) / crossing[sa.node]
+                gbps = bus(min(sa.inter_gbps, sb.inter_gbps), inter_node=True) / crossing[sa.node]
             slowest = min(slowest, gbps)
         return slowest

@@ -18,7 +18,8 @@ from labkit import catalog
 from labkit.estimate import (Shape, allreduce_time, estimate, memory_per_stage, p2p_time, pipeline_lower_bound,
                              stage_params, stage_time)
 from labkit.estimate.estimator import MEMORY_MARGIN, profile_fits, profile_lookup
-from labkit.estimate.timing import ACTIVATION_BYTES, GRAD_REDUCE_BYTES, LINK_LATENCY_S, Pipeline
+from labkit.estimate.calibration import Calibration, resolve
+from labkit.estimate.timing import ACTIVATION_BYTES, GRAD_REDUCE_BYTES, Pipeline
 from labkit.estimate.topology import Topology
 from labkit.plan.partition import min_max_partition
 from labkit.plan.placement import as_cluster, grouped_orders, node_kinds, placements
@@ -119,8 +120,10 @@ def schedules(base: RunSpec, pipeline: int, data: int, virtual_stages=(1, 2, 4))
 class _StageCosts:
     """The estimator's per-stage time as a function of the layers a stage holds, for the partition search."""
 
-    def __init__(self, shape: Shape, precision: str, global_batch: int, lookup):
+    def __init__(self, shape: Shape, precision: str, global_batch: int, lookup,
+                 calibration: Calibration | None = None):
         self.shape, self.precision, self.global_batch, self.lookup = shape, precision, global_batch, lookup
+        self.calibration = resolve(calibration)
         self._cache: dict = {}
 
     def stage_params(self, layers: tuple[int, ...], tensor: int) -> list[float]:
@@ -137,7 +140,8 @@ class _StageCosts:
         key = ("layer", gpu, tensor, micro, recompute, tp_gbps)
         if key not in self._cache:
             source = self.source(gpu, tensor)
-            kw = dict(shape=self.shape, precision=self.precision, recompute=recompute, tp_gbps=tp_gbps)
+            kw = dict(shape=self.shape, precision=self.precision, recompute=recompute, tp_gbps=tp_gbps,
+                      calibration=self.calibration)
             zero = stage_time(source, 0, micro, tensor, **kw).total_s
             layers = self.shape.num_layers
             measured = getattr(source, "layers_s", None)
@@ -154,7 +158,7 @@ class _StageCosts:
         if key not in self._cache:
             self._cache[key] = stage_time(self.source(gpu, tensor), 0, micro, tensor, shape=self.shape,
                                           precision=self.precision, recompute=recompute, tp_gbps=tp_gbps,
-                                          first=first, last=last).total_s
+                                          first=first, last=last, calibration=self.calibration).total_s
         return self._cache[key]
 
 
@@ -170,15 +174,15 @@ class _Links:
     ends: tuple[float, float]                    # (Gbit/s, latency s) between the first and the last stage
 
     @classmethod
-    def of(cls, spec: RunSpec) -> "_Links":
-        topo, p, d = Topology(spec), spec.parallel.pipeline, spec.data_parallel
+    def of(cls, spec: RunSpec, calibration: Calibration | None = None) -> "_Links":
+        topo, p, d = Topology(spec, calibration), spec.parallel.pipeline, spec.data_parallel
+        latency = topo.calibration.link_latency_s
         return cls(
             stage_gpus=tuple(topo.stage_gpu(i) for i in range(p)),
             tp_gbps=tuple(topo.tp_gbps(i) for i in range(p)),
-            dp=tuple((topo.dp_gbps(i), LINK_LATENCY_S) for i in range(p)),
-            boundaries=tuple((topo.pair_gbps(i, i + 1), LINK_LATENCY_S)
-                             for i in range(p - 1)),
-            ends=(topo.pair_gbps(0, p - 1), LINK_LATENCY_S))
+            dp=tuple((topo.dp_gbps(i), latency) for i in range(p)),
+            boundaries=tuple((topo.pair_gbps(i, i + 1), latency) for i in range(p - 1)),
+            ends=(topo.pair_gbps(0, p - 1), latency))
 
     def boundary_times(self, message_bytes: float) -> list[float]:
         return [p2p_time(message_bytes, gbps, latency) for gbps, latency in self.boundaries]
@@ -290,14 +294,16 @@ def _row(spec: RunSpec, est, order_names: list[str], price_s: float) -> Row:
 
 def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None = None,
            max_price_per_step: float | None = None, top: int | None = None, profiles=None,
-           virtual_stages=(1, 2, 4), orders: str = "all", progress: bool = False) -> Plan:
+           virtual_stages=(1, 2, 4), orders: str = "all", progress: bool = False,
+           calibration: Calibration | None = None) -> Plan:
     """Rank every layout of `base.model` on `base.cluster` for `base.batch.global_` sequences per step.
 
     objective "time": fastest step, among those within `max_price_per_step` if given; "cost": cheapest step, among
     those within `max_step_s` if given. `profiles` is passed to the estimator (see labkit.estimate.estimate).
     `top`: only the best `top` rows are wanted, so layouts whose pipeline time alone (a lower bound on the step time)
     cannot reach them are not estimated further. `orders`: "all" node orders up to symmetry, or "grouped" (the nodes
-    of each kind kept together, for sweeps over many clusters).
+    of each kind kept together, for sweeps over many clusters). `calibration`: the estimator's constants (see
+    labkit.estimate.calibration), the shipped ones when None.
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")
@@ -314,7 +320,8 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
             profile_table[(gpu, tensor)] = lookup(gpu, tensor)
         return profile_table[(gpu, tensor)]
 
-    costs = _StageCosts(shape, base.precision, base.batch.global_, cached_lookup)
+    cal = resolve(calibration)
+    costs = _StageCosts(shape, base.precision, base.batch.global_, cached_lookup, cal)
     layout_splits = list(splits(base, world, min(k.gpus_per_node for k in kinds)))
     bar = None
     if progress:
@@ -327,7 +334,7 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
         for order in (placements(cluster, t, d, p) if orders == "all" else grouped_orders(kinds, counts)):
             placed = as_cluster(order, kinds, cluster)
             price_s = price_per_second(placed)
-            links = _Links.of(replace(base, cluster=placed, parallel=ParallelSpec(tensor=t, pipeline=p, data=d)))
+            links = _Links.of(replace(base, cluster=placed, parallel=ParallelSpec(tensor=t, pipeline=p, data=d)), cal)
             for b, v in schedules(base, p, d, virtual_stages):
                 layers, step_s = _split_and_bound(shape, base.precision, t, p, d, b, v, None, links, costs)
                 bound = step_s if objective == "time" else step_s * price_s
@@ -353,14 +360,14 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
             if attempt is not spec and attempt.parallel.virtual_stages == 1 and attempt.parallel.pipeline > 1:
                 attempt.parallel = replace(attempt.parallel,
                                            partition=_balanced_partition(attempt, shape, costs, links, caps=False))
-            est = estimate(attempt, cached_lookup)
+            est = estimate(attempt, cached_lookup, calibration=cal)
             evaluated += 1
             if not est.fits_in_memory and attempt.parallel.virtual_stages == 1 and attempt.parallel.pipeline > 1:
                 # the fastest split overflows a stage: take the fastest split that fits, if there is one
                 layers = _balanced_partition(attempt, shape, costs, links, caps=True)
                 if layers is not None and layers != attempt.parallel.partition:
                     attempt.parallel = replace(attempt.parallel, partition=layers)
-                    est = estimate(attempt, cached_lookup)
+                    est = estimate(attempt, cached_lookup, calibration=cal)
                     evaluated += 1
             row = _row(attempt, est, names, price_s)
             row.within_budget = ((max_step_s is None or row.estimated_s <= max_step_s)

@@ -1,0 +1,138 @@
+"""The estimator's fitted and assumed constants, as one immutable value.
+
+    from labkit.estimate import default_calibration, estimate
+    cal = default_calibration()                       # read from labkit/data/calibration.yaml, with its sources
+    slower = cal.with_efficiency("A100-40GB", 0.35)   # a new Calibration; `cal` is unchanged
+    estimate(spec, calibration=slower)
+
+A fit builds Calibration objects (`dataclasses.replace`, `with_efficiency`, `with_stack`) and estimates with each:
+nothing in labkit is patched, so two calibrations can be compared side by side.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Mapping
+
+from labkit import catalog
+
+# Intra-node links up to PCIe Gen5 x16 (504 Gbit/s) are PCIe; faster ones are NVLink-class. A classification of link
+# rates, not a fitted figure.
+PCIE_MAX_GBPS = 512
+
+
+@dataclass(frozen=True)
+class Stack:
+    """What the training software adds on top of the hardware (see labkit.estimate.timing).
+
+    memory_passes: analytic compute, passes over a layer's activation bytes at memory bandwidth, forward + backward.
+    tp_allreduce_s: fixed cost of each tensor-parallel all-reduce, beyond the ring's bytes and latency.
+    p2p_message_s: fixed cost of each pipeline send or receive.
+    p2p_messages: blocking transfers per neighbour per micro-batch on the pipeline's critical path (k in timing).
+    description: what the stack is and why its figures are what they are.
+    """
+    name: str
+    memory_passes: float
+    tp_allreduce_s: float
+    p2p_message_s: float
+    p2p_messages: int
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Every constant the estimator fitted or assumed (labkit/data/calibration.yaml says where each comes from).
+
+    efficiency: GPU catalog name -> fraction of dense peak a transformer layer's matrix multiplies reach.
+    intra_node_gbps: GPU catalog name -> fitted intra-node link rate (Gbit/s), in place of the catalog's.
+    nvlink_bus_fraction, pcie_bus_fraction, network_bus_fraction: NCCL bus bandwidth / link rate, by link class.
+    link_latency_s: least cost of one ring step or one p2p message.
+    stacks: stack name -> Stack; default_stack: the one `estimate` charges when none is named.
+    sources: constant ("efficiency.A100-40GB", "network_bus_fraction", "stacks.megatron-core") -> what it was fitted
+    to or taken from; documentation, not compared.
+    """
+    efficiency: Mapping[str, float]
+    intra_node_gbps: Mapping[str, float]
+    nvlink_bus_fraction: float
+    pcie_bus_fraction: float
+    network_bus_fraction: float
+    link_latency_s: float
+    stacks: Mapping[str, Stack]
+    default_stack: str = "megatron-core"
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self):
+        # read-only views, so that a Calibration cannot be changed through its mappings either
+        for name in ("efficiency", "intra_node_gbps", "stacks", "sources"):
+            object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
+        if self.default_stack not in self.stacks:
+            raise ValueError(f"default_stack: {self.default_stack!r} is not one of {', '.join(self.stacks)}")
+
+    def gpu_efficiency(self, gpu: str) -> float:
+        if gpu not in self.efficiency:
+            raise KeyError(f"no matrix-multiply efficiency for GPU {gpu!r} in the calibration "
+                           f"(known: {', '.join(self.efficiency)})")
+        return self.efficiency[gpu]
+
+    def intra_node_link(self, gpu) -> float:
+        """The intra-node link rate of a catalog GPU's nodes: the fitted rate where there is one, else the catalog's."""
+        return self.intra_node_gbps.get(gpu.name, gpu.intra_node_gbps)
+
+    def bus_gbps(self, link_gbps: float, inter_node: bool) -> float:
+        """What a collective or p2p transfer reaches on a link of `link_gbps`: the bus fraction of its link class."""
+        if inter_node:
+            return link_gbps * self.network_bus_fraction
+        return link_gbps * (self.pcie_bus_fraction if link_gbps <= PCIE_MAX_GBPS else self.nvlink_bus_fraction)
+
+    def stack(self, stack: Stack | str | None = None) -> Stack:
+        """A Stack as given, the one of that name, or the default one for None."""
+        if isinstance(stack, Stack):
+            return stack
+        name = self.default_stack if stack is None else stack
+        if name not in self.stacks:
+            raise ValueError(f"stack: {name!r} is not one of {', '.join(self.stacks)}")
+        return self.stacks[name]
+
+    def with_efficiency(self, gpu: str, value: float) -> Calibration:
+        return replace(self, efficiency={**self.efficiency, gpu: value})
+
+    def with_intra_node_gbps(self, gpu: str, value: float) -> Calibration:
+        return replace(self, intra_node_gbps={**self.intra_node_gbps, gpu: value})
+
+    def with_stack(self, stack: Stack) -> Calibration:
+        return replace(self, stacks={**self.stacks, stack.name: stack})
+
+
+def calibration_from_dict(data: Mapping) -> Calibration:
+    """A Calibration from calibration.yaml's layout: each constant a {value, source} mapping, stacks spelled out."""
+    sources = {}
+
+    def value(key: str, entry) -> float:
+        sources[key] = entry["source"]
+        return float(entry["value"])
+
+    stacks = {}
+    for name, entry in data["stacks"].items():
+        sources[f"stacks.{name}"] = entry["source"]
+        stacks[name] = Stack(name, memory_passes=float(entry["memory_passes"]),
+                             tp_allreduce_s=float(entry["tp_allreduce_s"]), p2p_message_s=float(entry["p2p_message_s"]),
+                             p2p_messages=int(entry["p2p_messages"]), description=entry.get("description", ""))
+    return Calibration(
+        efficiency={gpu: value(f"efficiency.{gpu}", e) for gpu, e in data["efficiency"].items()},
+        intra_node_gbps={gpu: value(f"intra_node_gbps.{gpu}", e) for gpu, e in data["intra_node_gbps"].items()},
+        nvlink_bus_fraction=value("nvlink_bus_fraction", data["nvlink_bus_fraction"]),
+        pcie_bus_fraction=value("pcie_bus_fraction", data["pcie_bus_fraction"]),
+        network_bus_fraction=value("network_bus_fraction", data["network_bus_fraction"]),
+        link_latency_s=value("link_latency_s", data["link_latency_s"]),
+        stacks=stacks, default_stack=data["default_stack"], sources=sources)
+
+
+@functools.cache
+def default_calibration() -> Calibration:
+    """The shipped calibration (labkit/data/calibration.yaml); immutable, so one object serves every caller."""
+    return calibration_from_dict(catalog.calibration())
+
+
+def resolve(calibration: Calibration | None) -> Calibration:
+    return default_calibration() if calibration is None else calibration
