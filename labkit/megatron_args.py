@@ -12,7 +12,8 @@ DEFAULT_MERGES = data_file("tokenizer", "merges.txt")
 def pipeline_layout(partition: list[int]) -> str:
     """Transformer layers per stage -> megatron-core's layout string, embedding (E) first and loss (L) last.
 
-    [0, 11, 8, 5, 0] -> "E|t*11|t*8|t*5|L"; stages with no transformer layer are allowed, as in seed 000.
+    [0, 11, 8, 5, 0] -> "E|t*11|t*8|t*5|L"; stages with no transformer layer are allowed, as in FASOP's
+    0-11-8-8-8-8-5-0 (github.com/AvatarHwang/FASOP).
     """
     stages = []
     for i, layers in enumerate(partition):

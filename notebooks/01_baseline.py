@@ -70,8 +70,9 @@ for name, text in script.scripts.items():
 # %% [markdown]
 # ## 1.3 Submit and watch
 #
-# `submit` returns a `Job` at once; the view below refreshes every two seconds while it runs (the seeds'
-# `get_result.sh`: per-node logs, the job's own view of its layout compared with the spec, iterations so far).
+# `submit` returns a `Job` at once; the view below refreshes every two seconds while it runs (as `get_result.sh` in
+# [FASOP's Megatron-LM scripts](https://github.com/AvatarHwang/FASOP) does: per-node logs, the job's own view of its
+# layout compared with the spec, iterations so far).
 
 # %%
 jobs = backend_named(backend)

@@ -29,7 +29,8 @@
 # - read the profiler: the share of time in matrix multiplications and the memory kept for the backward pass, and
 #   open the runs in TensorBoard.
 #
-# This is the workshop's section 4.1 (`--fp16` added to `GPT_ARGS`), with `bf16` beside it.
+# This is section 4.1 of the NVIDIA DLI workshop *Model Parallelism: Building and Deploying Large Neural Networks*
+# (`--fp16` added to `GPT_ARGS`), with `bf16` beside it.
 
 # %% tags=["parameters"]
 backend = "local"        # "local" (here) or "slurm" (a cluster, or labkit's local Slurm)
@@ -63,8 +64,8 @@ from labkit.spec import load_spec
 # | bf16 | 2 | 4 (fp32) | 12 (fp32 master, m, v) | 18 |
 # | fp16 | 2 | 2 | 16 (fp32 master and gradient, m, v) | 20 |
 #
-# So the *model state* grows; what shrinks is the activations, stored in 16 bits. The seed saw exactly this: peak
-# memory up from about 10 GB to 12 GB on its GPUs.
+# So the *model state* grows; what shrinks is the activations, stored in 16 bits. The workshop saw exactly this:
+# peak memory up from about 10 GB to 12 GB on its GPUs.
 
 # %% tags=["nbval-check-output"]
 for precision in ("fp32", "bf16", "fp16"):
@@ -152,8 +153,8 @@ profile_views.scalars_figure(scalars, ["loss-scale"]).show()
 # %% [markdown]
 # ## 2.5 The profiler's view
 #
-# The seed read the PyTorch profiler in TensorBoard: the share of GPU time in tensor-core kernels, and a memory curve
-# that jumps where fp16 copies are made. The same questions, from the traces of the profiled iterations:
+# The workshop reads the PyTorch profiler in TensorBoard: the share of GPU time in tensor-core kernels, and a memory
+# curve that jumps where fp16 copies are made. The same questions, from the traces of the profiled iterations:
 # `matmul_share` is the share of time in matrix multiplications, `saved_mb` the memory the forward pass kept for the
 # backward (activations, MiB), `peak_growth_mb` how far memory rose within a step.
 
@@ -173,7 +174,7 @@ profile_views.memory_figure(traces).show()
 # with the other runs; the matmul share is of what is left. On a GPU, `tensor_core_share` would show how much
 # kernel time ran on tensor cores; a CPU trace has no kernels.
 #
-# To browse the traces and scalars interactively (the seed's "PYTORCH_PROFILER" tab), open the run in TensorBoard:
+# To browse the traces and scalars interactively (the workshop's "PYTORCH_PROFILER" tab), open the run in TensorBoard:
 
 # %%
 print(tensorboard.tensorboard_command(sweep.run_dirs["fp16"]))
@@ -181,7 +182,7 @@ print(tensorboard.tensorboard_command(sweep.run_dirs["fp16"]))
 # %% [markdown]
 # ## Exercises
 #
-# **Exercise 1.** The workshop's fp16 run (seed 003, section 4.1) logged a loss scale of 131072 at iteration 20,
+# **Exercise 1.** The workshop's fp16 run (section 4.1) logged a loss scale of 131072 at iteration 20,
 # starting from $2^{32}$. How many iterations had it skipped by then? (Its log says 10 + 6.)
 
 # %%

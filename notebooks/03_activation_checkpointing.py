@@ -27,8 +27,8 @@
 #   and the time per iteration, and set them beside the prediction;
 # - check that recomputation changes no number: the losses are identical.
 #
-# This is the workshop's section 4.2 (`--activations-checkpoint-method uniform`, today
-# `--recompute-granularity full --recompute-method uniform`).
+# This is section 4.2 of the NVIDIA DLI workshop *Model Parallelism: Building and Deploying Large Neural Networks*
+# (`--activations-checkpoint-method uniform`, today `--recompute-granularity full --recompute-method uniform`).
 
 # %% tags=["parameters"]
 backend = "local"        # "local" (here) or "slurm" (a cluster, or labkit's local Slurm)
@@ -103,7 +103,7 @@ print({name: str(state) for name, state in states.items()})
 # %% [markdown]
 # ## 3.4 Memory, measured
 #
-# First the log's memory line, as the seed would read it:
+# First the log's memory line, as the workshop reads it:
 
 # %%
 comparison_table(sweep.logs, baseline="none")[["recompute", "max_allocated_mb", "iteration_ms", "speedup"]]

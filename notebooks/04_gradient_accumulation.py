@@ -27,7 +27,8 @@
 # - show that accumulation computes the same step: a global batch of 8 as 4 micro-batches of 2 gives the same loss
 #   as one micro-batch of 8, in fp32.
 #
-# This is the workshop's section 4.3: keep `MICRO_BATCH_SIZE` and raise `GLOBAL_BATCH_SIZE`.
+# This is section 4.3 of the NVIDIA DLI workshop *Model Parallelism: Building and Deploying Large Neural Networks*:
+# keep `MICRO_BATCH_SIZE` and raise `GLOBAL_BATCH_SIZE`.
 
 # %% tags=["parameters"]
 backend = "local"        # "local" (here) or "slurm" (a cluster, or labkit's local Slurm)
@@ -99,8 +100,8 @@ print({name: str(state) for name, state in states.items()})
 # %% [markdown]
 # ## 4.4 Micro-batch count and throughput
 #
-# `num_micro_batches` is what each run's log says (`setting number of micro-batches to constant N`, the line the seed
-# greps for).
+# `num_micro_batches` is what each run's log says (`setting number of micro-batches to constant N`, the line the
+# workshop greps for).
 
 # %%
 comparison_table(sweep.logs, specs=sweep.specs)[
@@ -117,7 +118,7 @@ iteration_time_figure(sweep.logs).show()
 #
 # ## 4.5 Memory: one micro-batch at a time
 #
-# The seed's memory trace showed four rises and falls per step with four accumulated micro-batches. The same in the
+# The workshop's memory trace showed four rises and falls per step with four accumulated micro-batches. The same in the
 # profiled iteration: four small peaks for `micro 2 x 4`, one four times as tall for `micro 8 x 1`.
 
 # %%

@@ -27,7 +27,7 @@
 # Every number here comes from `labkit.estimate`, the same code behind `labkit estimate SPEC`.
 
 # %% tags=["parameters"]
-# The workshop's run (seed 003, section 4.4): an 18B GPT on 16 A100s, global batch 512, 32.09 s per iteration.
+# The NVIDIA DLI workshop "Model Parallelism", section 4.4: an 18B GPT on 16 A100s, global batch 512, 32.09 s/iter.
 gpu = "A100-80GB"
 num_gpus = 16
 global_batch = 512
@@ -63,8 +63,10 @@ params = gpt_params(l=40, h=6144, s=1048, V=50257)
 print(f"{params:,} parameters")
 
 # %% [markdown]
-# The sizes Megatron-LM's paper trained (seed 004's table), from the presets in `labkit/data/models.yaml`: the formula and
-# the exact count (which also knows about GQA, SwiGLU and untied embeddings) agree for these GPT models.
+# The sizes Megatron-LM's paper trained (SC21's Table 1, as the Megatron-LM test case of
+# [aws-samples/awsome-distributed-training](https://github.com/aws-samples/awsome-distributed-training) lists them),
+# from the presets in `labkit/data/models.yaml`: the formula and the exact count (which also knows about GQA, SwiGLU
+# and untied embeddings) agree for these GPT models.
 
 # %% tags=["nbval-check-output"]
 model_size_table()
@@ -131,8 +133,9 @@ _ = interact(training_days, tokens=fixed(dataset_tokens), params=fixed(params), 
 #
 # The formulas above need a measured iteration time. `estimate(spec)` predicts it: per-layer compute from a measured
 # profile of the GPU (or FLOPs / (peak x efficiency)), the 1F1B pipeline and its bubble, tensor-, pipeline- and
-# data-parallel communication, and the memory of every pipeline stage against its GPU. Here: seed 000's GPT-2 XL on
-# one A100 node and seven A10 nodes, with its uneven partition `0-11-8-8-8-8-5-0`.
+# data-parallel communication, and the memory of every pipeline stage against its GPU. Here: the GPT-2 XL of
+# [FASOP's Megatron-LM scripts](https://github.com/AvatarHwang/FASOP) on FASOP's heterogeneous cluster of one A100
+# node and seven A10 nodes, with the scripts' uneven partition `0-11-8-8-8-8-5-0`.
 
 # %%
 from labkit.diagrams import show
@@ -151,9 +154,9 @@ memory_bars(est).show()
 
 # %% [markdown]
 # Under 1F1B, stage $i$ of $p$ keeps up to $p - i$ micro-batches' activations in flight, so early stages hold the
-# most; with an uneven partition the heaviest early stage on the smallest GPU decides the memory verdict. Seed 000
-# measured 1.4 s per iteration for this layout on 8 nodes of 4
-# A10s; lab 06 searches for a better one.
+# most; with an uneven partition the heaviest early stage on the smallest GPU decides the memory verdict. FASOP's
+# scripts measured 1.4 s per iteration for this layout on 8 nodes of 4 A10s (no A100 among them, so not the cluster
+# estimated here); lab 06 searches for a better one.
 #
 # How right is the estimator? Here it is against published Megatron-LM runs on DGX A100: SC21's Table 1 (the A100
 # efficiency in `labkit/data/gpus.yaml` was fitted to it) and Korthikanti et al.'s Table 5 (held out: selective recompute

@@ -21,17 +21,18 @@
 #
 # **Objectives.** By the end of this lab you can
 # - search every tensor/pipeline/data split, micro-batch, node order and uneven layer partition of a GPT on a mixed
-#   A100 + A10 cluster (seed 002's FASOP problem) and read the ranked table;
+#   A100 + A10 cluster (the problem [FASOP](https://github.com/AvatarHwang/FASOP) solves, Hwang et al., ICPP 2023)
+#   and read the ranked table;
 # - trade time against money over cluster compositions on a Pareto chart;
 # - draw the chosen layout's pipeline schedule;
 # - launch a planned layout on the emulated heterogeneous cluster and compare the measured step with the estimate.
 
 # %% tags=["parameters"]
 backend = "local"           # "slurm" launches on the (local) Slurm's emulated a100 + a10 nodes
-cluster = "a100-a10-hetero"  # 1 node x 4 A100-40GB + 7 nodes x 4 A10, as in seeds 000 and 002
+cluster = "a100-a10-hetero"  # 1 node x 4 A100-40GB + 7 nodes x 4 A10, FASOP's mixed cluster
 model = "gpt2-xl"
 global_batch = 64
-max_nodes = 3               # the Pareto sweep: 0..max_nodes nodes of each GPU type (seed 002: 8)
+max_nodes = 3               # the Pareto sweep: 0..max_nodes nodes of each GPU type (FASOP's chart: 8)
 launch_iterations = 6
 
 # %%
@@ -63,9 +64,9 @@ print(f"{plan.configs_evaluated} layouts estimated ({plan.configs_pruned} ruled 
 ranked_table(plan, top=10)
 
 # %% [markdown]
-# Seed 000 ran `PARTITION="0-11-8-8-8-8-5-0"` (PP 8, DP 4) and measured 1.4 s per step on A10s; FASOP ranked
-# mbs 1, tp 1, dp 2, pp 16 first at about 1.07 s. Compare with the rows above; in the pipelined rows, see how the
-# partition gives each stage a share of layers that matches its GPU's speed and memory.
+# FASOP's Megatron-LM scripts ran `PARTITION="0-11-8-8-8-8-5-0"` (PP 8, DP 4) and measured 1.4 s per step on 32 A10s;
+# FASOP's planner ranked mbs 1, tp 1, dp 2, pp 16 first at about 1.07 s. Compare with the rows above; in the
+# pipelined rows, see how the partition gives each stage a share of layers that matches its GPU's speed and memory.
 #
 # ## 6.2 Time or money: the Pareto front over cluster compositions
 

@@ -23,8 +23,9 @@
 # - split the same model and batch three ways over two nodes (data, tensor and pipeline parallel) and predict what
 #   each costs in memory, time and communication;
 # - draw the pipeline's 1F1B schedule and its bubble;
-# - follow a job through its per-node logs and the monitor (the seeds' `get_result.sh`), and check that what each
-#   node says about its layout matches the spec;
+# - follow a job through its per-node logs and the monitor (`get_result.sh` in
+#   [FASOP's Megatron-LM scripts](https://github.com/AvatarHwang/FASOP)), and check that what each node says about its
+#   layout matches the spec;
 # - find the communication of each parallel group (tp, pp, dp) in the profiler;
 # - tell why a job failed from its logs, with a job that fails on purpose;
 # - pick runs and views in the run dashboard.
@@ -111,7 +112,7 @@ broken = jobs.submit(base.replace(name="lab07-bad-data", data={"mock": False, "p
 sweep.jobs["pp2"]
 
 # %% [markdown]
-# The monitor (the seeds' `get_result.sh`): each node's last lines, the job information each node printed checked
+# The monitor (like FASOP's `get_result.sh`): each node's last lines, the job information each node printed checked
 # against the spec, and the iteration times so far. It refreshes until the job ends.
 
 # %% tags=["nbval-ignore-output", "widgets"]

@@ -1,4 +1,4 @@
-"""The workshop's own numbers (seed 003 §4.4) and the formulas' general forms."""
+"""The NVIDIA DLI workshop's own numbers ("Model Parallelism", §4.4) and the formulas' general forms."""
 import math
 
 import pytest

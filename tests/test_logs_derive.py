@@ -67,7 +67,8 @@ def test_logged_tflops_are_used_when_printed():
 
 
 def test_mfu_of_seed000_heterogeneous_job_from_its_spec():
-    """Seed 000's GPT-2 XL job: 1 node of 4 A100 + 7 nodes of 4 A10, global batch 64, about 1.4 s per iteration."""
+    """The GPT-2 XL log of FASOP's Megatron-LM scripts (32 A10, global batch 64, about 1.4 s per iteration) read with
+    the heterogeneous example spec (1 node of 4 A100 + 7 nodes of 4 A10): the peaks come from the spec's GPUs."""
     spec = load_spec(ROOT / "examples" / "gpt2-xl-hetero.yaml")
     p = parse_log(FIXTURES / "seed000-get-result.txt")
     speed = throughput(p, spec=spec)

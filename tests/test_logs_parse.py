@@ -1,4 +1,5 @@
-"""The log parser against real logs of every era and launcher, and the seeds' examples.
+"""The log parser against real logs of every era and launcher, and the examples printed by FASOP's Megatron-LM
+scripts, the NVIDIA DLI workshop "Model Parallelism" and aws-samples/awsome-distributed-training.
 
 Expected values were read off the log text by eye (each assertion quotes what the line prints)."""
 from __future__ import annotations
@@ -214,7 +215,7 @@ def test_nemo2_zero_based_iterations(logs):
     assert row(p, 34)["lm_loss"] == pytest.approx(2.788)
 
 
-# --- the seeds' examples ------------------------------------------------------------------------------------------
+# --- the course sources' examples (FASOP, the NVIDIA DLI workshop, awsome-distributed-training) -----------------------
 
 def test_seed000_get_result_output():
     p = parse_log(FIXTURES / "seed000-get-result.txt")

@@ -70,7 +70,8 @@ def test_memory_caps_are_respected_and_can_make_it_infeasible():
 
 
 def test_seed_shape_empty_end_stages_when_embedding_and_output_are_heavy():
-    # seed 000 runs 0-11-8-8-8-8-5-0: the first and last stages only hold the embedding and the output layer
+    # FASOP's Megatron-LM scripts run 0-11-8-8-8-8-5-0: the first and last stages only hold the embedding and the
+    # output layer
     per_layer = [[1.0] * 8] * 4
     found = min_max_partition(per_layer, [3.5, 0.0, 0.0, 3.5])
     assert found.layers == [0, 4, 4, 0]

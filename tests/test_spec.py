@@ -95,7 +95,8 @@ def test_python_built_spec_defaults_to_one_cpu_host():
     assert spec.world_size == 1 and spec.stage_gpus == ["cpu"]
 
 
-# Each case: a change to the seeds' valid spec, and the field the error must name (plus a fragment of the fix).
+# Each case: a change to the valid gpt2-xl-hetero example, and the field the error must name (plus a fragment of
+# the fix).
 INVALID = {
     "world size mismatch": ({"parallel.data": 2}, "parallel.data", "set parallel.data to 4"),
     "heads vs tensor": ({"parallel.tensor": 2, "parallel.data": 2}, "model.num_attention_heads", "divides 25"),

@@ -184,7 +184,7 @@ def test_tensor_parallel_matches_one_process(runs):
 def test_uneven_pipeline_with_an_empty_stage_trains_and_recompute_gives_the_same_loss(runs):
     plain, recompute = runs["pp2"].ok(), runs["pp2_recompute"].ok()
     assert "pipeline-model-parallel size: 2" in plain.text
-    # layout E|t*3,L (the seeds' partition 0-3): stage 0 holds only the embeddings, stage 1 all 3 layers and the output
+    # layout E|t*3,L (FASOP's PARTITION 0-3): stage 0 holds only the embeddings, stage 1 all 3 layers and the output
     assert "pipeline_model_parallel_layout .................. E|t*3,L" in plain.text
     params = {int(k): int(v) for k, v in re.findall(r"model parallel rank \(0, (\d)\): (\d+)", plain.text)}
     h, vocab, seq = 64, 1024, 64

@@ -44,7 +44,7 @@ import pandas as pd
 # Record patterns. Each starts with a literal so the regex engine can skip ahead quickly.
 
 _ITERATION = re.compile(rb"iteration[ =]+(\d+) */ *(\d+) *\|([^\n]*)")
-_GET_RESULT_TIME = re.compile(rb"\niteration (\d+) : ([\d.]+) s(?=\n)")  # seed 000's get_result.sh summary
+_GET_RESULT_TIME = re.compile(rb"\niteration (\d+) : ([\d.]+) s(?=\n)")  # FASOP's get_result.sh summary
 _MEMORY = re.compile(rb"memory \(MB\) *\|([^\n]*)")
 _TIMER_LINE = re.compile(rb"time \(ms\) *\|([^\n]*)")
 _TIMER_BLOCK = re.compile(rb"across ranks \(ms\):")

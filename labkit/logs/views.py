@@ -162,7 +162,7 @@ def timer_breakdown_figure(runs) -> go.Figure:
 
 def timeline_figure(parsed: ParsedLog, node: str | None = None, iterations: list[int] | None = None) -> go.Figure:
     """Per-rank timeline of one iteration's timers: every rank of a node (or the job) on its own row, its phases laid
-    end to end (mean over the chosen iterations), like seed 000's report.
+    end to end (mean over the chosen iterations), like the report of FASOP's Megatron-LM scripts.
 
     Ranks come from per-rank timers; a log with only Megatron's (min, max) summary shows the fastest and slowest rank.
     """
