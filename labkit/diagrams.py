@@ -1,5 +1,6 @@
-"""The labs' diagrams, drawn from the same ideas the library computes, as plain SVG: no plotting package, the same bytes
-on every machine.
+"""The labs' diagrams, drawn from what the library computes, as plain SVG: no plotting package, the same bytes on every
+machine. Pipeline schedules are the estimator's own (labkit.estimate.timing plays out 1F1B and interleaved 1F1B);
+what each layer keeps under activation recomputation is labkit.estimate.recompute's.
 
 `python -m labkit.diagrams [--out images]` (or `labkit diagrams`) regenerates images/. In a notebook,
 `show(pipeline_schedule_svg(4, 8, 2))` draws one inline.
@@ -9,9 +10,10 @@ from __future__ import annotations
 import argparse
 import html
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
+from labkit.estimate.recompute import stored_activations
+from labkit.estimate.timing import Event, Pipeline, bubble_fraction
 from labkit.paths import course_dir, example
 from labkit.spec import RunSpec, load_spec
 
@@ -66,84 +68,16 @@ class Svg:
 
 # --- pipeline schedules -----------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class PipelineOp:
-    stage: int
-    kind: str  # "F" or "B"
-    micro_batch: int
-    chunk: int
-    start: float
-    end: float
-
-
-def _stage_order(stage: int, stages: int, micro_batches: int, chunks: int) -> list[tuple[str, int, int]]:
-    """(kind, micro_batch, chunk) in the order Megatron's 1F1B (chunks=1) or interleaved 1F1B runs them on a stage:
-    warm-up forwards, then one forward one backward, then the remaining backwards."""
-    total = micro_batches * chunks
-
-    def forward(k):
-        return "F", (k // (stages * chunks)) * stages + k % stages, (k // stages) % chunks
-
-    def backward(k):
-        return "B", (k // (stages * chunks)) * stages + k % stages, chunks - 1 - (k // stages) % chunks
-
-    if chunks == 1:
-        warmup = min(stages - stage - 1, micro_batches)
-    else:
-        warmup = min((stages - stage - 1) * 2 + (chunks - 1) * stages, total)
-    order = [forward(k) for k in range(warmup)]
-    for k in range(total - warmup):
-        order += [forward(warmup + k), backward(k)]
-    order += [backward(k) for k in range(total - warmup, total)]
-    return order
-
-
 def pipeline_schedule(stages: int, micro_batches: int, chunks: int = 1, forward_time: float = 1.0,
-                      backward_time: float = 2.0) -> list[PipelineOp]:
-    """Simulate a 1F1B (chunks=1) or interleaved (chunks>1 model chunks per stage) schedule, each op starting as soon
-    as its stage is free and its input has arrived; a chunk's work is 1/chunks of a stage's."""
+                      backward_time: float = 2.0) -> list[Event]:
+    """The events of a 1F1B (chunks=1) or interleaved (chunks > 1 model chunks per stage) step over equal stages
+    with free sends, as the estimator plays it out (labkit.estimate.timing.schedule_1f1b); a chunk's work is
+    1/chunks of a stage's."""
     if stages < 1 or micro_batches < 1 or chunks < 1:
         raise ValueError("stages, micro_batches and chunks must be >= 1")
-    if chunks > 1 and micro_batches % stages:
-        raise ValueError(f"the interleaved schedule needs micro_batches ({micro_batches}) to be a multiple of "
-                         f"stages ({stages})")
-    queues = [_stage_order(s, stages, micro_batches, chunks) for s in range(stages)]
-    position = [0] * stages
-    free_at = [0.0] * stages
-    done: dict[tuple[str, int, int], float] = {}  # (kind, virtual stage, micro-batch) -> end time
-    ops: list[PipelineOp] = []
-    last_virtual = stages * chunks - 1
-    while any(position[s] < len(queues[s]) for s in range(stages)):
-        progressed = False
-        for s in range(stages):
-            if position[s] == len(queues[s]):
-                continue
-            kind, mb, chunk = queues[s][position[s]]
-            virtual = chunk * stages + s
-            if kind == "F":
-                needs = [("F", virtual - 1, mb)] if virtual > 0 else []
-            else:
-                needs = [("F", virtual, mb)] + ([("B", virtual + 1, mb)] if virtual < last_virtual else [])
-            if any(n not in done for n in needs):
-                continue
-            start = max([free_at[s]] + [done[n] for n in needs])
-            end = start + (forward_time if kind == "F" else backward_time) / chunks
-            done[(kind, virtual, mb)] = end
-            free_at[s] = end
-            ops.append(PipelineOp(s, kind, mb, chunk, start, end))
-            position[s] += 1
-            progressed = True
-        if not progressed:
-            raise RuntimeError("the schedule deadlocked: a stage waits for work that never comes")
-    return ops
-
-
-def bubble_fraction(ops: list[PipelineOp]) -> float:
-    """Idle share of the stages' time between the first start and the last end."""
-    stages = max(op.stage for op in ops) + 1
-    span = max(op.end for op in ops) - min(op.start for op in ops)
-    busy = sum(op.end - op.start for op in ops)
-    return 1 - busy / (stages * span)
+    work = forward_time + backward_time
+    return Pipeline((work,) * stages, (0.0,) * (stages - 1), micro_batches, chunks,
+                    backward_shares=(backward_time / work,) * stages).events()
 
 
 def pipeline_schedule_svg(stages: int = 4, micro_batches: int = 8, chunks: int = 1, title: str | None = None,
@@ -159,7 +93,7 @@ def _schedule_title(stages, micro_batches, chunks):
 
 def _schedules_svg(panels, stages, time_scale=26.0) -> str:
     left, row_h, panel_gap = 70, 26, 54
-    span = max(max(op.end for op in ops) for _, ops in panels)
+    span = max(max(op.end_s for op in ops) for _, ops in panels)
     width = left + span * time_scale + 30
     height = 20 + len(panels) * (stages * row_h + panel_gap) + 30
     svg = Svg(width, height)
@@ -171,13 +105,13 @@ def _schedules_svg(panels, stages, time_scale=26.0) -> str:
         for s in range(stages):
             svg.text(left - 8, top + s * row_h + row_h / 2 + 4, f"stage {s}", anchor="end")
         for op in ops:
-            shades = CHUNK_SHADES if op.kind == "F" else BACK_SHADES
-            x, w = left + op.start * time_scale, (op.end - op.start) * time_scale
+            shades = CHUNK_SHADES if op.op == "forward" else BACK_SHADES
+            x, w = left + op.start_s * time_scale, (op.end_s - op.start_s) * time_scale
             svg.rect(x, top + op.stage * row_h, w, row_h - 4, shades[op.chunk % len(shades)])
             if w >= 11:
                 svg.text(x + w / 2, top + op.stage * row_h + row_h / 2 + 2, op.micro_batch + 1, size=10,
                          anchor="middle", fill="#fff")
-        end = max(op.end for op in ops)
+        end = max(op.end_s for op in ops)
         svg.line(left + end * time_scale, top - 4, left + end * time_scale, top + stages * row_h, dash="4,3")
         y0 = top + stages * row_h + panel_gap - 24
     svg.rect(left, height - 26, 14, 12, CHUNK_SHADES[0])
@@ -196,30 +130,6 @@ def pipeline_schedules_svg(stages: int = 4, micro_batches: int = 8, chunks: int 
 
 
 # --- activation checkpointing -----------------------------------------------------------------------------------------
-
-def stored_activations(layers: int, granularity: str | None, method: str | None = None,
-                       num_layers: int = 1) -> list[str]:
-    """What each transformer layer keeps for the backward pass, in Megatron's recompute modes:
-    "all" (every activation), "input" (its input only; the rest is recomputed), "inner" (an input of a checkpointed
-    group recomputed from an earlier layer's input: nothing kept), "no-attention" (selective: all but the attention
-    core's softmax and dropout).
-
-    full/uniform: layers are grouped `num_layers` at a time and each group keeps only its input.
-    full/block: the first `num_layers` layers keep only their input; the others keep everything.
-    """
-    if granularity is None:
-        return ["all"] * layers
-    if granularity == "selective":
-        return ["no-attention"] * layers
-    if granularity != "full" or method not in ("uniform", "block"):
-        raise ValueError(f"recompute {granularity}/{method}: use granularity 'full' with method 'uniform' or "
-                         f"'block', or granularity 'selective'")
-    if num_layers < 1:
-        raise ValueError("recompute num_layers must be >= 1")
-    if method == "block":
-        return ["input" if i < num_layers else "all" for i in range(layers)]
-    return ["input" if i % num_layers == 0 else "inner" for i in range(layers)]
-
 
 def activation_checkpointing_svg(layers: int = 8) -> str:
     rows = [("no recompute", stored_activations(layers, None)),

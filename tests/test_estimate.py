@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from labkit import catalog
 from labkit.cli import main
-from labkit.estimate import (Calibration, Profile, Shape, Stack, allreduce_time, default_calibration, estimate,
+from labkit.estimate import (Pipeline, Profile, Shape, Stack, allreduce_time, default_calibration, estimate,
                              memory_per_stage, pipeline_lower_bound, pipeline_time, stage_time)
 from labkit.estimate.memory import activation_bytes_per_layer
 from labkit.estimate.timing import schedule_1f1b
@@ -269,14 +269,20 @@ def test_planner_bound_never_exceeds_the_pipeline_time(stages, m, messages, data
     bound = pipeline_lower_bound(stages, sends, m, messages=messages)
     assert bound <= pipeline_time(stages, sends, m, messages=messages).total_s * (1 + 1e-9)
     assert bound >= m * max(stages)
+    # interleaved: the same bound over the played-out schedule, whatever the wrap-around send costs
+    v, wrap = data.draw(st.sampled_from([2, 4])), data.draw(st.floats(0.0, 0.3))
+    m_v = len(stages) * (1 + m // len(stages))
+    bound = pipeline_lower_bound(stages, sends, m_v, v, messages)
+    assert bound <= pipeline_time(stages, sends, m_v, v, messages, wrap_time=wrap).total_s * (1 + 1e-9)
+    assert bound >= m_v * max(stages)
 
 
 def test_schedule_splits_each_stage_into_its_own_forward_and_backward():
     # full recompute makes a stage's backward 3 of its 4 forward-equivalents; a CPU profile may measure 1:1
     events = schedule_1f1b([1.0, 1.0], [0.0], 2, backward_shares=[0.75, 0.5])
-    lengths = {(stage, op): end - start for stage, _, op, start, end in events}
+    lengths = {(stage, op): end - start for stage, _, _, op, start, end in events}
     assert lengths == {(0, "forward"): 0.25, (0, "backward"): 0.75, (1, "forward"): 0.5, (1, "backward"): 0.5}
-    assert {(s, op): e - b for s, _, op, b, e in schedule_1f1b([0.9, 0.9], [0.0], 2)} == pytest.approx(
+    assert {(s, op): e - b for s, _, _, op, b, e in schedule_1f1b([0.9, 0.9], [0.0], 2)} == pytest.approx(
         {(0, "forward"): 0.3, (0, "backward"): 0.6, (1, "forward"): 0.3, (1, "backward"): 0.6})
 
 
@@ -332,3 +338,44 @@ def test_a_calibration_without_a_gpu_names_what_it_knows():
     cal = dataclasses.replace(default_calibration(), efficiency={"A100-40GB": 0.7})
     with pytest.raises(KeyError, match="A100-40GB"):
         stage_time("T4", 1, 1, 1, shape=AMP_SHAPE, calibration=cal)
+
+
+@pytest.mark.parametrize("p, v", [(4, 2), (4, 4), (8, 2), (2, 3)])
+def test_interleaving_divides_the_bubble_by_the_chunk_count(p, v):
+    """SC21 section 2.2: the interleaved bubble is (p - 1)/(v m) of the ideal time, 1/v of 1F1B's (p - 1)/m."""
+    for m in (p, 4 * p, 32 * p):
+        plain = Pipeline((1.0,) * p, (0.0,) * (p - 1), m).events()
+        interleaved = Pipeline((1.0,) * p, (0.0,) * (p - 1), m, virtual_stages=v).events()
+        # the bubble measured from the events: each stage's idle time over the step, against its m stage times of work
+        idle = [(events[-1].end_s - sum(e.end_s - e.start_s for e in events if e.stage == 0)) / m
+                for events in (plain, interleaved)]
+        assert idle[0] == pytest.approx((p - 1) / m)
+        assert idle[1] == pytest.approx((p - 1) / (v * m))
+        assert idle[0] / idle[1] == pytest.approx(v)
+        assert {e.chunk for e in interleaved} == set(range(v)) and len(interleaved) == 2 * p * m * v
+
+
+def test_interleaved_sends_cross_every_chunk_boundary():
+    # each micro-batch crosses v times as many boundaries: with sends that cost, part of the gain goes to them
+    p, m, send = 4, 16, 0.05
+    plain = pipeline_time([1.0] * p, [send] * (p - 1), m)
+    two = pipeline_time([1.0] * p, [send] * (p - 1), m, 2)
+    wrapped = pipeline_time([1.0] * p, [send] * (p - 1), m, 2, wrap_time=0.3)
+    free = pipeline_time([1.0] * p, [0.0] * (p - 1), m, 2)
+    assert free.total_s < two.total_s < plain.total_s
+    assert two.total_s < wrapped.total_s
+    assert two.pp_comm_s > plain.pp_comm_s
+
+
+def test_an_interleaved_estimate_is_timed_by_the_played_out_schedule():
+    spec = lambda v: load_spec({"model": {"preset": "gpt2-medium"},  # noqa: E731
+                                "parallel": {"pipeline": 4, "virtual_stages": v}, "batch": {"micro": 1, "global": 16},
+                                "precision": "bf16", "cluster": {"nodes": [{"gpu": "A100-40GB", "count": 1,
+                                                                           "gpus_per_node": 4}]}})
+    plain, interleaved = estimate(spec(1)), estimate(spec(2))
+    pipe = interleaved.pipeline
+    assert pipe.virtual_stages == 2 and pipe.wrap_time_s > 0
+    pipeline_s = sum(interleaved.breakdown[k] for k in ("compute", "bubble", "tp_comm", "pp_comm"))
+    assert max(e.end_s for e in pipe.events()) == pytest.approx(pipeline_s)
+    assert interleaved.breakdown["bubble"] < 0.6 * plain.breakdown["bubble"]
+    assert interleaved.iteration_time_s < plain.iteration_time_s

@@ -55,9 +55,14 @@ def test_plan_rows_carry_the_schedule_they_were_timed_with():
     assert "pipeline" not in row.to_dict()
 
 
-def test_interleaved_schedules_are_not_drawn():
-    with pytest.raises(ValueError, match="virtual_stages"):
-        schedule_events(Pipeline((1.0, 1.0), (0.0,), 4, virtual_stages=2))
+def test_interleaved_schedules_are_drawn_from_the_same_events():
+    pipeline = Pipeline((1.0, 1.5), (0.1,), 4, virtual_stages=2, wrap_time_s=0.2)
+    events = schedule_events(pipeline)
+    assert list(events.columns) == ["stage", "chunk", "micro_batch", "op", "start_s", "end_s"]
+    assert len(events) == 2 * 2 * 4 * 2 and set(events["chunk"]) == {0, 1}
+    assert events["end_s"].max() == pytest.approx(pipeline.time().total_s)
+    fig = schedule_figure(pipeline)
+    assert "interleaved" in fig.layout.title.text
 
 
 def test_ranked_table_has_fasops_columns():

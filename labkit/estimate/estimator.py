@@ -136,8 +136,10 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     if par.sequence_parallel:
         message /= t
     boundaries = [p2p_time(message, topo.pair_gbps(i, i + 1), latency + stack.p2p_message_s) for i in range(p - 1)]
+    # interleaved, the last stage's chunk c feeds the first stage's chunk c + 1
+    wrap = p2p_time(message, topo.pair_gbps(p - 1, 0), latency + stack.p2p_message_s) if v > 1 and p > 1 else 0.0
     pipeline = Pipeline(tuple(s.total_s for s in stages), tuple(boundaries), m, v, messages=stack.p2p_messages,
-                        backward_shares=tuple(s.backward_share for s in stages))
+                        backward_shares=tuple(s.backward_share for s in stages), wrap_time_s=wrap)
     pipe = pipeline.time()
 
     # After the last backward: gradient all-reduce per stage, tied-embedding all-reduce, optimizer step.

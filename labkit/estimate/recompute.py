@@ -1,7 +1,7 @@
 """Activation recomputation, mode by mode: the memory it saves and the work it repeats, before a run.
 
 `estimate()` prices full recomputation as every layer recomputed. Megatron's methods differ in which layers that is
-(labkit.diagrams.stored_activations draws it): `uniform` checkpoints the input of every group of `num_layers` layers
+(`stored_activations`; labkit.diagrams draws it): `uniform` checkpoints the input of every group of `num_layers` layers
 and recomputes them all; `block` checkpoints only the first `num_layers` layers of each pipeline stage and keeps the
 rest whole; `selective` keeps everything but the attention core (its softmax, dropout and score matrices), which is
 cheap to recompute and large to keep. Here each layer is sized by what it keeps (Korthikanti et al., Table 2, as in
@@ -15,7 +15,6 @@ from typing import Mapping
 
 import pandas as pd
 
-from labkit.diagrams import stored_activations
 from labkit.estimate.flops import attention_core_forward_flops, layer_forward_flops, model_flops
 from labkit.estimate.memory import GIB, activation_bytes_per_layer, memory_per_stage
 from labkit.estimate.params import Shape
@@ -33,6 +32,31 @@ class RecomputeCost:
     recomputed_layers: int     # layers of the first stage whose forward runs again in the backward pass
     activations_mib: float     # kept for the backward pass: one micro-batch, first stage, embeddings and logits too
     extra_compute: float       # recomputed forward FLOPs over the model FLOPs of a step (all stages)
+
+
+def stored_activations(layers: int, granularity: str | None, method: str | None = None,
+                       num_layers: int = 1) -> list[str]:
+    """What each transformer layer keeps for the backward pass, in Megatron's recompute modes:
+    "all" (every activation), "input" (its input only; the rest is recomputed), "inner" (an input of a checkpointed
+    group recomputed from an earlier layer's input: nothing kept), "no-attention" (selective: all but the attention
+    core's softmax and dropout).
+
+    full/uniform: layers are grouped `num_layers` at a time and each group keeps only its input.
+    full/block: the first `num_layers` layers keep only their input; the others keep everything.
+    """
+    if granularity is None:
+        return ["all"] * layers
+    if granularity == "selective":
+        return ["no-attention"] * layers
+    if granularity != "full" or method not in ("uniform", "block"):
+        raise ValueError(f"recompute {granularity}/{method}: use granularity 'full' with method 'uniform' or "
+                         f"'block', or granularity 'selective'")
+    if num_layers < 1:
+        raise ValueError("recompute num_layers must be >= 1")
+    if method == "block":
+        return ["input" if i < num_layers else "all" for i in range(layers)]
+    return ["input" if i % num_layers == 0 else "inner" for i in range(layers)]
+
 
 
 def mode_name(spec: RunSpec) -> str:

@@ -3,7 +3,8 @@ data-parallel gradient all-reduce, the tied-embedding all-reduce and the optimiz
 
 Link speeds are Gbit/s per direction. Ring collectives over n ranks move 2 (n-1)/n M bytes per rank for an all-reduce
 (SC21 §3; NCCL's bus-bandwidth convention) plus 2 (n-1) latency steps. What a collective reaches is its bus bandwidth,
-a fraction of the link's rate (`bus_gbps`): the catalog and cluster files hold link rates, topology.py converts them.
+a fraction of the link's rate (`Calibration.bus_gbps`): the catalog and cluster files hold link rates, topology.py
+converts them.
 
 Analytic compute of one transformer layer (no profile) is matrix-multiply FLOPs / (peak x efficiency) plus the
 memory-bound kernels (layer norms, softmax, dropout, GELU, residual adds), which stream the layer's activations
@@ -20,12 +21,17 @@ issues four, k = 2), a receive also holds a busy receiver for (k - 1) C. Where t
 stages are equal, this gives the critical-path form AMP, Alpa and Metis use,
     T = (m - 1) max_i T'_i + sum_i T_i + 2 sum_j C_j,    T'_i = T_i + k (C_in + C_out)
 (T_i one micro-batch's forward + backward on stage i, C_j one boundary's send); where an earlier stage is the slowest,
-its warm-up forwards overlap the round trip through the later stages and T is shorter than that form. For v interleaved
-chunks the closed form is kept, with the fill/drain part shrunk to max T + (sum T - max T)/v.
+its warm-up forwards overlap the round trip through the later stages and T is shorter than that form.
+
+With v > 1 model chunks per stage the same player runs Megatron's interleaved 1F1B (Narayanan et al. SC21,
+arXiv:2104.04473, section 2.2): stage i holds the model chunks i, p + i, 2p + i, ..., each 1/v of its work, and runs
+(p - i - 1) x 2 + (v - 1) p warm-up forwards. The fill and drain shrink by v (for equal stages the bubble is
+(p - 1)/v stage times against m, SC21's (p - 1)/(v m)) while every micro-batch crosses v times as many boundaries.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from labkit.estimate.calibration import Calibration, Stack, resolve
 from labkit.estimate.flops import attention_core_forward_flops, layer_forward_flops, logits_forward_flops
@@ -142,35 +148,59 @@ def _tp_comm(layers: int, tokens: int, shape: Shape, tensor: int, precision: str
 
 @dataclass
 class PipelineTime:
+    """One step's pipeline, seconds, as the schedule plays it out.
+
+    total_s: first operation's start to last operation's end.
+    busy_s: the bottleneck stage's own work, m x T_k.
+    bubble_s: fill and drain while the bottleneck waits.
+    pp_comm_s: sends and receives on the critical path.
+    bottleneck_stage: k, the stage with the most work and transfers per micro-batch.
+    """
     total_s: float
-    busy_s: float         # the bottleneck stage's own work: m x T_k
-    bubble_s: float       # fill and drain while the bottleneck waits
-    pp_comm_s: float      # sends and receives on the critical path
+    busy_s: float
+    bubble_s: float
+    pp_comm_s: float
     bottleneck_stage: int
 
 
+class Event(NamedTuple):
+    """One forward or backward of one model chunk of one micro-batch on one pipeline stage. Its time includes the
+    send that follows it and, with blocking transfers, the receives that hold the stage (see the module docstring)."""
+    stage: int
+    chunk: int          # model chunk (virtual stage index on this stage), 0 without interleaving
+    micro_batch: int
+    op: str             # "forward" or "backward"
+    start_s: float
+    end_s: float
+
+
 def pipeline_time(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
-                  virtual_stages: int = 1, messages: int = 1,
-                  backward_shares: list[float] | None = None) -> PipelineTime:
+                  virtual_stages: int = 1, messages: int = 1, backward_shares: list[float] | None = None,
+                  wrap_time: float = 0.0) -> PipelineTime:
     """1F1B (interleaved when virtual_stages > 1) over stages with per-micro-batch times `stage_times` (forward +
-    backward) and per-micro-batch, one-way send times `boundary_times` (one per boundary, len = stages - 1);
-    `messages`: transfers per neighbour per micro-batch in the steady state (k in the module's formula);
-    `backward_shares`: each stage's backward as a share of its time (BACKWARD_SHARE where not given)."""
+    backward) and per-micro-batch, one-way send times `boundary_times` (one per boundary, len = stages - 1), played
+    out by `schedule_1f1b`; `messages`: transfers per neighbour per micro-batch in the steady state (k in the
+    module's formula); `backward_shares`: each stage's backward as a share of its time (BACKWARD_SHARE where not
+    given); `wrap_time`: interleaved only, the send from the last stage back to the first between model chunks."""
     p, m, v = len(stage_times), num_micro_batches, max(1, virtual_stages)
-    if len(boundary_times) != max(0, p - 1):
-        raise ValueError(f"boundary_times: need {max(0, p - 1)} values (one per stage boundary), got {len(boundary_times)}")
-    edges = [0.0, *boundary_times, 0.0]
+    events = schedule_1f1b(stage_times, boundary_times, m, messages, backward_shares, v, wrap_time)
+    wrap = wrap_time if v > 1 else 0.0
+    edges = [wrap, *boundary_times, wrap]
     steady = [t + messages * v * (edges[i] + edges[i + 1]) for i, t in enumerate(stage_times)]
     k = max(range(p), key=lambda i: steady[i])
-    if v == 1:
-        total = schedule_1f1b(stage_times, boundary_times, m, messages, backward_shares)[-1][-1]
-    else:
-        t_max = max(stage_times)
-        total = (m - 1) * steady[k] + t_max + (sum(stage_times) - t_max) / v + 2 * sum(boundary_times)
+    total = events[-1].end_s
     busy = m * stage_times[k]
     pp_comm = min((m - 1) * (steady[k] - stage_times[k]) + 2 * sum(boundary_times), total - busy)
     return PipelineTime(total_s=total, busy_s=busy, bubble_s=total - busy - pp_comm, pp_comm_s=pp_comm,
                         bottleneck_stage=k)
+
+
+def bubble_fraction(events: list[Event]) -> float:
+    """Idle share of the stages' time between the first start and the last end of a schedule's events."""
+    stages = max(e.stage for e in events) + 1
+    span = max(e.end_s for e in events) - min(e.start_s for e in events)
+    busy = sum(e.end_s - e.start_s for e in events)
+    return 1 - busy / (stages * span)
 
 
 # Of a micro-batch's forward + backward, without recompute: the backward computes two GEMMs per forward one.
@@ -180,91 +210,132 @@ BACKWARD_SHARE = 2 / 3
 @dataclass(frozen=True)
 class Pipeline:
     """What a pipeline's time is computed from; `time()` and `events()` are the same schedule, so a drawing of
-    `events()` ends where the estimate's pipeline time does."""
-    stage_times_s: tuple[float, ...]       # forward + backward of one micro-batch per stage
-    boundary_times_s: tuple[float, ...]    # one send between stage i and i + 1
+    `events()` ends where the estimate's pipeline time does.
+
+    stage_times_s: forward + backward of one micro-batch per stage (all its model chunks).
+    boundary_times_s: one send between stage i and i + 1.
+    num_micro_batches: m.
+    virtual_stages: model chunks per stage (v); > 1 plays out Megatron's interleaved 1F1B.
+    messages: blocking transfers per neighbour per micro-batch (k in the module docstring).
+    backward_shares: each stage's backward as a share of its time; BACKWARD_SHARE where None.
+    wrap_time_s: interleaved only, one send from the last stage to the first (chunk c to chunk c + 1).
+    """
+    stage_times_s: tuple[float, ...]
+    boundary_times_s: tuple[float, ...]
     num_micro_batches: int
     virtual_stages: int = 1
     messages: int = 1
     backward_shares: tuple[float, ...] | None = None
+    wrap_time_s: float = 0.0
 
     def time(self) -> PipelineTime:
         return pipeline_time(list(self.stage_times_s), list(self.boundary_times_s), self.num_micro_batches,
                              self.virtual_stages, self.messages,
-                             list(self.backward_shares) if self.backward_shares else None)
+                             list(self.backward_shares) if self.backward_shares else None, self.wrap_time_s)
 
-    def events(self) -> list[tuple[int, int, str, float, float]]:
-        """Every forward and backward as (stage, micro_batch, op, start_s, end_s); see `schedule_1f1b`."""
-        if self.virtual_stages > 1:
-            raise ValueError(f"virtual_stages: {self.virtual_stages} interleaved chunks are timed by a closed form, "
-                             "not played out; draw the schedule of the same layout with virtual_stages 1")
+    def events(self) -> list[Event]:
+        """Every forward and backward of every model chunk, ordered by end time; see `schedule_1f1b`."""
         return schedule_1f1b(list(self.stage_times_s), list(self.boundary_times_s), self.num_micro_batches,
-                             self.messages, list(self.backward_shares) if self.backward_shares else None)
+                             self.messages, list(self.backward_shares) if self.backward_shares else None,
+                             self.virtual_stages, self.wrap_time_s)
 
 
 def pipeline_lower_bound(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
                          virtual_stages: int = 1, messages: int = 1) -> float:
     """A bound that pipeline_time never goes below, in O(stages): some stage k cannot start before the first
-    micro-batch's forwards (and sends) before it are done, then does m forwards and backwards with their sends, and
-    its last gradient still has to go back through the stages before it. (Interleaved: the closed form itself.)"""
-    p, m = len(stage_times), num_micro_batches
-    if virtual_stages > 1:
-        return pipeline_time(stage_times, boundary_times, m, virtual_stages, messages).total_s
+    micro-batch's first-chunk forwards (and sends) before it are done, then does m forwards and backwards of all its
+    chunks with their sends, and its last gradient (a first-chunk backward) still has to go back through the stages
+    before it. `messages` and the interleaved wrap-around send only lengthen the schedule, so the bound leaves them
+    out."""
+    m, v = num_micro_batches, max(1, virtual_stages)
     send = [0.0, *boundary_times, 0.0]
     best = upstream = 0.0
     for k, t in enumerate(stage_times):
-        best = max(best, upstream + m * (t + send[k] + send[k + 1]))
-        upstream += t + send[k + 1] + send[k]  # stage k's forward with its send, and later its backward with its send
+        best = max(best, upstream + m * (t + v * (send[k] + send[k + 1])))
+        upstream += t / v + send[k + 1] + send[k]  # a chunk's forward with its send, later its backward with its send
     return best
 
 
+def _stage_order(stage: int, stages: int, micro_batches: int, chunks: int) -> list[tuple[str, int, int]]:
+    """(op, micro_batch, chunk) in the order Megatron's 1F1B (chunks 1) or interleaved 1F1B runs them on a stage
+    (megatron.core.pipeline_parallel.schedules): warm-up forwards, then one forward and one backward, then the
+    remaining backwards. Interleaved, micro-batches go through the chunks in groups of `stages`, forwards from the
+    first chunk to the last and backwards from the last to the first."""
+    total = micro_batches * chunks
+
+    def op(name: str, k: int) -> tuple[str, int, int]:
+        chunk = (k // stages) % chunks
+        return name, (k // (stages * chunks)) * stages + k % stages, chunk if name == "forward" else chunks - 1 - chunk
+
+    if chunks == 1:
+        warmup = min(stages - stage - 1, micro_batches)
+    else:
+        warmup = min((stages - stage - 1) * 2 + (chunks - 1) * stages, total)
+    order = [op("forward", k) for k in range(warmup)]
+    for k in range(total - warmup):
+        order += [op("forward", warmup + k), op("backward", k)]
+    order += [op("backward", k) for k in range(total - warmup, total)]
+    return order
+
+
 def schedule_1f1b(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
-                  messages: int = 1, backward_shares: list[float] | None = None
-                  ) -> list[tuple[int, int, str, float, float]]:
-    """Every forward and backward of one 1F1B step as (stage, micro_batch, "forward" | "backward", start_s, end_s),
-    ordered by end time; an operation's time includes the sends that follow it (see the module docstring)."""
-    p, m = len(stage_times), num_micro_batches
+                  messages: int = 1, backward_shares: list[float] | None = None, virtual_stages: int = 1,
+                  wrap_time: float = 0.0) -> list[Event]:
+    """Every forward and backward of one 1F1B step (interleaved when virtual_stages > 1), ordered by end time.
+
+    Each stage runs its operations in Megatron's order (`_stage_order`); an operation starts when its stage is free
+    and its input has arrived: a forward needs the previous model chunk's forward of the micro-batch (chunk c on stage
+    i follows chunk c on stage i - 1, and chunk c on the last stage feeds chunk c + 1 on the first over `wrap_time`),
+    a backward the next chunk's backward (or, on the model's last chunk, its own forward). A chunk's work is 1/v of
+    its stage's; its time includes the send that follows it (see the module docstring).
+    """
+    p, m, v = len(stage_times), num_micro_batches, max(1, virtual_stages)
+    if len(boundary_times) != max(0, p - 1):
+        raise ValueError(f"boundary_times: need {max(0, p - 1)} values (one per stage boundary), got {len(boundary_times)}")
+    if v > 1 and m % p:
+        raise ValueError(f"the interleaved schedule needs the micro-batch count ({m}) to be a multiple of stages in "
+                         f"the pipeline ({p})")
     shares = backward_shares or [BACKWARD_SHARE] * p
     send = [0.0, *boundary_times, 0.0]  # send[i]: the link between stage i - 1 and stage i
+    last = p * v - 1                    # the model's last chunk, as a virtual stage u = chunk x p + stage
     hold = messages - 1                 # receives beyond the first that hold a busy receiver
-    orders = []
-    for i in range(p):
-        warm = min(p - i - 1, m)
-        ops = [("forward", j) for j in range(warm)]
-        for j in range(m - warm):
-            ops += [("forward", warm + j), ("backward", j)]
-        ops += [("backward", j) for j in range(m - warm, m)]
-        orders.append(ops)
+
+    def link(u: int) -> float:
+        """The send between virtual stage u and u + 1."""
+        return send[u % p + 1] if u % p < p - 1 else (wrap_time if u < last else 0.0)
+
+    orders = [_stage_order(i, p, m, v) for i in range(p)]
     done: dict[tuple, float] = {}
     events = []
     position, free = [0] * p, [0.0] * p
-    remaining = 2 * p * m
+    remaining = 2 * p * m * v
     while remaining:
         progressed = False
         for i in range(p):
             order = orders[i]
             while position[i] < len(order):
-                op, j = order[position[i]]
+                op, j, c = order[position[i]]
+                u = c * p + i
                 if op == "forward":
-                    arrived, link = (0.0, 0.0) if i == 0 else (done.get(("forward", i - 1, j)), send[i])
-                    work, out = stage_times[i] * (1 - shares[i]), send[i + 1]
+                    arrived, into = (0.0, 0.0) if u == 0 else (done.get(("forward", u - 1, j)), link(u - 1))
+                    work, out = stage_times[i] * (1 - shares[i]) / v, link(u)
                 else:
-                    arrived, link = ((done.get(("forward", i, j)), 0.0) if i == p - 1
-                                     else (done.get(("backward", i + 1, j)), send[i + 1]))
-                    work, out = stage_times[i] * shares[i], send[i]
+                    arrived, into = ((done.get(("forward", u, j)), 0.0) if u == last
+                                     else (done.get(("backward", u + 1, j)), link(u)))
+                    work, out = stage_times[i] * shares[i] / v, link(u - 1) if u > 0 else 0.0
                 if arrived is None:
                     break
-                start = max(free[i], arrived - hold * link) + hold * link
+                start = max(free[i], arrived - hold * into) + hold * into
                 end = start + work + out
-                done[(op, i, j)] = end
+                done[(op, u, j)] = end
                 free[i] = end
-                events.append((i, j, op, start, end))
+                events.append(Event(i, c, j, op, start, end))
                 position[i] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
             raise RuntimeError("1F1B schedule deadlocked; stage orders are inconsistent")
-    events.sort(key=lambda e: e[4])
+    events.sort(key=lambda e: e.end_s)
     return events
 
 

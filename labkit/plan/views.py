@@ -1,9 +1,10 @@
-"""What the planner shows: the ranked table (FASOP's columns), the cost/time Pareto chart, a pipeline schedule."""
+"""What the planner shows: the ranked table (FASOP's columns), the cost/time Pareto chart, a pipeline schedule (the
+estimator's own events, labkit.estimate.timing)."""
 from __future__ import annotations
 
 import pandas as pd
 
-from labkit.estimate.timing import Pipeline
+from labkit.estimate.timing import Event, Pipeline
 
 TABLE_COLUMNS = {
     "mbs": "micro", "tp": "tp", "dp": "dp", "pp": "pp", "virtual_stages": "vp", "recompute": "recompute",
@@ -46,7 +47,7 @@ MARKERS = {"homogeneous-0": "square", "homogeneous-1": "circle", "heterogeneous"
 
 def pareto_figure(sweep: pd.DataFrame, title: str = "Cost and time per step by cluster composition"):
     """Scatter of price per step against step time, one point per cluster composition; marker shape by cluster type
-    (as seed 002: square and circle for the two homogeneous kinds, triangle for mixed clusters), front joined."""
+    (square and circle for the two homogeneous kinds, triangle for mixed clusters), front joined."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -65,24 +66,29 @@ def pareto_figure(sweep: pd.DataFrame, title: str = "Cost and time per step by c
 
 
 def schedule_events(pipeline: Pipeline) -> pd.DataFrame:
-    """Start and end of every forward and backward of a (non-interleaved) 1F1B schedule, for drawing it: the
-    schedule the pipeline's time comes from. `Estimate.pipeline` and `Row.pipeline` are the ones estimated."""
-    return pd.DataFrame(pipeline.events(), columns=["stage", "micro_batch", "op", "start_s", "end_s"])
+    """Start and end of every forward and backward (of every model chunk, when interleaved) of the 1F1B schedule the
+    pipeline's time comes from, for drawing it. `Estimate.pipeline` and `Row.pipeline` are the ones estimated."""
+    return pd.DataFrame(pipeline.events(), columns=list(Event._fields))
 
 
-def schedule_figure(pipeline: Pipeline, stage_labels: list[str] | None = None, title: str = "1F1B pipeline schedule"):
-    """Gantt chart of one step's forwards (light) and backwards (dark) per stage, micro-batch numbers on the bars."""
+def schedule_figure(pipeline: Pipeline, stage_labels: list[str] | None = None, title: str | None = None):
+    """Gantt chart of one step's forwards (light) and backwards (dark) per stage, micro-batch numbers on the bars
+    (and the model chunk in the hover text when the schedule is interleaved)."""
     import plotly.graph_objects as go
 
     events = schedule_events(pipeline)
     labels = stage_labels or [f"stage {i}" for i in range(len(pipeline.stage_times_s))]
+    v = pipeline.virtual_stages
     fig = go.Figure()
     for op, color in (("forward", "#9ecae1"), ("backward", "#3182bd")):
         sub = events[events["op"] == op]
         fig.add_trace(go.Bar(
             y=[labels[i] for i in sub["stage"]], x=sub["end_s"] - sub["start_s"], base=sub["start_s"],
             orientation="h", name=op, marker_color=color, text=sub["micro_batch"], textposition="inside",
-            hovertemplate="micro-batch %{text}: %{base:.4f} s + %{x:.4f} s<extra>" + op + "</extra>"))
-    fig.update_layout(title=title, barmode="overlay", xaxis_title="seconds",
+            customdata=sub["chunk"],
+            hovertemplate="micro-batch %{text}, chunk %{customdata}: %{base:.4f} s + %{x:.4f} s<extra>" + op
+                          + "</extra>"))
+    default_title = "1F1B pipeline schedule" if v == 1 else f"interleaved 1F1B pipeline schedule, {v} chunks per stage"
+    fig.update_layout(title=title or default_title, barmode="overlay", xaxis_title="seconds",
                       yaxis=dict(autorange="reversed"), bargap=0.2)
     return fig
