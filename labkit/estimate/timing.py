@@ -86,9 +86,10 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
     `source` is a Profile (measured forward seconds; its time already contains the tensor-parallel all-reduces it
     was measured with) or a GPU (catalog.GPU or its name), for which compute is FLOPs / (peak x efficiency) and the
     tensor-parallel all-reduces (2 forward + 2 backward per layer of b s h activations) are added from `tp_gbps`
-    (a bus bandwidth, see `Calibration.bus_gbps`). The stack adds its memory-bound passes (a third in the forward) and its fixed
-    cost per all-reduce. Full recompute adds one more forward of the transformer layers to the backward; selective
-    re-runs attention's core. `calibration` (default: the shipped one) gives the efficiency, link fractions and stacks.
+    (a bus bandwidth, see `Calibration.bus_gbps`). The stack adds its memory-bound passes (a third in the forward)
+    and its fixed cost per all-reduce. Full recompute adds one more forward of the transformer layers to the
+    backward; selective re-runs attention's core. `calibration` (default: the shipped one) gives the efficiency, link
+    fractions and stacks.
     """
     cal = resolve(calibration)
     stack = cal.stack(stack)
