@@ -313,9 +313,9 @@ def test_calibration_is_immutable_and_says_where_each_constant_comes_from():
     constants = ([f"efficiency.{g}" for g in cal.efficiency] + [f"intra_node_gbps.{g}" for g in cal.intra_node_gbps]
                  + [f"stacks.{s}" for s in cal.stacks]
                  + ["nvlink_bus_fraction", "pcie_bus_fraction", "network_bus_fraction", "link_latency_s"])
-    kinds = ("fitted", "derived", "published", "assumed", "as A100-40GB (same compute)")
+    kinds = ("fitted", "derived", "published", "assumed", "as A100-80GB (same compute)")
     assert all(cal.sources.get(c, "").split(":")[0] in kinds for c in constants), cal.sources
-    assert "SC21" in cal.sources["efficiency.A100-40GB"] and "FASOP" in cal.sources["efficiency.A10"]
+    assert "SC21" in cal.sources["efficiency.A100-80GB"] and "FASOP" in cal.sources["efficiency.A10"]
     assert "AMP" in cal.sources["stacks.deepspeed-megatron-2020"]
     # every GPU the catalog knows can be estimated analytically
     assert set(catalog.gpus()) <= set(cal.efficiency)

@@ -1,6 +1,7 @@
 """The estimator against published Megatron-LM runs on A100 (labkit/data/published_runs.yaml)."""
 import pytest
 
+from labkit.estimate import default_calibration
 from labkit.estimate.published import published_runs, published_table
 
 
@@ -31,3 +32,12 @@ def test_sc21_runs_are_predicted_with_a_median_error_below_ten_percent(table):
     sc21 = table[table["set"] == "sc21"]
     assert len(sc21) == 10
     assert sc21["error"].abs().median() < 0.10
+
+
+def test_a_calibration_moves_the_published_predictions():
+    cal = default_calibration()
+    slower = cal.with_efficiency("A100-80GB", cal.gpu_efficiency("A100-80GB") / 2)
+    default, halved = published_table(), published_table(calibration=slower)
+    assert (halved["predicted"][default["figure"] == "tflops_per_gpu"]
+            < 0.8 * default["predicted"][default["figure"] == "tflops_per_gpu"]).all()
+    assert published_table()["predicted"].tolist() == default["predicted"].tolist()
