@@ -16,12 +16,15 @@ bandwidth. Every fitted constant (efficiency per GPU, bus fractions, latency, st
 Pieces to call in a hot loop without building a RunSpec (all times in seconds, links in Gbit/s per direction):
 - `Shape(num_layers, hidden, heads, seq_length, vocab, ...)` or `Shape.of(spec.model)`: the model sizes.
 - `stage_time(profile_or_gpu, layers, micro_batch, tensor, shape=..., precision=..., first=, last=, recompute=,
-  first_layer=, tp_gbps=)` -> StageTime(forward_s, backward_s, tp_comm_s, total_s): one micro-batch on one stage.
-- `pipeline_time(stage_times, boundary_times, num_micro_batches, virtual_stages=1, messages=1)` -> PipelineTime(total_s,
-  busy_s, bubble_s, pp_comm_s, bottleneck_stage): the 1F1B schedule over heterogeneous stages, played out by
-  `schedule_1f1b` (every forward and backward with its start and end); `pipeline_lower_bound`: a cheap bound below it.
-  `Pipeline(stage_times_s, boundary_times_s, num_micro_batches, ...)` holds those inputs; `Estimate.pipeline` is the
-  one an estimate was timed with (`.time()`, `.events()`).
+  first_layer=, tp_gbps=, stack=, calibration=)` -> StageTime(forward_s, backward_s, tp_comm_s, total_s): one
+  micro-batch on one stage.
+- `pipeline_time(stage_times, boundary_times, num_micro_batches, virtual_stages=1, messages=1, wrap_time=0)` ->
+  PipelineTime(total_s, busy_s, bubble_s, pp_comm_s, bottleneck_stage): 1F1B, or interleaved 1F1B when
+  virtual_stages > 1, over heterogeneous stages, played out by `schedule_1f1b` (the one pipeline schedule: every
+  forward and backward as an `Event(stage, chunk, micro_batch, op, start_s, end_s)`; `bubble_fraction(events)`);
+  `pipeline_lower_bound`: a cheap bound below it. `Pipeline(stage_times_s, boundary_times_s, num_micro_batches, ...)`
+  holds those inputs; `Estimate.pipeline` is the one an estimate was timed with (`.time()`, `.events()`), which
+  labkit.diagrams and the planner's schedule view draw.
 - `allreduce_time(nbytes, n, gbps, latency_s)`, `p2p_time(nbytes, gbps, latency_s)`: ring all-reduce and one
   pipeline send.
 - `memory_per_stage(shape, partition, tensor=, data_parallel=, micro_batch=, num_micro_batches=, precision=,
@@ -40,8 +43,9 @@ from labkit.estimate.memory import StageMemory, bytes_per_param, memory_per_stag
 from labkit.estimate.params import Shape, gpt_params, layer_params, stage_params, total_params
 from labkit.estimate.profiles import (Profile, ProfileError, available_profiles, find_profile, load_profile,
                                       save_profile)
-from labkit.estimate.timing import (Pipeline, PipelineTime, StageTime, allreduce_time, optimizer_step_time, p2p_time,
-                                    pipeline_lower_bound, pipeline_time, schedule_1f1b, stage_time)
+from labkit.estimate.timing import (Event, Pipeline, PipelineTime, StageTime, allreduce_time, bubble_fraction,
+                                    optimizer_step_time, p2p_time, pipeline_lower_bound, pipeline_time, schedule_1f1b,
+                                    stage_time)
 
 __all__ = [
     "estimate", "Estimate", "MEMORY_MARGIN",
@@ -49,8 +53,8 @@ __all__ = [
     "model_flops", "hardware_flops", "megatron_logged_flops", "flops_96", "flops_72", "achieved_tflops",
     "utilization", "training_days",
     "memory_per_stage", "bytes_per_param", "StageMemory",
-    "stage_time", "pipeline_time", "pipeline_lower_bound", "schedule_1f1b", "allreduce_time", "p2p_time",
-    "optimizer_step_time", "StageTime", "Pipeline", "PipelineTime",
+    "stage_time", "pipeline_time", "pipeline_lower_bound", "schedule_1f1b", "bubble_fraction", "allreduce_time",
+    "p2p_time", "optimizer_step_time", "StageTime", "Pipeline", "PipelineTime", "Event",
     "Calibration", "Stack", "default_calibration",
     "Profile", "ProfileError", "load_profile", "save_profile", "find_profile", "available_profiles",
 ]

@@ -166,11 +166,16 @@ class PipelineTime:
 
 class Event(NamedTuple):
     """One forward or backward of one model chunk of one micro-batch on one pipeline stage. Its time includes the
-    send that follows it and, with blocking transfers, the receives that hold the stage (see the module docstring)."""
+    send that follows it and, with blocking transfers, the receives that hold the stage (see the module docstring).
+
+    stage: the pipeline stage (0 first); chunk: the model chunk on that stage (0 to v - 1, the virtual stage
+    chunk x p + stage), 0 without interleaving; micro_batch: 0 to m - 1; op: "forward" or "backward";
+    start_s, end_s: seconds from the step's start.
+    """
     stage: int
-    chunk: int          # model chunk (virtual stage index on this stage), 0 without interleaving
+    chunk: int
     micro_batch: int
-    op: str             # "forward" or "backward"
+    op: str
     start_s: float
     end_s: float
 
