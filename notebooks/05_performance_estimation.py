@@ -159,8 +159,8 @@ memory_bars(est).show()
 # estimated here); lab 06 searches for a better one.
 #
 # How right is the estimator? Here it is against published Megatron-LM runs on DGX A100: SC21's Table 1 (the A100
-# efficiency in `labkit/data/gpus.yaml` was fitted to it) and Korthikanti et al.'s Table 5 (held out: selective recompute
-# and sequence parallelism, never used for fitting).
+# efficiency in `labkit/data/calibration.yaml` was fitted to it) and Korthikanti et al.'s Table 5 (held out: selective
+# recompute and sequence parallelism, never used for fitting).
 
 # %% tags=["nbval-ignore-output"]
 from labkit.estimate.published import published_table
