@@ -232,7 +232,9 @@ def amp_spec(t, p, d, micro, cluster="t4"):
                      {"gpu": "T4", "count": 1, "gpus_per_node": 4, "inter_node_gbps": 50}]}[cluster]
     return load_spec({"name": "amp", "model": {"num_layers": 24, "hidden_size": 1024, "num_attention_heads": 16,
                                                "seq_length": 1024, "vocab_size": 52256},
-                      "parallel": {"tensor": t, "pipeline": p, "data": d}, "batch": {"micro": micro, "global": 32},
+                      "parallel": {"tensor": t, "pipeline": p, "data": d,  # uneven: earlier stages one more layer
+                                   "partition": [24 // p + (i < 24 % p) for i in range(p)] if 24 % p else None},
+                      "batch": {"micro": micro, "global": 32},
                       "precision": "fp16", "recompute": "none", "cluster": {"nodes": nodes}})
 
 

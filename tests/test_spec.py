@@ -125,6 +125,10 @@ INVALID = {
     "link speed negative": ({"cluster.inter_node_gbps": -5}, "cluster.inter_node_gbps", "Gbit/s"),
     "unknown optimizer": ({"optimizer.name": "lion"}, "optimizer.name", "adam, sgd"),
     "unknown cluster name": ({"cluster": "a10x9"}, "cluster", "a10x8"),
+    "pipeline does not divide the layers": ({"parallel.partition": None, "parallel.pipeline": 32, "parallel.data": 1},
+                                            "parallel.pipeline", "set parallel.partition"),
+    "job time limit": ({"job": {"time_limit": "ten minutes"}}, "job.time_limit", "H:MM:SS"),
+    "job partition with a line break": ({"job": {"partition": "debug\n#SBATCH --uid=0"}}, "job.partition", "letters"),
 }
 
 
@@ -197,3 +201,39 @@ def test_missing_spec_file_is_a_spec_error(tmp_path):
     broken.write_text("model: [unclosed")
     with pytest.raises(SpecError, match="not valid YAML"):
         load_spec(broken)
+
+
+@pytest.mark.parametrize("field, value", [("hidden_size", 0), ("seq_length", 0), ("num_layers", None),
+                                          ("vocab_size", 0.0)])
+def test_a_value_the_user_wrote_wins_over_the_preset_and_is_checked(field, value):
+    errors = errors_of({"model": {"preset": "gpt2-xl", field: value}})
+    assert any(e.startswith(f"model.{field}:") for e in errors), errors
+
+
+def test_false_written_by_the_user_wins_over_the_preset():
+    assert load_spec({"model": {"preset": "llama2-7b"}}).model.swiglu is True
+    spec = load_spec({"model": {"preset": "llama2-7b", "swiglu": False, "untie_embeddings": False}})
+    assert (spec.model.swiglu, spec.model.untie_embeddings) == (False, False)
+    assert load_spec(spec) == spec and load_spec(spec.to_dict()) == spec
+
+
+def test_a_python_built_model_takes_what_it_leaves_unset_from_the_preset():
+    from labkit.spec import ModelSpec
+    spec = load_spec(RunSpec(model=ModelSpec(preset="llama2-7b", num_layers=4)))
+    assert (spec.model.num_layers, spec.model.hidden_size, spec.model.swiglu) == (4, 4096, True)
+    assert load_spec(RunSpec(model=ModelSpec(preset="llama2-7b", swiglu=False))).model.swiglu is False
+
+
+def test_pipeline_must_divide_the_layers_unless_a_partition_is_given():
+    errors = errors_of({"model": {"preset": "gpt2-xl"}, "parallel": {"pipeline": 64}})
+    assert any(e.startswith("parallel.pipeline:") and "48" in e and "parallel.partition" in e for e in errors), errors
+    assert load_spec({"model": {"preset": "gpt2-xl"}, "parallel": {"pipeline": 5, "partition": [10, 10, 10, 10, 8]}})
+    assert load_spec({"model": {"preset": "gpt2-xl"}, "parallel": {"pipeline": 6}}).layer_partition == [8] * 6
+
+
+def test_star_import_gives_every_public_name():
+    import labkit.spec
+    namespace: dict = {}
+    exec("from labkit.spec import *", namespace)
+    assert {"RunSpec", "load_spec", "SpecError", "validate", "resolved_summary", "with_changes"} <= set(namespace)
+    assert all(namespace[name] is getattr(labkit.spec, name) for name in labkit.spec.__all__)

@@ -9,31 +9,51 @@ padding.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+
+from labkit.spec import ModelSpec
 
 
 @dataclass(frozen=True)
 class Shape:
-    """The model sizes every estimator needs (a flat, hashable view of labkit.spec.ModelSpec)."""
+    """The model sizes every estimator needs, under the formulas' short names: a flat, hashable view of a ModelSpec,
+    whose rules give the sizes in effect (`groups`, `ffn_size`)."""
     num_layers: int
+    """Transformer layers l (ModelSpec.num_layers)."""
     hidden: int
+    """Hidden size h (ModelSpec.hidden_size)."""
     heads: int
+    """Attention heads (ModelSpec.num_attention_heads)."""
     seq_length: int
+    """Sequence length s (ModelSpec.seq_length)."""
     vocab: int
+    """Vocabulary size V (ModelSpec.vocab_size)."""
     query_groups: int | None = None
+    """Key/value groups as written (ModelSpec.num_query_groups); None: one per head."""
     ffn: int | None = None
+    """MLP hidden size as written (ModelSpec.ffn_hidden_size); None: 4h."""
     swiglu: bool = False
+    """SwiGLU MLP (ModelSpec.swiglu)."""
     tied: bool = True
+    """Output layer shares the word embedding (not ModelSpec.untie_embeddings)."""
+
+    @cached_property
+    def model(self) -> ModelSpec:
+        """The same sizes as a ModelSpec."""
+        return ModelSpec(num_layers=self.num_layers, hidden_size=self.hidden, num_attention_heads=self.heads,
+                         num_query_groups=self.query_groups, ffn_hidden_size=self.ffn, seq_length=self.seq_length,
+                         vocab_size=self.vocab, swiglu=self.swiglu, untie_embeddings=not self.tied)
 
     @property
     def groups(self) -> int:
-        return self.query_groups or self.heads
+        return self.model.query_groups
 
     @property
     def ffn_size(self) -> int:
-        return self.ffn or 4 * self.hidden
+        return self.model.ffn_size
 
     @classmethod
-    def of(cls, model) -> "Shape":
+    def of(cls, model: ModelSpec) -> "Shape":
         """From a ModelSpec (or anything with the same attribute names)."""
         return cls(num_layers=model.num_layers, hidden=model.hidden_size, heads=model.num_attention_heads,
                    seq_length=model.seq_length, vocab=model.vocab_size, query_groups=model.num_query_groups,

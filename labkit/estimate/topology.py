@@ -1,5 +1,5 @@
-"""Where each rank sits and how fast the links between ranks are, from the spec's cluster (node groups in placement
-order) and Megatron's rank order: tensor fastest, then data, then pipeline (rank = stage*t*d + dp*t + tp).
+"""How fast the links between ranks are, from the spec's cluster (node groups in placement order) and where each rank
+sits (labkit.spec.layout: Megatron's rank order, and the GPU each pipeline stage runs at).
 
 A group of ranks inside one node talks over that node's intra-node link; a group spanning nodes runs at the slowest
 node's inter-node link, shared by the concurrent transfers leaving a node through its one network interface. Speeds
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from labkit import catalog
 from labkit.estimate.calibration import Calibration, resolve
+from labkit.spec.layout import layout_of, stage_gpus
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,9 @@ class Topology:
     def __init__(self, spec, calibration: Calibration | None = None):
         self.calibration = cal = resolve(calibration)
         cluster = spec.cluster_or_default()
-        self.tensor, self.pipeline, self.data = spec.parallel.tensor, spec.parallel.pipeline, spec.data_parallel
+        self.layout = layout_of(spec)
+        self.tensor, self.pipeline, self.data = self.layout.tensor, self.layout.pipeline, self.layout.data
+        self._stage_gpus = stage_gpus(cluster.nodes, self.layout)
         slots, node = [], 0
         for group in cluster.nodes:
             name = catalog.resolve_gpu_name(group.gpu) or group.gpu
@@ -42,12 +45,11 @@ class Topology:
         self.slots = slots
 
     def rank(self, stage: int, dp: int, tp: int) -> int:
-        return stage * self.tensor * self.data + dp * self.tensor + tp
+        return self.layout.rank(pp=stage, dp=dp, tp=tp)
 
     def stage_gpu(self, stage: int) -> str:
-        """The stage's GPU type; a stage spread over several types runs at the pace of its slowest (lowest peak)."""
-        names = {self.slots[r].gpu for r in self.stage_ranks(stage)}
-        return min(names, key=lambda n: (catalog.gpu(n).peak("fp16") * self.calibration.gpu_efficiency(n), n))
+        """The stage's GPU type; a stage spread over several types runs at its slowest (labkit.spec.layout)."""
+        return self._stage_gpus[stage]
 
     def group_gbps(self, ranks: list[int]) -> float:
         """Speed of a collective over `ranks` (one of several such groups running at once)."""
@@ -58,9 +60,6 @@ class Topology:
 
     def crosses_nodes(self, ranks: list[int]) -> bool:
         return len({self.slots[r].node for r in ranks}) > 1
-
-    def stage_ranks(self, stage: int) -> list[int]:
-        return [self.rank(stage, j, k) for j in range(self.data) for k in range(self.tensor)]
 
     def tp_gbps(self, stage: int) -> float:
         return self.group_gbps([self.rank(stage, 0, k) for k in range(self.tensor)])

@@ -23,15 +23,11 @@ import jinja2
 from labkit import catalog
 from labkit.megatron_args import megatron_args
 from labkit.spec import RunSpec, SpecError
+from labkit.spec.checks import CONTROL_CHARS, LAYOUTS, check_job, time_limit_seconds
 
-LAYOUTS = ("multinode", "hetjob", "pair", "local")
 INFO_KEYS = ("NNODES", "WORLD_SIZE", "GLOBAL_BATCH_SIZE", "MICRO_BATCH_SIZE", "TENSOR_MP_SIZE", "PIPELINE_MP_SIZE",
              "DP_SIZE", "PARTITION", "MODEL", "NUM_LAYERS", "HIDDEN_SIZE", "NUM_ATTENTION_HEADS", "SEQ_LENGTH",
              "PRECISION")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TIME_LIMIT = re.compile(r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
-                         r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$")
 
 
 @dataclass(frozen=True)
@@ -71,77 +67,6 @@ def default_layout(spec: RunSpec) -> str:
     return "multinode" if len(spec.cluster_or_default().nodes) == 1 else "hetjob"
 
 
-def time_limit_seconds(limit: str | None) -> int | None:
-    """Slurm's time formats (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in seconds; None when unlimited or unset."""
-    if limit is None or str(limit).upper() in ("UNLIMITED", "INFINITE"):
-        return None
-    match = _TIME_LIMIT.match(str(limit).strip())
-    if not match:
-        raise ValueError(limit)
-    g = {k: int(v) for k, v in match.groupdict().items() if v is not None}
-    if "d" in g:
-        return ((g["d"] * 24 + g["dh"]) * 60 + g.get("dm", 0)) * 60 + g.get("ds", 0)
-    if "c" in g:
-        return (g["a"] * 60 + g["b"]) * 60 + g["c"]
-    return g["a"] * 60 + g.get("b", 0)
-
-
-def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
-    """Problems with spec.job (and values that cannot be written into a script), each naming its field and the fix."""
-    job, errors = spec.job, []
-    for field in ("partition", "account"):
-        value = getattr(job, field)
-        if value is not None and (not value.strip() or re.search(r"[\s\x00-\x1f\x7f\"'\\#,]", value)):
-            errors.append(f"job.{field}: {value!r} is not a Slurm {field} name; use letters, digits, '-', '_' or '.'")
-    if job.time_limit is not None:
-        try:
-            time_limit_seconds(job.time_limit)
-        except ValueError:
-            errors.append(f"job.time_limit: {job.time_limit!r} is not a Slurm time limit; write minutes (30), "
-                          "H:MM:SS (1:30:00), D-HH (2-00) or UNLIMITED")
-    if job.cpus_per_task is not None and job.cpus_per_task <= 0:
-        errors.append(f"job.cpus_per_task: must be a positive number, got {job.cpus_per_task}")
-    if job.master_port is not None and not 0 < job.master_port < 65536:
-        errors.append(f"job.master_port: {job.master_port} is not a TCP port; use 1024-65535")
-    if job.gpu_monitor_interval_s <= 0:
-        errors.append(f"job.gpu_monitor_interval_s: must be a positive number of seconds, got {job.gpu_monitor_interval_s}")
-    for key, value in job.env.items():
-        if not _ENV_NAME.match(key):
-            errors.append(f"job.env.{key}: not a valid environment variable name; use letters, digits and '_', "
-                          "not starting with a digit")
-        if "\x00" in str(value):
-            errors.append(f"job.env.{key}: contains a NUL byte, which no environment value can hold")
-    for i, arg in enumerate(job.extra_args):
-        if "\x00" in arg:
-            errors.append(f"job.extra_args[{i}]: contains a NUL byte, which no command-line argument can hold")
-    for where, value in (("name", spec.name), ("data.path", spec.data.path)):
-        if value and "\x00" in value:
-            errors.append(f"{where}: contains a NUL byte; remove it")
-    container = job.container
-    if container is not None:
-        if container.runtime not in ("pyxis", "enroot"):
-            errors.append(f"job.container.runtime: {container.runtime!r} is not pyxis or enroot")
-        if not container.image or _CONTROL.search(container.image):
-            errors.append("job.container.image: give an image (e.g. nvcr.io#nvidia/pytorch:24.01-py3 or a .sqsh path) "
-                          "on one line")
-        for i, mount in enumerate(container.mounts):
-            if "," in mount or _CONTROL.search(mount) or not mount.strip():
-                errors.append(f"job.container.mounts[{i}]: {mount!r} must be SRC[:DST[:FLAGS]] without commas or "
-                              "line breaks (pyxis separates mounts with commas)")
-    groups = spec.cluster_or_default().nodes
-    if layout is not None and layout not in LAYOUTS:
-        errors.append(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
-    if layout == "multinode" and len(groups) != 1:
-        errors.append(f"cluster.nodes: the multinode layout needs one node group, the spec has {len(groups)}; "
-                      "use the hetjob or pair layout")
-    if layout in ("hetjob", "pair") and len(groups) < 2:
-        errors.append(f"cluster.nodes: the {layout} layout needs several node groups; use the multinode layout")
-    if layout == "pair" and len(groups) != 2:
-        errors.append(f"cluster.nodes: a master/slave pair takes exactly two node groups, the spec has {len(groups)}; "
-                      "use the hetjob layout")
-    return errors
-
-
 def sbatch_quote(value: str) -> str:
     """A value for an #SBATCH line, in sbatch's syntax (double quotes, backslash escapes); never shell-evaluated."""
     if re.fullmatch(r"[A-Za-z0-9_.,:/=+%@-]+", value):
@@ -150,7 +75,7 @@ def sbatch_quote(value: str) -> str:
 
 
 def one_line(text: str) -> str:
-    return _CONTROL.sub(" ", text)
+    return CONTROL_CHARS.sub(" ", text)
 
 
 def _arg_lines(args: list[str]) -> list[str]:
@@ -229,7 +154,7 @@ def render_array(specs: list[RunSpec], log_dirs: list[Path | str], *, layout: st
                 errors.append(f"specs[{i}]: an array's runs must share cluster.nodes and job settings; "
                               "submit this one on its own")
     for d in dict.fromkeys(str(d) for d in log_dirs):
-        if _CONTROL.search(d):
+        if CONTROL_CHARS.search(d):
             errors.append(f"runs dir: {d!r} contains a control character (a line break?); choose another directory")
     if errors:
         raise SpecError(errors)

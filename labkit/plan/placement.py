@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from labkit import catalog
 from labkit.spec import ClusterSpec, NodeGroup
+from labkit.spec.layout import Layout
 
 
 @dataclass(frozen=True)
@@ -87,16 +88,17 @@ def stage_signature(order: tuple[int, ...], kinds: list[NodeKind], tensor: int, 
     node_of_rank: list[int] = []
     for node, kind in enumerate(order):
         node_of_rank += [node] * kinds[kind].gpus_per_node
-    per_stage = tensor * data
+    layout = Layout(tensor=tensor, data=data, pipeline=pipeline)
     stages = []
     previous: set[int] = set()
     for s in range(pipeline):
-        nodes = Counter(node_of_rank[s * per_stage:(s + 1) * per_stage])  # insertion-ordered by rank
+        ranks = layout.stage_ranks(s)
+        nodes = Counter(node_of_rank[ranks.start:ranks.stop])  # insertion-ordered by rank
         stages.append(tuple((order[n], k, n in previous) for n, k in nodes.items()))
         previous = set(nodes)
     if pipeline == 1:  # no sends and no embedding all-reduce: only which nodes hold the data-parallel ring matters
         return tuple(sorted(stages[0]))
-    first, last = node_of_rank[0], node_of_rank[pipeline * per_stage - 1]
+    first, last = node_of_rank[0], node_of_rank[layout.world_size - 1]
     return tuple(stages), (order[first], order[last], first == last)
 
 

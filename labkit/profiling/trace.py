@@ -25,6 +25,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from labkit.spec.layout import Layout
+
 CATEGORIES = ("matmul", "attention", "elementwise", "normalization", "communication", "memory", "other")
 GROUPS = ("tp", "dp", "pp", "cp", "ep", "embedding", "model", "world", "unknown")
 
@@ -645,17 +647,12 @@ def _activity_groups(trace: Trace, activity: pd.DataFrame, calls: pd.DataFrame, 
 
 
 def _group_of_ranks(rank: int, world: int, ranks: Iterable[int], tensor: int, pipeline: int) -> str:
-    """Which of Megatron's groups (order tp-dp-pp: rank = t + T*(d + D*p)) a set of ranks is, for this rank."""
+    """Which of Megatron's groups (labkit.spec.layout's rank order) a set of ranks is, for this rank."""
     ranks = sorted(ranks)
-    data = max(1, world // max(1, tensor * pipeline))
-    t, d, p = rank % tensor, (rank // tensor) % data, rank // (tensor * data)
-    layouts = {
-        "tp": [i + tensor * (d + data * p) for i in range(tensor)],
-        "dp": [t + tensor * (i + data * p) for i in range(data)],
-        "pp": [t + tensor * (d + data * i) for i in range(pipeline)],
-        "world": list(range(world)),
-    }
-    return next((g for g, members in layouts.items() if len(members) > 1 and members == ranks), "unknown")
+    layout = Layout(tensor=tensor, data=max(1, world // max(1, tensor * pipeline)), pipeline=pipeline)
+    groups = {kind: layout.group(rank, kind) for kind in ("tp", "dp", "pp")}
+    groups["world"] = list(range(world))
+    return next((g for g, members in groups.items() if len(members) > 1 and members == ranks), "unknown")
 
 
 def _first_shape(dims) -> list[int] | None:

@@ -1,0 +1,271 @@
+"""Every rule a run spec must satisfy, the job's included, so that `labkit validate` refuses what `labkit run` would.
+
+Each check returns 'field: what is wrong; how to fix it' strings and collects every problem before anything runs.
+"""
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from labkit import catalog
+
+if TYPE_CHECKING:
+    from labkit.spec.schema import RunSpec
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+RECOMPUTE_GRANULARITIES = ("full", "selective")
+RECOMPUTE_METHODS = ("uniform", "block")
+OPTIMIZERS = ("adam", "sgd")
+LR_DECAY_STYLES = ("constant", "linear", "cosine")
+LAYOUTS = ("multinode", "hetjob", "pair", "local")
+"""How labkit.jobs.render lays a job out: see its module docstring."""
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TIME_LIMIT = re.compile(r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+                         r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$")
+
+
+class SpecError(ValueError):
+    """Every problem found in a spec. `errors` is a list of 'field: what is wrong; how to fix it' strings."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = list(errors)
+        super().__init__("invalid run spec:\n" + "\n".join(f"  - {e}" for e in self.errors))
+
+
+def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
+    """Every problem with the spec, each 'field: what is wrong; how to fix it'; raises SpecError when `raise_errors`."""
+    errors: list[str] = check_job(spec)
+    m, par, b = spec.model, spec.parallel, spec.batch
+
+    for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
+        value = getattr(m, name)
+        if value is None:
+            errors.append(f"model.{name}: missing; set it or pick a model.preset ({', '.join(catalog.models())})")
+        elif value <= 0:
+            errors.append(f"model.{name}: must be a positive number, got {value}")
+    for name in ("num_query_groups", "ffn_hidden_size"):
+        value = getattr(m, name)
+        if value is not None and value <= 0:
+            errors.append(f"model.{name}: must be a positive number, got {value}; or leave it out for the default")
+    for where, value in (("parallel.tensor", par.tensor), ("parallel.pipeline", par.pipeline),
+                         ("parallel.data", par.data), ("parallel.virtual_stages", par.virtual_stages),
+                         ("batch.micro", b.micro), ("batch.global", b.global_), ("train.iters", spec.train.iters),
+                         ("train.log_interval", spec.train.log_interval)):
+        if value is not None and value <= 0:
+            errors.append(f"{where}: must be a positive number, got {value}")
+    if spec.precision not in PRECISIONS:
+        errors.append(f"precision: {spec.precision!r} is not one of {', '.join(PRECISIONS)}")
+    if spec.optimizer.name not in OPTIMIZERS:
+        errors.append(f"optimizer.name: {spec.optimizer.name!r} is not one of {', '.join(OPTIMIZERS)}")
+    if spec.optimizer.lr_decay_style not in LR_DECAY_STYLES:
+        errors.append(f"optimizer.lr_decay_style: {spec.optimizer.lr_decay_style!r} is not one of "
+                      f"{', '.join(LR_DECAY_STYLES)}")
+    if spec.optimizer.lr is not None and spec.optimizer.lr <= 0:
+        errors.append(f"optimizer.lr: must be positive, got {spec.optimizer.lr}")
+    errors += _check_recompute(spec)
+    errors += _check_cluster(spec)
+    if errors and any(e.startswith(("model.", "parallel.tensor", "parallel.pipeline", "batch.")) for e in errors):
+        return _finish(errors, raise_errors)  # the layout checks below need sane sizes
+
+    t, p = par.tensor, par.pipeline
+    if m.num_attention_heads % t:
+        errors.append(f"model.num_attention_heads: {m.num_attention_heads} heads do not split over parallel.tensor={t}; "
+                      f"use a tensor size that divides {m.num_attention_heads}")
+    if m.hidden_size % m.num_attention_heads:
+        errors.append(f"model.hidden_size: {m.hidden_size} is not divisible by num_attention_heads="
+                      f"{m.num_attention_heads}; each head needs an equal share")
+    groups = m.query_groups
+    if m.num_query_groups is not None and m.num_attention_heads % groups:
+        errors.append(f"model.num_query_groups: {groups} does not divide num_attention_heads={m.num_attention_heads}")
+    elif m.num_query_groups is not None and groups % t:
+        errors.append(f"model.num_query_groups: {groups} query groups do not split over parallel.tensor={t}; "
+                      f"use a tensor size that divides {groups}")
+    if par.sequence_parallel and t == 1:
+        errors.append("parallel.sequence_parallel: needs parallel.tensor > 1 (it splits activations across tensor ranks); "
+                      "set it to false or raise parallel.tensor")
+
+    world = spec.world_size
+    if spec.cluster is not None and spec.cluster.nodes and par.data is not None and world != t * p * par.data:
+        errors.append(f"parallel.data: world size {world} (cluster.nodes) != tensor {t} x pipeline {p} x data {par.data} "
+                      f"= {t * p * par.data}; set parallel.data to {world // (t * p) if world % (t * p) == 0 else '?'} "
+                      "or change cluster.nodes")
+    elif world % (t * p):
+        errors.append(f"parallel.pipeline: world size {world} is not divisible by tensor {t} x pipeline {p}; "
+                      "change parallel.tensor/pipeline or cluster.nodes")
+    d = spec.data_parallel
+
+    errors += _check_partition(spec)
+    if b.global_ % (b.micro * d):
+        errors.append(f"batch.global: {b.global_} is not divisible by batch.micro {b.micro} x data {d} = {b.micro * d}; "
+                      f"use a multiple of {b.micro * d}, e.g. {max(1, b.global_ // (b.micro * d)) * b.micro * d}")
+    elif par.virtual_stages > 1:
+        if p == 1:
+            errors.append("parallel.virtual_stages: the interleaved schedule needs parallel.pipeline > 1")
+        per_stage = m.num_layers // p if m.num_layers % p == 0 else None
+        if par.partition:
+            errors.append("parallel.virtual_stages: an explicit parallel.partition cannot be interleaved; "
+                          "drop one of them")
+        elif per_stage is None or per_stage % par.virtual_stages:
+            errors.append(f"parallel.virtual_stages: {par.virtual_stages} does not divide the layers per stage "
+                          f"({m.num_layers}/{p}); choose a divisor of {per_stage or 'the even split'}")
+        if spec.num_micro_batches % p:
+            errors.append(f"parallel.virtual_stages: the interleaved schedule needs the micro-batch count "
+                          f"({spec.num_micro_batches}) to be a multiple of parallel.pipeline ({p}); raise batch.global")
+    return _finish(errors, raise_errors)
+
+
+def _finish(errors: list[str], raise_errors: bool) -> list[str]:
+    if errors and raise_errors:
+        raise SpecError(errors)
+    return errors
+
+
+def _check_recompute(spec: RunSpec) -> list[str]:
+    r = spec.recompute
+    if r is None:
+        return []
+    errors = []
+    if r.granularity not in RECOMPUTE_GRANULARITIES:
+        errors.append(f"recompute.granularity: {r.granularity!r} is not one of {', '.join(RECOMPUTE_GRANULARITIES)} "
+                      "(or write `recompute: none`)")
+    if r.granularity == "full":
+        if r.method not in RECOMPUTE_METHODS:
+            errors.append(f"recompute.method: {r.method!r} is not one of {', '.join(RECOMPUTE_METHODS)} "
+                          "(needed with granularity full)")
+        if r.num_layers is None or r.num_layers <= 0:
+            errors.append(f"recompute.num_layers: must be a positive number, got {r.num_layers}")
+        elif spec.model.num_layers and r.method == "block" and r.num_layers > spec.model.num_layers:
+            errors.append(f"recompute.num_layers: {r.num_layers} exceeds model.num_layers {spec.model.num_layers}")
+    return errors
+
+
+def _check_cluster(spec: RunSpec) -> list[str]:
+    if spec.cluster is None:
+        return []
+    errors = []
+    if not spec.cluster.nodes:
+        errors.append("cluster.nodes: empty; list at least one node group like {gpu: A100-80GB, count: 1, gpus_per_node: 8}")
+    for i, group in enumerate(spec.cluster.nodes):
+        where = f"cluster.nodes[{i}]"
+        name = catalog.resolve_gpu_name(group.gpu)
+        if name is None:
+            hint = catalog.closest(group.gpu, [n for g in catalog.gpus().values() for n in (g.name, *g.aliases)])
+            errors.append(f"{where}.gpu: unknown GPU {group.gpu!r}; " + (f"closest: {', '.join(hint)}; " if hint else "")
+                          + f"known: {', '.join(catalog.gpus())}")
+        else:
+            gpu = catalog.gpus()[name]
+            if spec.precision == "bf16" and not gpu.bf16:
+                errors.append(f"precision: bf16 is not supported by {name} ({where}.gpu); use fp16 on this GPU")
+            if spec.precision == "fp16" and not gpu.fp16:
+                errors.append(f"precision: fp16 is not supported by {name} ({where}.gpu); use bf16 or fp32")
+        for key in ("count", "gpus_per_node"):
+            if getattr(group, key) <= 0:
+                errors.append(f"{where}.{key}: must be a positive number, got {getattr(group, key)}")
+        for key in ("inter_node_gbps", "intra_node_gbps"):
+            if getattr(group, key) is not None and getattr(group, key) <= 0:
+                errors.append(f"{where}.{key}: must be a positive link speed in Gbit/s, got {getattr(group, key)}")
+    for key in ("inter_node_gbps", "intra_node_gbps"):
+        if getattr(spec.cluster, key) is not None and getattr(spec.cluster, key) <= 0:
+            errors.append(f"cluster.{key}: must be a positive link speed in Gbit/s, got {getattr(spec.cluster, key)}")
+    return errors
+
+
+def _check_partition(spec: RunSpec) -> list[str]:
+    part, p, layers = spec.parallel.partition, spec.parallel.pipeline, spec.model.num_layers
+    if part is None:
+        if layers % p == 0:
+            return []
+        # Megatron-LM splits layers evenly over pipeline stages unless given a layout, and refuses an uneven split.
+        return [f"parallel.pipeline: {layers} layers (model.num_layers) do not split evenly over {p} pipeline stages; "
+                f"set parallel.partition (layers per stage, e.g. {_uneven_example(layers, p)}) or use a pipeline size "
+                f"that divides {layers}"]
+    errors = []
+    if len(part) != p:
+        errors.append(f"parallel.partition: has {len(part)} stages but parallel.pipeline is {p}; "
+                      f"give one layer count per pipeline stage")
+    if any(n is None or n < 0 for n in part):
+        errors.append(f"parallel.partition: layer counts must be zero or more, got {part}")
+    elif sum(part) != layers:
+        errors.append(f"parallel.partition: sums to {sum(part)} but model.num_layers is {layers}; "
+                      f"adjust the counts so they add up to {layers}")
+    return errors
+
+
+def _uneven_example(layers: int, p: int) -> str:
+    """A split with earlier stages taking one layer more, shortened when long."""
+    counts = [layers // p + (1 if i < layers % p else 0) for i in range(min(p, 8))]
+    return "[" + ", ".join(map(str, counts)) + (", ...]" if p > 8 else "]")
+
+
+def time_limit_seconds(limit: str | None) -> int | None:
+    """Slurm's time formats (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in seconds; None when unlimited or unset."""
+    if limit is None or str(limit).upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    match = _TIME_LIMIT.match(str(limit).strip())
+    if not match:
+        raise ValueError(limit)
+    g = {k: int(v) for k, v in match.groupdict().items() if v is not None}
+    if "d" in g:
+        return ((g["d"] * 24 + g["dh"]) * 60 + g.get("dm", 0)) * 60 + g.get("ds", 0)
+    if "c" in g:
+        return (g["a"] * 60 + g["b"]) * 60 + g["c"]
+    return g["a"] * 60 + g.get("b", 0)
+
+
+def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
+    """Problems with spec.job (and values that cannot be written into a script), each naming its field and the fix."""
+    job, errors = spec.job, []
+    for field in ("partition", "account"):
+        value = getattr(job, field)
+        if value is not None and (not value.strip() or re.search(r"[\s\x00-\x1f\x7f\"'\\#,]", value)):
+            errors.append(f"job.{field}: {value!r} is not a Slurm {field} name; use letters, digits, '-', '_' or '.'")
+    if job.time_limit is not None:
+        try:
+            time_limit_seconds(job.time_limit)
+        except ValueError:
+            errors.append(f"job.time_limit: {job.time_limit!r} is not a Slurm time limit; write minutes (30), "
+                          "H:MM:SS (1:30:00), D-HH (2-00) or UNLIMITED")
+    if job.cpus_per_task is not None and job.cpus_per_task <= 0:
+        errors.append(f"job.cpus_per_task: must be a positive number, got {job.cpus_per_task}")
+    if job.master_port is not None and not 0 < job.master_port < 65536:
+        errors.append(f"job.master_port: {job.master_port} is not a TCP port; use 1024-65535")
+    if job.gpu_monitor_interval_s <= 0:
+        errors.append(f"job.gpu_monitor_interval_s: must be a positive number of seconds, got {job.gpu_monitor_interval_s}")
+    for key, value in job.env.items():
+        if not _ENV_NAME.match(key):
+            errors.append(f"job.env.{key}: not a valid environment variable name; use letters, digits and '_', "
+                          "not starting with a digit")
+        if "\x00" in str(value):
+            errors.append(f"job.env.{key}: contains a NUL byte, which no environment value can hold")
+    for i, arg in enumerate(job.extra_args):
+        if "\x00" in arg:
+            errors.append(f"job.extra_args[{i}]: contains a NUL byte, which no command-line argument can hold")
+    for where, value in (("name", spec.name), ("data.path", spec.data.path)):
+        if value and "\x00" in value:
+            errors.append(f"{where}: contains a NUL byte; remove it")
+    container = job.container
+    if container is not None:
+        if container.runtime not in ("pyxis", "enroot"):
+            errors.append(f"job.container.runtime: {container.runtime!r} is not pyxis or enroot")
+        if not container.image or CONTROL_CHARS.search(container.image):
+            errors.append("job.container.image: give an image (e.g. nvcr.io#nvidia/pytorch:24.01-py3 or a .sqsh path) "
+                          "on one line")
+        for i, mount in enumerate(container.mounts):
+            if "," in mount or CONTROL_CHARS.search(mount) or not mount.strip():
+                errors.append(f"job.container.mounts[{i}]: {mount!r} must be SRC[:DST[:FLAGS]] without commas or "
+                              "line breaks (pyxis separates mounts with commas)")
+    groups = spec.cluster_or_default().nodes
+    if layout is not None and layout not in LAYOUTS:
+        errors.append(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
+    if layout == "multinode" and len(groups) != 1:
+        errors.append(f"cluster.nodes: the multinode layout needs one node group, the spec has {len(groups)}; "
+                      "use the hetjob or pair layout")
+    if layout in ("hetjob", "pair") and len(groups) < 2:
+        errors.append(f"cluster.nodes: the {layout} layout needs several node groups; use the multinode layout")
+    if layout == "pair" and len(groups) != 2:
+        errors.append(f"cluster.nodes: a master/slave pair takes exactly two node groups, the spec has {len(groups)}; "
+                      "use the hetjob layout")
+    return errors
+
+

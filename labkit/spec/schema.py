@@ -1,0 +1,317 @@
+"""The run spec's dataclasses: one description of a training run, with the figures derived from it.
+
+Field names follow labkit's YAML keys; each field's docstring names the Megatron-LM flag it becomes (labkit.megatron_args
+writes them). Build a spec from YAML, JSON or a mapping with `load_spec`, or in Python (`RunSpec(...)`) and pass it to
+`load_spec` to fill presets and check it; `replace` makes a checked copy with changes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import yaml
+
+from labkit.spec import checks, layout
+from labkit.spec.load import DEFAULT_PRESET, build, read_source, to_plain, with_changes
+
+
+@dataclass
+class ModelSpec:
+    """The model's shape. A preset fills every field the spec does not set; a field the spec sets wins, whatever its
+    value (in a Python-built ModelSpec, None means not set)."""
+    preset: str | None = None
+    """A model preset from labkit/data/models.yaml (tiny, gpt2-xl, llama2-7b, ...)."""
+    num_layers: int | None = None
+    """Transformer layers (--num-layers)."""
+    hidden_size: int | None = None
+    """Hidden size h (--hidden-size)."""
+    num_attention_heads: int | None = None
+    """Attention heads (--num-attention-heads)."""
+    num_query_groups: int | None = None
+    """Key/value head groups for grouped-query attention (--num-query-groups); None: one per head."""
+    ffn_hidden_size: int | None = None
+    """MLP hidden size (--ffn-hidden-size); None: 4 x hidden_size."""
+    seq_length: int | None = None
+    """Sequence length in tokens (--seq-length, and --max-position-embeddings)."""
+    vocab_size: int | None = None
+    """Vocabulary size of the mock data and the embedding (--vocab-size)."""
+    swiglu: bool | None = None
+    """SwiGLU MLP instead of GELU (--swiglu); None: the preset's choice, else false."""
+    untie_embeddings: bool | None = None
+    """Separate output-layer weights (--untie-embeddings-and-output-weights); None: the preset's choice, else false."""
+
+    @property
+    def query_groups(self) -> int:
+        """Key/value groups in effect: num_query_groups, or one per head."""
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def ffn_size(self) -> int:
+        """MLP hidden size in effect: ffn_hidden_size, or 4 x hidden_size."""
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+
+@dataclass
+class ParallelSpec:
+    """How the model is split over ranks (labkit.spec.layout places the ranks)."""
+    tensor: int = 1
+    """Tensor-parallel size (--tensor-model-parallel-size)."""
+    pipeline: int = 1
+    """Pipeline-parallel size (--pipeline-model-parallel-size); must divide model.num_layers unless `partition` is set."""
+    data: int | None = None
+    """Data-parallel size; None: the rest of the world size (Megatron derives it the same way)."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank for the interleaved schedule (--num-layers-per-virtual-pipeline-stage)."""
+    partition: list[int] | None = None
+    """Transformer layers per pipeline stage, e.g. [0, 11, 8, 8, 8, 8, 5, 0] (--pipeline-model-parallel-layout);
+    None: the even split."""
+    sequence_parallel: bool = False
+    """Split layer-norm and dropout activations over tensor ranks (--sequence-parallel)."""
+
+
+@dataclass
+class BatchSpec:
+    """Sequences per step."""
+    micro: int = 1
+    """Sequences per micro-batch on one data-parallel rank (--micro-batch-size)."""
+    global_: int = 8
+    """Sequences per optimizer step, YAML key `global` (--global-batch-size)."""
+
+
+@dataclass
+class RecomputeSpec:
+    """Activation recomputation (absent, or `recompute: none`, to keep every activation)."""
+    granularity: str = "full"
+    """full (whole layers) or selective (attention only) (--recompute-granularity)."""
+    method: str | None = "uniform"
+    """uniform or block, with granularity full (--recompute-method)."""
+    num_layers: int = 1
+    """Layers per recomputed chunk (uniform) or recomputed per stage (block) (--recompute-num-layers)."""
+
+
+@dataclass
+class OptimizerSpec:
+    """The optimizer and its learning-rate schedule."""
+    name: str = "adam"
+    """adam or sgd (--optimizer)."""
+    distributed: bool = False
+    """Shard optimizer state over data-parallel ranks (--use-distributed-optimizer)."""
+    lr: float = 1.5e-4
+    """Peak learning rate (--lr)."""
+    min_lr: float = 1.0e-5
+    """Learning rate at the end of the decay (--min-lr)."""
+    lr_decay_style: str = "cosine"
+    """constant, linear or cosine (--lr-decay-style)."""
+    lr_warmup_fraction: float = 0.01
+    """Fraction of the iterations spent warming up (--lr-warmup-fraction)."""
+    weight_decay: float = 0.01
+    """Weight decay (--weight-decay)."""
+    clip_grad: float = 1.0
+    """Gradient-norm clipping (--clip-grad)."""
+    adam_beta1: float = 0.9
+    """Adam's beta1 (--adam-beta1)."""
+    adam_beta2: float = 0.95
+    """Adam's beta2 (--adam-beta2)."""
+    initial_loss_scale: float = 4294967296.0
+    """First dynamic fp16 loss scale, 2**32 as Megatron's default (--initial-loss-scale)."""
+    loss_scale: float | None = None
+    """A fixed fp16 loss scale instead of the dynamic one (--loss-scale)."""
+
+
+@dataclass
+class TrainSpec:
+    """How long to train, and checkpoints."""
+    iters: int = 50
+    """Optimizer steps (--train-iters)."""
+    log_interval: int = 10
+    """Steps between log lines (--log-interval)."""
+    eval_interval: int | None = None
+    """Steps between evaluations (--eval-interval); None: no evaluation."""
+    eval_iters: int = 0
+    """Batches per evaluation (--eval-iters)."""
+    seed: int = 1234
+    """Random seed (--seed)."""
+    save: str | None = None
+    """Checkpoint directory to write (--save)."""
+    load: str | None = None
+    """Checkpoint directory to resume from (--load)."""
+    save_interval: int | None = None
+    """Steps between checkpoints (--save-interval)."""
+
+
+@dataclass
+class DataSpec:
+    """Training data: mock tokens, or a Megatron-format dataset."""
+    path: str | None = None
+    """Dataset prefix of the .bin/.idx pair (--data-path)."""
+    mock: bool = True
+    """Random tokens instead of a dataset (--mock-data)."""
+    split: str = "90,5,5"
+    """Train, validation and test shares (--split)."""
+    vocab_file: str | None = None
+    """GPT-2 BPE vocabulary (--vocab-file); None: the one shipped in labkit/data/tokenizer."""
+    merge_file: str | None = None
+    """GPT-2 BPE merges (--merge-file); None: the one shipped in labkit/data/tokenizer."""
+
+
+@dataclass
+class NodeGroup:
+    """Nodes of one kind; ranks fill the groups in the order listed."""
+    gpu: str = "cpu"
+    """GPU type, a catalog name or a vendor spelling (A100-SXM4-40GB); cpu for CPU processes."""
+    count: int = 1
+    """Number of such nodes."""
+    gpus_per_node: int = 1
+    """GPUs (processes) per node (torchrun --nproc-per-node)."""
+    inter_node_gbps: float | None = None
+    """Network link rate in Gbit/s; None: the cluster's, else the GPU catalog's."""
+    intra_node_gbps: float | None = None
+    """Link rate between GPUs of one node in Gbit/s; None: the cluster's, else the GPU catalog's."""
+
+
+@dataclass
+class ClusterSpec:
+    """The machines: node groups, or a named cluster from labkit/data/clusters.yaml."""
+    nodes: list[NodeGroup] = field(default_factory=list)
+    """Node groups in placement order."""
+    inter_node_gbps: float | None = None
+    """Network link rate in Gbit/s for every group that names none."""
+    intra_node_gbps: float | None = None
+    """Intra-node link rate in Gbit/s for every group that names none."""
+
+
+@dataclass
+class ContainerSpec:
+    """The container each task runs in."""
+    image: str | None = None
+    """Image reference (nvcr.io#nvidia/pytorch:24.01-py3) or a .sqsh file."""
+    mounts: list[str] = field(default_factory=list)
+    """SRC[:DST[:FLAGS]] mounts; the run's log directory is added."""
+    runtime: str = "pyxis"
+    """pyxis (srun --container-image) or enroot (enroot create/start, as aws-samples/awsome-distributed-training
+    does)."""
+
+
+@dataclass
+class JobSpec:
+    """How the job is placed on a scheduler; the local backend ignores what has no meaning there."""
+    partition: str | None = None
+    """Slurm partition (--partition)."""
+    account: str | None = None
+    """Slurm account (--account)."""
+    time_limit: str | None = None
+    """Slurm time limit (--time): minutes, H:MM:SS, D-HH or UNLIMITED."""
+    cpus_per_task: int | None = None
+    """CPUs per task (--cpus-per-task)."""
+    exclusive: bool = False
+    """Whole nodes only (--exclusive)."""
+    container: ContainerSpec | None = None
+    """Run inside a container; None: on the host."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables set for training."""
+    extra_args: list[str] = field(default_factory=list)
+    """Flags appended to the training command as written."""
+    master_port: int | None = None
+    """torchrun's rendezvous port; None: one derived from the job id, so jobs sharing a node do not collide."""
+    gpu_monitor_interval_s: int = 10
+    """Seconds between GPU utilisation samples."""
+
+
+@dataclass
+class RunSpec:
+    """One training run."""
+    name: str = "run"
+    """The run's name: job name, run directory prefix."""
+    model: ModelSpec = field(default_factory=lambda: ModelSpec(preset=DEFAULT_PRESET))
+    """The model's shape."""
+    parallel: ParallelSpec = field(default_factory=ParallelSpec)
+    """Tensor, pipeline and data parallelism."""
+    batch: BatchSpec = field(default_factory=BatchSpec)
+    """Micro and global batch sizes."""
+    precision: str = "fp32"
+    """fp32, fp16 (--fp16) or bf16 (--bf16)."""
+    recompute: RecomputeSpec | None = None
+    """Activation recomputation; None: none."""
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    """Optimizer and learning-rate schedule."""
+    train: TrainSpec = field(default_factory=TrainSpec)
+    """Iterations, logging and checkpoints."""
+    data: DataSpec = field(default_factory=DataSpec)
+    """Training data."""
+    cluster: ClusterSpec | None = None
+    """The machines; None: one CPU host with exactly the processes the layout needs."""
+    job: JobSpec = field(default_factory=JobSpec)
+    """Scheduler options."""
+
+    # Derived figures.
+    @property
+    def world_size(self) -> int:
+        return sum(g.count * g.gpus_per_node for g in self.cluster_or_default().nodes)
+
+    @property
+    def data_parallel(self) -> int:
+        if self.parallel.data is not None:
+            return self.parallel.data
+        return max(1, self.world_size // (self.parallel.tensor * self.parallel.pipeline))
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.batch.global_ // (self.batch.micro * self.data_parallel)
+
+    @property
+    def layer_partition(self) -> list[int]:
+        """Transformer layers per pipeline stage: the partition, or the even split (checks require one)."""
+        if self.parallel.partition:
+            return list(self.parallel.partition)
+        return [self.model.num_layers // self.parallel.pipeline] * self.parallel.pipeline
+
+    @property
+    def partition_string(self) -> str:
+        """FASOP's PARTITION form (github AvatarHwang/FASOP), e.g. 0-11-8-8-8-8-5-0."""
+        return "-".join(str(n) for n in self.layer_partition)
+
+    @property
+    def stage_gpus(self) -> list[str]:
+        """Catalog GPU name of each pipeline stage; a stage on several types runs at its slowest (labkit.spec.layout)."""
+        return layout.stage_gpus(self.cluster_or_default().nodes, layout.layout_of(self))
+
+    def cluster_or_default(self) -> ClusterSpec:
+        """The cluster, or one CPU host with exactly the processes the layout needs."""
+        if self.cluster is not None and self.cluster.nodes:
+            return self.cluster
+        procs = self.parallel.tensor * self.parallel.pipeline * (self.parallel.data or 1)
+        return ClusterSpec(nodes=[NodeGroup(gpu="cpu", count=1, gpus_per_node=procs)])
+
+    def to_dict(self) -> dict:
+        return to_plain(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def replace(self, **changes) -> RunSpec:
+        """A checked copy with dotted-path changes, e.g. spec.replace(precision="bf16", **{"batch.micro": 2})."""
+        return load_spec(with_changes(self.to_dict(), **changes))
+
+
+def load_spec(source) -> RunSpec:
+    """Read a spec (a YAML or JSON path, a mapping or a RunSpec) with its model preset merged under the values it sets,
+    and check it. Raises SpecError with every problem, each naming its field and the fix."""
+    data, errors = read_source(source)
+    spec = build(RunSpec, data, "", errors)
+    errors += checks.validate(spec, raise_errors=False)
+    if errors:
+        raise checks.SpecError(errors)
+    return spec
+
+
+def resolved_summary(spec: RunSpec) -> dict:
+    """What `labkit validate` prints next to the spec: the figures derived from it."""
+    return {
+        "world_size": spec.world_size,
+        "tensor": spec.parallel.tensor,
+        "pipeline": spec.parallel.pipeline,
+        "data": spec.data_parallel,
+        "num_micro_batches": spec.num_micro_batches,
+        "partition": spec.partition_string,
+        "stage_gpus": spec.stage_gpus,
+        "tokens_per_iteration": spec.batch.global_ * spec.model.seq_length,
+    }
