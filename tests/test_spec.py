@@ -33,7 +33,7 @@ def errors_of(data: dict) -> list[str]:
     return info.value.errors
 
 
-def test_seed_hetero_spec_resolves():
+def test_hetero_example_resolves():
     spec = load_spec(EXAMPLES / "gpt2-xl-hetero.yaml")
     summary = resolved_summary(spec)
     assert summary["world_size"] == 32

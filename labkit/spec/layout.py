@@ -97,14 +97,18 @@ def rank_gpus(nodes) -> list[tuple[range, str]]:
 
 def gpus_of(ranks: range, runs: list[tuple[range, str]]) -> list[str]:
     """The GPU types the ranks run on, in rank order; ranks beyond the cluster (an invalid spec) on its last type."""
-    starts = [r.start for r, _ in runs]
-    first = max(0, bisect.bisect_right(starts, ranks.start) - 1)
-    names = [name for r, name in runs[first:] if r.start < ranks.stop and r.stop > ranks.start]
-    return list(dict.fromkeys(names)) or [runs[-1][1]]
+    first = max(0, bisect.bisect_right([r.start for r, _ in runs], ranks.start) - 1)
+    names = []
+    for r, name in runs[first:]:
+        if r.start >= ranks.stop:
+            break
+        if r.stop > ranks.start:
+            names.append(name)
+    return names or [runs[-1][1]]
 
 
 def slowest_gpu(names: Iterable[str]) -> str:
-    """THE rule for a stage on several GPU types: it runs at its slowest, the lowest dense fp16 peak (then by name)."""
+    """The GPU type a stage on several types runs at: its slowest, the lowest dense fp16 peak (then by name)."""
     names = sorted(set(names))
     if len(names) == 1:
         return names[0]
