@@ -69,11 +69,6 @@ def test_shipped_dataset_is_the_shipped_corpus_tokenised(tokenizer):
         assert dataset[i].tolist() == tokenizer.tokenize(json.loads(lines[i])["text"]) + [tokenizer.eod]
 
 
-def test_corpus_licence_is_stated():
-    readme = (CORPUS / "README.md").read_text()
-    assert "CC0" in readme and "generate.py" in readme
-
-
 def test_vocabulary_is_padded_like_megatron():
     assert padded_vocab_size(50257, 128, 1) == 50304
     assert padded_vocab_size(50257, 128, 8) == 51200
