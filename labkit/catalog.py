@@ -77,6 +77,10 @@ def resolve_gpu_name(name: str) -> str | None:
 
 
 def gpu(name: str) -> GPU:
+    """The catalog entry of a GPU, by name or alias (case-insensitive; vendor spellings resolve).
+
+    Taught in lab 05.
+    """
     canonical = resolve_gpu_name(name)
     if canonical is None:
         raise KeyError(f"unknown GPU {name!r}; known: {', '.join(gpus())}")

@@ -33,7 +33,10 @@ def register(sub) -> None:
 def prepare(input_path: str | Path, output_prefix: str | Path, vocab_file=DEFAULT_VOCAB, merge_file=DEFAULT_MERGES,
             json_key: str = "text", append_eod: bool = True, progress: bool = True) -> dict:
     """Tokenise and write the dataset; returns {'prefix', 'documents', 'tokens'}. Raises ValueError naming the
-    input line that cannot be read."""
+    input line that cannot be read.
+
+    Taught in lab 08.
+    """
     import numpy
     from tqdm import tqdm
 

@@ -72,7 +72,10 @@ def pipeline_schedule(stages: int, micro_batches: int, chunks: int = 1, forward_
                       backward_time: float = 2.0) -> list[Event]:
     """The events of a 1F1B (chunks=1) or interleaved (chunks > 1 model chunks per stage) step over equal stages
     with free sends, as the estimator plays it out (labkit.estimate.timing.schedule_1f1b); a chunk's work is
-    1/chunks of a stage's."""
+    1/chunks of a stage's.
+
+    Taught in lab 07.
+    """
     if stages < 1 or micro_batches < 1 or chunks < 1:
         raise ValueError("stages, micro_batches and chunks must be >= 1")
     work = forward_time + backward_time
@@ -276,7 +279,10 @@ def write_diagrams(out_dir: Path | str = "images") -> list[Path]:
 
 
 def show(name_or_svg: str):
-    """Display a diagram in a notebook: a file name in images/ ("zero_stages") or SVG text."""
+    """Display a diagram in a notebook: a file name in images/ ("zero_stages") or SVG text.
+
+    Taught in labs 03, 05, 06 and 07.
+    """
     from IPython.display import SVG
 
     if name_or_svg.lstrip().startswith("<svg"):

@@ -33,6 +33,8 @@ def megatron_args(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLi
 
     `legacy=True` writes recomputation the way Megatron-LM before 2022 and the NVIDIA workshop notebook spell it
     (`--checkpoint-activations --activations-checkpoint-method uniform`).
+
+    Taught in lab 08.
     """
     m, par, b, opt, tr, data = spec.model, spec.parallel, spec.batch, spec.optimizer, spec.train, spec.data
     args = [

@@ -28,6 +28,8 @@ def compare(specs: Mapping[str, RunSpec], gpu: str | None = None) -> pd.DataFram
     pipeline stage split into weights, gradients, optimizer state and activations (MiB).
 
     `gpu`: estimate every spec on this catalog GPU instead of its own cluster's.
+
+    Taught in labs 02, 04 and 07.
     """
     if not specs:
         raise ValueError("specs: give at least one {name: RunSpec}")

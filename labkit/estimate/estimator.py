@@ -100,6 +100,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     Megatron's choice for the precision (DeepSpeed's fp32_allreduce reduces fp16 gradients as 4-byte floats).
     `calibration`: the fitted constants (efficiencies, bus fractions, latencies, stacks); default_calibration() when
     None.
+
+    Taught in labs 05, 06 and 07.
     """
     cal = resolve(calibration)
     latency = cal.link_latency_s

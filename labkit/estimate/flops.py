@@ -49,12 +49,18 @@ def hardware_flops(shape: Shape, global_batch: int, recompute: str | None = "ful
 
 
 def flops_96(B: float, s: float, l: float, h: float, V: float) -> float:
-    """SC21 eq. (3) as typed in the workshop notebook (full recompute)."""
+    """SC21 eq. (3) as typed in the workshop notebook (full recompute).
+
+    Taught in lab 05.
+    """
     return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
 
 
 def flops_72(B: float, s: float, l: float, h: float, V: float) -> float:
-    """Model FLOPs without recompute, Korthikanti et al. §6."""
+    """Model FLOPs without recompute, Korthikanti et al. §6.
+
+    Taught in lab 05.
+    """
     return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
 
 
@@ -77,16 +83,25 @@ def megatron_logged_flops(shape: Shape, global_batch: int, version: str = "2025"
 
 
 def achieved_tflops(flops_per_iteration: float, iteration_time_s: float, num_gpus: int) -> float:
-    """TFLOP/s per GPU, as the workshop computes it (157.7 for its 18B model at 32.09 s on 16 GPUs)."""
+    """TFLOP/s per GPU, as the workshop computes it (157.7 for its 18B model at 32.09 s on 16 GPUs).
+
+    Taught in lab 05.
+    """
     return flops_per_iteration / iteration_time_s / num_gpus / 1e12
 
 
 def utilization(flops_per_iteration: float, iteration_time_s: float, peak_tflops_total: float) -> float:
-    """Fraction of peak: MFU with model FLOPs, HFU with executed FLOPs; `peak_tflops_total` sums every GPU's peak."""
+    """Fraction of peak: MFU with model FLOPs, HFU with executed FLOPs; `peak_tflops_total` sums every GPU's peak.
+
+    Taught in lab 05.
+    """
     return flops_per_iteration / iteration_time_s / (peak_tflops_total * 1e12)
 
 
 def training_days(tokens: float, params: float, num_gpus: int, tflops_per_gpu: float, recompute: bool = True) -> float:
-    """SC21 eq. (4): 8 T P / (N X) with full recompute, 6 T P / (N X) without; in days."""
+    """SC21 eq. (4): 8 T P / (N X) with full recompute, 6 T P / (N X) without; in days.
+
+    Taught in lab 05.
+    """
     factor = 8 if recompute else 6
     return factor * tokens * params / (num_gpus * tflops_per_gpu * 1e12) / SECONDS_PER_DAY

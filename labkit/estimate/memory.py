@@ -55,7 +55,10 @@ class StageMemory:
 
 def bytes_per_param(precision: str, data_parallel: int = 1, distributed_optimizer: bool = False, zero_stage: int = 0,
                     optimizer: str = "adam") -> tuple[float, float, float]:
-    """(weight, gradient, optimizer) bytes per parameter on one GPU."""
+    """(weight, gradient, optimizer) bytes per parameter on one GPU.
+
+    Taught in lab 02.
+    """
     if precision not in _MODEL_STATE:
         raise ValueError(f"precision: {precision!r} is not one of {', '.join(_MODEL_STATE)}")
     d = max(1, data_parallel)

@@ -61,7 +61,10 @@ class Shape:
 
 
 def gpt_params(l: int, h: int, s: int, V: int) -> int:
-    """SC21 eq. (2), the formula the workshop notebook types in; exact integer arithmetic."""
+    """SC21 eq. (2), the formula the workshop notebook types in; exact integer arithmetic.
+
+    Taught in lab 05.
+    """
     return 12 * l * h * h + 13 * l * h + (V + s) * h
 
 

@@ -67,7 +67,10 @@ def mode_name(spec: RunSpec) -> str:
 
 
 def recompute_cost(spec: RunSpec) -> RecomputeCost:
-    """What `spec`'s recompute setting keeps and repeats (see the module's docstring)."""
+    """What `spec`'s recompute setting keeps and repeats (see the module's docstring).
+
+    Taught in lab 03.
+    """
     shape = Shape.of(spec.model)
     r, par, b = spec.recompute, spec.parallel, spec.batch
     partition = spec.layer_partition
@@ -95,7 +98,10 @@ def recompute_cost(spec: RunSpec) -> RecomputeCost:
 
 def recompute_table(specs: Mapping[str, RunSpec]) -> pd.DataFrame:
     """One row per spec: mode, what each layer keeps, layers recomputed, activations kept (MiB), memory saved against
-    no recomputation (MiB) and the extra compute (share of the step's FLOPs)."""
+    no recomputation (MiB) and the extra compute (share of the step's FLOPs).
+
+    Taught in lab 03.
+    """
     if not specs:
         raise ValueError("specs: give at least one {name: RunSpec}")
     rows = {}
@@ -118,7 +124,10 @@ def against_measured(predicted: pd.DataFrame, activations_mib: Mapping[str, floa
 
     `predicted` is recompute_table's; `activations_mib` the measured activations kept for the backward pass (the
     profiler's `saved_mb`), `iteration_ms` the measured steady time per iteration, each keyed by run name (mappings or
-    Series indexed by run)."""
+    Series indexed by run).
+
+    Taught in lab 03.
+    """
     activations_mib, iteration_ms = dict(activations_mib), dict(iteration_ms)  # a pandas Series iterates its values
     if baseline not in predicted.index:
         raise KeyError(f"baseline: {baseline!r} is not one of the runs ({', '.join(predicted.index)})")

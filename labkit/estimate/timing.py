@@ -202,7 +202,10 @@ def pipeline_time(stage_times: list[float], boundary_times: list[float], num_mic
 
 
 def bubble_fraction(events: list[Event]) -> float:
-    """Idle share of the stages' time between the first start and the last end of a schedule's events."""
+    """Idle share of the stages' time between the first start and the last end of a schedule's events.
+
+    Taught in lab 07.
+    """
     stages = max(e.stage for e in events) + 1
     span = max(e.end_s for e in events) - min(e.start_s for e in events)
     busy = sum(e.end_s - e.start_s for e in events)

@@ -21,7 +21,10 @@ def _shape(preset: str) -> Shape:
 
 
 def model_size_table(presets: list[str] | None = None) -> pd.DataFrame:
-    """Layers, hidden size, heads and parameter count of model presets (default: SC21's 1.7B..310B)."""
+    """Layers, hidden size, heads and parameter count of model presets (default: SC21's 1.7B..310B).
+
+    Taught in lab 05.
+    """
     rows = []
     for name in presets or SC21_PRESETS:
         shape = _shape(name)
@@ -34,7 +37,10 @@ def model_size_table(presets: list[str] | None = None) -> pd.DataFrame:
 
 def days_per_epoch(params: float, tokens: float, gpu_counts: list[int], tflops_per_gpu: float,
                    recompute: bool = True) -> pd.DataFrame:
-    """Training days for `tokens` tokens at an achieved TFLOP/s per GPU, for each GPU count (SC21 eq. 4)."""
+    """Training days for `tokens` tokens at an achieved TFLOP/s per GPU, for each GPU count (SC21 eq. 4).
+
+    Taught in lab 05.
+    """
     return pd.DataFrame([{"gpus": n, "tflops_per_gpu": tflops_per_gpu,
                           "days": training_days(tokens, params, n, tflops_per_gpu, recompute)} for n in gpu_counts])
 
@@ -49,7 +55,10 @@ def memory_table(est) -> pd.DataFrame:
 
 
 def memory_bars(est) -> go.Figure:
-    """Stacked bars of weights, gradients, optimizer state and activations per stage, with each GPU's memory."""
+    """Stacked bars of weights, gradients, optimizer state and activations per stage, with each GPU's memory.
+
+    Taught in lab 05.
+    """
     df = memory_table(est)
     labels = [f"stage {i} ({g})" for i, g in zip(df["stage"], df["gpu"])]
     fig = go.Figure()
@@ -61,14 +70,20 @@ def memory_bars(est) -> go.Figure:
 
 
 def breakdown_table(est) -> pd.DataFrame:
-    """Seconds and share of the iteration for each part of the breakdown."""
+    """Seconds and share of the iteration for each part of the breakdown.
+
+    Taught in lab 05.
+    """
     total = est.iteration_time_s
     return pd.DataFrame([{"part": k, "seconds": v, "share": v / total if total else 0.0}
                          for k, v in est.breakdown.items()])
 
 
 def time_breakdown(est) -> go.Figure:
-    """One stacked horizontal bar: where an iteration's time goes."""
+    """One stacked horizontal bar: where an iteration's time goes.
+
+    Taught in lab 05.
+    """
     df = breakdown_table(est)
     fig = go.Figure()
     for row in df.itertuples():
@@ -80,6 +95,9 @@ def time_breakdown(est) -> go.Figure:
 
 
 def compare_measured(predicted_s: float, measured_s: float) -> pd.DataFrame:
-    """Prediction beside measurement, as the labs show them."""
+    """Prediction beside measurement, as the labs show them.
+
+    Taught in lab 06.
+    """
     return pd.DataFrame([{"predicted_s": predicted_s, "measured_s": measured_s,
                           "error": (predicted_s - measured_s) / measured_s}])

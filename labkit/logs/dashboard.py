@@ -39,7 +39,10 @@ def run_table(root=None) -> pd.DataFrame:
 
 
 def load_runs(run_ids, root=None) -> tuple[dict[str, ParsedLog], dict]:
-    """Parsed logs and specs of the chosen runs, keyed by run id; runs with no log yet are left out."""
+    """Parsed logs and specs of the chosen runs, keyed by run id; runs with no log yet are left out.
+
+    Taught in lab 07.
+    """
     from labkit.jobs.runs import load_run
     parsed, specs = {}, {}
     for run_id in run_ids:
@@ -53,7 +56,10 @@ def load_runs(run_ids, root=None) -> tuple[dict[str, ParsedLog], dict]:
 
 
 def view(metric: str, runs: dict[str, ParsedLog], specs: dict | None = None):
-    """The figure or DataFrame for one metric of the chosen runs."""
+    """The figure or DataFrame for one metric of the chosen runs.
+
+    Taught in lab 07.
+    """
     if metric not in METRICS:
         raise KeyError(f"metric: {metric!r} is not one of {', '.join(METRICS)}")
     if not runs:
@@ -62,7 +68,10 @@ def view(metric: str, runs: dict[str, ParsedLog], specs: dict | None = None):
 
 
 class Dashboard:
-    """Runs on the left, a metric above, the view below; while a chosen run is live, it refreshes every few seconds."""
+    """Runs on the left, a metric above, the view below; while a chosen run is live, it refreshes every few seconds.
+
+    Taught in lab 07.
+    """
 
     def __init__(self, root=None, refresh_s: float = 10.0):
         import ipywidgets as w

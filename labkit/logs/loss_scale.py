@@ -16,7 +16,10 @@ import pandas as pd
 
 def loss_scale_history(parsed) -> pd.DataFrame:
     """One row per logged interval: iteration, loss_scale (at the end of the interval), skipped (steps skipped in the
-    interval), skipped_total (so far) and trained (whether a loss was logged: some step of the interval applied)."""
+    interval), skipped_total (so far) and trained (whether a loss was logged: some step of the interval applied).
+
+    Taught in lab 02.
+    """
     its = parsed.iterations.sort_values("iteration")
     skipped = its["skipped"].fillna(0).astype(int)
     return pd.DataFrame({"iteration": its["iteration"].astype(int).to_numpy(),
@@ -27,7 +30,10 @@ def loss_scale_history(parsed) -> pd.DataFrame:
 
 def skipped_until(initial_scale: float, final_scale: float, hysteresis: int = 2) -> int:
     """Skipped iterations while a dynamic loss scale falls from `initial_scale` to `final_scale` through consecutive
-    overflows: the first `hysteresis - 1` overflows leave the scale as it is, every further one halves it."""
+    overflows: the first `hysteresis - 1` overflows leave the scale as it is, every further one halves it.
+
+    Taught in lab 02.
+    """
     if initial_scale <= 0 or final_scale <= 0 or hysteresis < 1:
         raise ValueError("loss scales must be positive and hysteresis at least 1")
     halvings = math.log2(initial_scale / final_scale)

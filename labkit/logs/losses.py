@@ -9,7 +9,10 @@ import pandas as pd
 
 def loss_table(runs: Mapping) -> pd.DataFrame:
     """One row per iteration logged by every run, one column of `lm loss` per run, and `spread` (largest minus
-    smallest of the row). Runs are {name: ParsedLog}; iterations that some run did not log are left out."""
+    smallest of the row). Runs are {name: ParsedLog}; iterations that some run did not log are left out.
+
+    Taught in labs 03 and 04.
+    """
     if len(runs) < 2:
         raise ValueError("runs: give at least two {name: ParsedLog} to compare")
     columns = {}

@@ -38,6 +38,8 @@ def comparison_table(runs, baseline: str | None = None, specs: Mapping | None = 
     The speed-up compares samples per second (the same as iteration time when the global batch is equal; fairer when
     gradient accumulation changes the batch). specs: {run: RunSpec} to supply what a log does not print (model shape
     for TFLOP/s, the GPUs for MFU); gpu: one catalog GPU name for every run.
+
+    Taught in labs 01, 02, 03, 04 and 07.
     """
     runs = _runs(runs)
     baseline = baseline or next(iter(runs))
@@ -82,7 +84,10 @@ def _recompute(args: dict) -> str | None:
 
 
 def loss_figure(runs, validation: bool = True) -> go.Figure:
-    """Training loss against iteration for each run; validation losses as markers on the same axes."""
+    """Training loss against iteration for each run; validation losses as markers on the same axes.
+
+    Taught in labs 01, 02 and 04.
+    """
     runs = _runs(runs)
     fig = go.Figure()
     for k, (name, parsed) in enumerate(runs.items()):
@@ -100,7 +105,10 @@ def loss_figure(runs, validation: bool = True) -> go.Figure:
 
 
 def iteration_time_figure(runs) -> go.Figure:
-    """Elapsed time per iteration for each run, warm-up and spikes marked, the steady-state mean as a dotted line."""
+    """Elapsed time per iteration for each run, warm-up and spikes marked, the steady-state mean as a dotted line.
+
+    Taught in labs 01, 02, 03 and 04.
+    """
     runs = _runs(runs)
     fig = go.Figure()
     for k, (name, parsed) in enumerate(runs.items()):
@@ -145,6 +153,8 @@ def timer_breakdown_figure(runs) -> go.Figure:
     """Where an iteration's time goes, as stacked bars of the leaf timers (slowest rank per phase).
 
     Several runs: one bar per run (mean over its steady iterations). One run: one bar per timed iteration.
+
+    Taught in lab 07.
     """
     if isinstance(runs, ParsedLog):
         table = phase_times(runs)

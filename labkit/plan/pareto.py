@@ -45,6 +45,8 @@ def sweep(base: RunSpec, gpu_a: str, gpu_b: str, max_nodes: int = 8, profiles=No
 
     Columns: cluster, nodes_a, nodes_b, cluster_type, marker, the best row's layout and times, price_per_step,
     fits, pareto (on the front among fitting clusters), search_s. `df.attrs["sweep_seconds"]` holds the total time.
+
+    Taught in lab 06.
     """
     a, b = catalog.gpu(gpu_a).name, catalog.gpu(gpu_b).name
     started = time.perf_counter()

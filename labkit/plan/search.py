@@ -304,6 +304,8 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
     cannot reach them are not estimated further. `orders`: "all" node orders up to symmetry, or "grouped" (the nodes
     of each kind kept together, for sweeps over many clusters). `calibration`: the estimator's constants (see
     labkit.estimate.calibration), the shipped ones when None.
+
+    Taught in lab 06.
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")

@@ -27,7 +27,10 @@ def _short_placement(names: list[str]) -> str:
 
 
 def ranked_table(plan, top: int | None = None) -> pd.DataFrame:
-    """The ranked rows with FASOP's columns (plus virtual stages, recompute and the distributed optimizer)."""
+    """The ranked rows with FASOP's columns (plus virtual stages, recompute and the distributed optimizer).
+
+    Taught in lab 06.
+    """
     rows = plan.rows[:top] if top else plan.rows
     records = []
     for r in rows:
@@ -47,7 +50,10 @@ MARKERS = {"homogeneous-0": "square", "homogeneous-1": "circle", "heterogeneous"
 
 def pareto_figure(sweep: pd.DataFrame, title: str = "Cost and time per step by cluster composition"):
     """Scatter of price per step against step time, one point per cluster composition; marker shape by cluster type
-    (square and circle for the two homogeneous kinds, triangle for mixed clusters), front joined."""
+    (square and circle for the two homogeneous kinds, triangle for mixed clusters), front joined.
+
+    Taught in lab 06.
+    """
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -73,7 +79,10 @@ def schedule_events(pipeline: Pipeline) -> pd.DataFrame:
 
 def schedule_figure(pipeline: Pipeline, stage_labels: list[str] | None = None, title: str | None = None):
     """Gantt chart of one step's forwards (light) and backwards (dark) per stage, micro-batch numbers on the bars
-    (and the model chunk in the hover text when the schedule is interleaved)."""
+    (and the model chunk in the hover text when the schedule is interleaved).
+
+    Taught in labs 06 and 07.
+    """
     import plotly.graph_objects as go
 
     events = schedule_events(pipeline)

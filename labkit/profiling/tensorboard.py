@@ -26,7 +26,10 @@ def event_dirs(path) -> list[Path]:
 
 def read_scalars(path) -> pd.DataFrame:
     """Every scalar under PATH: columns run (event directory relative to PATH, "." for PATH itself), tag, step,
-    value, wall_time; sorted by run, tag and step."""
+    value, wall_time; sorted by run, tag and step.
+
+    Taught in lab 02.
+    """
     from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
     root = Path(path) if Path(path).is_dir() else Path(path).parent
@@ -57,7 +60,10 @@ def scalar_table(scalars: pd.DataFrame, tags: list[str] | None = None, run: str 
 
 
 def tensorboard_command(run_dir, port: int | None = None, bind_all: bool = False) -> str:
-    """The shell command that opens a run (or a directory of runs, to compare them) in TensorBoard."""
+    """The shell command that opens a run (or a directory of runs, to compare them) in TensorBoard.
+
+    Taught in lab 02.
+    """
     parts = ["tensorboard", "--logdir", str(Path(run_dir))]
     if port is not None:
         parts += ["--port", str(port)]

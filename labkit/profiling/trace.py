@@ -274,7 +274,10 @@ def communication_calls(trace: Trace, tensor: int = 1, pipeline: int = 1) -> pd.
 
 
 def communication_by_group(traces: Trace | Sequence[Trace], tensor: int = 1, pipeline: int = 1) -> pd.DataFrame:
-    """Communication time per rank and parallel group (tp/dp/pp/...): time_ms, calls, and share of the profiled span."""
+    """Communication time per rank and parallel group (tp/dp/pp/...): time_ms, calls, and share of the profiled span.
+
+    Taught in lab 07.
+    """
     table = communication(traces, tensor, pipeline)
     spans = {t.rank: (t.window[1] - t.window[0]) / 1e3 for t in _as_list(traces)}
     out = table.groupby(["rank", "group"], as_index=False).agg(time_ms=("time_ms", "sum"), calls=("calls", "sum"))

@@ -42,7 +42,10 @@ def kernel_figure(run, top: int = 15) -> go.Figure:
 
 
 def breakdown_figure(runs) -> go.Figure:
-    """Stacked bars of the time share by category (matmul, attention, elementwise, ...), one bar per run."""
+    """Stacked bars of the time share by category (matmul, attention, elementwise, ...), one bar per run.
+
+    Taught in lab 02.
+    """
     table = breakdown_table(runs)
     fig = px.bar(table, x="share", y="run", color="category", orientation="h", color_discrete_map=CATEGORY_COLORS,
                  hover_data=["time_ms"], labels={"share": "share of time", "run": ""}, title="Where the time goes",
@@ -68,7 +71,10 @@ def compute_communication_figure(traces) -> go.Figure:
 
 
 def communication_group_figure(traces, tensor: int = 1, pipeline: int = 1) -> go.Figure:
-    """Per rank, stacked bars of communication time by parallel group (tp / dp / pp)."""
+    """Per rank, stacked bars of communication time by parallel group (tp / dp / pp).
+
+    Taught in lab 07.
+    """
     groups = tr.communication_by_group(_rank_traces(traces), tensor, pipeline)
     groups = groups.assign(rank=[f"rank {r}" for r in groups["rank"]])
     return px.bar(groups, x="time_ms", y="rank", color="group", orientation="h", hover_data=["calls", "share"],
@@ -77,7 +83,10 @@ def communication_group_figure(traces, tensor: int = 1, pipeline: int = 1) -> go
 
 
 def memory_figure(runs) -> go.Figure:
-    """Allocated memory over the profiled steps, one line per run (overlaid to compare, e.g. recompute on vs off)."""
+    """Allocated memory over the profiled steps, one line per run (overlaid to compare, e.g. recompute on vs off).
+
+    Taught in labs 02, 03 and 04.
+    """
     fig = go.Figure()
     for label, t in _runs(runs).items():
         curve = tr.memory_curve(t)
@@ -99,7 +108,10 @@ def memory_timeline_figure(path) -> go.Figure:
 
 def comparison_table(runs) -> pd.DataFrame:
     """One row per run: step time, category shares, tensor-core share, communication share, memory peak growth and
-    memory saved for the backward pass."""
+    memory saved for the backward pass.
+
+    Taught in labs 02, 03 and 04.
+    """
     rows = []
     for label, t in _runs(runs).items():
         st, parts, mem = tr.steps(t), tr.breakdown(t).set_index("category")["share"], tr.memory_per_step(t)
@@ -133,7 +145,10 @@ def comparison_figure(runs) -> go.Figure:
 
 
 def scalars_figure(scalars: pd.DataFrame, tags: list[str]) -> go.Figure:
-    """TensorBoard scalars (from tensorboard.read_scalars) over steps, one panel per tag, one line per run."""
+    """TensorBoard scalars (from tensorboard.read_scalars) over steps, one panel per tag, one line per run.
+
+    Taught in lab 02.
+    """
     frame = scalars[scalars["tag"].isin(tags)]
     missing = sorted(set(tags) - set(frame["tag"]))
     if missing:

@@ -8,7 +8,10 @@ EOD_TOKEN = "<|endoftext|>"
 
 
 class GPT2BPETokenizer:
-    """A GPT-2 style `vocab.json` + `merges.txt` pair (labkit's shipped one or OpenAI's), `<|endoftext|>` as EOD."""
+    """A GPT-2 style `vocab.json` + `merges.txt` pair (labkit's shipped one or OpenAI's), `<|endoftext|>` as EOD.
+
+    Taught in lab 08.
+    """
 
     def __init__(self, vocab_file: str | Path, merge_file: str | Path):
         from tokenizers import ByteLevelBPETokenizer
