@@ -17,8 +17,8 @@ from labkit.spec import load_spec
 GPT2_XL = Shape(num_layers=48, hidden=1600, heads=25, seq_length=1024, vocab=50257)
 
 
-def seed000(**changes):
-    data = {"name": "seed000", "model": {"preset": "gpt2-xl"},
+def fasop_gpt2_xl(**changes):
+    data = {"name": "fasop-gpt2-xl", "model": {"preset": "gpt2-xl"},
             "parallel": {"tensor": 1, "pipeline": 8, "data": 4, "partition": [0, 11, 8, 8, 8, 8, 5, 0]},
             "batch": {"micro": 1, "global": 64}, "precision": "fp16", "recompute": "none", "cluster": "a10x8"}
     for key, value in changes.items():
@@ -107,8 +107,8 @@ def test_zero_stages_shrink_model_state():
     assert states[2] == pytest.approx(stages[2].weights * 8)  # 16/d bytes, 2/d of them weights
 
 
-def test_estimate_seed000_has_every_key_and_a_consistent_breakdown():
-    est = estimate(seed000())
+def test_estimate_fasop_gpt2_xl_has_every_key_and_a_consistent_breakdown():
+    est = estimate(fasop_gpt2_xl())
     d = est.to_dict()
     for key in ("params", "flops_per_iteration", "model_flops_per_iteration", "iteration_time_s", "tflops_per_gpu",
                 "mfu", "memory_gb_per_stage", "fits_in_memory", "breakdown"):
@@ -129,15 +129,15 @@ def test_heterogeneous_stage_uses_its_own_gpu_and_profile():
 
 
 def test_a_slower_network_costs_time_only_where_traffic_crosses_nodes():
-    fast = estimate(seed000())
-    slow = estimate(seed000(cluster={"nodes": [{"gpu": "A10", "count": 8, "gpus_per_node": 4}],
+    fast = estimate(fasop_gpt2_xl())
+    slow = estimate(fasop_gpt2_xl(cluster={"nodes": [{"gpu": "A10", "count": 8, "gpus_per_node": 4}],
                                      "inter_node_gbps": 10}))
     assert slow.breakdown["pp_comm"] > fast.breakdown["pp_comm"]
     assert slow.breakdown["compute"] == pytest.approx(fast.breakdown["compute"])
 
 
 def test_profiles_argument_overrides_the_catalog_and_analytic_fallback():
-    spec = seed000()
+    spec = fasop_gpt2_xl()
     analytic = estimate(spec, profiles={})
     assert all(src.startswith("analytic A10") for src in analytic.stage_sources)
     assert analytic.iteration_time_s != estimate(spec).iteration_time_s
@@ -153,7 +153,7 @@ def test_oom_verdict_for_a_model_too_big_for_its_gpus():
 
 def test_cli_json_keys_and_training_days(capsys, tmp_path):
     path = tmp_path / "spec.yaml"
-    path.write_text(seed000().to_yaml())
+    path.write_text(fasop_gpt2_xl().to_yaml())
     assert main(["estimate", str(path), "--json", "--tokens", "1e9"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["training_days"] == pytest.approx(1e9 / (64 * 1024) * out["iteration_time_s"] / 86400)
@@ -174,8 +174,8 @@ def test_a_single_gpu_profile_is_split_over_tensor_ranks_with_all_reduces_added(
     model = {"num_layers": 8, "hidden_size": 1024, "num_attention_heads": 16, "seq_length": 1024, "vocab_size": 50257}
     profile = Profile(model="m", gpu="A10", tensor=1, embedding_s=0.001, layers_s=[0.004] * 8, output_s=0.002,
                       seq_length=1024)
-    one = estimate(seed000(model=model, parallel={"tensor": 1, "pipeline": 2, "data": 16}), profiles={("A10", 1): profile})
-    two = estimate(seed000(model=model, parallel={"tensor": 2, "pipeline": 2, "data": 8}), profiles={("A10", 1): profile})
+    one = estimate(fasop_gpt2_xl(model=model, parallel={"tensor": 1, "pipeline": 2, "data": 16}), profiles={("A10", 1): profile})
+    two = estimate(fasop_gpt2_xl(model=model, parallel={"tensor": 2, "pipeline": 2, "data": 8}), profiles={("A10", 1): profile})
     assert two.stage_sources == ["profile m/A10/tp1"] * 2
     assert two.breakdown["tp_comm"] > 0 and one.breakdown["tp_comm"] == 0
     # half the data-parallel width doubles the micro-batches; each takes half the compute
@@ -223,7 +223,7 @@ def test_blocking_pipeline_transfers_double_the_steady_state_exchange():
 
 def test_unknown_stack_names_the_choices():
     with pytest.raises(ValueError, match="megatron-core"):
-        estimate(seed000(), stack="colossal")
+        estimate(fasop_gpt2_xl(), stack="colossal")
 
 
 def amp_spec(t, p, d, micro, cluster="t4"):
@@ -289,7 +289,7 @@ def test_schedule_splits_each_stage_into_its_own_forward_and_backward():
 
 
 def test_a_custom_calibration_changes_the_estimate_and_leaves_the_default_alone():
-    spec, analytic = seed000(), {}  # no profiles: compute is FLOPs / (peak x efficiency)
+    spec, analytic = fasop_gpt2_xl(), {}  # no profiles: compute is FLOPs / (peak x efficiency)
     default = estimate(spec, analytic)
     cal = default_calibration()
     halved = cal.with_efficiency("A10", cal.gpu_efficiency("A10") / 2)

@@ -80,7 +80,7 @@ def test_stage_params_sum_to_the_model_plus_the_tied_copy():
     assert total_params(shape) / 4 < split < total_params(shape) / 3.9
 
 
-def test_seed_004_size_table_matches_sc21():
+def test_awsome_size_table_matches_sc21():
     # SC21 Table 1 lists 1.7, 3.6, 7.5, 18.4, 39.1, 76.1, 145.6, 310.1 B
     from labkit.catalog import models
     from labkit.spec import ModelSpec

@@ -66,11 +66,11 @@ def test_logged_tflops_are_used_when_printed():
     assert speed.global_batch_size == 1024 and speed.seq_length is None and speed.tokens_per_s is None
 
 
-def test_mfu_of_seed000_heterogeneous_job_from_its_spec():
+def test_mfu_of_fasop_heterogeneous_job_from_its_spec():
     """The GPT-2 XL log of FASOP's Megatron-LM scripts (32 A10, global batch 64, about 1.4 s per iteration) read with
     the heterogeneous example spec (1 node of 4 A100 + 7 nodes of 4 A10): the peaks come from the spec's GPUs."""
     spec = load_spec(ROOT / "examples" / "gpt2-xl-hetero.yaml")
-    p = parse_log(FIXTURES / "seed000-get-result.txt")
+    p = parse_log(FIXTURES / "fasop-get-result.txt")
     speed = throughput(p, spec=spec)
     # get_result's summary "iteration 10 : 4.5416 s" is the warm-up; 20..50 print 1401.5, 1423.8, 1373.9, 1409.8 ms
     assert speed.steady.warmup_iterations == [10]

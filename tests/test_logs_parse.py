@@ -217,8 +217,8 @@ def test_nemo2_zero_based_iterations(logs):
 
 # --- the course sources' examples (FASOP, the NVIDIA DLI workshop, awsome-distributed-training) -----------------------
 
-def test_seed000_get_result_output():
-    p = parse_log(FIXTURES / "seed000-get-result.txt")
+def test_fasop_get_result_output():
+    p = parse_log(FIXTURES / "fasop-get-result.txt")
     # interval lines under "==> ../log2/10932251/n067.out <==" and the script's own "iteration 10 : 4.5416 s" summary
     assert p.iterations["iteration"].tolist() == [10, 20, 30, 40, 50]
     assert row(p, 10)["elapsed_ms"] == pytest.approx(4541.6)
@@ -232,8 +232,8 @@ def test_seed000_get_result_output():
     assert p.parallel["partition"] == "0-11-8-8-8-8-5-0" and p.parallel["nodes"] == 8
 
 
-def test_seed000_job_directory_of_node_files(tmp_path):
-    job = FIXTURES / "seed000-job" / "10932251"
+def test_fasop_job_directory_of_node_files(tmp_path):
+    job = FIXTURES / "fasop-job" / "10932251"
     p = parse_log(job)
     assert [Path(s).name for s in p.sources] == ["n060.err", "n060.out", "n066.out", "n067.err", "n067.out"]
     assert p.iterations["iteration"].tolist() == [30, 40, 50]
@@ -256,28 +256,28 @@ def test_seed000_job_directory_of_node_files(tmp_path):
     pd.testing.assert_series_equal(files.iterations["lm_loss"], p.iterations["lm_loss"])
 
 
-def test_seed003_grep_lines():
-    p = parse_log(FIXTURES / "seed003-grep-elapsed.txt")
+def test_dli_workshop_grep_lines():
+    p = parse_log(FIXTURES / "dli-workshop-grep-elapsed.txt")
     assert p.iterations["iteration"].tolist() == [10, 20, 30]
     assert pd.isna(row(p, 10)["lm_loss"]) and row(p, 10)["skipped"] == 10
     assert row(p, 20)["lm_loss"] == pytest.approx(10.70710) and row(p, 30)["loss_scale"] == 65536.0
     assert p.partial_lines["line"].tolist() == [4]
 
 
-def test_seed003_world_and_micro_batches():
+def test_dli_workshop_world_and_micro_batches():
     p = parse_text("    using world size: 4, data-parallel-size: 4, tensor-model-parallel size: 1, "
                    "pipeline-model-parallel size: 1 \n    using torch.float16 for parameters ...\n"
                    "setting number of micro-batches to constant 4\n")
     assert p.parallel == {"world_size": 4, "data": 4, "tensor": 1, "pipeline": 1, "num_micro_batches": 4}
 
 
-def test_seed004_srun_and_sample_log():
-    p = parse_log(FIXTURES / "seed004-srun.log")
+def test_awsome_srun_and_sample_log():
+    p = parse_log(FIXTURES / "awsome-srun.log")
     assert p.iterations["iteration"].tolist() == [25, 26, 27]
     r = row(p, 25)
     assert (r["task"], r["train_iters"], r["consumed_samples"], r["global_batch_size"]) == (1, 73242187, 50, 2)
     assert r["elapsed_ms"] == pytest.approx(87.0) and r["loss_scale"] == 4294967296.0 and r["grad_norm"] == 0.0
-    k = parse_log(FIXTURES / "seed004-kubectl.log")
+    k = parse_log(FIXTURES / "awsome-kubectl.log")
     assert k.iterations["iteration"].tolist() == [1, 2, 3]
     assert k.iterations["lm_loss"].isna().all() and k.iterations["skipped"].tolist() == [1, 1, 1]
     assert row(k, 2)["loss_scale"] == 2147483648.0 and row(k, 1)["elapsed_ms"] == pytest.approx(255940.5)

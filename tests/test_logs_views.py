@@ -144,7 +144,7 @@ def test_cli_json_and_summary(capsys):
 
 def test_cli_uses_the_spec_for_mfu(capsys):
     spec = Path(__file__).parent.parent / "examples" / "gpt2-xl-hetero.yaml"
-    log = FIXTURES / "seed000-get-result.txt"
+    log = FIXTURES / "fasop-get-result.txt"
     assert main(["logs", "parse", str(log), "--spec", str(spec), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)["summary"]
     assert summary["tflops_source"] == "model FLOPs" and 0 < summary["mfu"] < 1

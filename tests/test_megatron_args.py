@@ -49,7 +49,7 @@ def test_megatron_args_match_golden(name):
     assert text == golden.read_text()
 
 
-def test_seed_partition_renders_as_megatron_core_layout():
+def test_fasop_partition_renders_as_megatron_core_layout():
     assert pipeline_layout([0, 11, 8, 8, 8, 8, 5, 0]) == "E|t*11|t*8|t*8|t*8|t*8|t*5|L"
     assert pipeline_layout([3, 2]) == "E,t*3|t*2,L"
     assert pipeline_layout([4]) == "E,t*4,L"

@@ -69,7 +69,7 @@ def test_memory_caps_are_respected_and_can_make_it_infeasible():
     assert min_max_partition(per_layer, [0.0, 0.0], [3, 4]) is None
 
 
-def test_seed_shape_empty_end_stages_when_embedding_and_output_are_heavy():
+def test_fasop_shape_empty_end_stages_when_embedding_and_output_are_heavy():
     # FASOP's Megatron-LM scripts run 0-11-8-8-8-8-5-0: the first and last stages only hold the embedding and the
     # output layer
     per_layer = [[1.0] * 8] * 4

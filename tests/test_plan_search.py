@@ -131,7 +131,7 @@ def test_cost_objective_and_budgets(full_plan):
         min(r.estimated_s for r in fitting if r.price_per_step <= price_cap))
 
 
-def test_chosen_spec_loads_and_renders_the_seed_partition_form(full_plan):
+def test_chosen_spec_loads_and_renders_the_fasop_partition_form(full_plan):
     from labkit.megatron_args import megatron_args, pipeline_layout
 
     best = next(r for r in full_plan.rows if r.virtual_stages == 1 and r.pp > 1)
