@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_estimate_accuracy.py [--verbose] [--validate] [--skip-cpu | --save-loop F |
                                                            --replay-loop F]
 
-1. AMP's 90 real trials (../shared/reference/amp/measured.csv): GPT-2 345M-like on 16 T4 and on 12 V100 + 4 T4,
+1. AMP's 90 real trials (benchmarks/data/amp/measured.csv): GPT-2 345M-like on 16 T4 and on 12 V100 + 4 T4,
    DeepSpeed 3D parallelism; AMP's own predictions printed beside ours.
 2. FASOP's Megatron-LM scripts (github.com/AvatarHwang/FASOP): GPT-2 XL on 8 nodes x 4 A10, PP 8, DP 4,
    partition 0-11-8-8-8-8-5-0, 1.4 s/iteration.
@@ -42,7 +42,7 @@ from labkit.logs.parse import parse_text  # noqa: E402
 from labkit.megatron_args import megatron_args  # noqa: E402
 from labkit.spec import load_spec  # noqa: E402
 
-REFERENCE = ROOT.parent / "shared" / "reference"
+DATA = Path(__file__).resolve().parent / "data"
 AMP_MODEL = {"num_layers": 24, "hidden_size": 1024, "num_attention_heads": 16, "seq_length": 1024, "vocab_size": 52256}
 # AMP's clusters (paper §5; node order of het_cluster.py's cluster_info) with their physical links: g4dn.12xlarge is
 # 4 T4 on PCIe Gen3 (catalog) with 50 Gbit/s Ethernet, p3.8xlarge 4 V100 on NVLink (catalog) with 10 Gbit/s.
@@ -67,7 +67,7 @@ def layers_per_stage(ds_partition: list[int]) -> list[int]:
 
 def amp_rows() -> list[dict]:
     rows = []
-    with open(REFERENCE / "amp" / "measured.csv") as fh:
+    with open(DATA / "amp" / "measured.csv") as fh:
         for row in csv.DictReader(fh):
             partition = [int(x) for x in re.search(r"DS partition \[([^\]]*)\]", row["notes"])[1].split(",")]
             amp_pred = float(re.search(r"AMP predicted ([0-9.]+)", row["notes"])[1])

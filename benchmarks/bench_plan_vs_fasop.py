@@ -1,8 +1,9 @@
 """labkit's planner beside FASOP on FASOP's own heterogeneous GPT-2 XL case, with FASOP's profiles and link figures.
 
-    .venv/bin/python benchmarks/bench_plan_vs_fasop.py [--reference ../shared/reference]
+    .venv/bin/python benchmarks/bench_plan_vs_fasop.py [--data DIR]
 
-FASOP's run (fasop_runs/log_gpt2XL--heterogeneous.txt, gpt2_heterogeneous.csv): 1 node x 4 A100 + 7 nodes x 4 A10,
+FASOP's run (benchmarks/data/fasop_runs/: log_gpt2XL--heterogeneous.txt, gpt2_heterogeneous.csv; FASOP's profiles are
+the copies labkit ships in labkit/data/profiles/fasop/): 1 node x 4 A100 + 7 nodes x 4 A10,
 global batch 64, GPT-2 XL as FASOP configures it (48 layers, hidden 1600, 16 heads, seq 1024, vocab 50257, fp16).
 Its CSV pins the link figures of that run: the DP all-reduce column is reproduced by 128 Gbit/s inside an A10 node and
 1840 Gbit/s inside the A100 node, the embedding all-reduce column by 40 Gbit/s between nodes, and the price column by
@@ -28,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from labkit.estimate import estimate, load_profile  # noqa: E402
+from labkit.paths import data_file  # noqa: E402
 from labkit.plan.pareto import sweep  # noqa: E402
 from labkit.plan.placement import as_cluster, node_kinds  # noqa: E402
 from labkit.plan.search import _balanced_partition, _Links, _StageCosts, search  # noqa: E402
@@ -91,10 +93,10 @@ def stage_steps(spec, est, links) -> list[float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reference", default=str(ROOT.parent / "shared" / "reference"))
+    ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parent / "data",
+                    help="folder holding fasop_runs/gpt2_heterogeneous.csv (default: benchmarks/data)")
     args = ap.parse_args()
-    ref = Path(args.reference)
-    profiles = fasop_profiles(ref / "fasop_profiles")
+    profiles = fasop_profiles(data_file("profiles", "fasop"))
     base = fasop_base()
     kinds, _ = node_kinds(base.cluster)
     shape = Shape.of(base.model)
@@ -105,7 +107,7 @@ def main() -> int:
           f"{'max comp F':>10} {'max comp L':>10}")
     all_balanced = True
     costs = _StageCosts(shape, base.precision, base.batch.global_, lambda gpu, tensor: profiles.get((gpu, tensor)))
-    for row in fasop_rows(ref / "fasop_runs" / "gpt2_heterogeneous.csv", 10):
+    for row in fasop_rows(args.data / "fasop_runs" / "gpt2_heterogeneous.csv", 10):
         cluster = as_cluster(row["order"], kinds, base.cluster)
         theirs = replace(base, cluster=cluster, batch=replace(base.batch, micro=row["mbs"]),
                          parallel=ParallelSpec(tensor=row["tp"], pipeline=row["pp"], data=row["dp"],
