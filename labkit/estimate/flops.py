@@ -1,4 +1,4 @@
-"""FLOPs per iteration, achieved TFLOP/s, MFU/HFU and training time. Sources in ../shared/reference/formulas.md.
+"""FLOPs per iteration, achieved TFLOP/s, MFU/HFU and training time (SC21: arXiv:2104.04473; arXiv:2205.05198).
 
 Only matrix multiplications are counted (2 FLOPs per multiply-add), forward + backward = 3 x forward.
 - `hardware_flops` with full recompute is SC21 eq. (3), F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h)): the workshop's

@@ -8,7 +8,7 @@ from labkit import catalog
 from labkit.estimate.flops import training_days
 from labkit.estimate.params import Shape, gpt_params, total_params
 
-# Seed 004's size table: Narayanan et al. SC21 Table 1, 1.7B to 310B.
+# The size table awsome-distributed-training's Megatron-LM test case uses: Narayanan et al. SC21 Table 1, 1.7B to 310B.
 SC21_PRESETS = ["gpt-1.7b", "gpt-3.6b", "gpt-7.5b", "gpt-18.4b", "gpt-39.1b", "gpt-76.1b", "gpt-145.6b", "gpt-310.1b"]
 
 

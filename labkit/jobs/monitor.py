@@ -1,4 +1,4 @@
-"""Watch a job and explain how it ended: seed 000's get_result.sh, done properly.
+"""Watch a job and explain how it ended: FASOP's get_result.sh (github.com/AvatarHwang/FASOP), done properly.
 
 report(job) gathers, per node, the last lines of out/err/gpu; the job info echoed into the logs (by the job script and
 by the training driver) compared with the spec, mismatches flagged; the iteration-time table; and, for a job that did
