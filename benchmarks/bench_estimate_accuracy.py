@@ -418,14 +418,15 @@ def measure_cpu_time_profile(tensor: int, processes: int, workdir: Path) -> Prof
     (labkit.plan.profiler's worker with its clock swapped): what the layers cost with the CPUs to themselves, however
     busy the host is. `processes` groups of `tensor` workers run at once, as in the layout; their profiles are
     averaged layer by layer."""
-    from labkit.plan.profiler import _free_port, profiling_spec
+    from labkit.net import free_port
+    from labkit.plan.profiler import profiling_spec
 
     (workdir / "cpu-loop.yaml").write_text(yaml.safe_dump(loop_spec(tensor).to_dict()))
     argv = megatron_args(profiling_spec(str(workdir / "cpu-loop.yaml"), tensor, LOOP_MICRO, "fp32")) + [
         "--distributed-backend", "gloo"]
     groups = []
     for g in range(processes):
-        port, out = _free_port(), workdir / f"cpu-time-profile-{g}.json"
+        port, out = free_port(), workdir / f"cpu-time-profile-{g}.json"
         groups.append((out, [subprocess.Popen([sys.executable, "-c", _CPU_TIME_WORKER, str(rank), str(tensor), str(port),
                                                str(out), json.dumps(argv)], cwd=ROOT, env=_one_thread_env(),
                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -37,7 +37,7 @@ log_interval = 2
 # %%
 from labkit.exercises import check_spec
 from labkit.jobs import backend_named
-from labkit.jobs.monitor import format_report, widget
+from labkit.jobs.monitor import format_report, report, widget
 from labkit.jobs.render import render
 from labkit.paths import example, runs_dir
 from labkit.logs.views import comparison_table, iteration_time_figure, loss_figure
@@ -104,7 +104,7 @@ loss_figure({"baseline": log}).show()
 comparison_table({"baseline": log}, specs={"baseline": spec})
 
 # %%
-print(format_report(job.report(), color=False))
+print(format_report(report(job), color=False))
 
 # %% [markdown]
 # The first iterations are slower (warm-up: memory allocation, first data reads); the steady-state time excludes

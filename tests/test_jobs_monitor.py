@@ -1,4 +1,5 @@
-"""Failure causes, the report and run records, on logs written the way jobs write them (no scheduler needed)."""
+"""Failure causes, the report, the watcher and run records, on logs written the way jobs write them (no scheduler
+needed)."""
 from __future__ import annotations
 
 import json
@@ -6,10 +7,16 @@ import time
 
 import pytest
 
-from labkit.jobs.job import Job, State, Status, slurm_state
-from labkit.jobs.monitor import explain, format_report, report, widget
+from labkit.jobs import job_of
+from labkit.jobs.diagnose import LogText, explain
+from labkit.jobs.job import Job
+from labkit.jobs.monitor import format_report, report, widget
 from labkit.jobs.runs import RunIndex, RunRecord, load_run
 from labkit.jobs.slurm import settle
+from labkit.jobs.state import State, Status, slurm_state
+from labkit.jobs.watcher import WATCHER
+from labkit.logs import parse_log
+from labkit.logs.parse import records
 from labkit.spec import load_spec
 
 WARNINGS = ("/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py:83: FutureWarning: deprecated\n"
@@ -19,29 +26,35 @@ ITERATION = (" iteration        5/      10 | consumed samples:           40 | el
 
 
 class StaticBackend:
-    """A backend whose jobs are in whatever state the test sets."""
+    """A backend whose jobs are in whatever state the test sets (by job id); it counts its polls."""
     name = "static"
 
-    def __init__(self):
+    def __init__(self, **statuses):
+        self.statuses = statuses
+        self.polls = []
         self.cancelled = []
 
     def poll(self, jobs):
-        pass
+        self.polls.append(sorted(job.job_id for job in jobs))
+        return {job: self.statuses[job.job_id] for job in jobs if job.job_id in self.statuses}
 
     def cancel(self, job):
         self.cancelled.append(job)
 
 
-def make_job(tmp_path, state=State.FAILED, reason=None, exit_code="1:0", logs=None, **spec_changes):
-    spec = {"name": "tiny", "model": {"preset": "tiny"}, "batch": {"micro": 2, "global": 8},
-            "cluster": {"nodes": [{"gpu": "A10", "count": 2, "gpus_per_node": 1}]}, **spec_changes}
-    record = RunRecord.create(load_spec(spec), tmp_path / "runs")
-    job = Job(StaticBackend(), ["7"], record)
+def tiny_spec(**spec_changes):
+    return load_spec({"name": "tiny", "model": {"preset": "tiny"}, "batch": {"micro": 2, "global": 8},
+                      "cluster": {"nodes": [{"gpu": "A10", "count": 2, "gpus_per_node": 1}]}, **spec_changes})
+
+
+def make_job(tmp_path, state=State.FAILED, reason=None, exit_code="1:0", logs=None, backend=None, job_id="7",
+             **spec_changes):
+    record = RunRecord.create(tiny_spec(**spec_changes), tmp_path / "runs")
+    job = Job(backend or StaticBackend(), [job_id], record, Status(state, exit_code, reason))
     for name, text in (logs or {}).items():
         path = record.logs / name if name.startswith("slurm-") else job.log_dir / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    job._status = Status(state, exit_code, reason)
     return job
 
 
@@ -68,22 +81,34 @@ def make_job(tmp_path, state=State.FAILED, reason=None, exit_code="1:0", logs=No
      "error output on stderr: n1.err:3: Traceback (most recent call last):"),
     (State.FAILED, None, {"n1.err": WARNINGS}, "failed with exit code 1:0"),
 ])
-def test_each_failure_gets_its_cause(tmp_path, state, reason, logs, cause):
-    job = make_job(tmp_path, state, reason, logs=logs, job={"time_limit": "0:01:00"})
-    assert explain(job).startswith(cause), explain(job)
+def test_each_failure_gets_its_cause(state, reason, logs, cause):
+    texts = [LogText(name, text) for name, text in logs.items()]
+    found = explain(Status(state, "1:0", reason), tiny_spec(job={"time_limit": "0:01:00"}), texts)
+    assert found.startswith(cause), found
 
 
-def test_bad_data_path_is_named(tmp_path):
+def test_bad_data_path_is_named():
     path = "/data/missing_text_document"
-    job = make_job(tmp_path, logs={"n1.err": WARNINGS + f"python -m labkit.train: error: --data-path: {path} has no "
-                                             f"{path}.bin or {path}.idx; create it with labkit data prepare\n"},
-                   data={"mock": False, "path": path})
-    assert explain(job).startswith(f"bad data path '{path}': n1.err:3:")
+    texts = [LogText("n1.err", WARNINGS + f"python -m labkit.train: error: --data-path: {path} has no "
+                               f"{path}.bin or {path}.idx; create it with labkit data prepare\n")]
+    spec = tiny_spec(data={"mock": False, "path": path})
+    assert explain(Status(State.FAILED, "1:0"), spec, texts).startswith(f"bad data path '{path}': n1.err:3:")
 
 
-def test_no_cause_while_running_or_after_success(tmp_path):
-    assert explain(make_job(tmp_path, State.RUNNING)) is None
-    assert explain(make_job(tmp_path, State.COMPLETED, exit_code="0:0")) is None
+def test_no_cause_while_running_or_after_success():
+    def unread():
+        raise AssertionError("the logs of a job that did not fail are not read")
+        yield
+
+    assert explain(Status(State.RUNNING), tiny_spec(), unread()) is None
+    assert explain(Status(State.COMPLETED, "0:0"), tiny_spec(), unread()) is None
+
+
+def test_a_job_finds_its_cause_in_its_node_and_batch_logs(tmp_path):
+    job = make_job(tmp_path, State.TIMEOUT, logs={"n1.err": WARNINGS, "slurm-7.out": "slurmstepd: error: *** JOB 7"},
+                   job={"time_limit": "0:01:00"})
+    assert [t.name for t in job.log_texts()] == ["n1.err", "slurm-7.out"]
+    assert job.cause() == "time limit: the job ran past its limit of 0:01:00"
 
 
 def test_slurm_state_words():
@@ -115,14 +140,35 @@ def test_report_flags_job_info_that_disagrees_with_the_spec(tmp_path):
 
 
 def test_widget_refreshes_while_running_and_stops_at_the_end(tmp_path):
-    job = make_job(tmp_path, State.RUNNING, exit_code=None, logs={"n1.out": node_out(0)})
+    backend = StaticBackend()
+    job = make_job(tmp_path, State.RUNNING, exit_code=None, logs={"n1.out": node_out(0)}, backend=backend)
     view = widget(job, interval_s=0.05)
     assert "RUNNING" in view.value
     job.log_dir.joinpath("n1.out").write_text(node_out(0, extra=ITERATION))
-    job._status = Status(State.COMPLETED, "0:0")
+    backend.statuses["7"] = Status(State.COMPLETED, "0:0")
     view.refresher.join(timeout=5)
     assert not view.refresher.is_alive()
     assert "COMPLETED" in view.value and "iteration 5 : 0.1292 s" in view.value
+    assert job.record.last_status()["state"] == "COMPLETED"
+
+
+def test_one_poll_refreshes_every_live_job_of_a_backend(tmp_path):
+    backend, other = StaticBackend(), StaticBackend()
+    jobs = [make_job(tmp_path, State.RUNNING, exit_code=None, backend=backend, job_id=i) for i in ("1", "2", "3")]
+    done = make_job(tmp_path, State.COMPLETED, exit_code="0:0", backend=backend, job_id="4")
+    elsewhere = make_job(tmp_path, State.RUNNING, exit_code=None, backend=other, job_id="5")
+    backend.statuses.update({"1": Status(State.RUNNING), "2": Status(State.COMPLETED, "0:0"),
+                             "3": Status(State.FAILED, "3:0")})
+    assert jobs[0].state == State.RUNNING
+    assert backend.polls == [["1", "2", "3"]] and other.polls == []  # one query; the ended job and the other backend
+    assert [j.status(refresh=False).state for j in jobs] == [State.RUNNING, State.COMPLETED, State.FAILED]
+    last = jobs[2].record.last_status()
+    assert (last["state"], last["exit_code"], last["cause"]) == ("FAILED", "3:0", "failed with exit code 3:0")
+    assert done.status(refresh=False).state == State.COMPLETED and elsewhere.state == State.RUNNING
+    backend.statuses["1"] = Status(State.COMPLETED, "0:0")
+    assert WATCHER.wait(jobs, timeout=5, poll_s=0.01) == {job: state for job, state in
+                                                          zip(jobs, [State.COMPLETED, State.COMPLETED, State.FAILED])}
+    assert backend.polls[1:] == [["1"]]
 
 
 def test_runs_are_never_overwritten_and_an_interrupted_run_stays_readable(tmp_path):
@@ -149,15 +195,42 @@ def test_runs_are_never_overwritten_and_an_interrupted_run_stays_readable(tmp_pa
 def test_finishing_writes_status_cause_and_metrics_once(tmp_path):
     job = make_job(tmp_path, State.RUNNING, logs={"n1.out": node_out(0, extra=ITERATION),
                                                    "n1.err": "Traceback (most recent call last):\n"})
-    job._set_status(Status(State.FAILED, "1:0"))
+    job.update(Status(State.FAILED, "1:0"))
     status = json.loads((job.record.path / "status.json").read_text())
     assert status["state"] == "FAILED" and status["cause"].startswith("error output on stderr")
     metrics = job.record.metrics()
     assert metrics["iterations"][0]["iteration"] == 5 and metrics["final_lm_loss"] == pytest.approx(6.93632)
+    assert metrics["iterations"][0]["node"] == "n1"
     before = (job.record.path / "metrics.json").stat().st_mtime_ns
     time.sleep(0.01)
-    job.record.save_metrics(job)
+    job.record.save_metrics({"iterations": []})
     assert (job.record.path / "metrics.json").stat().st_mtime_ns == before
+
+
+def test_metrics_are_the_parsers_iteration_table(tmp_path):
+    # 2020's Megatron-LM prints `lm loss 6.9E+00 |` without a colon; two nodes print the same iterations
+    old_style = (" iteration        5/      10 | elapsed time per iteration (ms): 129.2 | lm loss 6.936320E+00 |\n"
+                 " iteration       10/      10 | elapsed time per iteration (ms): 120.8 | lm loss 6.5E+00 |\n")
+    job = make_job(tmp_path, State.RUNNING, logs={"n1.out": old_style, "n2.out": old_style})
+    job.update(Status(State.COMPLETED, "0:0"))
+    metrics = job.record.metrics()
+    parsed = parse_log(sorted(job.log_dir.glob("*.out")))
+    assert metrics["iterations"] == records(parsed.iterations[["iteration", "train_iters", "elapsed_ms", "lm_loss",
+                                                                "node"]])
+    assert [r["lm_loss"] for r in metrics["iterations"]] == [6.93632, 6.5]
+    assert metrics["final_lm_loss"] == 6.5 and metrics["mean_iteration_ms"] == pytest.approx(120.8)
+    assert job.last_iteration() == 10
+
+
+def test_a_recorded_run_is_reattached_in_its_last_state(tmp_path):
+    job = make_job(tmp_path, State.RUNNING)
+    with pytest.raises(RuntimeError, match="never submitted"):
+        job_of(job.record)
+    job.record.attach("local", "local", ["7"])
+    job.update(Status(State.FAILED, "1:0"))
+    again = job_of(job.record, StaticBackend())
+    assert (again.job_ids, again.status(refresh=False)) == (["7"], Status(State.FAILED, "1:0"))
+    assert again.backend.polls == []  # an ended job is not asked about again
 
 
 def labkit(*args, cwd=None):

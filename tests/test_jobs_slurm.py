@@ -15,7 +15,8 @@ import pytest
 
 from labkit.jobs import Job, LocalBackend, SlurmBackend, SlurmError, State
 from labkit.jobs import slurm as slurm_backend
-from labkit.jobs.local import free_port
+from labkit.jobs.monitor import report
+from labkit.net import free_port
 from labkit.jobs.render import render, render_array
 from labkit.spec import load_spec, with_changes
 
@@ -146,24 +147,26 @@ def _purged_by_the_controller(monkeypatch, backend, keep_jobcomp: bool) -> None:
         monkeypatch.setitem(backend.config(), "JobCompType", "jobcomp/none")
 
 
-def test_a_finished_job_reads_the_same_from_scontrol_sacct_and_the_jobcomp_file(early, local_slurm, fake,
+def test_a_finished_job_reads_the_same_from_scontrol_sacct_and_the_jobcomp_file(early, local_slurm, fake, runs,
                                                                                 monkeypatch):
     if not local_slurm.accounting:
         pytest.skip("the local Slurm runs without slurmdbd (LABKIT_SLURM_ACCOUNTING=0): sacct cannot answer")
     job = fake.submit(spec_for([A10], "exits-3", **{"job.env": {"FAKE_EXIT": "3"}}))
     assert wait(job, 60) == State.FAILED
+    # A backend of its own: a refresh polls every live job of its backend, and the others are not purged.
+    probe = SlurmBackend(runs_dir=runs)
     seen = {}
     with monkeypatch.context() as patch:  # the controller still knows the job: squeue, then scontrol
-        patch.setitem(fake.config(), "AccountingStorageType", "accounting_storage/none")
-        seen["scontrol"] = Job(fake, job.job_ids, job.record).status()
+        patch.setitem(probe.config(), "AccountingStorageType", "accounting_storage/none")
+        seen["scontrol"] = Job(probe, job.job_ids, job.record).status()
     with monkeypatch.context() as patch:
-        _purged_by_the_controller(patch, fake, keep_jobcomp=False)
-        assert fake.accounting()
-        seen["sacct"] = Job(fake, job.job_ids, job.record).status()
+        _purged_by_the_controller(patch, probe, keep_jobcomp=False)
+        assert probe.accounting()
+        seen["sacct"] = Job(probe, job.job_ids, job.record).status()
     with monkeypatch.context() as patch:
-        _purged_by_the_controller(patch, fake, keep_jobcomp=True)
-        patch.setitem(fake.config(), "AccountingStorageType", "accounting_storage/none")
-        seen["jobcomp"] = Job(fake, job.job_ids, job.record).status()
+        _purged_by_the_controller(patch, probe, keep_jobcomp=True)
+        patch.setitem(probe.config(), "AccountingStorageType", "accounting_storage/none")
+        seen["jobcomp"] = Job(probe, job.job_ids, job.record).status()
     assert {name: (s.state, s.exit_code) for name, s in seen.items()} == \
         {name: (State.FAILED, "3:0") for name in ("scontrol", "sacct", "jobcomp")}
 
@@ -217,7 +220,7 @@ def test_master_slave_pair_shares_one_log_dir(early, fake):
     job = fake.submit(spec_for([A100, A10], "pair"), layout="pair")
     assert len(job.job_ids) == 2
     assert wait(job, 90) == State.COMPLETED
-    info = job.report().info
+    info = report(job).info
     assert set(info) >= {"n1"} and len(info) == 2
     assert sorted(v["NODE_RANK"] for v in info.values()) == ["0", "1"]
     assert {v["MASTER_ADDR"] for v in info.values()} == {"n1"}
@@ -227,12 +230,12 @@ def test_master_slave_pair_shares_one_log_dir(early, fake):
 @pytest.mark.slow
 def test_two_node_training_completes_and_its_log_parses(early):
     job = early["two_nodes"]
-    assert wait(job) == State.COMPLETED, job.report().cause
+    assert wait(job) == State.COMPLETED, report(job).cause
     assert sorted(job.node_logs()) == ["n2", "n3"] or len(job.node_logs()) == 2
-    report = job.report()
-    assert report.mismatches == []
-    assert sorted(v["NODE_RANK"] for v in report.info.values()) == ["0", "1"]
-    assert {v["LOG_WORLD_SIZE"] for v in report.info.values() if "LOG_WORLD_SIZE" in v} == {"2"}
+    rep = report(job)
+    assert rep.mismatches == []
+    assert sorted(v["NODE_RANK"] for v in rep.info.values()) == ["0", "1"]
+    assert {v["LOG_WORLD_SIZE"] for v in rep.info.values() if "LOG_WORLD_SIZE" in v} == {"2"}
     iterations = job.result().iterations
     assert list(iterations["iteration"].drop_duplicates()) == [5, 10]
     assert iterations["lm_loss"].notna().all()
@@ -242,8 +245,8 @@ def test_two_node_training_completes_and_its_log_parses(early):
 @pytest.mark.slow
 def test_hetjob_trains_across_a100_and_a10_nodes(early):
     job = early["hetjob"]
-    assert wait(job) == State.COMPLETED, job.report().cause
-    info = job.report().info
+    assert wait(job) == State.COMPLETED, report(job).cause
+    info = report(job).info
     assert "n1" in info and len(info) == 2  # n1 is the only a100 node
     assert info["n1"]["NODE_RANK"] == "0"
     assert [v["NODE_RANK"] for node, v in info.items() if node != "n1"] == ["1"]
@@ -267,7 +270,7 @@ def test_time_limit_gives_timeout_with_that_cause(early):
 @pytest.mark.slow
 def test_local_backend_gives_an_equivalent_run_record(early, runs):
     local, remote = early["local"], early["two_nodes"]
-    assert wait(local) == State.COMPLETED, local.report().cause
+    assert wait(local) == State.COMPLETED, report(local).cause
     assert wait(remote) == State.COMPLETED
     for job in (local, remote):
         assert sorted(p.name for p in job.record.path.iterdir() if p.is_file()) == \

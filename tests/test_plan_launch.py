@@ -3,6 +3,7 @@ import pytest
 
 from labkit.estimate import estimate
 from labkit.jobs import SlurmBackend, State
+from labkit.jobs.monitor import report
 from labkit.plan.search import search
 from labkit.spec import load_spec
 
@@ -23,8 +24,8 @@ def test_planned_pipeline_runs_on_the_emulated_heterogeneous_cluster(tmp_path):
     assert spec.parallel.partition == row.partition and sum(row.partition) == 2
     job = SlurmBackend(runs_dir=tmp_path).submit(spec)
     state = job.wait(progress=False, timeout=300, poll_s=0.5)
-    assert state == State.COMPLETED, job.report().cause
-    info = job.report().info
+    assert state == State.COMPLETED, report(job).cause
+    info = report(job).info
     assert "n1" in info and len(info) == 2  # the a100 node and one a10 node
     iterations = job.result().iterations
     assert list(iterations["iteration"].drop_duplicates()) == [5, 10]

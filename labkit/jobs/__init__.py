@@ -3,27 +3,47 @@
     backend = default_backend()          # SlurmBackend where sbatch exists, else LocalBackend
     job = backend.submit("examples/tiny-cpu.yaml")
     job.wait(); job.state; job.tail(); job.cause(); job.result()
+
+Layers, each importing only those above it in this list: state (State, Status), render (spec -> scripts),
+diagnose (status, spec, log text -> cause), runs (the run record: stores what it is given), watcher (one poll for
+every live job of a backend), job (Job, the Backend protocol), local and slurm (the backends), monitor (report and
+widget), sweep (several runs together), cli.
 """
 from __future__ import annotations
 
 import shutil
 
-from labkit.jobs.job import Job, State
+from labkit.jobs.job import Backend, Job
 from labkit.jobs.local import LocalBackend
+from labkit.jobs.runs import RunRecord
 from labkit.jobs.slurm import SlurmBackend, SlurmError
+from labkit.jobs.state import State, Status
 
 BACKENDS = {"local": LocalBackend, "slurm": SlurmBackend}
 
 
-def backend_named(name: str, **options):
+def backend_named(name: str, **options) -> Backend:
     if name not in BACKENDS:
         raise ValueError(f"backend {name!r}: use one of {', '.join(BACKENDS)}")
     return BACKENDS[name](**options)
 
 
-def default_backend(**options):
+def default_backend(**options) -> Backend:
     """Slurm when this host has sbatch, else the embedded local backend."""
     return backend_named("slurm" if shutil.which("sbatch") else "local", **options)
 
 
-__all__ = ["Job", "State", "LocalBackend", "SlurmBackend", "SlurmError", "backend_named", "default_backend"]
+def job_of(record: RunRecord, backend: Backend | None = None) -> Job:
+    """The Job of a recorded run, in its last recorded state, attached to `backend` (by default a new one of the kind
+    that ran it): for status and cancel from another process."""
+    info = record.job_info
+    if not info:
+        raise RuntimeError(f"run {record.run_id} was never submitted (no job.json)")
+    last = record.last_status()
+    status = Status(State(last["state"]), last.get("exit_code"), last.get("reason")) \
+        if last.get("state") in State.__members__ else None
+    return Job(backend or backend_named(info["backend"]), info["job_ids"], record, status)
+
+
+__all__ = ["Backend", "Job", "State", "Status", "LocalBackend", "SlurmBackend", "SlurmError", "backend_named",
+           "default_backend", "job_of"]

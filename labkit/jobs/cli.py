@@ -76,6 +76,7 @@ def _run(args) -> int:
 
 
 def _status(args) -> int:
+    from labkit.jobs import job_of
     from labkit.jobs.monitor import format_report, report
     from labkit.jobs.runs import RunIndex, load_run
 
@@ -88,7 +89,7 @@ def _status(args) -> int:
                 print("no runs yet", file=sys.stderr)
                 return 1
             record = load_run(rows[-1]["run_id"], args.runs_dir)
-        job = record.job()
+        job = job_of(record)
     except (FileNotFoundError, RuntimeError) as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -101,11 +102,11 @@ def _status(args) -> int:
 
 
 def _cancel(args) -> int:
-    from labkit.jobs import SlurmError
+    from labkit.jobs import SlurmError, job_of
     from labkit.jobs.runs import load_run
 
     try:
-        job = load_run(args.run, args.runs_dir).job()
+        job = job_of(load_run(args.run, args.runs_dir))
         job.cancel()
     except (FileNotFoundError, RuntimeError, SlurmError) as exc:
         print(exc, file=sys.stderr)
@@ -115,23 +116,28 @@ def _cancel(args) -> int:
 
 
 def _runs(args) -> int:
+    from labkit.jobs import backend_named, job_of
     from labkit.jobs.runs import RunIndex, load_run
+    from labkit.jobs.watcher import WATCHER
 
     index = RunIndex(args.runs_dir)
     rows = index.rows()
     unfinished = [r for r in rows if r["state"] in ("SUBMITTED", "PENDING", "RUNNING")]
-    by_backend: dict[str, list] = {}
+    backends: dict = {}  # one backend of each kind, so that one query serves all its runs
+    jobs = []
     for row in unfinished:
         try:
-            job = load_run(row["run_id"], args.runs_dir).job()
-        except (FileNotFoundError, RuntimeError):
+            record = load_run(row["run_id"], args.runs_dir)
+            name = record.job_info.get("backend", "")
+            backends[name] = backends.get(name) or backend_named(name)
+            jobs.append(job_of(record, backends[name]))
+        except (FileNotFoundError, RuntimeError, ValueError):
             continue
-        by_backend.setdefault(job.backend.name, []).append(job)
-    for jobs in by_backend.values():
+    for backend in backends.values():
         try:
-            jobs[0].backend.poll(jobs)  # one scheduler query for all of a backend's runs
+            WATCHER.refresh([job for job in jobs if job.backend is backend])
         except Exception as exc:  # a scheduler that cannot be reached leaves the recorded states
-            print(f"could not refresh {jobs[0].backend.name} runs: {exc}", file=sys.stderr)
+            print(f"could not refresh {backend.name} runs: {exc}", file=sys.stderr)
     rows = index.rows()
     if not rows:
         print("no runs yet")

@@ -1,79 +1,89 @@
-"""A submitted run: its state, logs, cancel, wait and result, whatever backend runs it (as in submitit's Job)."""
+"""A submitted run (as in submitit's Job): its state, logs, cancel, wait and result, whatever backend runs it; and the
+Backend protocol the backends implement.
+
+Backends report statuses and the Job applies them (`update`): a change of state goes to the run record with its
+cause, and at the end the iteration metrics that labkit.logs.parse reads from the logs. The watcher refreshes every
+live job of a backend at once; the diagnosis reads text the Job hands it.
+"""
 from __future__ import annotations
 
-import enum
-import re
 import time
-from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator, Protocol
+
+import pandas as pd
+
+from labkit.jobs.diagnose import LogText, explain
+from labkit.jobs.state import State, Status
+from labkit.jobs.watcher import WATCHER
+from labkit.logs.parse import ParsedLog, parse_log, parse_text, records
 
 if TYPE_CHECKING:
     from labkit.jobs.runs import RunRecord
+    from labkit.spec import RunSpec
+
+# The iteration columns a run's metrics.json and report keep, of those labkit.logs.parse reads.
+ITERATION_FIELDS = ["iteration", "train_iters", "elapsed_ms", "lm_loss", "node"]
 
 
-class State(str, enum.Enum):
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    TIMEOUT = "TIMEOUT"
-    OUT_OF_MEMORY = "OUT_OF_MEMORY"
-    NODE_FAIL = "NODE_FAIL"
-    UNKNOWN = "UNKNOWN"  # the scheduler no longer knows the job and left no record of its end
+class Backend(Protocol):
+    """What runs jobs (LocalBackend on this host, SlurmBackend on a cluster). A backend reports statuses; it never
+    sets a Job's state itself."""
+    name: str
 
-    @property
-    def finished(self) -> bool:
-        return self not in (State.PENDING, State.RUNNING, State.UNKNOWN)
+    def submit(self, spec, after=None) -> Job:
+        """Render, record and start one run; with `after`, only once those jobs have COMPLETED."""
 
-    def __str__(self) -> str:
-        return self.value
+    def poll(self, jobs: list[Job]) -> dict[Job, Status]:
+        """The status of each of `jobs`, with one scheduler query for all of them; a job left out keeps its own."""
+
+    def cancel(self, job: Job) -> None:
+        """Stop the job; a later poll sees how it ended."""
 
 
-# Slurm's job states (squeue %T, sacct State, scontrol JobState) -> ours.
-_SLURM_STATES = {
-    "PENDING": State.PENDING, "REQUEUED": State.PENDING, "REQUEUE_HOLD": State.PENDING, "REQUEUE_FED": State.PENDING,
-    "RESV_DEL_HOLD": State.PENDING, "CONFIGURING": State.RUNNING, "RUNNING": State.RUNNING,
-    "COMPLETING": State.RUNNING, "SUSPENDED": State.RUNNING, "STAGE_OUT": State.RUNNING, "SIGNALING": State.RUNNING,
-    "RESIZING": State.RUNNING, "STOPPED": State.RUNNING, "COMPLETED": State.COMPLETED, "FAILED": State.FAILED,
-    "BOOT_FAIL": State.NODE_FAIL, "NODE_FAIL": State.NODE_FAIL, "CANCELLED": State.CANCELLED,
-    "REVOKED": State.CANCELLED, "DEADLINE": State.TIMEOUT, "TIMEOUT": State.TIMEOUT,
-    "OUT_OF_MEMORY": State.OUT_OF_MEMORY, "PREEMPTED": State.FAILED, "SPECIAL_EXIT": State.FAILED,
-}
+def tail_file(path: Path, lines: int = 10, max_bytes: int = 256_000) -> list[str]:
+    """The last `lines` lines of a file, reading at most its last `max_bytes`; [] when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    return text.replace("\r", "\n").splitlines()[-lines:] if lines else []
 
 
-def slurm_state(text: str) -> State:
-    """'CANCELLED by 0', 'CANCELLED+', 'OUT_OF_ME+' (sacct truncation) -> State."""
-    word = re.split(r"[\s+]", text.strip(), maxsplit=1)[0].upper()
-    if word in _SLURM_STATES:
-        return _SLURM_STATES[word]
-    matches = [s for name, s in _SLURM_STATES.items() if name.startswith(word)] if word else []
-    return matches[0] if matches else State.UNKNOWN
+def _read(path: Path, max_bytes: int = 4_000_000) -> str:
+    return "\n".join(tail_file(path, lines=10**9, max_bytes=max_bytes))
 
 
-@dataclass
-class Status:
-    state: State
-    exit_code: str | None = None  # Slurm's "CODE:SIGNAL"
-    reason: str | None = None  # the scheduler's reason (pending reason, "DependencyNeverSatisfied", ...)
+def run_metrics(iterations: pd.DataFrame) -> dict:
+    """metrics.json: the iteration table, the last loss and the mean iteration time after the first (warm-up) one."""
+    rows = records(iterations[ITERATION_FIELDS])
+    elapsed = iterations["elapsed_ms"].iloc[1:] if len(rows) > 1 else iterations["elapsed_ms"]
+    mean = float(elapsed.mean()) if rows else None
+    return {"iterations": rows, "final_lm_loss": rows[-1]["lm_loss"] if rows else None,
+            "mean_iteration_ms": None if mean is None or pd.isna(mean) else mean}
 
 
 class Job:
     """One submitted run. `job_id` is the scheduler's id (several ids for a master/slave pair)."""
 
-    def __init__(self, backend, job_ids: list[str], record: "RunRecord"):
+    def __init__(self, backend: Backend, job_ids: list[str], record: RunRecord, status: Status | None = None):
         self.backend = backend
         self.job_ids = list(job_ids)
         self.record = record
-        self._status = Status(State.PENDING)
+        self._status = status or Status(State.PENDING)
+        WATCHER.watch(self)
 
     @property
     def job_id(self) -> str:
         return self.job_ids[0]
 
-    @property
-    def spec(self):
+    @cached_property
+    def spec(self) -> RunSpec:
         return self.record.spec
 
     @property
@@ -95,10 +105,14 @@ class Job:
         return sorted(p for p in self.record.logs.glob("slurm-*.out")
                       if any(p.name.startswith(f"slurm-{i}") for i in self.job_ids))
 
+    def _outs(self) -> list[Path]:
+        return [files["out"] for files in self.node_logs().values() if "out" in files]
+
     # --- state ---------------------------------------------------------------------------------------------------
     def status(self, refresh: bool = True) -> Status:
+        """The job's status; with `refresh`, asked of its backend (with every other live job of that backend)."""
         if refresh and not self._status.state.finished:
-            self.backend.poll([self])
+            WATCHER.refresh([self])
         return self._status
 
     @property
@@ -108,15 +122,16 @@ class Job:
     def done(self) -> bool:
         return self.state.finished
 
-    def _set_status(self, status: Status) -> None:
+    def update(self, status: Status) -> None:
+        """Take the status its backend reports. A change of state is recorded, with the cause when the job did not
+        complete; at the end, so are the iteration metrics of its logs."""
         changed = status.state != self._status.state
         self._status = status
-        if changed:
-            self.record.set_status(status.state, exit_code=status.exit_code, reason=status.reason,
-                                   cause=self.cause() if status.state.finished and status.state != State.COMPLETED
-                                   else None)
-            if status.state.finished:
-                self.record.save_metrics(self)
+        if not changed:
+            return
+        self.record.set_status(status.state, exit_code=status.exit_code, reason=status.reason, cause=self.cause())
+        if status.state.finished:
+            self.record.save_metrics(run_metrics(self.iterations()))
 
     # --- actions -------------------------------------------------------------------------------------------------
     def cancel(self) -> None:
@@ -124,55 +139,61 @@ class Job:
 
     def wait(self, progress: bool = True, timeout: float | None = None, poll_s: float = 1.0) -> State:
         """Block until the job ends (or `timeout` seconds pass); with progress, a bar over training iterations."""
-        from labkit.jobs import monitor
+        if not progress:
+            return WATCHER.wait([self], timeout, poll_s)[self]
+        from tqdm.auto import tqdm
 
         deadline = None if timeout is None else time.monotonic() + timeout
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=self.spec.train.iters, desc=f"{self.record.run_id} {self.job_id}", unit="it")
+        bar = tqdm(total=self.spec.train.iters, desc=f"{self.record.run_id} {self.job_id}", unit="it")
         try:
             while True:
                 state = self.state
-                if bar is not None:
-                    done_iters = monitor.last_iteration(self)
-                    if done_iters > bar.n or bar.postfix != str(state):
-                        bar.set_postfix_str(str(state), refresh=False)
-                        bar.update(max(0, done_iters - bar.n))
-                        bar.refresh()
-                if state.finished:
-                    return state
-                if deadline is not None and time.monotonic() > deadline:
+                done_iters = self.last_iteration()
+                if done_iters > bar.n or bar.postfix != str(state):
+                    bar.set_postfix_str(str(state), refresh=False)
+                    bar.update(max(0, done_iters - bar.n))
+                    bar.refresh()
+                if state.finished or (deadline is not None and time.monotonic() > deadline):
                     return state
                 time.sleep(poll_s)
         finally:
-            if bar is not None:
-                bar.close()
+            bar.close()
 
+    # --- logs ----------------------------------------------------------------------------------------------------
     def tail(self, lines: int = 10) -> dict[str, dict[str, list[str]]]:
         """The last `lines` lines of every node's out, err and gpu log: {node: {"out": [...], ...}}."""
-        from labkit.jobs.monitor import tail_file
         return {node: {kind: tail_file(path, lines) for kind, path in files.items()}
                 for node, files in self.node_logs().items()}
 
+    def log_texts(self) -> Iterator[LogText]:
+        """Every node's err and out log, then the scheduler's output: what a cause is looked for in."""
+        for node, files in self.node_logs().items():
+            for kind in ("err", "out"):
+                if kind in files:
+                    yield LogText(f"{node}.{kind}", _read(files[kind]))
+        for path in self.batch_logs() + [self.record.logs / "runner.out"]:
+            if path.exists():
+                yield LogText(path.name, _read(path))
+
     def cause(self) -> str | None:
         """Why the job did not complete (None while running or after success)."""
-        from labkit.jobs.monitor import explain
-        return explain(self)
+        return explain(self._status, self.spec, self.log_texts())
 
-    def report(self):
-        from labkit.jobs.monitor import report
-        return report(self)
+    def result(self) -> ParsedLog:
+        """The parsed training log: labkit.logs.parse_log over the node logs, each row naming its node."""
+        return parse_log(self._outs(), per_node=True)
 
-    def result(self):
-        """The parsed training log: labkit.logs.parse_log over the node logs when available, else the iteration table."""
-        from labkit.jobs.monitor import parse_iterations
-        outs = [files["out"] for files in self.node_logs().values() if "out" in files]
-        try:
-            from labkit.logs import parse_log
-        except ImportError:
-            return parse_iterations(outs)
-        return parse_log(outs)
+    def iterations(self) -> pd.DataFrame:
+        """One row per logged iteration (ITERATION_FIELDS), as result() reads them; empty before the first."""
+        if not self._outs():
+            return pd.DataFrame(columns=ITERATION_FIELDS)
+        return self.result().iterations[ITERATION_FIELDS]
+
+    def last_iteration(self) -> int:
+        """The highest iteration in the last lines of the node logs (0 before the first)."""
+        text = "\n".join(line for path in self._outs() for line in tail_file(path, 50))
+        found = parse_text(text).iterations["iteration"]
+        return int(found.max()) if len(found) else 0
 
     def __repr__(self) -> str:
         return f"Job({self.backend.name}:{','.join(self.job_ids)}, run={self.record.run_id}, {self._status.state})"

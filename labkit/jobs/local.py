@@ -13,16 +13,12 @@ import socket
 import subprocess
 from pathlib import Path
 
-from labkit.jobs.job import Job, State, Status
+from labkit.jobs.job import Job
 from labkit.jobs.render import check_job, render
 from labkit.jobs.runs import RunRecord, runs_dir
+from labkit.jobs.state import State, Status
+from labkit.net import free_port
 from labkit.spec import RunSpec, SpecError, load_spec
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LocalBackend:
@@ -53,13 +49,12 @@ class LocalBackend:
         self._children[job_id] = process
         record.attach(self.name, "local", [job_id], host=socket.gethostname())
         job = Job(self, [job_id], record)
-        job._set_status(Status(State.RUNNING))
+        job.update(Status(State.RUNNING))
         return job
 
-    def poll(self, jobs: list[Job]) -> None:
-        for job in jobs:
-            if not job._status.state.finished:
-                job._set_status(self._status(job))
+    def poll(self, jobs: list[Job]) -> dict[Job, Status]:
+        """Each job's status from the state file its run.sh writes, and whether run.sh still runs."""
+        return {job: self._status(job) for job in jobs}
 
     def _status(self, job: Job) -> Status:
         child = self._children.get(job.job_id)

@@ -21,13 +21,10 @@ from pathlib import Path
 import jinja2
 
 from labkit import catalog
+from labkit.logs import job_info as info
 from labkit.megatron_args import megatron_args
 from labkit.spec import RunSpec, SpecError
 from labkit.spec.checks import CONTROL_CHARS, LAYOUTS, check_job, time_limit_seconds
-
-INFO_KEYS = ("NNODES", "WORLD_SIZE", "GLOBAL_BATCH_SIZE", "MICRO_BATCH_SIZE", "TENSOR_MP_SIZE", "PIPELINE_MP_SIZE",
-             "DP_SIZE", "PARTITION", "MODEL", "NUM_LAYERS", "HIDDEN_SIZE", "NUM_ATTENTION_HEADS", "SEQ_LENGTH",
-             "PRECISION")
 
 
 @dataclass(frozen=True)
@@ -88,7 +85,8 @@ def _arg_lines(args: list[str]) -> list[str]:
     return [" ".join(words) for words in lines]
 
 
-def _job_info(spec: RunSpec) -> dict[str, str]:
+def job_info(spec: RunSpec) -> dict[str, str]:
+    """The job-info values the scripts print into each node's log (labkit.logs.job_info.KEYS), from the spec."""
     m = spec.model
     values = {
         "NNODES": sum(g.count for g in spec.cluster_or_default().nodes), "WORLD_SIZE": spec.world_size,
@@ -98,7 +96,7 @@ def _job_info(spec: RunSpec) -> dict[str, str]:
         "NUM_LAYERS": m.num_layers, "HIDDEN_SIZE": m.hidden_size, "NUM_ATTENTION_HEADS": m.num_attention_heads,
         "SEQ_LENGTH": m.seq_length, "PRECISION": spec.precision,
     }
-    return {key: str(values[key]) for key in INFO_KEYS}
+    return {key: str(values[key]) for key in info.KEYS}
 
 
 def _sbatch_component(spec: RunSpec, group: NodeGroupPlan) -> list[str]:
@@ -130,7 +128,7 @@ def default_torchrun(spec: RunSpec) -> str:
 
 
 def _task(spec: RunSpec, log_dir: Path | str) -> dict:
-    return {"run_name": spec.name, "log_dir": str(log_dir), "info": _job_info(spec),
+    return {"run_name": spec.name, "log_dir": str(log_dir), "info": job_info(spec),
             "train_arg_lines": _arg_lines(megatron_args(spec))}
 
 
@@ -191,7 +189,7 @@ def render_array(specs: list[RunSpec], log_dirs: list[Path | str], *, layout: st
                            f" --container-mounts={shlex.quote(','.join(mounts))}")
     context = {
         "title": title, "layout": layout, "groups": groups, "tasks": [_task(s, d) for s, d in zip(specs, log_dirs)],
-        "info_keys": INFO_KEYS, "sbatch_lines": components[0], "component_lines": components,
+        "info_keys": info.KEYS, "sbatch_lines": components[0], "component_lines": components,
         "srun_flags": srun_flags, "container": container, "container_mounts": mounts,
         "env": dict(job.env), "master_port": job.master_port, "gpu_monitor_interval_s": job.gpu_monitor_interval_s,
         "torchrun": torchrun or default_torchrun(first), "time_limit_s": time_limit_seconds(job.time_limit),

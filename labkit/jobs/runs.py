@@ -11,7 +11,8 @@ runs/<run-id>/
 runs/index.sqlite one row per run, for `labkit runs`
 
 Append-only: a new run never reuses a directory, and a record is readable at every point of its life (an interrupted
-run keeps its spec, script and logs; its last event says how far it got).
+run keeps its spec, script and logs; its last event says how far it got). A record only stores what it is given (a
+spec, scripts, states, causes, metrics); labkit.jobs.job decides what to store.
 """
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ from pathlib import Path
 
 from labkit.paths import runs_dir
 from labkit.spec import RunSpec, load_spec
-
 
 
 def _now() -> str:
@@ -122,19 +122,6 @@ class RunRecord:
         path = self.path / "metrics.json"
         return json.loads(path.read_text()) if path.exists() else None
 
-    def job(self):
-        """The Job of this record, re-attached to its backend (for status and cancel from another process)."""
-        from labkit.jobs.job import Job, State, Status
-        info = self.job_info
-        if not info:
-            raise RuntimeError(f"run {self.run_id} was never submitted (no job.json)")
-        from labkit.jobs import backend_named
-        job = Job(backend_named(info["backend"]), info["job_ids"], self)
-        last = self.last_status()
-        if last.get("state") in State.__members__:
-            job._status = Status(State(last["state"]), last.get("exit_code"), last.get("reason"))
-        return job
-
     # --- updates -------------------------------------------------------------------------------------------------
     def _append_event(self, event: dict) -> None:
         line = json.dumps({"time": _now(), **event})
@@ -143,6 +130,7 @@ class RunRecord:
 
     def set_status(self, state, exit_code: str | None = None, reason: str | None = None,
                    cause: str | None = None) -> None:
+        """Append a state change to events.jsonl, and make it status.json and the index's row."""
         event = {"state": str(state), "exit_code": exit_code, "reason": reason, "cause": cause}
         self._append_event(event)
         tmp = self.path / ".status.json.tmp"
@@ -150,16 +138,8 @@ class RunRecord:
         os.replace(tmp, self.path / "status.json")
         RunIndex(self.root).update(self.run_id, state=str(state), cause=cause)
 
-    def save_metrics(self, job) -> None:
-        from labkit.jobs.monitor import parse_iterations
-        if (self.path / "metrics.json").exists():
-            return
-        outs = [files["out"] for files in job.node_logs().values() if "out" in files]
-        table = parse_iterations(outs).iterations
-        metrics = {"iterations": json.loads(table.to_json(orient="records")),
-                   "final_lm_loss": None if table.empty else table["lm_loss"].iloc[-1],
-                   "mean_iteration_ms": None if table.empty else float(table["elapsed_ms"].iloc[1:].mean()
-                                                                        if len(table) > 1 else table["elapsed_ms"].iloc[0])}
+    def save_metrics(self, metrics: dict) -> None:
+        """metrics.json, written once: the first end recorded stands."""
         try:
             self._write_once("metrics.json", json.dumps(metrics, indent=2) + "\n")
         except FileExistsError:

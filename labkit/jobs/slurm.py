@@ -11,9 +11,10 @@ import re
 import subprocess
 from pathlib import Path
 
-from labkit.jobs.job import Job, State, Status, slurm_state
+from labkit.jobs.job import Job
 from labkit.jobs.render import check_job, default_layout, render_array
 from labkit.jobs.runs import RunRecord, runs_dir
+from labkit.jobs.state import State, Status, slurm_state
 from labkit.spec import RunSpec, SpecError, load_spec
 
 _FIELDS = re.compile(r"\b(JobId|ArrayJobId|ArrayTaskId|HetJobId|JobState|Reason|ExitCode)=(\S*)")
@@ -148,16 +149,16 @@ class SlurmBackend:
     def accounting(self) -> bool:
         return self.config().get("AccountingStorageType", "accounting_storage/none") != "accounting_storage/none"
 
-    def poll(self, jobs: list[Job]) -> None:
-        """Refresh the state of every job in `jobs` with one squeue call (and one call for those that ended)."""
-        jobs = [j for j in jobs if not j._status.state.finished]
+    def poll(self, jobs: list[Job]) -> dict[Job, Status]:
+        """The status of every job in `jobs` from one squeue call (and one call for those that ended); none when the
+        controller does not answer."""
         if not jobs:
-            return
+            return {}
         wanted = {i for job in jobs for i in job.job_ids}
         units: dict[str, list[Status]] = {}
         queue = _run(["squeue", "-h", "-t", "all", "-o", "%i|%T|%r", "-j", ",".join(sorted(wanted))], check=False)
         if queue.returncode != 0 and "Invalid job id" not in queue.stderr:
-            return  # the controller did not answer (busy, restarting): keep the states we know
+            return {}  # the controller did not answer (busy, restarting): keep the states we know
         for line in queue.stdout.splitlines():
             slurm_id, _, rest = line.partition("|")
             state, _, reason = rest.partition("|")
@@ -167,10 +168,9 @@ class SlurmBackend:
         if ended:
             for key, statuses in self._final_statuses(ended).items():
                 units[key] = settle(units.get(key, []), statuses)
-        for job in jobs:
-            statuses = [s for i in job.job_ids for s in units.get(i, [])]
-            job._set_status(combine(statuses) if statuses else
-                            Status(State.UNKNOWN, reason="unknown to squeue, scontrol and the job completion log"))
+        unknown = Status(State.UNKNOWN, reason="unknown to squeue, scontrol and the job completion log")
+        found = {job: [s for i in job.job_ids for s in units.get(i, [])] for job in jobs}
+        return {job: combine(statuses) if statuses else unknown for job, statuses in found.items()}
 
     def _final_statuses(self, ids: set[str]) -> dict[str, list[Status]]:
         found: dict[str, list[Status]] = {}

@@ -19,7 +19,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Mapping
 
-from labkit.jobs.job import Job, State
+from labkit.jobs.job import Job
+from labkit.jobs.state import State
+from labkit.jobs.watcher import WATCHER
 from labkit.spec import RunSpec
 
 # Relative to the run directory, which is the job's working directory on both backends.
@@ -88,7 +90,8 @@ class Sweep:
     def wait(self, timeout: float | None = None, raise_on_failure: bool = True) -> dict[str, State]:
         """Block until every job ends; each one's final state. Raises SweepFailed (with every cause) when one did not
         complete, unless raise_on_failure is False."""
-        states = {name: job.wait(progress=False, timeout=timeout) for name, job in self.jobs.items()}
+        ended = WATCHER.wait(self.jobs.values(), timeout)  # one poll a second for all of them
+        states = {name: ended[job] for name, job in self.jobs.items()}
         failed = {name: job.cause() or str(states[name]) for name, job in self.jobs.items()
                   if states[name] != State.COMPLETED}
         if failed and raise_on_failure:

@@ -40,6 +40,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from labkit.logs import job_info
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Record patterns. Each starts with a literal so the regex engine can skip ahead quickly.
 
@@ -61,8 +63,7 @@ _PADDED_VOCAB = re.compile(rb"padded vocab \(size: (\d+)\) with (\d+) dummy toke
 _VALIDATION = re.compile(rb"validation loss at (?:iteration +(\d+)(?: on (\w+) set)?|the end of training for (\w+) data)"
                          rb" *\|([^\n]*)")
 _TAIL_HEADER = re.compile(rb"==> ([^\n]*?) <==")
-_JOB_INFO = re.compile(rb"\n(WORLD_SIZE|DP_SIZE|TENSOR_MP_SIZE|PIPELINE_MP_SIZE|NNODES|GLOBAL_BATCH_SIZE|"
-                       rb"MICRO_BATCH_SIZE|PARTITION): ([\w-]+)(?=\n)")
+_JOB_INFO = re.compile(rb"\n(" + "|".join(job_info.PARALLEL).encode() + rb"): ([\w-]+)(?=\n)")
 # Words that make a line an event (Slurm's `CANCELLED` and time-limit lines carry `error:`). One literal scan per
 # word: an alternation starting with common letters is several times slower.
 _ERROR_WORDS = (b"Traceback", b"Error", b"ERROR", b"error:", b"out of memory", b"Killed", b"Segmentation fault",
@@ -206,17 +207,17 @@ def _jsonable(obj):
 # ---------------------------------------------------------------------------------------------------------------------
 # Entry points
 
-def parse_log(paths) -> ParsedLog:
+def parse_log(paths, per_node: bool | None = None) -> ParsedLog:
     """Parse a log file, several files of one job (e.g. per-node `NODE.out`), or a run/job directory.
 
-    A directory contributes every `*.out`, `*.err` and `*.log` file beneath it. When more than one file is read, each
-    file's stem names the node its lines came from (unless a line's own launcher prefix names a host), except Slurm's
-    `slurm-JOBID.out`.
+    A directory contributes every `*.out`, `*.err` and `*.log` file beneath it. With `per_node` (by default, when more
+    than one file is read), each file's stem names the node its lines came from (unless a line's own launcher prefix
+    names a host), except Slurm's `slurm-JOBID.out`.
     """
     files = _expand(paths)
-    many = len(files) > 1
+    per_node = len(files) > 1 if per_node is None else per_node
     with _no_cyclic_gc():
-        parts = [_scan(Path(path).read_bytes(), source=str(path), node=_node_of(path) if many else None)
+        parts = [_scan(Path(path).read_bytes(), source=str(path), node=_node_of(path) if per_node else None)
                  for path in files]
         return _combine(parts, sources=[str(p) for p in files])
 
@@ -957,12 +958,9 @@ def _parallel(s: _Scan, end: int) -> dict:
         params.setdefault(f"{t},{p}", int(m.group(4)))
     if params:
         out["parameters_per_rank"] = params
-    job_keys = {b"WORLD_SIZE": "world_size", b"DP_SIZE": "data", b"TENSOR_MP_SIZE": "tensor",
-                b"PIPELINE_MP_SIZE": "pipeline", b"NNODES": "nodes", b"GLOBAL_BATCH_SIZE": "global_batch_size",
-                b"MICRO_BATCH_SIZE": "micro_batch_size", b"PARTITION": "partition"}
     for m in _JOB_INFO.finditer(buf, 0, end) if buf.find(b"_SIZE: ", 0, end) >= 0 else ():
         value = _text(m.group(2))
-        out.setdefault(job_keys[m.group(1)], int(value) if value.isdigit() else value)
+        out.setdefault(job_info.PARALLEL[_text(m.group(1))], int(value) if value.isdigit() else value)
     return out
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 import platform
-import socket
 import statistics
 import time
 from pathlib import Path
 
 from labkit import catalog
 from labkit.estimate.profiles import Profile, save_profile
+from labkit.net import free_port
 from labkit.spec import ParallelSpec, RunSpec, SpecError, load_spec
 
 
@@ -61,7 +61,7 @@ def profile_model(model: str, tensor: int = 1, micro_batch: int = 1, repeats: in
     from labkit.megatron_args import megatron_args
 
     argv = megatron_args(spec) + ["--distributed-backend", "nccl" if device_name() != "cpu" else "gloo"]
-    port = _free_port()
+    port = free_port()
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     workers = [ctx.Process(target=_worker, args=(rank, tensor, argv, repeats, warmup, port, results))
@@ -86,12 +86,6 @@ def profile_model(model: str, tensor: int = 1, micro_batch: int = 1, repeats: in
         measured_on=f"{platform.node()} ({device_name()}, torch {torch.__version__}, "
                     f"{os.cpu_count()} CPUs) {time.strftime('%Y-%m-%d')}")
     return save_profile(profile, path), profile
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, argv: list[str], repeats: int, warmup: int, port: int, results) -> None:

@@ -1,0 +1,119 @@
+"""Why a job ended as it did, and whether its logs agree with its spec: plain functions over a status, a spec and log
+text, with no job or scheduler behind them (labkit.jobs.job reads the files and hands them over)."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+from labkit.jobs.render import job_info
+from labkit.jobs.state import State, Status
+from labkit.logs.job_info import KEYS, NODE_KEYS
+
+# stderr lines that say nothing about a failure: warnings, their source lines and carets, log-level prefixes.
+BENIGN_STDERR = re.compile(r"warn|^\s*$|^\s*return func\(|^\s*warnings\.warn|^\[?W\d{4} |^W\d{4}|^\s*\^+\s*$|"
+                           r"Unable to save .* indexes|^INFO|^\[INFO", re.I)
+
+_ECHOED = re.compile(r"^(" + "|".join(NODE_KEYS + KEYS) + r"): (.*)$")
+_WORLD = re.compile(r"using world size: (\d+), data-parallel size: (\d+),.*?tensor-model-parallel size: (\d+), "
+                    r"pipeline-model-parallel size: (\d+)")
+_WORLD_KEYS = ("LOG_WORLD_SIZE", "LOG_DP_SIZE", "LOG_TENSOR_MP_SIZE", "LOG_PIPELINE_MP_SIZE")
+
+_OOM_CUDA = re.compile(r"CUDA out of memory|OutOfMemoryError|ERROR: out of memory|CUBLAS_STATUS_ALLOC_FAILED", re.I)
+_OOM_KILLED = re.compile(r"oom[-_ ]kill|Out Of Memory|Killed process|Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9\b|"
+                         r"exit code 137|^Killed$", re.I | re.M)
+_NAN = re.compile(r"ERROR:.*\bnan\b|lm loss:\s*nan|number of nan iterations:\s*[1-9]", re.I)
+_COMM = re.compile(r"NCCL error|nccl\w*Error|ProcessGroupNCCL.*(?:error|timeout)|gloo.*(?:error|exception|timed out)|"
+                   r"Connection (?:closed|reset) by peer|DistNetworkError|DistStoreError|RendezvousTimeoutError|"
+                   r"Socket Timeout|connect\(\) timed out", re.I)
+_NO_FILE = re.compile(r"No such file|not found|does not exist|FileNotFoundError|cannot open|has no ", re.I)
+_TIME_LIMIT = re.compile(r"DUE TO TIME LIMIT")
+_ERROR_LINE = re.compile(r"^ERROR: .*|srun: error: .*")
+
+
+@dataclass
+class LogText:
+    """One log's text, under the name a cause cites it by."""
+    name: str
+    """`NODE.err`, `NODE.out`, `slurm-JOBID.out` or `runner.out`."""
+    text: str
+    """Its text (the last few MB of a large log)."""
+
+
+def _first(pattern: re.Pattern, texts: list[LogText]) -> str | None:
+    for log in texts:
+        for number, line in enumerate(log.text.splitlines(), 1):
+            if pattern.search(line):
+                return f"{log.name}:{number}: {line.strip()[:300]}"
+    return None
+
+
+def explain(status: Status, spec, texts: Iterable[LogText]) -> str | None:
+    """Why a job did not complete: out of memory, NaN loss, NCCL/gloo error, time limit, cancelled, bad data path,
+    node failure, error output on stderr; None while it runs or after it completed. `texts` (node err then out logs,
+    then the scheduler's) is read only for a job that failed."""
+    state = status.state
+    if not state.finished or state == State.COMPLETED:
+        return None
+    texts = list(texts)
+    if state == State.TIMEOUT or _first(_TIME_LIMIT, texts):
+        return f"time limit: the job ran past its limit of {spec.job.time_limit or 'the partition default'}"
+    if state == State.CANCELLED:
+        if status.reason and "Dependency" in status.reason:
+            return f"cancelled: a job it depends on did not complete ({status.reason})"
+        return "cancelled" + (f" ({status.reason})" if status.reason and status.reason != "None" else "")
+    if state == State.NODE_FAIL:
+        return "node failure: Slurm lost a node of the job" + (f" ({status.reason})" if status.reason else "")
+    evidence = _first(_OOM_CUDA, texts)
+    if evidence:
+        return f"out of memory (GPU): {evidence}"
+    evidence = _first(_OOM_KILLED, texts)
+    if state == State.OUT_OF_MEMORY or evidence:
+        return "out of memory: killed by the kernel" + (f": {evidence}" if evidence else "")
+    evidence = _first(_NAN, texts)
+    if evidence:
+        return f"NaN loss: {evidence}"
+    if spec.data.path and not spec.data.mock:
+        evidence = _first(re.compile(f"{re.escape(spec.data.path)}.*(?:{_NO_FILE.pattern})|"
+                                     f"(?:{_NO_FILE.pattern}).*{re.escape(spec.data.path)}", re.I), texts)
+        if evidence:
+            return f"bad data path {spec.data.path!r}: {evidence}"
+    evidence = _first(_COMM, texts)
+    if evidence:
+        return f"NCCL/gloo communication error: {evidence}"
+    for log in texts:
+        if log.name.endswith(".err"):
+            for number, line in enumerate(log.text.splitlines(), 1):
+                if not BENIGN_STDERR.search(line):
+                    return f"error output on stderr: {log.name}:{number}: {line.strip()[:300]}"
+    evidence = _first(_ERROR_LINE, texts)
+    if evidence:
+        return f"failed: {evidence}"
+    return f"failed with exit code {status.exit_code}" if status.exit_code else "failed"
+
+
+def node_info(lines: Iterable[str]) -> dict[str, str]:
+    """One node's `KEY: value` job-info lines (the first of each), plus the parallel sizes the driver's log reports
+    (as LOG_WORLD_SIZE, LOG_DP_SIZE, ...)."""
+    values: dict[str, str] = {}
+    for line in lines:
+        echoed = _ECHOED.match(line)
+        if echoed and echoed.group(1) not in values:
+            values[echoed.group(1)] = echoed.group(2).strip()
+        world = _WORLD.search(line)
+        if world:
+            values.update(zip(_WORLD_KEYS, world.groups()))
+    return values
+
+
+def mismatches(spec, info: dict[str, dict[str, str]]) -> list[str]:
+    """Where a node's logs disagree with the spec: 'n2: DP_SIZE is 2 in the log, 4 in the spec'."""
+    expected = job_info(spec)
+    problems = []
+    for node, values in sorted(info.items()):
+        for key, want in expected.items():
+            for source in (key, f"LOG_{key}"):
+                if source in values and values[source] != want:
+                    where = "the driver's log" if source.startswith("LOG_") else "the job script"
+                    problems.append(f"{node}: {key} is {values[source]} in {where}, {want} in the spec")
+    return problems
