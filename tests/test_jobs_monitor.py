@@ -3,7 +3,9 @@ needed)."""
 from __future__ import annotations
 
 import json
+import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -240,7 +242,6 @@ def labkit(*args, cwd=None):
 
 
 def test_cli_dry_run_prints_the_script_and_submits_nothing(tmp_path):
-    from pathlib import Path
     spec = Path(__file__).resolve().parent.parent / "examples" / "gpt2-xl-hetero.yaml"
     done = labkit("run", str(spec), "--backend", "slurm", "--dry-run", "--runs-dir", str(tmp_path))
     assert done.returncode == 0, done.stderr
@@ -275,3 +276,10 @@ def test_a_lagging_accounting_record_neither_reopens_a_job_nor_drops_its_reason(
     failed = [Status(State.FAILED, "3:0", "NonZeroExitCode")]
     assert settle([Status(State.FAILED, reason="None")], failed) == failed
     assert settle([], failed) == failed
+
+
+def test_only_a_job_sets_its_own_status():
+    package = Path(__file__).resolve().parent.parent / "labkit"
+    writers = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
+                     if re.search(r"\._status\s*=(?!=)", p.read_text()))
+    assert writers == ["jobs/job.py"]

@@ -1,8 +1,9 @@
 """SlurmBackend: sbatch the rendered scripts, follow the jobs, cancel them.
 
-State: `squeue -h -t all -o` while the controller knows the job; afterwards `sacct -P -o JobID,State,ExitCode` when
-accounting exists, else `scontrol -o show job` and finally the jobcomp file (our local Slurm has no slurmdbd). One call
-of each serves every job being polled. Plain `-o`/`-P` formats only: their JSON differs between Slurm versions.
+State: `squeue -h -t all -o` while the controller knows the job; once it ended, `sacct -P -o JobID,State,ExitCode`
+when accounting exists, `scontrol -o show job` for what accounting lacks or has not recorded yet, and finally the
+jobcomp file (a local Slurm may run without slurmdbd). One call of each serves every job being polled. Plain `-o`/`-P`
+formats only: their JSON differs between Slurm versions.
 """
 from __future__ import annotations
 
@@ -173,7 +174,11 @@ class SlurmBackend:
         return {job: combine(statuses) if statuses else unknown for job, statuses in found.items()}
 
     def _final_statuses(self, ids: set[str]) -> dict[str, list[Status]]:
+        """How the units squeue saw end (or no longer knows) ended: sacct's record; the controller's (scontrol) for
+        those sacct lacks or has not yet seen end, since slurmdbd lags behind the controller; the jobcomp file for
+        those the controller has dropped too."""
         found: dict[str, list[Status]] = {}
+        unsettled = ids
         if self.accounting():
             done = _run(["sacct", "-n", "-P", "-X", "-o", "JobID,State,ExitCode,Reason", "-j", ",".join(sorted(ids))],
                         check=False)
@@ -184,10 +189,12 @@ class SlurmBackend:
                         if key in ids:
                             found.setdefault(key, []).append(
                                 Status(slurm_state(parts[1]), parts[2], parts[3] if len(parts) > 3 else None))
-            if found:
+            unsettled = {i for i in ids if not found.get(i) or not all(s.state.finished for s in found[i])}
+            if not unsettled:
                 return found
-        lines = _run(["scontrol", "-o", "show", "job"], check=False).stdout.splitlines()
-        self._collect(lines, ids, found)
+        controller: dict[str, list[Status]] = {}
+        self._collect(_run(["scontrol", "-o", "show", "job"], check=False).stdout.splitlines(), unsettled, controller)
+        found.update(controller)
         missing = ids - set(found)
         jobcomp = self.config().get("JobCompLoc", "")
         if missing and self.config().get("JobCompType") == "jobcomp/filetxt" and Path(jobcomp).is_file():
