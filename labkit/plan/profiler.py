@@ -5,7 +5,7 @@ same layer spec, CPU compatibility layer when there is no GPU) in `tensor` worke
 rank, so that a layer's time includes its tensor-parallel all-reduces as it will in training. Forward hooks time the
 embedding, every transformer layer and the output (final norm, logits and loss) of each forward pass; a backward pass
 after each forward gives the backward/forward ratio. Medians over `repeats` timed passes after `warmup` untimed ones
-go to data/profiles/<model>_<gpu>_tp<t>.json in the format of data/profiles/README.md.
+go to ~/.labkit/profiles/<model>_<gpu>_tp<t>.json in the format of labkit/data/profiles/README.md.
 """
 from __future__ import annotations
 
