@@ -37,7 +37,7 @@ log_interval = 2
 # %%
 from labkit.exercises import check_spec
 from labkit.jobs import backend_named
-from labkit.jobs.monitor import format_report, report, widget
+from labkit.jobs.report import format_report, report, widget
 from labkit.jobs.render import render
 from labkit.paths import example, runs_dir
 from labkit.logs.views import comparison_table, iteration_time_figure, loss_figure

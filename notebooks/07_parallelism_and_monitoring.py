@@ -45,10 +45,10 @@ from labkit.estimate import estimate
 from labkit.estimate.compare import compare
 from labkit.exercises import check_choice, check_number
 from labkit.jobs import backend_named
-from labkit.jobs.monitor import format_report, report, widget
+from labkit.jobs.report import format_report, report, widget
 from labkit.jobs.sweep import Sweep, profiled
 from labkit.paths import example, runs_dir
-from labkit.logs import dashboard
+from labkit.jobs import dashboard
 from labkit.logs.views import comparison_table, timer_breakdown_figure
 from labkit.plan.views import schedule_figure
 from labkit.profiling import trace

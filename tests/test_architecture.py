@@ -78,6 +78,41 @@ def test_the_cycle_check_sees_a_deferred_import(tmp_path):
     assert set(find_cycle(import_graph(package))) == {"pkg.a", "pkg.b"}
 
 
+# Data flows one way: a module imports only from its own layer or the layers before it. Command-line modules sit on
+# top (each registers its subcommands and may use anything).
+LAYERS = (
+    ("labkit.paths", "labkit.net"),
+    ("labkit.catalog",),
+    ("labkit.spec",),
+    ("labkit.megatron_args", "labkit.estimate", "labkit.logs", "labkit.train", "labkit.data_prep", "labkit.profiling",
+     "labkit.exercises"),
+    ("labkit.plan", "labkit.diagrams"),
+    ("labkit.jobs",),
+    ("labkit.lab", "labkit.cli", "labkit.__main__", "labkit"),
+)
+
+
+def layer_of(module: str) -> int:
+    if module.endswith((".cli", ".__main__")):
+        return len(LAYERS) - 1
+    matches = [(len(prefix), i) for i, prefixes in enumerate(LAYERS) for prefix in prefixes
+               if module == prefix or module.startswith(prefix + ".")]
+    assert matches, f"{module} belongs to no layer: add it to LAYERS"
+    return max(matches)[1]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps if layer_of(d) > layer_of(m))
+
+
+def test_imports_point_down_the_layers():
+    assert upward_imports(import_graph()) == []
+
+
+def test_the_layer_check_sees_an_upward_import():
+    assert upward_imports({"labkit.logs.views": {"labkit.jobs.record"}}) == ["labkit.logs.views -> labkit.jobs.record"]
+
+
 # Each concept, the one module allowed to hold it, and what its code must contain.
 HOMES = {
     "repository-root computation": ("labkit/paths.py", re.compile(r"__file__|resources\.files\(")),

@@ -15,7 +15,7 @@ import pytest
 
 from labkit.jobs import Job, LocalBackend, SlurmBackend, SlurmError, State
 from labkit.jobs import slurm as slurm_backend
-from labkit.jobs.monitor import report
+from labkit.jobs.report import report
 from labkit.net import free_port
 from labkit.jobs.render import render, render_array
 from labkit.spec import load_spec, with_changes

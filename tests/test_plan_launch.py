@@ -3,7 +3,7 @@ import pytest
 
 from labkit.estimate import estimate
 from labkit.jobs import SlurmBackend, State
-from labkit.jobs.monitor import report
+from labkit.jobs.report import report
 from labkit.plan.search import search
 from labkit.spec import load_spec
 

@@ -9,6 +9,7 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 
 echo "wheel check: building the wheel"
+rm -rf "$repo/build"  # setuptools reuses build/lib and would ship modules deleted since the last build
 "$python" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$scratch/dist" "$repo"
 # The base interpreter, not the project's venv: the throwaway environment sees nothing of the checkout.
 base=$("$python" -c 'import sys; print(sys._base_executable)')

@@ -5,9 +5,9 @@
     job.wait(); job.state; job.tail(); job.cause(); job.result()
 
 Layers, each importing only those above it in this list: state (State, Status), render (spec -> scripts),
-diagnose (status, spec, log text -> cause), runs (the run record: stores what it is given), watcher (one poll for
-every live job of a backend), job (Job, the Backend protocol), local and slurm (the backends), monitor (report and
-widget), sweep (several runs together), cli.
+diagnose (status, spec, log text -> cause), record (the run record: stores what it is given), watcher (one poll for
+every live job of a backend), job (Job, the Backend protocol), local and slurm (the backends), report (report and
+widget of one job), dashboard (widgets over every recorded run), sweep (several runs together), cli.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import shutil
 
 from labkit.jobs.job import Backend, Job
 from labkit.jobs.local import LocalBackend
-from labkit.jobs.runs import RunRecord
+from labkit.jobs.record import RunRecord
 from labkit.jobs.slurm import SlurmBackend, SlurmError
 from labkit.jobs.state import State, Status
 

@@ -39,9 +39,9 @@ def register(sub) -> None:
 
 def _run(args) -> int:
     from labkit.jobs import SlurmError, backend_named, default_backend
-    from labkit.jobs.monitor import format_report, report
+    from labkit.jobs.report import format_report, report
     from labkit.jobs.render import render
-    from labkit.jobs.runs import runs_dir
+    from labkit.paths import runs_dir
     from labkit.spec import load_spec
 
     try:
@@ -77,8 +77,8 @@ def _run(args) -> int:
 
 def _status(args) -> int:
     from labkit.jobs import job_of
-    from labkit.jobs.monitor import format_report, report
-    from labkit.jobs.runs import RunIndex, load_run
+    from labkit.jobs.report import format_report, report
+    from labkit.jobs.record import RunIndex, load_run
 
     try:
         if args.run:
@@ -103,7 +103,7 @@ def _status(args) -> int:
 
 def _cancel(args) -> int:
     from labkit.jobs import SlurmError, job_of
-    from labkit.jobs.runs import load_run
+    from labkit.jobs.record import load_run
 
     try:
         job = job_of(load_run(args.run, args.runs_dir))
@@ -117,7 +117,7 @@ def _cancel(args) -> int:
 
 def _runs(args) -> int:
     from labkit.jobs import backend_named, job_of
-    from labkit.jobs.runs import RunIndex, load_run
+    from labkit.jobs.record import RunIndex, load_run
     from labkit.jobs.watcher import WATCHER
 
     index = RunIndex(args.runs_dir)

@@ -20,7 +20,7 @@ from labkit.jobs.watcher import WATCHER
 from labkit.logs.parse import ParsedLog, parse_log, parse_text, records
 
 if TYPE_CHECKING:
-    from labkit.jobs.runs import RunRecord
+    from labkit.jobs.record import RunRecord
     from labkit.spec import RunSpec
 
 # The iteration columns a run's metrics.json and report keep, of those labkit.logs.parse reads.

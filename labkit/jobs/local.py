@@ -15,7 +15,8 @@ from pathlib import Path
 
 from labkit.jobs.job import Job
 from labkit.jobs.render import check_job, render
-from labkit.jobs.runs import RunRecord, runs_dir
+from labkit.jobs.record import RunRecord
+from labkit.paths import runs_dir
 from labkit.jobs.state import State, Status
 from labkit.net import free_port
 from labkit.spec import RunSpec, SpecError, load_spec

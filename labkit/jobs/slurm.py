@@ -14,7 +14,8 @@ from pathlib import Path
 
 from labkit.jobs.job import Job
 from labkit.jobs.render import check_job, default_layout, render_array
-from labkit.jobs.runs import RunRecord, runs_dir
+from labkit.jobs.record import RunRecord
+from labkit.paths import runs_dir
 from labkit.jobs.state import State, Status, slurm_state
 from labkit.spec import RunSpec, SpecError, load_spec
 

@@ -12,8 +12,8 @@ import pytest
 from labkit.jobs import job_of
 from labkit.jobs.diagnose import LogText, explain
 from labkit.jobs.job import Job
-from labkit.jobs.monitor import format_report, report, widget
-from labkit.jobs.runs import RunIndex, RunRecord, load_run
+from labkit.jobs.report import format_report, report, widget
+from labkit.jobs.record import RunIndex, RunRecord, load_run
 from labkit.jobs.slurm import settle
 from labkit.jobs.state import State, Status, slurm_state
 from labkit.jobs.watcher import WATCHER

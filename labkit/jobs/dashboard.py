@@ -3,7 +3,7 @@
 The widgets only arrange what tested functions return: `run_table` (the index as a DataFrame), `load_runs` (parsed
 logs and specs of chosen runs) and `view` (a figure or table for one metric).
 
-    from labkit.logs.dashboard import Dashboard
+    from labkit.jobs.dashboard import Dashboard
     Dashboard().show()            # runs from ./runs (or $LABKIT_RUNS_DIR)
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ import threading
 
 import pandas as pd
 
+from labkit.jobs.record import RunIndex, load_run
 from labkit.logs import views
 from labkit.logs.parse import ParsedLog, parse_log
 
@@ -32,8 +33,7 @@ def _last(runs: dict) -> ParsedLog:
 
 
 def run_table(root=None) -> pd.DataFrame:
-    """The run index (labkit.jobs.runs) as a table, newest last."""
-    from labkit.jobs.runs import RunIndex
+    """The run index (labkit.jobs.record) as a table, newest last."""
     rows = RunIndex(root).rows()
     return pd.DataFrame(rows, columns=list(RunIndex.COLUMNS))
 
@@ -43,7 +43,6 @@ def load_runs(run_ids, root=None) -> tuple[dict[str, ParsedLog], dict]:
 
     Taught in lab 07.
     """
-    from labkit.jobs.runs import load_run
     parsed, specs = {}, {}
     for run_id in run_ids:
         record = load_run(run_id, root)

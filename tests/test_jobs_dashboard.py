@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit.jobs.runs import RunRecord
-from labkit.logs.dashboard import Dashboard, load_runs, run_table, view
+from labkit.jobs.record import RunRecord
+from labkit.jobs.dashboard import Dashboard, load_runs, run_table, view
 from labkit.spec import load_spec
 
 ROOT = Path(__file__).parent.parent
