@@ -1,7 +1,26 @@
-"""labkit: plan, launch and read distributed GPT training runs with Megatron on Slurm, from notebooks or a terminal."""
-from labkit.spec import RunSpec, SpecError, load_spec
+"""labkit: plan, launch and read distributed GPT training runs with Megatron on Slurm, from notebooks or a terminal.
 
+Data flows one way, and each module imports only from the rows above it (tests/test_architecture.py holds this):
+
+    paths          where files are: package data, course files, runs, the user's directory
+    net            a free TCP port for rendezvous
+    catalog        GPUs, model presets, clusters and the calibration, read from labkit/data/
+    spec/          the run spec: schema (dataclasses), load (presets under the user's values), checks (every rule,
+                   job checks included), layout (Megatron's rank order, stage -> ranks -> GPUs)
+    megatron_args  spec -> Megatron-LM flags
+    estimate/      params, FLOPs, memory, calibration, timing (the one 1F1B / interleaved schedule), topology, views
+    logs/          parse (the one Megatron log parser), job_info (the keys job scripts print), derive, views
+    train/         the megatron-core driver (and its CPU compatibility layer)
+    profiling/     torch.profiler traces and TensorBoard scalars
+    plan/          partition, placement, search over layouts ranked by the estimate, Pareto front, profiler
+    diagrams       SVGs drawn from estimate's schedule and activation bookkeeping
+    jobs/          state, render (jinja2 templates), diagnose, record, watcher, job (Job, Backend), local and slurm
+                   backends, report, dashboard, sweep
+    lab, cli       the course runner (papermill, HTML index, `labkit workspace`) and the command line
+"""
 from importlib.metadata import version as _version
+
+from labkit.spec import RunSpec, SpecError, load_spec
 
 __version__ = _version("labkit")
 __all__ = ["RunSpec", "SpecError", "load_spec", "__version__"]
