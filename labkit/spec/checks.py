@@ -17,6 +17,9 @@ RECOMPUTE_GRANULARITIES = ("full", "selective")
 RECOMPUTE_METHODS = ("uniform", "block")
 OPTIMIZERS = ("adam", "sgd")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")
+POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "none")
+TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer", "NullTokenizer")
 LAYOUTS = ("multinode", "hetjob", "pair", "local")
 """How labkit.jobs.render lays a job out: see its module docstring."""
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
@@ -63,6 +66,7 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
                       f"{', '.join(LR_DECAY_STYLES)}")
     if spec.optimizer.lr is not None and spec.optimizer.lr <= 0:
         errors.append(f"optimizer.lr: must be positive, got {spec.optimizer.lr}")
+    errors += _check_architecture(spec)
     errors += _check_recompute(spec)
     errors += _check_cluster(spec)
     if errors and any(e.startswith(("model.", "parallel.tensor", "parallel.pipeline", "batch.")) for e in errors):
@@ -118,6 +122,28 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
 def _finish(errors: list[str], raise_errors: bool) -> list[str]:
     if errors and raise_errors:
         raise SpecError(errors)
+    return errors
+
+
+def _check_architecture(spec: RunSpec) -> list[str]:
+    """Megatron-LM's choices of normalization, positions and vocabulary padding, and the tokenizer type."""
+    m, errors = spec.model, []
+    if m.normalization not in NORMALIZATIONS:
+        errors.append(f"model.normalization: {m.normalization!r} is not one of {', '.join(NORMALIZATIONS)}")
+    if m.position_embedding_type not in POSITION_EMBEDDING_TYPES:
+        errors.append(f"model.position_embedding_type: {m.position_embedding_type!r} is not one of "
+                      f"{', '.join(POSITION_EMBEDDING_TYPES)}")
+    elif m.rotary_base is not None and m.position_embedding_type != "rope":
+        errors.append(f"model.rotary_base: set to {m.rotary_base} but model.position_embedding_type is "
+                      f"{m.position_embedding_type!r}; rotary_base applies only with position_embedding_type rope")
+    if m.rotary_base is not None and m.rotary_base <= 0:
+        errors.append(f"model.rotary_base: must be a positive number, got {m.rotary_base}")
+    if m.make_vocab_size_divisible_by is not None and m.make_vocab_size_divisible_by <= 0:
+        errors.append(f"model.make_vocab_size_divisible_by: must be a positive number, got "
+                      f"{m.make_vocab_size_divisible_by}; Megatron's default is 128")
+    tokenizer = spec.data.tokenizer
+    if tokenizer is not None and tokenizer.type not in TOKENIZER_TYPES:
+        errors.append(f"data.tokenizer.type: {tokenizer.type!r} is not one of {', '.join(TOKENIZER_TYPES)}")
     return errors
 
 

@@ -20,8 +20,12 @@ from labkit.spec.checks import SpecError
 DEFAULT_PRESET = "tiny"
 """The model of a spec that names none."""
 _YAML_KEYS = {"global_": "global"}
-# Model switches that neither the spec nor its preset sets are off, as in Megatron-LM.
-_MODEL_SWITCHES = ("swiglu", "untie_embeddings")
+# What neither the spec nor its preset sets takes Megatron-LM's default: a GPT-2-style model.
+_MODEL_DEFAULTS = {"swiglu": False, "untie_embeddings": False, "normalization": "LayerNorm",
+                   "position_embedding_type": "learned_absolute", "add_bias_linear": True,
+                   "make_vocab_size_divisible_by": 128}
+_ROTARY_BASE = 10000
+"""Megatron-LM's --rotary-base default, in effect under position_embedding_type rope."""
 
 
 def with_changes(data: dict, /, **changes) -> dict:
@@ -110,9 +114,13 @@ def _with_preset(model: dict, errors: list[str]) -> dict:
             errors.append(f"model.preset: unknown preset {name!r}; "
                           + (f"closest: {', '.join(hint)}; " if hint else "") + f"known: {', '.join(presets)}")
     merged.update(model)
-    for switch in _MODEL_SWITCHES:
-        if merged.get(switch) is None:
-            merged[switch] = False
+    if merged.get("position_embedding_type") != "rope" and "rotary_base" not in model:
+        merged.pop("rotary_base", None)  # the preset's base belongs to the rotary positions the spec turned off
+    for key, default in _MODEL_DEFAULTS.items():
+        if merged.get(key) is None:
+            merged[key] = default
+    if merged["position_embedding_type"] == "rope" and merged.get("rotary_base") is None:
+        merged["rotary_base"] = _ROTARY_BASE
     return merged
 
 

@@ -38,6 +38,19 @@ class ModelSpec:
     """SwiGLU MLP instead of GELU (--swiglu); None: the preset's choice, else false."""
     untie_embeddings: bool | None = None
     """Separate output-layer weights (--untie-embeddings-and-output-weights); None: the preset's choice, else false."""
+    normalization: str | None = None
+    """LayerNorm or RMSNorm (--normalization); None: the preset's choice, else LayerNorm."""
+    position_embedding_type: str | None = None
+    """learned_absolute (a learned position table), rope (rotary positions) or none (--position-embedding-type);
+    None: the preset's choice, else learned_absolute."""
+    rotary_base: int | None = None
+    """Base of the rotary frequencies, with position_embedding_type rope only (--rotary-base); None: the preset's
+    choice, else 10000 under rope (Llama 3 uses 500000)."""
+    add_bias_linear: bool | None = None
+    """Biases in the linear layers (false: --disable-bias-linear); None: the preset's choice, else true."""
+    make_vocab_size_divisible_by: int | None = None
+    """Megatron pads the vocabulary to a multiple of this times the tensor size (--make-vocab-size-divisible-by);
+    None: the preset's choice, else 128."""
 
     @property
     def query_groups(self) -> int:
@@ -139,6 +152,16 @@ class TrainSpec:
 
 
 @dataclass
+class TokenizerSpec:
+    """The tokenizer that made the dataset, as Megatron-LM names it."""
+    type: str = "GPT2BPETokenizer"
+    """GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer or NullTokenizer (--tokenizer-type)."""
+    model: str | None = None
+    """The tokenizer file: a HuggingFace tokenizer.json or a SentencePiece .model (--tokenizer-model); None with
+    GPT2BPETokenizer (which reads data.vocab_file and data.merge_file) and NullTokenizer."""
+
+
+@dataclass
 class DataSpec:
     """Training data: mock tokens, or a Megatron-format dataset."""
     path: str | None = None
@@ -151,6 +174,9 @@ class DataSpec:
     """GPT-2 BPE vocabulary (--vocab-file); None: the one shipped in labkit/data/tokenizer."""
     merge_file: str | None = None
     """GPT-2 BPE merges (--merge-file); None: the one shipped in labkit/data/tokenizer."""
+    tokenizer: TokenizerSpec | None = None
+    """The tokenizer (--tokenizer-type, --tokenizer-model); None: GPT-2 BPE. The model's vocabulary comes from it
+    unless model.vocab_size is set."""
 
 
 @dataclass
