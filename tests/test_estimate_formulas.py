@@ -4,7 +4,8 @@ import math
 import pytest
 
 from labkit.estimate import (Shape, achieved_tflops, flops_72, flops_96, gpt_params, hardware_flops,
-                             megatron_logged_flops, model_flops, stage_params, total_params, training_days)
+                             megatron_logged_flops, model_flops, params_with_padding, stage_params, total_params,
+                             training_days)
 
 WORKSHOP = dict(l=40, h=6144, s=1048, V=50257)
 
@@ -17,7 +18,8 @@ def workshop_shape(**changes):
 
 def test_workshop_parameter_count_is_exact():
     assert gpt_params(**WORKSHOP) == 18_437_806_080
-    assert total_params(workshop_shape()) == 18_437_806_080
+    # the model as built adds the final layer norm (weight and bias) that the formula leaves out
+    assert total_params(workshop_shape()) == 18_437_806_080 + 2 * 6144
 
 
 def test_workshop_tflops_and_utilization():
@@ -63,7 +65,7 @@ def test_gqa_swiglu_and_untied_change_the_count():
     assert total_params(gqa) < total_params(mha)
     untied = Shape(num_layers=32, hidden=4096, heads=32, seq_length=4096, vocab=32000, tied=False)
     assert total_params(untied) - total_params(mha) == 32000 * 4096
-    # Llama-2 7B: about 6.7 B (our count keeps GPT's biases and learned positions, so a little more)
+    # Llama-2 7B's sizes with GPT's biases, layer norms and learned positions: a little over its 6.74 B
     llama = Shape(num_layers=32, hidden=4096, heads=32, seq_length=4096, vocab=32000, ffn=11008, swiglu=True,
                   tied=False)
     assert 6.7e9 < total_params(llama) < 6.8e9
@@ -71,10 +73,12 @@ def test_gqa_swiglu_and_untied_change_the_count():
 
 def test_stage_params_sum_to_the_model_plus_the_tied_copy():
     shape = Shape(num_layers=48, hidden=1600, heads=25, seq_length=1024, vocab=50257)
+    # stages hold the vocabulary as Megatron pads it: 50257 -> 50304, a multiple of 128
+    padding = (50304 - 50257) * 1600
     parts = stage_params(shape, [0, 11, 8, 8, 8, 8, 5, 0])
-    assert sum(parts) == pytest.approx(total_params(shape) + 50257 * 1600)
+    assert sum(parts) == pytest.approx(total_params(shape) + padding + 50304 * 1600)
     single = stage_params(shape, [48])
-    assert single[0] == pytest.approx(total_params(shape))
+    assert single[0] == pytest.approx(total_params(shape) + padding) == params_with_padding(shape)
     # tensor parallelism splits all but the replicated biases and norms
     split = stage_params(shape, [48], tensor=4)[0]
     assert total_params(shape) / 4 < split < total_params(shape) / 3.9

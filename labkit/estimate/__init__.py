@@ -29,7 +29,9 @@ Pieces to call in a hot loop without building a RunSpec (all times in seconds, l
   pipeline send.
 - `memory_per_stage(shape, partition, tensor=, data_parallel=, micro_batch=, num_micro_batches=, precision=,
   recompute=, sequence_parallel=, virtual_stages=, distributed_optimizer=, zero_stage=)` -> [StageMemory] in GiB.
-- `stage_params(shape, partition, tensor)`, `total_params(shape)`, `gpt_params(l, h, s, V)`.
+- `stage_params(shape, partition, tensor)`, `total_params(shape)` (vocabulary unpadded), `params_with_padding(shape,
+  tensor)`, `rank_params(spec, tensor_rank, pipeline_rank)` (the count Megatron logs for that rank),
+  `gpt_params(l, h, s, V)`.
 - `model_flops(shape, B)`, `hardware_flops(shape, B, recompute)`, `megatron_logged_flops(shape, B, version)`,
   `flops_96`, `flops_72`, `achieved_tflops`, `utilization`, `training_days(tokens, params, n, tflops)`.
 - Profiles: `Profile`, `load_profile(path)` (labkit JSON or FASOP .npy), `save_profile(profile, path=None)`,
@@ -40,7 +42,8 @@ from labkit.estimate.estimator import MEMORY_MARGIN, Estimate, estimate
 from labkit.estimate.flops import (achieved_tflops, flops_72, flops_96, hardware_flops, megatron_logged_flops,
                                    model_flops, training_days, utilization)
 from labkit.estimate.memory import StageMemory, bytes_per_param, memory_per_stage
-from labkit.estimate.params import Shape, gpt_params, layer_params, stage_params, total_params
+from labkit.estimate.params import (Shape, gpt_params, layer_params, params_with_padding, rank_params, stage_params,
+                                    total_params)
 from labkit.estimate.profiles import (Profile, ProfileError, available_profiles, find_profile, load_profile,
                                       save_profile)
 from labkit.estimate.timing import (Event, Pipeline, PipelineTime, StageTime, allreduce_time, bubble_fraction,
@@ -49,7 +52,7 @@ from labkit.estimate.timing import (Event, Pipeline, PipelineTime, StageTime, al
 
 __all__ = [
     "estimate", "Estimate", "MEMORY_MARGIN",
-    "Shape", "gpt_params", "layer_params", "stage_params", "total_params",
+    "Shape", "gpt_params", "layer_params", "stage_params", "total_params", "params_with_padding", "rank_params",
     "model_flops", "hardware_flops", "megatron_logged_flops", "flops_96", "flops_72", "achieved_tflops",
     "utilization", "training_days",
     "memory_per_stage", "bytes_per_param", "StageMemory",

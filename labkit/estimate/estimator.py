@@ -7,7 +7,7 @@ from labkit import catalog
 from labkit.estimate import flops as F
 from labkit.estimate.calibration import Calibration, resolve
 from labkit.estimate.memory import GIB, memory_per_stage
-from labkit.estimate.params import Shape, stage_params, total_params
+from labkit.estimate.params import Shape, params_with_padding, stage_params, total_params
 from labkit.estimate.profiles import Profile, find_profile
 from labkit.estimate.timing import (ACTIVATION_BYTES, GRAD_REDUCE_BYTES, Pipeline, allreduce_time,
                                     optimizer_step_time, p2p_time, stage_time)
@@ -20,7 +20,7 @@ MEMORY_MARGIN = 0.10
 
 @dataclass
 class Estimate:
-    params: int
+    params: int                         # the model with its vocabulary unpadded
     flops_per_iteration: float          # executed (with recompute), the workshop's F
     model_flops_per_iteration: float    # without recompute, the MFU numerator
     iteration_time_s: float
@@ -41,10 +41,14 @@ class Estimate:
     tokens: float | None = None
     training_days: float | None = None
     pipeline: Pipeline | None = None    # the schedule the pipeline time comes from: pipeline.events() draws it
+    params_with_padding: int = 0        # the model as Megatron builds it, its vocabulary padded
+    padded_vocab_size: int = 0          # Megatron's padded vocabulary at this tensor size
 
     def to_dict(self) -> dict:
         out = {
             "params": self.params,
+            "params_with_padding": self.params_with_padding,
+            "padded_vocab_size": self.padded_vocab_size,
             "flops_per_iteration": self.flops_per_iteration,
             "model_flops_per_iteration": self.model_flops_per_iteration,
             "iteration_time_s": self.iteration_time_s,
@@ -157,7 +161,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     embedding_comm = 0.0
     if p > 1 and shape.tied:
         # the tied copy's gradient is reduced as the model keeps it, outside the data-parallel gradient buffers
-        embedding_bytes = shape.vocab * shape.hidden / t * GRAD_REDUCE_BYTES.get(precision, 4)
+        embedding_bytes = shape.padded_vocab(t) * shape.hidden / t * GRAD_REDUCE_BYTES.get(precision, 4)
         embedding_comm = allreduce_time(embedding_bytes, 2, topo.pair_gbps(0, p - 1), latency)
     shards = d if spec.optimizer.distributed else 1
     optimizer = max(optimizer_step_time(params / shards, catalog.gpu(gpus[i]).memory_bw_gb_s, precision)
@@ -217,6 +221,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         tokens=tokens,
         training_days=days,
         pipeline=pipeline,
+        params_with_padding=params_with_padding(shape, t),
+        padded_vocab_size=shape.padded_vocab(t),
     )
 
 

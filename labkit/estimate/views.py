@@ -7,17 +7,14 @@ import plotly.graph_objects as go
 from labkit import catalog
 from labkit.estimate.flops import training_days
 from labkit.estimate.params import Shape, gpt_params, total_params
+from labkit.spec import ModelSpec
 
 # The size table awsome-distributed-training's Megatron-LM test case uses: Narayanan et al. SC21 Table 1, 1.7B to 310B.
 SC21_PRESETS = ["gpt-1.7b", "gpt-3.6b", "gpt-7.5b", "gpt-18.4b", "gpt-39.1b", "gpt-76.1b", "gpt-145.6b", "gpt-310.1b"]
 
 
 def _shape(preset: str) -> Shape:
-    cfg = catalog.models()[preset]
-    return Shape(num_layers=cfg["num_layers"], hidden=cfg["hidden_size"], heads=cfg["num_attention_heads"],
-                 seq_length=cfg["seq_length"], vocab=cfg["vocab_size"], query_groups=cfg.get("num_query_groups"),
-                 ffn=cfg.get("ffn_hidden_size"), swiglu=cfg.get("swiglu", False),
-                 tied=not cfg.get("untie_embeddings", False))
+    return Shape.of(ModelSpec(**{k: v for k, v in catalog.models()[preset].items() if k != "source"}))
 
 
 def model_size_table(presets: list[str] | None = None) -> pd.DataFrame:
