@@ -2,6 +2,7 @@
 
     schema   the dataclasses (a docstring per field, naming its Megatron-LM flag), load_spec, resolved_summary
     load     YAML/JSON/mapping -> plain data with the model preset merged under it -> the dataclasses
+    yaml12   YAML read by the 1.2 core schema (text stays the text written), with bounded nesting and aliases
     checks   every rule, the job's included; SpecError
     layout   Megatron's rank order, stage -> ranks -> GPUs, and the GPU a mixed stage runs at
 

@@ -5,6 +5,7 @@ Each check returns 'field: what is wrong; how to fix it' strings and collects ev
 from __future__ import annotations
 
 import re
+import reprlib
 from typing import TYPE_CHECKING
 
 from labkit import catalog
@@ -22,17 +23,47 @@ POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "none")
 TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer", "NullTokenizer")
 LAYOUTS = ("multinode", "hetjob", "pair", "local")
 """How labkit.jobs.render lays a job out: see its module docstring."""
+MAX_WORLD = 2 ** 20
+"""Most processes a spec may lay out (a million GPUs), and the bound of each layout size: figures far beyond any
+cluster are typing errors, and checking them must not build one entry per rank."""
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TIME_LIMIT = re.compile(r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
                          r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$")
 
 
+QUOTE_CHARS = 200
+"""Most characters of a user's value an error message quotes: a huge or aliased value must not flood the terminal."""
+MAX_ERROR_CHARS = 600
+"""Longest error message kept whole; longer ones (a field path thousands of keys long) are cut with an ellipsis."""
+MAX_ERRORS = 50
+"""Errors listed for one spec; a file of thousands of unknown keys reports the first ones and how many more."""
+_QUOTE = reprlib.Repr()
+_QUOTE.maxstring = _QUOTE.maxother = QUOTE_CHARS
+_QUOTE.maxlist = _QUOTE.maxdict = _QUOTE.maxtuple = _QUOTE.maxset = 8
+_QUOTE.maxlevel = 3
+
+
+def quote(value) -> str:
+    """repr(value) for an error message, at most about QUOTE_CHARS characters, without building the whole repr."""
+    text = _QUOTE.repr(value)
+    return text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS - 3] + "..."
+
+
+def _clip(error: str) -> str:
+    return error if len(error) <= MAX_ERROR_CHARS else error[:MAX_ERROR_CHARS - 3] + "..."
+
+
 class SpecError(ValueError):
-    """Every problem found in a spec. `errors` is a list of 'field: what is wrong; how to fix it' strings."""
+    """Every problem found in a spec. `errors` is a list of 'field: what is wrong; how to fix it' strings, each at most
+    MAX_ERROR_CHARS long, at most MAX_ERRORS of them and then a count of the rest."""
 
     def __init__(self, errors: list[str]):
-        self.errors = list(errors)
+        errors = [_clip(e) for e in errors]
+        if len(errors) > MAX_ERRORS:
+            errors = errors[:MAX_ERRORS] + [f"spec: {len(errors) - MAX_ERRORS} more errors not shown; fix the above "
+                                            "first"]
+        self.errors = errors
         super().__init__("invalid run spec:\n" + "\n".join(f"  - {e}" for e in self.errors))
 
 
@@ -57,6 +88,7 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
                          ("train.log_interval", spec.train.log_interval)):
         if value is not None and value <= 0:
             errors.append(f"{where}: must be a positive number, got {value}")
+    errors += _check_sizes(spec)
     if spec.precision not in PRECISIONS:
         errors.append(f"precision: {spec.precision!r} is not one of {', '.join(PRECISIONS)}")
     if spec.optimizer.name not in OPTIMIZERS:
@@ -64,12 +96,12 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
     if spec.optimizer.lr_decay_style not in LR_DECAY_STYLES:
         errors.append(f"optimizer.lr_decay_style: {spec.optimizer.lr_decay_style!r} is not one of "
                       f"{', '.join(LR_DECAY_STYLES)}")
-    if spec.optimizer.lr is not None and spec.optimizer.lr <= 0:
-        errors.append(f"optimizer.lr: must be positive, got {spec.optimizer.lr}")
+    errors += _check_optimizer(spec)
+    errors += _check_train(spec)
     errors += _check_architecture(spec)
     errors += _check_recompute(spec)
     errors += _check_cluster(spec)
-    if errors and any(e.startswith(("model.", "parallel.tensor", "parallel.pipeline", "batch.")) for e in errors):
+    if errors and any(e.startswith(("model.", "parallel.", "batch.", "cluster.")) for e in errors):
         return _finish(errors, raise_errors)  # the layout checks below need sane sizes
 
     t, p = par.tensor, par.pipeline
@@ -144,6 +176,63 @@ def _check_architecture(spec: RunSpec) -> list[str]:
     tokenizer = spec.data.tokenizer
     if tokenizer is not None and tokenizer.type not in TOKENIZER_TYPES:
         errors.append(f"data.tokenizer.type: {tokenizer.type!r} is not one of {', '.join(TOKENIZER_TYPES)}")
+    return errors
+
+
+def _check_sizes(spec: RunSpec) -> list[str]:
+    """Layout sizes within MAX_WORLD, checked on the figures alone before anything is laid out per rank."""
+    par, errors = spec.parallel, []
+    for key in ("tensor", "pipeline", "data", "virtual_stages"):
+        value = getattr(par, key)
+        if value is not None and value > MAX_WORLD:
+            errors.append(f"parallel.{key}: {value} is beyond any cluster; use at most {MAX_WORLD}")
+    nodes = spec.cluster.nodes if spec.cluster is not None else []
+    for i, group in enumerate(nodes):
+        for key in ("count", "gpus_per_node"):
+            if getattr(group, key) > MAX_WORLD:
+                errors.append(f"cluster.nodes[{i}].{key}: {getattr(group, key)} is beyond any cluster; "
+                              f"use at most {MAX_WORLD}")
+    if errors:
+        return errors
+    world = sum(g.count * g.gpus_per_node for g in nodes) if nodes else \
+        par.tensor * par.pipeline * (par.data or 1)
+    if world > MAX_WORLD:
+        errors.append(f"{'cluster.nodes' if nodes else 'parallel.data'}: {world} processes in all is beyond any "
+                      f"cluster; use at most {MAX_WORLD}")
+    return errors
+
+
+def _check_optimizer(spec: RunSpec) -> list[str]:
+    """Rates, betas and scales Megatron would take but no training wants (NaN and infinity are refused on loading)."""
+    opt, errors = spec.optimizer, []
+    if opt.lr is not None and opt.lr <= 0:
+        errors.append(f"optimizer.lr: must be positive, got {opt.lr}")
+    for key in ("min_lr", "weight_decay", "clip_grad"):
+        if getattr(opt, key) is not None and getattr(opt, key) < 0:
+            errors.append(f"optimizer.{key}: must be zero or more, got {getattr(opt, key)}")
+    if opt.lr is not None and opt.min_lr is not None and opt.min_lr > opt.lr > 0:
+        errors.append(f"optimizer.min_lr: {opt.min_lr} exceeds the peak optimizer.lr {opt.lr}; the decay ends at "
+                      "min_lr, so keep it at or below lr")
+    for key in ("adam_beta1", "adam_beta2"):
+        if getattr(opt, key) is not None and not 0 <= getattr(opt, key) < 1:
+            errors.append(f"optimizer.{key}: must be at least 0 and below 1, got {getattr(opt, key)} "
+                          "(e.g. 0.9 and 0.95)")
+    for key in ("initial_loss_scale", "loss_scale"):
+        if getattr(opt, key) is not None and getattr(opt, key) <= 0:
+            errors.append(f"optimizer.{key}: must be a positive scale, got {getattr(opt, key)}")
+    if opt.lr_warmup_fraction is not None and not 0 <= opt.lr_warmup_fraction <= 1:
+        errors.append(f"optimizer.lr_warmup_fraction: must be between 0 and 1, got {opt.lr_warmup_fraction}")
+    return errors
+
+
+def _check_train(spec: RunSpec) -> list[str]:
+    train, errors = spec.train, []
+    for key in ("eval_interval", "save_interval"):
+        if getattr(train, key) is not None and getattr(train, key) <= 0:
+            errors.append(f"train.{key}: must be a positive number of steps, got {getattr(train, key)}; "
+                          "or leave it out")
+    if train.eval_iters is not None and train.eval_iters < 0:
+        errors.append(f"train.eval_iters: must be zero or more, got {train.eval_iters}")
     return errors
 
 

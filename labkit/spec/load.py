@@ -9,13 +9,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 
 from labkit import catalog
-from labkit.spec.checks import SpecError
+from labkit.spec import yaml12
+from labkit.spec.checks import SpecError, quote
 
 DEFAULT_PRESET = "tiny"
 """The model of a spec that names none."""
@@ -93,12 +95,40 @@ def _read(source) -> dict:
     path = Path(source)
     if not path.exists():
         raise SpecError([f"spec: file {str(path)!r} does not exist; pass a YAML or JSON run spec"])
-    text = path.read_text()
+    kind = "JSON" if path.suffix == ".json" else "YAML"
+    raw = path.read_bytes()
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise SpecError([f"spec: {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"]) from None
-    return data or {}
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise SpecError([f"spec: {path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+                         "save it as UTF-8"]) from None
+    too_deep = SpecError([f"spec: {path} is nested deeper than {yaml12.MAX_DEPTH} levels; a spec nests four"])
+    try:
+        data = json.loads(text) if kind == "JSON" else yaml12.load(text)
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: bad JSON, or a JSON integer too long to read
+        raise SpecError([f"spec: {path} is not valid {kind}: {exc}"]) from None
+    except RecursionError:  # JSON nested thousands of levels
+        raise too_deep from None
+    if data is None:
+        raise SpecError([f"spec: empty; {path} holds no {kind} mapping, write at least `name: my-run`"])
+    if not isinstance(data, dict):
+        raise SpecError([f"spec: expected a mapping of keys (name, model, parallel, batch, ...), got a "
+                         f"{type(data).__name__} {quote(data)}"])
+    if _depth(data) > yaml12.MAX_DEPTH:
+        raise too_deep
+    return data
+
+
+def _depth(data) -> int:
+    """How deep containers nest in plain data, counted without recursion (JSON can nest thousands of levels)."""
+    deepest, todo = 0, [(data, 1)]
+    while todo:
+        node, depth = todo.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, depth)
+            if depth <= yaml12.MAX_DEPTH:
+                todo.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
 
 
 def _with_preset(model: dict, errors: list[str]) -> dict:
@@ -124,54 +154,82 @@ def _with_preset(model: dict, errors: list[str]) -> dict:
     return merged
 
 
+def _optional(tp) -> bool:
+    return get_origin(tp) is not None and type(None) in get_args(tp)
+
+
 def _coerce(value: Any, tp, path: str, errors: list[str]) -> Any:
-    origin = get_origin(tp)
+    """`value` as the type `tp`, or None with the problem added to `errors`. Text fields keep the text the user wrote:
+    a YAML number in one is its source text, never a reformatted value."""
     args = get_args(tp)
-    if origin is not None and type(None) in args:  # Optional[X]
+    if _optional(tp):
         if value is None:
             return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], path, errors)
+        return _coerce(value, next(a for a in args if a is not type(None)), path, errors)
+    if value is None:
+        errors.append(f"{path}: missing a value; give one or leave the key out for the default")
+        return None
     if dataclasses.is_dataclass(tp):
         return build(tp, value, path, errors)
+    origin = get_origin(tp)
     if origin is list:
         if not isinstance(value, (list, tuple)):
-            errors.append(f"{path}: expected a list, got {value!r}")
+            errors.append(f"{path}: expected a list, got {quote(value)}")
             return None
         return [_coerce(v, args[0], f"{path}[{i}]", errors) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
-            errors.append(f"{path}: expected a mapping of names to values, got {value!r}")
+            errors.append(f"{path}: expected a mapping of names to values, got {quote(value)}")
             return None
-        return {str(k): _coerce(v, args[1], f"{path}.{k}", errors) for k, v in value.items()}
+        named = {yaml12.source_text(k) or str(k): v for k, v in value.items()}
+        return {k: _coerce(v, args[1], f"{path}.{k}", errors) for k, v in named.items()}
     if tp is bool:
         if isinstance(value, bool):
             return value
-        errors.append(f"{path}: expected true or false, got {value!r}")
+        errors.append(f"{path}: expected true or false, got {quote(value)}")
         return None
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
+            return int(value)
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        errors.append(f"{path}: expected a whole number, got {value!r}")
+        errors.append(f"{path}: expected a whole number, got {quote(value)}")
         return None
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)  # YAML 1.1 reads 1.5e-4 as a string
-            except ValueError:
-                pass
-        errors.append(f"{path}: expected a number, got {value!r}")
-        return None
+        return _number(value, path, errors)
     if tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        errors.append(f"{path}: expected text, got {value!r}")
+        if isinstance(value, str):
+            return value
+        if isinstance(value, bool):
+            errors.append(f'{path}: expected text, got {str(value).lower()}; write "{str(value).lower()}" in quotes '
+                          "to keep it as text")
+            return None
+        if isinstance(value, (int, float)):  # a YAML number keeps its source text; JSON and Python ones are printed
+            return yaml12.source_text(value) or str(value)
+        errors.append(f"{path}: expected text, got {quote(value)}")
         return None
     return value
+
+
+def _number(value: Any, path: str, errors: list[str]) -> float | None:
+    """A finite float: NaN or infinity in a rate, a scale or a link speed is never meant."""
+    number = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond any float
+            number = math.inf
+    elif isinstance(value, str):
+        try:
+            number = float(value)  # a quoted "1e-4" (JSON specs write numbers as text too)
+        except ValueError:
+            pass
+    if number is None:
+        errors.append(f"{path}: expected a number, got {quote(value)}")
+    elif not math.isfinite(number):
+        errors.append(f"{path}: must be a finite number, got {quote(value)}")
+        number = None
+    return number
 
 
 def build(cls, data: Any, path: str, errors: list[str]):
@@ -180,20 +238,21 @@ def build(cls, data: Any, path: str, errors: list[str]):
         data = to_plain(data)
     if not isinstance(data, dict):
         errors.append(f"{path or 'spec'}: expected a mapping with keys "
-                      f"{', '.join(_field_key(f) for f in dataclasses.fields(cls))}, got {data!r}")
+                      f"{', '.join(_field_key(f) for f in dataclasses.fields(cls))}, got {quote(data)}")
         return cls()
     hints = get_type_hints(cls)
     fields = {_field_key(f): f for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in data.items():
-        where = f"{path}.{key}" if path else str(key)
+        name = yaml12.source_text(key) or str(key)
+        where = f"{path}.{name}" if path else name
         if key not in fields:
-            hint = catalog.closest(str(key), fields)
+            hint = catalog.closest(name, fields)
             fix = f"did you mean {' or '.join(repr(h) for h in hint)}?" if hint else f"known keys: {', '.join(fields)}"
             errors.append(f"{where}: unknown key; {fix}")
             continue
         f = fields[key]
         coerced = _coerce(value, hints[f.name], where, errors)
-        if coerced is not None or value is None:
+        if coerced is not None or (value is None and _optional(hints[f.name])):
             kwargs[f.name] = coerced
     return cls(**kwargs)
