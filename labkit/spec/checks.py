@@ -24,8 +24,11 @@ TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTok
 LAYOUTS = ("multinode", "hetjob", "pair", "local")
 """How labkit.jobs.render lays a job out: see its module docstring."""
 MAX_WORLD = 2 ** 20
-"""Most processes a spec may lay out (a million GPUs), and the bound of each layout size: figures far beyond any
-cluster are typing errors, and checking them must not build one entry per rank."""
+"""Most processes a spec may lay out (a million GPUs), and the bound of parallel.data and of a node group's figures:
+sizes far beyond any cluster are typing errors, and checking them must not build one entry per rank."""
+MAX_SPLIT = 1024
+"""Most tensor ranks, pipeline stages or virtual stages: far beyond any model's layers or any GPU domain, and small
+enough that what is listed per stage (the partition, each stage's GPU) stays short."""
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TIME_LIMIT = re.compile(r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
@@ -180,12 +183,13 @@ def _check_architecture(spec: RunSpec) -> list[str]:
 
 
 def _check_sizes(spec: RunSpec) -> list[str]:
-    """Layout sizes within MAX_WORLD, checked on the figures alone before anything is laid out per rank."""
+    """Layout sizes within MAX_SPLIT and MAX_WORLD, checked on the figures alone before anything is laid out."""
     par, errors = spec.parallel, []
-    for key in ("tensor", "pipeline", "data", "virtual_stages"):
+    for key, bound in (("tensor", MAX_SPLIT), ("pipeline", MAX_SPLIT), ("virtual_stages", MAX_SPLIT),
+                       ("data", MAX_WORLD)):
         value = getattr(par, key)
-        if value is not None and value > MAX_WORLD:
-            errors.append(f"parallel.{key}: {value} is beyond any cluster; use at most {MAX_WORLD}")
+        if value is not None and value > bound:
+            errors.append(f"parallel.{key}: {value} is beyond any cluster; use at most {bound}")
     nodes = spec.cluster.nodes if spec.cluster is not None else []
     for i, group in enumerate(nodes):
         for key in ("count", "gpus_per_node"):

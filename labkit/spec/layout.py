@@ -95,9 +95,11 @@ def rank_gpus(nodes) -> list[tuple[range, str]]:
     return runs
 
 
-def gpus_of(ranks: range, runs: list[tuple[range, str]]) -> list[str]:
-    """The GPU types the ranks run on, in rank order; ranks beyond the cluster (an invalid spec) on its last type."""
-    first = max(0, bisect.bisect_right([r.start for r, _ in runs], ranks.start) - 1)
+def gpus_of(ranks: range, runs: list[tuple[range, str]], starts: list[int] | None = None) -> list[str]:
+    """The GPU types the ranks run on, in rank order; ranks beyond the cluster (an invalid spec) on its last type.
+    `starts`: the runs' first ranks, when the caller looks up many ranges in the same runs."""
+    starts = [r.start for r, _ in runs] if starts is None else starts
+    first = max(0, bisect.bisect_right(starts, ranks.start) - 1)
     names = []
     for r, name in runs[first:]:
         if r.start >= ranks.stop:
@@ -118,5 +120,6 @@ def slowest_gpu(names: Iterable[str]) -> str:
 def stage_gpus(nodes, layout: Layout, stages: Iterable[int] | None = None) -> list[str]:
     """The GPU each pipeline stage runs at (of `stages`; every stage when None)."""
     runs = rank_gpus(nodes)
+    starts = [r.start for r, _ in runs]
     stages = range(layout.pipeline) if stages is None else stages
-    return [slowest_gpu(gpus_of(layout.stage_ranks(s), runs)) for s in stages]
+    return [slowest_gpu(gpus_of(layout.stage_ranks(s), runs, starts)) for s in stages]

@@ -96,7 +96,13 @@ def _read(source) -> dict:
     if not path.exists():
         raise SpecError([f"spec: file {str(path)!r} does not exist; pass a YAML or JSON run spec"])
     kind = "JSON" if path.suffix == ".json" else "YAML"
-    raw = path.read_bytes()
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(yaml12.MAX_BYTES + 1)
+    except OSError as exc:
+        raise SpecError([f"spec: cannot read {path}: {exc.strerror}"]) from None
+    if len(raw) > yaml12.MAX_BYTES:
+        raise SpecError([f"spec: {path} is larger than {yaml12.MAX_BYTES // 1024} KiB; a spec is a few KB"])
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

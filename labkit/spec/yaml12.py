@@ -5,8 +5,8 @@ Slurm time limit would become five days. Here only the YAML 1.2 core schema's fo
 (https://yaml.org/spec/1.2.2/#1032-tag-resolution); everything else is text. A number also keeps the text it was
 written as (`SourceInt.text`, `SourceFloat.text`), so a field that wants text takes `0x1F` or `1.50` as written.
 
-Reading is bounded: nesting deeper than MAX_DEPTH, or aliases that would expand to more than MAX_NODES nodes (a
-"billion laughs" bomb), are YAML errors before anything is built from the document.
+Reading is bounded: nesting deeper than MAX_DEPTH, or more than MAX_NODES values once aliases are expanded (a
+"billion laughs" bomb), are YAML errors before anything is built from the document; load.py reads at most MAX_BYTES.
 """
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ import yaml
 MAX_DEPTH = 32
 """Deepest nesting a spec may have; a real one nests four levels (job.container.mounts[0])."""
 MAX_NODES = 100_000
-"""Most nodes a document may hold once its aliases are expanded; a real spec holds a few hundred."""
+"""Most nodes a document may hold, its aliases expanded; a real spec holds a few hundred."""
+MAX_BYTES = 256 * 1024
+"""Largest spec file read: a real one is a few KB, and PyYAML reads about 200 KB a second."""
 
 
 class SourceInt(int):
@@ -123,8 +125,7 @@ def _check_expanded_size(root) -> None:
             measured[key] = (1 + sum(s for s, _ in parts), 1 + max((h for _, h in parts), default=0))
         total, height = measured[key]
         if total > MAX_NODES:
-            refuse(node, f"aliases expand to more than {MAX_NODES} nodes; write the values out or use fewer alias "
-                   "levels")
+            refuse(node, f"holds more than {MAX_NODES} values, its aliases expanded; a spec holds a few hundred")
         if depth + height > MAX_DEPTH + 1:
             refuse(node, f"aliases nest the spec deeper than {MAX_DEPTH} levels")
         return measured[key]
