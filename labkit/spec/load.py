@@ -25,7 +25,7 @@ _YAML_KEYS = {"global_": "global"}
 # What neither the spec nor its preset sets takes Megatron-LM's default: a GPT-2-style model.
 _MODEL_DEFAULTS = {"swiglu": False, "untie_embeddings": False, "normalization": "LayerNorm",
                    "position_embedding_type": "learned_absolute", "add_bias_linear": True,
-                   "make_vocab_size_divisible_by": 128}
+                   "make_vocab_size_divisible_by": 128, "hidden_dropout": 0.1, "attention_dropout": 0.1}
 _ROTARY_BASE = 10000
 """Megatron-LM's --rotary-base default, in effect under position_embedding_type rope."""
 
@@ -225,11 +225,8 @@ def _number(value: Any, path: str, errors: list[str]) -> float | None:
             number = float(value)
         except OverflowError:  # an integer beyond any float
             number = math.inf
-    elif isinstance(value, str):
-        try:
-            number = float(value)  # a quoted "1e-4" (JSON specs write numbers as text too)
-        except ValueError:
-            pass
+    elif isinstance(value, str) and yaml12.core_number(value.strip()) is not None:
+        number = float(yaml12.core_number(value.strip()))  # a quoted "1e-4", as JSON specs may write one
     if number is None:
         errors.append(f"{path}: expected a number, got {quote(value)}")
     elif not math.isfinite(number):

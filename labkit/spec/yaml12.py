@@ -51,6 +51,20 @@ _FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]
                     r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
 
 
+def core_number(text: str) -> int | float | None:
+    """The number text is by the YAML 1.2 core schema (12, 0o17, 0x1F, 1.5e-4, .inf, .nan), or None."""
+    if _INT.match(text):
+        digits = text.lstrip("+")
+        try:
+            return int(digits[2:], 8) if digits.startswith("0o") else int(digits, 16 if digits[:2] == "0x" else 10)
+        except ValueError:  # more than the 4300 digits Python reads
+            return None
+    if _FLOAT.match(text):
+        lower = text.lower()
+        return math.nan if lower == ".nan" else float(lower.replace(".inf", "inf"))
+    return None
+
+
 class SpecLoader(yaml.SafeLoader):
     """A safe loader resolving plain scalars by the YAML 1.2 core schema, with bounded depth and alias expansion."""
 
@@ -78,21 +92,17 @@ class SpecLoader(yaml.SafeLoader):
 
     def construct_yaml_int(self, node):
         text = self.construct_scalar(node)
-        digits = text.lstrip("+")
-        try:
-            number = int(digits[2:], 8) if digits.startswith("0o") else int(digits, 16 if digits.startswith("0x") else 10)
-        except ValueError:  # an explicit !!int on text, or more than the 4300 digits Python reads: the field refuses it
+        number = core_number(text)
+        if not isinstance(number, int):  # an explicit !!int on text, or too many digits: the field refuses the text
             return text
         return _with_text(SourceInt, number, text)
 
     def construct_yaml_float(self, node):
         text = self.construct_scalar(node)
-        lower = text.lower()
-        try:
-            number = math.nan if lower == ".nan" else float(lower.replace(".inf", "inf"))
-        except ValueError:  # an explicit !!float on text: the field refuses it
+        number = core_number(text)
+        if number is None:  # an explicit !!float on text: the field refuses the text
             return text
-        return _with_text(SourceFloat, number, text)
+        return _with_text(SourceFloat, float(number), text)
 
     def construct_yaml_bool(self, node):
         text = self.construct_scalar(node)
