@@ -28,6 +28,20 @@ def pipeline_layout(partition: list[int]) -> str:
     return "|".join(stages)
 
 
+def tokenizer_args(spec: RunSpec) -> list:
+    """--tokenizer-type and the files it reads: GPT-2 BPE's vocab/merges, or one --tokenizer-model file."""
+    tokenizer, data = spec.data.tokenizer, spec.data
+    kind = tokenizer.type if tokenizer else "GPT2BPETokenizer"
+    args = ["--tokenizer-type", kind]
+    if kind == "GPT2BPETokenizer":
+        args += ["--vocab-file", data.vocab_file or DEFAULT_VOCAB, "--merge-file", data.merge_file or DEFAULT_MERGES]
+    elif kind == "NullTokenizer":
+        args += ["--vocab-size", spec.model.vocab_size]
+    else:
+        args += ["--tokenizer-model", tokenizer.model]
+    return args
+
+
 def megatron_args(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike | None = None) -> list[str]:
     """The flags `python -m labkit.train` (and Megatron-LM's pretrain_gpt.py) take for this spec.
 
@@ -51,6 +65,17 @@ def megatron_args(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLi
         args += ["--swiglu"]
     if m.untie_embeddings:
         args += ["--untie-embeddings-and-output-weights"]
+    # Megatron-LM's defaults (LayerNorm, learned positions, biases, padding to 128) go unwritten.
+    if m.normalization != "LayerNorm":
+        args += ["--normalization", m.normalization]
+    if m.position_embedding_type != "learned_absolute":
+        args += ["--position-embedding-type", m.position_embedding_type]
+    if m.position_embedding_type == "rope":
+        args += ["--rotary-base", m.rotary_base]
+    if not m.add_bias_linear:
+        args += ["--disable-bias-linear"]
+    if m.make_vocab_size_divisible_by != 128:
+        args += ["--make-vocab-size-divisible-by", m.make_vocab_size_divisible_by]
 
     args += ["--tensor-model-parallel-size", par.tensor, "--pipeline-model-parallel-size", par.pipeline]
     if par.virtual_stages > 1:
@@ -102,8 +127,7 @@ def megatron_args(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLi
         args += ["--load", tr.load]
 
     if data.path and not data.mock:
-        args += ["--data-path", data.path, "--split", data.split,
-                 "--vocab-file", data.vocab_file or DEFAULT_VOCAB, "--merge-file", data.merge_file or DEFAULT_MERGES]
+        args += ["--data-path", data.path, "--split", data.split] + tokenizer_args(spec)
     else:
         args += ["--mock-data", "--vocab-size", m.vocab_size]
     args += ["--log-throughput"]
