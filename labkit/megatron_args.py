@@ -76,6 +76,9 @@ def megatron_args(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLi
         args += ["--disable-bias-linear"]
     if m.make_vocab_size_divisible_by != 128:
         args += ["--make-vocab-size-divisible-by", m.make_vocab_size_divisible_by]
+    for flag, value in (("--hidden-dropout", m.hidden_dropout), ("--attention-dropout", m.attention_dropout)):
+        if value != 0.1:  # Megatron-LM's default; Llama-style presets train without dropout
+            args += [flag, value]
 
     args += ["--tensor-model-parallel-size", par.tensor, "--pipeline-model-parallel-size", par.pipeline]
     if par.virtual_stages > 1:

@@ -176,6 +176,10 @@ def _check_architecture(spec: RunSpec) -> list[str]:
     if m.make_vocab_size_divisible_by is not None and m.make_vocab_size_divisible_by <= 0:
         errors.append(f"model.make_vocab_size_divisible_by: must be a positive number, got "
                       f"{m.make_vocab_size_divisible_by}; Megatron's default is 128")
+    for name in ("hidden_dropout", "attention_dropout"):
+        value = getattr(m, name)
+        if value is not None and not 0 <= value < 1:
+            errors.append(f"model.{name}: a dropout probability is at least 0 and below 1, got {value}")
     tokenizer = spec.data.tokenizer
     if tokenizer is not None and tokenizer.type not in TOKENIZER_TYPES:
         errors.append(f"data.tokenizer.type: {tokenizer.type!r} is not one of {', '.join(TOKENIZER_TYPES)}")

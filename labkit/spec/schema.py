@@ -51,6 +51,10 @@ class ModelSpec:
     make_vocab_size_divisible_by: int | None = None
     """Megatron pads the vocabulary to a multiple of this times the tensor size (--make-vocab-size-divisible-by);
     None: the preset's choice, else 128."""
+    hidden_dropout: float | None = None
+    """Dropout after attention and MLP (--hidden-dropout); None: the preset's choice, else Megatron-LM's 0.1."""
+    attention_dropout: float | None = None
+    """Dropout of the attention probabilities (--attention-dropout); None: the preset's choice, else 0.1."""
 
     @property
     def query_groups(self) -> int:

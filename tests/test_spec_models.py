@@ -1,0 +1,157 @@
+"""The Llama family in the spec: Megatron-LM's model keys, their presets and checks, and the parameters Megatron builds."""
+import dataclasses
+import json
+
+import pytest
+import yaml
+
+from labkit.cli import main
+from labkit.estimate import Shape, estimate, params_with_padding, rank_params, total_params
+from labkit.spec import ModelSpec, RunSpec, SpecError, load_spec
+
+# Published exact parameter counts (the model cards' safetensors totals).
+PUBLISHED = {
+    "llama2-7b": 6_738_415_616,
+    "llama2-13b": 13_015_864_320,
+    "llama2-70b": 68_976_648_192,
+    "llama3-8b": 8_030_261_248,
+    "llama3-70b": 70_553_706_496,
+    "llama3.1-405b": 405_853_388_800,
+    "mistral-7b": 7_241_732_096,
+}
+LLAMA_PRESETS = [*PUBLISHED, "tiny-llama"]
+
+
+def errors_of(model: dict, **sections) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        load_spec({"model": model, **sections})
+    return info.value.errors
+
+
+@pytest.mark.parametrize("preset", PUBLISHED)
+def test_each_preset_counts_its_published_parameters(preset):
+    est = estimate(load_spec({"model": {"preset": preset}}))
+    assert est.params == PUBLISHED[preset]
+    # these vocabularies are multiples of 128: Megatron builds them unpadded at tensor size 1
+    assert est.params_with_padding == PUBLISHED[preset]
+
+
+def test_gpt2_small_counts_its_published_parameters_with_the_final_layer_norm():
+    assert total_params(Shape.of(load_spec({"model": {"preset": "gpt2-small"}}).model)) == 124_439_808
+
+
+def test_llama_presets_are_llama_shaped_and_gpt_presets_take_megatrons_defaults():
+    for preset in LLAMA_PRESETS:
+        m = load_spec({"model": {"preset": preset}}).model
+        assert (m.normalization, m.position_embedding_type, m.add_bias_linear) == ("RMSNorm", "rope", False), preset
+        assert (m.swiglu, m.untie_embeddings, m.hidden_dropout, m.attention_dropout) == (True, True, 0.0, 0.0)
+    assert load_spec({"model": {"preset": "llama3-8b"}}).model.rotary_base == 500000
+    m = load_spec({"model": {"preset": "gpt2-xl"}}).model
+    assert (m.normalization, m.position_embedding_type, m.add_bias_linear) == ("LayerNorm", "learned_absolute", True)
+    assert (m.rotary_base, m.make_vocab_size_divisible_by, m.hidden_dropout) == (None, 128, 0.1)
+
+
+def test_rope_without_a_base_takes_megatrons_10000():
+    assert load_spec({"model": {"preset": "tiny", "position_embedding_type": "rope"}}).model.rotary_base == 10000
+
+
+def test_what_the_user_writes_wins_over_a_llama_preset():
+    m = load_spec({"model": {"preset": "llama3-8b", "normalization": "LayerNorm", "add_bias_linear": True,
+                             "make_vocab_size_divisible_by": 64, "hidden_dropout": 0.1}}).model
+    assert (m.normalization, m.add_bias_linear, m.make_vocab_size_divisible_by, m.hidden_dropout) == (
+        "LayerNorm", True, 64, 0.1)
+    # turning rotary positions off drops the preset's base with them
+    m = load_spec({"model": {"preset": "llama3-8b", "position_embedding_type": "learned_absolute"}}).model
+    assert (m.position_embedding_type, m.rotary_base) == ("learned_absolute", None)
+    assert load_spec({"model": {"preset": "llama2-7b", "rotary_base": 1000000}}).model.rotary_base == 1000000
+
+
+def test_a_python_built_model_leaves_none_to_the_preset_and_its_own_values_win():
+    m = load_spec(RunSpec(model=ModelSpec(preset="llama3-8b"))).model
+    assert (m.normalization, m.add_bias_linear, m.rotary_base) == ("RMSNorm", False, 500000)
+    m = load_spec(RunSpec(model=ModelSpec(preset="llama3-8b", add_bias_linear=True, normalization="LayerNorm"))).model
+    assert (m.add_bias_linear, m.normalization) == (True, "LayerNorm")
+
+
+def test_unknown_choices_name_the_field_and_the_choices():
+    errors = errors_of({"preset": "tiny", "normalization": "rmsnorm", "position_embedding_type": "alibi"})
+    assert any(e.startswith("model.normalization:") and "LayerNorm, RMSNorm" in e for e in errors)
+    assert any(e.startswith("model.position_embedding_type:") and "learned_absolute, rope, none" in e
+               for e in errors)
+    errors = errors_of({"preset": "tiny"}, data={"tokenizer": {"type": "Llama3Tokenizer"}})
+    assert any(e.startswith("data.tokenizer.type:") and "HuggingFaceTokenizer" in e for e in errors)
+
+
+def test_rotary_base_without_rope_names_both_fields():
+    errors = errors_of({"preset": "tiny", "rotary_base": 500000})
+    assert any(e.startswith("model.rotary_base:") and "model.position_embedding_type" in e for e in errors)
+    errors = errors_of({"preset": "llama3-8b", "position_embedding_type": "none", "rotary_base": 500000})
+    assert any(e.startswith("model.rotary_base:") and "'none'" in e for e in errors)
+
+
+@pytest.mark.parametrize("value", [0, -128])
+def test_vocabulary_padding_unit_must_be_positive(value):
+    assert any(e.startswith("model.make_vocab_size_divisible_by:")
+               for e in errors_of({"preset": "tiny", "make_vocab_size_divisible_by": value}))
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.0])
+def test_dropout_is_a_probability(value):
+    assert any(e.startswith("model.hidden_dropout:") for e in errors_of({"preset": "tiny", "hidden_dropout": value}))
+
+
+def test_validate_exits_2_naming_an_unknown_normalization(tmp_path, capsys):
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({"model": {"preset": "tiny-llama", "normalization": "BatchNorm"}}))
+    assert main(["validate", str(path)]) == 2
+    out = capsys.readouterr()
+    assert "model.normalization" in out.out + out.err and "RMSNorm" in out.out + out.err
+
+
+def test_megatron_pads_the_vocabulary_to_the_unit_times_the_tensor_size():
+    shape = Shape(num_layers=2, hidden=64, heads=4, seq_length=64, vocab=50257)
+    assert [shape.padded_vocab(t) for t in (1, 2, 8)] == [50304, 50432, 51200]
+    assert params_with_padding(shape, 8) - total_params(shape) == (51200 - 50257) * 64
+    assert dataclasses.replace(shape, vocab_multiple=1).padded_vocab(1) == 50257
+
+
+def test_estimate_json_carries_unpadded_and_padded_counts(tmp_path, capsys):
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({"model": {"preset": "gpt2-small"}, "parallel": {"tensor": 2},
+                                    "cluster": {"nodes": [{"gpu": "A100-80GB", "gpus_per_node": 2}]}}))
+    assert main(["estimate", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["params"] == 124_439_808
+    assert out["padded_vocab_size"] == 50432
+    assert out["params_with_padding"] == 124_439_808 + (50432 - 50257) * 768
+
+
+def test_llama_layers_drop_biases_positions_and_norm_biases():
+    base = dict(num_layers=1, hidden=64, heads=4, seq_length=64, vocab=1024, vocab_multiple=1)
+    gpt, llama = Shape(**base), Shape(**base, norm="RMSNorm", positions="rope", bias=False)
+    # per layer: QKV (192) and MLP-in (256) biases, projection and MLP-out biases (64 + 64), two norm biases (128);
+    # the position table (64 x 64) and the final norm's bias (64)
+    assert total_params(gpt) - total_params(llama) == 192 + 256 + 128 + 128 + 64 * 64 + 64
+    gqa = Shape(**base, query_groups=2)
+    assert total_params(Shape(**base)) - total_params(gqa) == 2 * 64 * 32 + 2 * 32  # K and V halve, with biases
+    swiglu = Shape(**base, swiglu=True, ffn=100)
+    assert total_params(swiglu) - total_params(Shape(**base, ffn=100)) == 64 * 100 + 100  # a second MLP-in matrix
+
+
+# Counts megatron-core 0.16.1 logs for these layouts (its GPTModel built on CPU with labkit's layer spec).
+@pytest.mark.parametrize("model, tensor, pipeline, logged", [
+    ({"preset": "tiny-llama"}, 2, 2, [82176, 82240]),
+    ({"preset": "tiny"}, 2, 2, [62048, 58080]),  # tied: the last stage holds a copy
+    ({"preset": "tiny", "vocab_size": 1000}, 1, 2, [119616, 115648]),  # 1000 padded to 1024
+])
+def test_rank_params_equal_what_megatron_logs(model, tensor, pipeline, logged):
+    spec = load_spec({"model": model, "parallel": {"tensor": tensor, "pipeline": pipeline}})
+    assert [rank_params(spec, t, p) for p in range(pipeline) for t in range(tensor)] == [
+        n for n in logged for _ in range(tensor)]
+
+
+def test_rank_params_of_one_stage_is_the_model_as_built():
+    spec = load_spec({"model": {"preset": "tiny-llama"}})
+    assert rank_params(spec, 0, 0) == estimate(spec).params_with_padding == 328_256
+    with pytest.raises(ValueError):
+        rank_params(spec, 1, 0)
