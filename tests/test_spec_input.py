@@ -155,6 +155,14 @@ def test_an_empty_node_count_is_missing_a_value(tmp_path):
     assert_names(errors, "cluster.nodes[0].count", "missing a value")
 
 
+def test_an_empty_list_item_or_env_value_is_missing_a_value(tmp_path):
+    errors = errors_of(tmp_path, BASE.format(name="e") + "job:\n  container:\n    image: img\n    mounts:\n      -\n"
+                       "  extra_args: [--a, ~]\n  env: {X: ~}\n")
+    assert_names(errors, "job.container.mounts[0]", "missing a value")
+    assert_names(errors, "job.extra_args[1]", "missing a value")
+    assert_names(errors, "job.env.X", "missing a value")
+
+
 def test_zero_data_parallel_is_named(tmp_path):
     assert_names(errors_of(tmp_path, BASE.format(name="z") + "parallel: {data: 0}\n"), "parallel.data", "positive")
 

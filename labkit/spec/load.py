@@ -182,13 +182,15 @@ def _coerce(value: Any, tp, path: str, errors: list[str]) -> Any:
         if not isinstance(value, (list, tuple)):
             errors.append(f"{path}: expected a list, got {quote(value)}")
             return None
-        return [_coerce(v, args[0], f"{path}[{i}]", errors) for i, v in enumerate(value)]
+        items = [_coerce(v, args[0], f"{path}[{i}]", errors) for i, v in enumerate(value)]
+        return [v for v in items if v is not None]  # a refused item is in `errors`; the checks see only sound ones
     if origin is dict:
         if not isinstance(value, dict):
             errors.append(f"{path}: expected a mapping of names to values, got {quote(value)}")
             return None
         named = {yaml12.source_text(k) or str(k): v for k, v in value.items()}
-        return {k: _coerce(v, args[1], f"{path}.{k}", errors) for k, v in named.items()}
+        items = {k: _coerce(v, args[1], f"{path}.{k}", errors) for k, v in named.items()}
+        return {k: v for k, v in items.items() if v is not None}
     if tp is bool:
         if isinstance(value, bool):
             return value
