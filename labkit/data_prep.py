@@ -21,31 +21,41 @@ def register(sub) -> None:
     p = data_sub.add_parser("prepare", help="tokenise INPUT.jsonl into PREFIX_text_document.bin/.idx")
     p.add_argument("input", help="JSON lines, one document per line, text under --json-key")
     p.add_argument("--output-prefix", required=True, help="where to write (PREFIX_<key>_document.bin/.idx)")
+    p.add_argument("--tokenizer-type", choices=["GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer"],
+                   default="GPT2BPETokenizer",
+                   help="Megatron-LM's tokenizer name (default: GPT2BPETokenizer with --vocab-file/--merge-file)")
+    p.add_argument("--tokenizer-model", default=None,
+                   help="HuggingFaceTokenizer: a tokenizer.json (labkit's Llama-style one: "
+                        "labkit/data/tokenizer/llama/tokenizer.json); SentencePieceTokenizer: a .model file")
     p.add_argument("--vocab-file", default=str(DEFAULT_VOCAB), help="GPT-2 style vocab.json (default: labkit's)")
     p.add_argument("--merge-file", default=str(DEFAULT_MERGES), help="GPT-2 style merges.txt (default: labkit's)")
     p.add_argument("--json-key", default="text", help="the field holding each document's text (default: text)")
     p.add_argument("--append-eod", action=argparse.BooleanOptionalAction, default=True,
-                   help="end every document with <|endoftext|> (default: on)")
+                   help="end every document with the tokenizer's end-of-document token (default: on)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_prepare)
 
 
 def prepare(input_path: str | Path, output_prefix: str | Path, vocab_file=DEFAULT_VOCAB, merge_file=DEFAULT_MERGES,
-            json_key: str = "text", append_eod: bool = True, progress: bool = True) -> dict:
+            json_key: str = "text", append_eod: bool = True, progress: bool = True,
+            tokenizer_type: str = "GPT2BPETokenizer", tokenizer_model: str | Path | None = None) -> dict:
     """Tokenise and write the dataset; returns {'prefix', 'documents', 'tokens'}. Raises ValueError naming the
-    input line that cannot be read.
+    input line that cannot be read. The tokenizer is Megatron-LM's --tokenizer-type: GPT2BPETokenizer reads
+    vocab_file/merge_file, HuggingFaceTokenizer and SentencePieceTokenizer read tokenizer_model.
 
     Taught in lab 08.
     """
     import numpy
     from tqdm import tqdm
 
-    from labkit.train.tokenizer import GPT2BPETokenizer
+    from labkit.train.tokenizer import build_tokenizer
 
     input_path = Path(input_path)
     if not input_path.is_file():
         raise FileNotFoundError(f"input: no such file {input_path}")
-    tokenizer = GPT2BPETokenizer(vocab_file, merge_file)
+    if tokenizer_type in ("HuggingFaceTokenizer", "SentencePieceTokenizer") and tokenizer_model is None:
+        raise ValueError(f"--tokenizer-model: needed with --tokenizer-type {tokenizer_type}")
+    tokenizer = build_tokenizer(tokenizer_type, tokenizer_model, vocab_file, merge_file)
     prefix = f"{output_prefix}_{json_key}_document"
     Path(prefix).parent.mkdir(parents=True, exist_ok=True)
     dtype = numpy.uint16 if tokenizer.vocab_size <= numpy.iinfo(numpy.uint16).max + 1 else numpy.int32
@@ -86,7 +96,8 @@ def prepare(input_path: str | Path, output_prefix: str | Path, vocab_file=DEFAUL
 def _prepare(args) -> int:
     try:
         result = prepare(args.input, args.output_prefix, args.vocab_file, args.merge_file, args.json_key,
-                         args.append_eod, progress=not args.quiet)
+                         args.append_eod, progress=not args.quiet, tokenizer_type=args.tokenizer_type,
+                         tokenizer_model=args.tokenizer_model)
     except (OSError, ValueError) as exc:
         print(f"labkit data prepare: {exc}", file=sys.stderr)
         return 2

@@ -14,6 +14,10 @@ from pathlib import Path
 from labkit.megatron_args import DEFAULT_MERGES, DEFAULT_VOCAB
 
 
+TOKENIZER_TYPES = ["GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer", "NullTokenizer"]
+"""The --tokenizer-type values the driver reads (Megatron-LM's names)."""
+
+
 class ArgumentError(Exception):
     """A flag that cannot be honoured; the message starts with the flag."""
 
@@ -43,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     g.add_argument("--swiglu", action="store_true")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    g.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"], default="LayerNorm")
+    g.add_argument("--norm-epsilon", type=float, default=1e-5)
+    g.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "none"],
+                   default="learned_absolute")
+    g.add_argument("--rotary-base", type=int, default=10000, help="with --position-embedding-type rope")
+    g.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear",
+                   help="no biases in the linear layers (Llama)")
     g.add_argument("--hidden-dropout", type=float, default=0.1)
     g.add_argument("--attention-dropout", type=float, default=0.1)
     g.add_argument("--init-method-std", type=float, default=0.02)
@@ -116,7 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--data-cache-path", default=None,
                    help="where dataset indices are cached (default: next to the data)")
     g.add_argument("--mock-data", action="store_true")
-    g.add_argument("--tokenizer-type", choices=["GPT2BPETokenizer", "NullTokenizer"], default=None)
+    g.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, default=None,
+                   help="default GPT2BPETokenizer, or NullTokenizer for --mock-data with --vocab-size")
+    g.add_argument("--tokenizer-model", default=None,
+                   help="HuggingFaceTokenizer: a tokenizer.json; SentencePieceTokenizer: a .model file")
     g.add_argument("--vocab-file", default=None, help=f"default {DEFAULT_VOCAB}")
     g.add_argument("--merge-file", default=None, help=f"default {DEFAULT_MERGES}")
 
@@ -291,8 +305,6 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
                                     "create it with `labkit data prepare INPUT.jsonl --output-prefix P` and pass "
                                     "P_text_document")
         args.tokenizer_type = args.tokenizer_type or "GPT2BPETokenizer"
-        if args.tokenizer_type != "GPT2BPETokenizer":
-            raise ArgumentError("--tokenizer-type: real data needs GPT2BPETokenizer (--vocab-file/--merge-file)")
     else:
         args.data_prefixes, args.data_weights = [], None
         mock_tokenizer = "GPT2BPETokenizer" if args.vocab_size is None else "NullTokenizer"
@@ -303,8 +315,17 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
         for flag, path in (("--vocab-file", args.vocab_file), ("--merge-file", args.merge_file)):
             if not Path(path).is_file():
                 raise ArgumentError(f"{flag}: no such file {path}")
+    elif args.tokenizer_type in ("HuggingFaceTokenizer", "SentencePieceTokenizer"):
+        if args.tokenizer_model is None:
+            raise ArgumentError(f"--tokenizer-model: needed with --tokenizer-type {args.tokenizer_type}")
+        if not Path(args.tokenizer_model).is_file():
+            raise ArgumentError(f"--tokenizer-model: no such file {args.tokenizer_model}")
     elif args.vocab_size is None:
         raise ArgumentError("--vocab-size: needed with --tokenizer-type NullTokenizer")
+    if args.tokenizer_model is not None and args.tokenizer_type not in ("HuggingFaceTokenizer",
+                                                                         "SentencePieceTokenizer"):
+        raise ArgumentError(f"--tokenizer-model: --tokenizer-type {args.tokenizer_type} does not read one; "
+                            "use HuggingFaceTokenizer or SentencePieceTokenizer")
     split = args.split.replace("/", ",").split(",")
     try:
         if len(split) > 3 or sum(float(s) for s in split) <= 0:

@@ -7,13 +7,12 @@ from megatron.core import parallel_state
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 
-from labkit.train.tokenizer import GPT2BPETokenizer, NullTokenizer
+from labkit.train.tokenizer import build_tokenizer as tokenizer_from_files
 
 
 def build_tokenizer(args):
-    if args.tokenizer_type == "GPT2BPETokenizer":
-        return GPT2BPETokenizer(args.vocab_file, args.merge_file)
-    return NullTokenizer(args.vocab_size)
+    return tokenizer_from_files(args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file,
+                                args.vocab_size)
 
 
 def target_sizes(args) -> list[int]:

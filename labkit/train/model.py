@@ -26,6 +26,9 @@ def transformer_config(args, timers=None) -> TransformerConfig:
         ffn_hidden_size=ffn,
         gated_linear_unit=args.swiglu,
         activation_func=F.silu if args.swiglu else F.gelu,
+        normalization=args.normalization,
+        layernorm_epsilon=args.norm_epsilon,
+        add_bias_linear=args.add_bias_linear,
         hidden_dropout=args.hidden_dropout,
         attention_dropout=args.attention_dropout,
         init_method_std=args.init_method_std,
@@ -61,7 +64,7 @@ def layer_spec(args):
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
         return get_gpt_layer_with_transformer_engine_spec()
-    return get_gpt_layer_local_spec()
+    return get_gpt_layer_local_spec(normalization=args.normalization)
 
 
 def build_model(args, config: TransformerConfig) -> list[torch.nn.Module]:
@@ -79,7 +82,8 @@ def build_model(args, config: TransformerConfig) -> list[torch.nn.Module]:
             pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=vpp is None, vp_stage=stage),
             post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=vpp is None, vp_stage=stage),
             share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-            position_embedding_type="learned_absolute",
+            position_embedding_type=args.position_embedding_type,
+            rotary_base=args.rotary_base,
             parallel_output=True,
             vp_stage=stage,
         ))

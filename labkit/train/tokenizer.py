@@ -1,4 +1,5 @@
-"""Tokenizers the driver and `labkit data prepare` share: GPT-2 byte-level BPE files, or a bare vocabulary size."""
+"""Tokenizers the driver and `labkit data prepare` share, by Megatron-LM's --tokenizer-type names: GPT-2 byte-level BPE
+files, a HuggingFace tokenizer.json, a SentencePiece .model, or a bare vocabulary size."""
 from __future__ import annotations
 
 import json
@@ -38,6 +39,72 @@ class GPT2BPETokenizer:
         return self._bpe.decode(list(ids))
 
 
+class HuggingFaceTokenizer:
+    """A HuggingFace `tokenizer.json` read by the `tokenizers` library (Llama 3's, or labkit's Llama-style one in
+    labkit/data/tokenizer/llama); its end-of-sequence token ends documents.
+
+    Megatron-LM loads the whole HuggingFace tokenizer directory and takes `eos_token` from its config; a lone
+    tokenizer.json has no such setting, so the first of the usual end-of-sequence names it holds is used.
+    """
+
+    EOS_NAMES = ("</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>")
+
+    def __init__(self, model_file: str | Path):
+        from tokenizers import Tokenizer
+
+        if not Path(model_file).is_file():
+            raise FileNotFoundError(f"--tokenizer-model: no such file {model_file}")
+        try:
+            self._tokenizer = Tokenizer.from_file(str(model_file))
+        except Exception as exc:
+            raise ValueError(f"--tokenizer-model: {model_file} is not a HuggingFace tokenizer.json ({exc})") from None
+        self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
+        eos = [name for name in self.EOS_NAMES if self._tokenizer.token_to_id(name) is not None]
+        if not eos:
+            raise ValueError(f"--tokenizer-model: {model_file} has none of {', '.join(self.EOS_NAMES)} to end "
+                             "documents with")
+        self.eod = self._tokenizer.token_to_id(eos[0])
+        self.unique_identifiers = {"class": type(self).__name__, "tokenizer_model": str(model_file)}
+
+    def tokenize(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text).ids
+
+    def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tokenizer.encode_batch(texts)]
+
+    def detokenize(self, ids) -> str:
+        return self._tokenizer.decode(list(ids))
+
+
+class SentencePieceTokenizer:
+    """A SentencePiece `.model` (Llama 2's tokenizer.model) read by the `sentencepiece` library; like Megatron-LM's,
+    it opens each document with the model's BOS and ends it with its EOS as the EOD token."""
+
+    def __init__(self, model_file: str | Path):
+        import sentencepiece
+
+        if not Path(model_file).is_file():
+            raise FileNotFoundError(f"--tokenizer-model: no such file {model_file}")
+        try:
+            self._sp = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
+        except Exception as exc:
+            raise ValueError(f"--tokenizer-model: {model_file} is not a SentencePiece model ({exc})") from None
+        self.vocab_size = self._sp.get_piece_size()
+        if self._sp.eos_id() < 0:
+            raise ValueError(f"--tokenizer-model: {model_file} has no end-of-sequence piece to end documents with")
+        self.eod = self._sp.eos_id()
+        self.unique_identifiers = {"class": type(self).__name__, "tokenizer_model": str(model_file)}
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.tokenize_batch([text])[0]
+
+    def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
+        return self._sp.encode(texts, add_bos=self._sp.bos_id() >= 0)
+
+    def detokenize(self, ids) -> str:
+        return self._sp.decode(list(ids))
+
+
 class NullTokenizer:
     """Mock data: ids 0..vocab_size-1, the last one standing for end-of-document (as Megatron's NullTokenizer)."""
 
@@ -45,6 +112,17 @@ class NullTokenizer:
         self.vocab_size = vocab_size
         self.eod = vocab_size - 1
         self.unique_identifiers = {"class": type(self).__name__, "vocab_size": vocab_size}
+
+
+def build_tokenizer(tokenizer_type: str, tokenizer_model=None, vocab_file=None, merge_file=None, vocab_size=None):
+    """The tokenizer Megatron-LM's --tokenizer-type names, from the files or size its flags give."""
+    if tokenizer_type == "GPT2BPETokenizer":
+        return GPT2BPETokenizer(vocab_file, merge_file)
+    if tokenizer_type == "HuggingFaceTokenizer":
+        return HuggingFaceTokenizer(tokenizer_model)
+    if tokenizer_type == "SentencePieceTokenizer":
+        return SentencePieceTokenizer(tokenizer_model)
+    return NullTokenizer(vocab_size)
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:
