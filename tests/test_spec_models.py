@@ -1,4 +1,5 @@
-"""The Llama family in the spec: Megatron-LM's model keys, their presets and checks, and the parameters Megatron builds."""
+"""The Llama family in the spec: Megatron-LM's model keys, their presets and checks, the parameters Megatron builds
+and the activations a Llama layer keeps."""
 import dataclasses
 import json
 
@@ -6,7 +7,8 @@ import pytest
 import yaml
 
 from labkit.cli import main
-from labkit.estimate import Shape, estimate, params_with_padding, rank_params, total_params
+from labkit.estimate import Shape, estimate, memory_per_stage, params_with_padding, rank_params, total_params
+from labkit.estimate.memory import GIB, activation_bytes_per_layer
 from labkit.spec import ModelSpec, RunSpec, SpecError, load_spec
 
 # Published exact parameter counts (the model cards' safetensors totals).
@@ -155,3 +157,31 @@ def test_rank_params_of_one_stage_is_the_model_as_built():
     assert rank_params(spec, 0, 0) == estimate(spec).params_with_padding == 328_256
     with pytest.raises(ValueError):
         rank_params(spec, 1, 0)
+
+
+def test_swiglu_saves_its_2f_input_and_no_dropout_keeps_no_masks():
+    s, h, a, f = 4096, 4096, 32, 11008
+    base = dict(num_layers=32, hidden=h, heads=a, seq_length=s, vocab=32000, ffn=f)
+    # Korthikanti et al. Table 2 for a GELU MLP with dropout: s b h (34 + 5 a s / h) at tensor size 1
+    gelu = Shape(**{**base, "ffn": 4 * h})
+    assert activation_bytes_per_layer(gelu, 1) == s * h * (34 + 5 * a * s / h)
+    # SwiGLU: the 2f-wide MLP-in output and the f-wide product (6 f/h) instead of GELU's 4 f/h
+    swiglu = Shape(**base, swiglu=True)
+    assert activation_bytes_per_layer(swiglu, 1) == s * h * (10 + 8 + 6 * f / h + 5 * a * s / h)
+    # dropout 0: no masks (2 s b h, a s^2 b) and attention over values reads the softmax output (2 a s^2 b)
+    llama = load_spec({"model": {"preset": "llama2-7b"}})
+    split = 8 + 6 * f / h + 2 * a * s / h
+    assert activation_bytes_per_layer(Shape.of(llama.model), 1) == s * h * (8 + split)
+    assert activation_bytes_per_layer(Shape.of(llama.model), 1, tensor=4) == s * h * (8 + split / 4)
+
+
+def test_the_first_stage_keeps_no_embedding_dropout_mask_without_dropout():
+    spec = load_spec({"model": {"preset": "tiny-llama"}, "parallel": {"pipeline": 2}})
+    shape = Shape.of(spec.model)
+    with_dropout = dataclasses.replace(shape, hidden_dropout=0.1)
+    first, dropped = (memory_per_stage(x, [2, 2], num_micro_batches=4)[0] for x in (shape, with_dropout))
+    s, h = shape.seq_length, shape.hidden
+    per_layer = activation_bytes_per_layer(with_dropout, 1) - activation_bytes_per_layer(shape, 1)
+    assert per_layer == 2 * s * h
+    # two micro-batches in flight on the first of two stages, two layers each, plus the embedding mask
+    assert (dropped.activations - first.activations) * GIB == pytest.approx(2 * (2 * per_layer + s * h))

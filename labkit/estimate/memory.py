@@ -13,11 +13,16 @@ Activations per transformer layer per micro-batch, 16-bit (Korthikanti et al., a
     + sequence parallel  s b h (34 + 5 a s/h) / t
     selective recompute  s b h (10 + 24/t), with SP 34 s b h / t
     full recompute       2 s b h per layer (/t with SP), plus one layer's full activations while it is recomputed
-The 24 (= 8 + 16) grows with the MLP: 16 scales as 4 f/h (Megatron's theoretical_memory_usage.py uses 18 + 4f/h).
+The 10 is two norm inputs (4), the QKV and MLP inputs (4) and two dropout masks (2); the 24 is Q, K, V and the
+projection input (8) and the MLP's saved tensors (16 = 4 f/h: the GELU input and the MLP-out input, each f wide).
+Under SwiGLU megatron-core's fused bias_swiglu saves the 2f-wide MLP-in output and the MLP-out matrix the f-wide
+product: 6 f/h. The 5as/h is the softmax output (2), its dropout mask (1) and dropout output (2). With dropout 0 no
+mask is kept and the attention-over-values product reads the softmax output itself: 8 and 2as/h. (The unfused core
+attention repeats grouped K/V to every head before the products that save them, so GQA keeps 8 too.)
 fp32 training doubles the 2-byte tensors, which we approximate as twice the total.
 Under 1F1B stage i holds min(p - i, m) micro-batches in flight; the interleaved schedule multiplies the first stage's
-count by 1 + (p - 1)/(p v). The first stage adds the embedding output (8 s b + s b h per micro-batch), the last stage
-the fp32 logits, 4 s b h (1 + V/h) / t.
+count by 1 + (p - 1)/(p v). The first stage adds the token ids and positions (8 s b per micro-batch) and the embedding
+dropout mask (s b h, with dropout), the last stage the fp32 logits, 4 s b h (1 + V/h) / t.
 """
 from __future__ import annotations
 
@@ -79,16 +84,17 @@ def activation_bytes_per_layer(shape: Shape, micro_batch: int, tensor: int = 1, 
                                recompute: str | None = None, precision: str = "bf16") -> float:
     """Activation bytes one transformer layer keeps for the backward pass of one micro-batch (Korthikanti Table 2)."""
     s, b, h, a, t = shape.seq_length, micro_batch, shape.hidden, shape.heads, tensor
-    sharded = 8 + 4 * shape.ffn_size / h  # 24 for the 4h MLP
-    scores = 5 * a * s / h
+    replicated = 10 if shape.hidden_dropout else 8
+    sharded = 8 + (6 if shape.swiglu else 4) * shape.ffn_size / h  # 24 for the 4h GELU MLP
+    scores = (5 if shape.attention_dropout else 2) * a * s / h
     if recompute == "full":
         value = 2 * s * b * h / (t if sequence_parallel else 1)
     elif recompute == "selective":
-        value = s * b * h * ((10 + sharded) / t if sequence_parallel else 10 + sharded / t)
+        value = s * b * h * ((replicated + sharded) / t if sequence_parallel else replicated + sharded / t)
     elif sequence_parallel:
-        value = s * b * h * (10 + sharded + scores) / t
+        value = s * b * h * (replicated + sharded + scores) / t
     else:
-        value = s * b * h * (10 + sharded / t + scores / t)
+        value = s * b * h * (replicated + sharded / t + scores / t)
     return value * (2 if precision == "fp32" else 1)
 
 
@@ -120,7 +126,8 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
             full = activation_bytes_per_layer(shape, b, t, sequence_parallel, None, precision)
             acts += min(recompute_layers, layers) * full
         if i == 0:
-            acts += held * (8 * s * b + s * b * h) * act_scale  # token ids/positions and embedding output (+dropout)
+            mask = s * b * h if shape.hidden_dropout else 0
+            acts += held * (8 * s * b + mask) * act_scale  # token ids/positions and the embedding dropout mask
         if i == p - 1:
             acts += 4 * s * b * h * (1 + shape.vocab / h) / t  # fp32 logits and their gradient
         out.append(StageMemory(weights=params * weight_b / GIB, gradients=params * grad_b / GIB,

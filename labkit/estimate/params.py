@@ -45,6 +45,10 @@ class Shape:
     """Biases in the linear layers (ModelSpec.add_bias_linear)."""
     vocab_multiple: int = 128
     """Megatron pads the vocabulary to a multiple of this times the tensor size (ModelSpec.make_vocab_size_divisible_by)."""
+    hidden_dropout: float = 0.1
+    """Dropout after attention and MLP (ModelSpec.hidden_dropout); at 0 no mask is kept."""
+    attention_dropout: float = 0.1
+    """Dropout of the attention probabilities (ModelSpec.attention_dropout); at 0 no mask is kept."""
 
     @cached_property
     def model(self) -> ModelSpec:
@@ -53,7 +57,8 @@ class Shape:
                          num_query_groups=self.query_groups, ffn_hidden_size=self.ffn, seq_length=self.seq_length,
                          vocab_size=self.vocab, swiglu=self.swiglu, untie_embeddings=not self.tied,
                          normalization=self.norm, position_embedding_type=self.positions, add_bias_linear=self.bias,
-                         make_vocab_size_divisible_by=self.vocab_multiple)
+                         make_vocab_size_divisible_by=self.vocab_multiple, hidden_dropout=self.hidden_dropout,
+                         attention_dropout=self.attention_dropout)
 
     @property
     def groups(self) -> int:
@@ -79,7 +84,9 @@ class Shape:
         optional = {"norm": getattr(model, "normalization", None),
                     "positions": getattr(model, "position_embedding_type", None),
                     "bias": getattr(model, "add_bias_linear", None),
-                    "vocab_multiple": getattr(model, "make_vocab_size_divisible_by", None)}
+                    "vocab_multiple": getattr(model, "make_vocab_size_divisible_by", None),
+                    "hidden_dropout": getattr(model, "hidden_dropout", None),
+                    "attention_dropout": getattr(model, "attention_dropout", None)}
         return cls(num_layers=model.num_layers, hidden=model.hidden_size, heads=model.num_attention_heads,
                    seq_length=model.seq_length, vocab=model.vocab_size, query_groups=model.num_query_groups,
                    ffn=model.ffn_hidden_size, swiglu=bool(model.swiglu), tied=not model.untie_embeddings,
