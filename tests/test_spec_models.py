@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from labkit.cli import main
-from labkit.estimate import Shape, estimate, memory_per_stage, params_with_padding, rank_params, total_params
+from labkit.estimate import (Shape, estimate, memory_per_stage, model_flops, params_with_padding, rank_params,
+                             total_params)
 from labkit.estimate.memory import GIB, activation_bytes_per_layer
 from labkit.spec import ModelSpec, RunSpec, SpecError, load_spec
 
@@ -185,3 +186,14 @@ def test_the_first_stage_keeps_no_embedding_dropout_mask_without_dropout():
     assert per_layer == 2 * s * h
     # two micro-batches in flight on the first of two stages, two layers each, plus the embedding mask
     assert (dropped.activations - first.activations) * GIB == pytest.approx(2 * (2 * per_layer + s * h))
+
+
+@pytest.mark.parametrize("preset", ["llama2-7b", "llama3-8b", "llama2-70b"])
+def test_model_flops_are_six_per_token_per_matrix_weight_plus_attention(preset):
+    # GQA's smaller K/V and SwiGLU's three MLP matrices: the FLOPs follow the weights the layers multiply by
+    m = load_spec({"model": {"preset": preset}}).model
+    shape, batch = Shape.of(m), 4
+    tokens = batch * m.seq_length
+    matrices = PUBLISHED[preset] - m.vocab_size * m.hidden_size - (2 * m.num_layers + 1) * m.hidden_size
+    attention = 3 * m.num_layers * 2 * tokens * 2 * m.seq_length * m.hidden_size  # QK^T and x V, non-causal
+    assert model_flops(shape, batch) == pytest.approx(6 * tokens * matrices + attention, rel=1e-12)
