@@ -25,6 +25,7 @@ def register(sub) -> None:
 def _parse(args) -> int:
     from labkit.logs import parse_log
     from labkit.logs.derive import summarize
+    from labkit.logs.parse import jsonable
     from labkit.spec import SpecError, load_spec
 
     try:
@@ -39,18 +40,12 @@ def _parse(args) -> int:
         return 2
     if args.json:
         out = parsed.to_json()
-        out["summary"] = json.loads(json.dumps(summary, default=_plain))
-        json.dump(out, sys.stdout, default=_plain, allow_nan=False)
+        out["summary"] = jsonable(summary)
+        json.dump(out, sys.stdout, default=str, allow_nan=False)
         print()
         return 0
     print(format_summary(summary))
     return 0
-
-
-def _plain(value):
-    if hasattr(value, "item"):
-        return value.item()
-    return str(value)
 
 
 def format_summary(s: dict) -> str:

@@ -30,6 +30,7 @@ import bisect
 import contextlib
 import functools
 import gc
+import itertools
 import multiprocessing
 import os
 import re
@@ -45,7 +46,7 @@ from labkit.logs import job_info
 # ---------------------------------------------------------------------------------------------------------------------
 # Record patterns. Each starts with a literal so the regex engine can skip ahead quickly.
 
-_ITERATION = re.compile(rb"iteration[ =]+(\d+) */ *(\d+) *\|([^\n]*)")
+_ITERATION = re.compile(rb"iteration[ =]+(\d+) */ *(\d+) *\|")
 _GET_RESULT_TIME = re.compile(rb"\niteration (\d+) : ([\d.]+) s(?=\n)")  # FASOP's get_result.sh summary
 _MEMORY = re.compile(rb"memory \(MB\) *\|([^\n]*)")
 _TIMER_LINE = re.compile(rb"time \(ms\) *\|([^\n]*)")
@@ -62,7 +63,7 @@ _PARAMS_DTYPE = re.compile(rb"using (torch\.\w+) for parameters")
 _PADDED_VOCAB = re.compile(rb"padded vocab \(size: (\d+)\) with (\d+) dummy tokens \(new size: (\d+)\)")
 _VALIDATION = re.compile(rb"validation loss at (?:iteration +(\d+)(?: on (\w+) set)?|the end of training for (\w+) data)"
                          rb" *\|([^\n]*)")
-_TAIL_HEADER = re.compile(rb"==> ([^\n]*?) <==")
+_TAIL_HEADER = re.compile(rb"^==> ([^\n]*) <==[ \t]*$", re.M)  # tail prints each header on a line of its own
 _JOB_INFO = re.compile(rb"\n(" + "|".join(job_info.PARALLEL).encode() + rb"): ([\w-]+)(?=\n)")
 # Words that make a line an event (Slurm's `CANCELLED` and time-limit lines carry `error:`). One literal scan per
 # word: an alternation starting with common letters is several times slower.
@@ -71,7 +72,7 @@ _ERROR_WORDS = (b"Traceback", b"Error", b"ERROR", b"error:", b"out of memory", b
 _WARNING_WORDS = (b"Warning", b"WARNING")
 _EVENT_SCANS = [re.compile(re.escape(word)) for word in _ERROR_WORDS + _WARNING_WORDS]
 _ERROR = re.compile(b"|".join(re.escape(word) for word in _ERROR_WORDS))
-_ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\n]*\x07")
+_ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\n\x1b]*\x07")
 
 _STAMP = re.compile(rb"\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)[^\]\n]*\]")
 _LAUNCHER_PREFIX = re.compile(rb" *\d+: |\[[A-Za-z_]+\d+\]:|[\w.-]+: ")  # srun -l, torchrun, pdsh
@@ -90,6 +91,13 @@ _TIMER_ALL_RANK = re.compile(rb"\s+rank +(\d+): ([-+.\deEnaif]+)\s*$")
 _SIZE = re.compile(rb"([A-Za-z-]+)[ -]sizes?: *(\d+)")
 _COORD = re.compile(rb"ProcessCoord\(pipe=(\d+), data=(\d+), model=(\d+)\)")
 _NOT_ALNUM = re.compile(rb"[^a-z0-9]")
+
+# Bounds that keep the work per line linear whatever a line holds (a log of one 500 KB line, megabytes of '|'):
+# a record's fields are read from at most _MAX_RECORD bytes (Megatron's longest interval line is about 2 KB), a
+# launcher prefix from the _MAX_PREFIX bytes before its record, and a reported line keeps its first _MAX_TEXT bytes.
+_MAX_RECORD = 1 << 16
+_MAX_PREFIX = 1 << 10
+_MAX_TEXT = 1000
 
 # Interval-line fields: normalised key (lower case, alphanumerics only) -> (column, scale to the column's unit).
 _FIELDS = {
@@ -165,11 +173,11 @@ class ParsedLog:
             "memory": records(self.memory),
             "timers": records(self.timers),
             "validation": records(self.validation),
-            "arguments": _jsonable(self.arguments),
-            "parallel": _jsonable(self.parallel),
+            "arguments": jsonable(self.arguments),
+            "parallel": jsonable(self.parallel),
             "events": records(self.events),
             "partial_lines": records(self.partial_lines),
-            "summary": _jsonable(self.summary()),
+            "summary": jsonable(self.summary()),
         }
 
 
@@ -196,11 +204,12 @@ def _scalar(v):
     return v
 
 
-def _jsonable(obj):
+def jsonable(obj):
+    """Nested dicts and lists made JSON-ready as `records` makes rows: NaN and infinities become None."""
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
+        return [jsonable(v) for v in obj]
     return _scalar(obj)
 
 
@@ -382,6 +391,8 @@ class _Scan:
             # A carriage return starts a new line on a terminal (progress bars); parse each piece as its own line.
             body = body.replace(b"\r", b"\n")
         self.buf = body
+        # Line breaks of the buffer (carriage returns included), so that finding a position's line is a binary search.
+        self.breaks = np.flatnonzero(np.frombuffer(body, dtype=np.uint8) == 10) if b"\r" in data else self.newlines
         self.headers = [(m.start(), Path(_text(m.group(1)).strip()).stem) for m in _TAIL_HEADER.finditer(self.buf)]
         self.header_pos = [p for p, _ in self.headers]
         self.prefix_cache: dict[bytes, tuple] = {}
@@ -395,12 +406,25 @@ class _Scan:
     def line_nos(self, positions: list[int]) -> np.ndarray:
         return np.searchsorted(self.newlines, np.asarray(positions, dtype=np.int64), side="left") + 1
 
+    # A line break is looked for nearby first (most lines are short), else found by binary search, so that the cost
+    # of finding a line does not grow with its length.
     def line_start(self, pos: int) -> int:
-        return self.buf.rfind(b"\n", 0, pos) + 1
+        near = self.buf.rfind(b"\n", max(0, pos - _MAX_PREFIX), pos)
+        if near >= 0 or pos <= _MAX_PREFIX:
+            return near + 1
+        i = int(np.searchsorted(self.breaks, pos, side="left"))
+        return int(self.breaks[i - 1]) + 1 if i else 0
 
     def line_end(self, pos: int) -> int:
-        end = self.buf.find(b"\n", pos)
-        return len(self.buf) if end < 0 else end
+        near = self.buf.find(b"\n", pos, pos + _MAX_PREFIX)
+        if near >= 0:
+            return near
+        i = int(np.searchsorted(self.breaks, pos, side="left"))
+        return int(self.breaks[i]) if i < len(self.breaks) else len(self.buf)
+
+    def line_text(self, start: int) -> str:
+        """The line starting at `start`, as reported (its first _MAX_TEXT bytes)."""
+        return _text(self.buf[start:min(self.line_end(start), start + _MAX_TEXT)])
 
     def origin(self, prefix: bytes, pos: int) -> tuple:
         """(node, task, rank, local_rank, timestamp) for a record whose line starts with `prefix`."""
@@ -480,22 +504,23 @@ def _iterations(s: _Scan):
     iteration, train_iters, epoch, stamps, nodes, tasks, ranks, local_ranks, lines = ([] for _ in range(9))
     positions, partial = [], []
     buf = s.buf
-    pos = 0
-    while (m := _ITERATION.search(buf, pos)) is not None:
-        pos = m.end()
-        start = buf.rfind(b"\n", 0, m.start()) + 1
-        prefix = buf[start:m.start()]
-        rest = m.group(3)
-        spliced = _ITERATION.search(rest)
-        if spliced is not None:
-            # Another rank's interval line starts inside this one: this record is cut off, that one is read next.
-            pos = m.start(3) + spliced.start()
-        nemo = _NEMO_PREFIX.search(prefix) if b"Training epoch" in prefix else None
-        if spliced is not None or (nemo is None and not rest.rstrip().endswith(b"|")):
+    start = line_end = cut_line = -1
+    for current, following in itertools.pairwise(itertools.chain(_ITERATION.finditer(buf), [None])):
+        if current.start() > line_end:
+            start, line_end = s.line_start(current.start()), s.line_end(current.start())
+        # Another rank's interval line starting inside this one cuts this record off; that one is read next.
+        spliced = following is not None and following.start() < line_end
+        if not spliced and line_end - current.end() <= _MAX_RECORD:
+            rest = buf[current.end():line_end]
+            prefix = buf[max(start, current.start() - _MAX_PREFIX):current.start()]
+            nemo = _NEMO_PREFIX.search(prefix) if b"Training epoch" in prefix else None
+        if spliced or line_end - current.end() > _MAX_RECORD or (nemo is None and not rest.rstrip().endswith(b"|")):
             # Megatron's interval line always ends with '|': this one was cut off or broken by another rank's output.
-            partial.append((s.line_no(start), _text(buf[start:s.line_end(start)])))
+            if start != cut_line:
+                partial.append((s.line_no(start), s.line_text(start)))
+                cut_line = start
             continue
-        it, n = int(m.group(1)), int(m.group(2))
+        it, n = int(current.group(1)), int(current.group(2))
         if nemo is not None:
             # NeMo counts from 0 (`iteration 28/99`); the numbers are kept as printed, with the epoch beside them.
             epoch.append(int(nemo.group(1)))
@@ -596,14 +621,17 @@ def _memory(s: _Scan, iteration_pos, partial: list) -> pd.DataFrame:
     its, origin, notes = [], [], {}
     buf = s.buf
     for m in _MEMORY.finditer(buf):
-        start = buf.rfind(b"\n", 0, m.start()) + 1
-        head = buf[start:m.start()]
+        start = s.line_start(m.start())
+        head = buf[max(start, m.start() - _MAX_PREFIX):m.start()]
         rest = m.group(1)
+        if len(rest) > _MAX_RECORD:
+            partial.append((s.line_no(start), s.line_text(start)))
+            continue
         parts = rest.replace(b":", b"|").split(b"|")
         keys, values = tuple(parts[0::2]), parts[1::2]
         if rest.count(b":") != rest.count(b"|") + 1 or not all(v.strip() for v in values):
             # A field without its value: the line was cut off.
-            partial.append((s.line_no(start), _text(buf[start:s.line_end(start)])))
+            partial.append((s.line_no(start), s.line_text(start)))
             continue
         cols.add_fields(keys, values, _memory_field)
         for j in _other_memory_fields(keys):
@@ -654,7 +682,9 @@ def _timers(s: _Scan, iteration_pos) -> pd.DataFrame:
     buf = s.buf
     for m in _TIMER_LINE.finditer(buf):
         start = s.line_start(m.start())
-        prefix = buf[start:m.start()]
+        if len(m.group(1)) > _MAX_RECORD:
+            continue
+        prefix = buf[max(start, m.start() - _MAX_PREFIX):m.start()]
         node, task, rank, local_rank, _ = s.origin(prefix, start)
         it = _last_iteration(iteration_pos, start)
         if rank is not None and b"[Rank" in prefix:
@@ -666,9 +696,13 @@ def _timers(s: _Scan, iteration_pos) -> pd.DataFrame:
                 rows.append((it, _text(key).strip(), value, b"nan", b"nan", "line", node, task, rank, local_rank,
                              start))
     minmax_headers: dict[bytes, list[tuple]] = {}
+    header_line = -1
     for m in _TIMER_BLOCK.finditer(buf):
         start = s.line_start(m.start())
-        header = buf[start:m.end()]
+        if start == header_line:  # a block has one header line
+            continue
+        header_line = start
+        header = buf[max(start, m.start() - _MAX_PREFIX):m.end()]
         if b"(min, max)" in header:
             style, cut = "minmax", header.find(b"(min, max)")
         elif b"times across" in header:
@@ -776,8 +810,8 @@ def _block_lines(s: _Scan, pos: int, prefix: bytes, max_foreign: int = 64):
     foreign = 0
     while pos < len(buf):
         end = s.line_end(pos)
-        line = buf[pos:end]
-        if line.startswith(prefix) and (prefix or not _LAUNCHER_PREFIX.match(line)):
+        line = buf[pos:min(end, pos + _MAX_RECORD + 1)]
+        if len(line) <= _MAX_RECORD and line.startswith(prefix) and (prefix or not _LAUNCHER_PREFIX.match(line)):
             foreign = 0
             yield pos, line[len(prefix):]
         else:
@@ -791,6 +825,8 @@ def _validation(s: _Scan) -> pd.DataFrame:
     cols = _Columns()
     its, splits, lines = [], [], []
     for m in _VALIDATION.finditer(s.buf):
+        if len(m.group(4)) > _MAX_RECORD:
+            continue
         for f in m.group(4).split(b"|"):
             key, sep, value = f.partition(b":")
             if not sep or not value.strip():
@@ -864,17 +900,15 @@ def _send_event_hits(buf: bytes, send) -> None:
 def _events(s: _Scan, hits: list[int]) -> pd.DataFrame:
     rows = []
     buf = s.buf
-    last_line_start = -1
+    end = -1
     for hit in hits:
-        start = s.line_start(hit)
-        if start == last_line_start:
+        if hit < end:  # one event per line
             continue
-        last_line_start = start
-        end = s.line_end(start)
+        start, end = s.line_start(hit), s.line_end(hit)
         line = buf[start:end]
         level = "error" if _ERROR.search(line) else "warning"
-        node, task, rank, local_rank, _ = s.origin(line[:max(0, hit - start)], start)
-        rows.append((level, _text(line.strip())[:500], node, task, rank, local_rank, start))
+        node, task, rank, local_rank, _ = s.origin(line[max(0, hit - start - _MAX_PREFIX):max(0, hit - start)], start)
+        rows.append((level, _text(line[:_MAX_TEXT].strip())[:500], node, task, rank, local_rank, start))
     names = ["level", "message", "node", "task", "rank", "local_rank", "line"]
     data = {name: [r[i] for r in rows] for i, name in enumerate(names)}
     data["line"] = s.line_nos(data["line"])

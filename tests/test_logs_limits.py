@@ -1,0 +1,60 @@
+"""The parser under hostile input: non-finite numbers still give valid JSON, and parse time grows linearly with
+input of shapes that once made it quadratic."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from labkit.cli import main
+from labkit.logs import parse_text
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "Infinity", "1e999", "nan"])
+def test_non_finite_values_are_json_null(tmp_path, capsys, value):
+    log = tmp_path / "train.log"
+    log.write_text(f" iteration        1/       2 | elapsed time per iteration (ms): {value} | lm loss: {value} |\n"
+                   f" iteration        2/       2 | elapsed time per iteration (ms): 10.0 | lm loss: {value} |\n")
+    assert main(["logs", "parse", "--json", str(log)]) == 0
+    out = json.loads(capsys.readouterr().out)  # strict JSON: no Infinity or NaN tokens
+    assert [row["lm_loss"] for row in out["iterations"]] == [None, None]
+    assert out["iterations"][0]["elapsed_ms"] is None and out["iterations"][1]["elapsed_ms"] == 10.0
+    assert out["summary"]["last_lm_loss"] is None
+
+
+# Each shape, given a size, once took time (and memory) quadratic in it.
+SHAPES = {
+    "spliced interval records on one line": lambda n: b" iteration 1/ 2 |" * n + b"\n",
+    "a record followed by a line of '|'": lambda n: b" iteration 1/ 2 |" + b"|" * (17 * n) + b"\n",
+    "one line of 'Error '": lambda n: b"Error " * (3 * n) + b"\n",
+    "one line of tail headers": lambda n: b"==> " * (4 * n) + b"\n",
+    "one line of OSC escapes": lambda n: b"\x1b]" * (8 * n) + b"\n",
+    "timer headers on one line": lambda n: b"max time across ranks (ms):" * n + b"\n",
+    "a memory line with many fields": lambda n: b"memory (MB) |" + b" a: 1 |" * (2 * n) + b"\n",
+}
+
+
+def _fastest(data: bytes, repeats: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        parse_text(data)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_parse_time_is_linear_in_line_length(shape):
+    make = SHAPES[shape]
+    n = 20_000
+    small, large = _fastest(make(n)), _fastest(make(2 * n))
+    # Quadratic work makes the ratio 4; a floor absorbs timer noise on inputs that parse in a few milliseconds.
+    assert large < 3 * max(small, 0.005), (shape, small, large)
+
+
+def test_spliced_line_is_one_partial_line_with_bounded_text():
+    parsed = parse_text(b" iteration 1/ 2 |" * 5000 + b"\n iteration 2/ 2 | lm loss: 1.5 |\n")
+    assert parsed.iterations["iteration"].tolist() == [2]
+    assert parsed.partial_lines["line"].tolist() == [1]
+    assert len(parsed.partial_lines["text"].iloc[0]) <= 1000
