@@ -127,6 +127,8 @@ def test_estimate_json_carries_unpadded_and_padded_counts(tmp_path, capsys):
     assert out["params"] == 124_439_808
     assert out["padded_vocab_size"] == 50432
     assert out["params_with_padding"] == 124_439_808 + (50432 - 50257) * 768
+    assert main(["estimate", str(path)]) == 0
+    assert "124,574,208 as Megatron builds it (vocabulary padded to 50,432)" in capsys.readouterr().out
 
 
 def test_llama_layers_drop_biases_positions_and_norm_biases():
