@@ -124,7 +124,8 @@ def node_out(rank, world=2, dp=2, extra=""):
             f" 1, tensor-model-parallel size: 1, pipeline-model-parallel size: 1\n{extra}")
 
 
-def test_report_flags_job_info_that_disagrees_with_the_spec(tmp_path):
+def test_report_flags_job_info_that_disagrees_with_the_spec(tmp_path, monkeypatch):
+    monkeypatch.delenv("NO_COLOR", raising=False)
     job = make_job(tmp_path, State.COMPLETED, exit_code="0:0",
                    logs={"n1.out": node_out(0, extra=ITERATION), "n2.out": node_out(1, world=4, dp=4),
                          "n1.err": WARNINGS, "n1.gpu": "no nvidia-smi on n1: no GPU samples\n"})
@@ -139,6 +140,8 @@ def test_report_flags_job_info_that_disagrees_with_the_spec(tmp_path):
     assert "==> n1.gpu <==\nno nvidia-smi on n1" in plain
     coloured = format_report(rep, color=True)
     assert "\x1b[" in coloured and "\x1b[" not in plain
+    monkeypatch.setenv("NO_COLOR", "1")  # https://no-color.org: set and not empty turns colour off
+    assert format_report(rep, color=True) == plain
 
 
 def test_widget_refreshes_while_running_and_stops_at_the_end(tmp_path):

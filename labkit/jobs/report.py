@@ -7,6 +7,7 @@ notebook and refreshes it until the job ends.
 """
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 
@@ -58,7 +59,10 @@ _STATE_COLOURS = {State.COMPLETED: "green", State.RUNNING: "cyan", State.PENDING
 
 
 def format_report(rep: Report, color: bool = True) -> str:
+    """The report as text, coloured with `color` unless NO_COLOR is set (https://no-color.org)."""
     from termcolor import colored
+
+    color = color and not os.environ.get("NO_COLOR")
 
     def paint(text: str, colour: str | None = None, bold: bool = False) -> str:
         if not color:
