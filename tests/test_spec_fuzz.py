@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from labkit.cli import main
+from labkit.spec import load_spec
 
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 HANG_S = 5
@@ -55,7 +56,8 @@ job:
   env:
     VALUE: x
   extra_args:
-    - --flag
+    - --data-cache-path
+    - cache
   container:
     image: img
     mounts:
@@ -65,7 +67,7 @@ job:
 FIELDS = {
     "name": ("name: ", str), "data.split": ("  split: ", str), "data.path": ("  path: ", str),
     "train.save": ("  save: ", str), "job.partition": ("  partition: ", str), "job.time_limit": ("  time_limit: ", str),
-    "job.env.VALUE": ("    VALUE: ", str), "job.extra_args[0]": ("    - --flag", str),
+    "job.env.VALUE": ("    VALUE: ", str), "job.extra_args[1]": ("    - cache", str),
     "job.container.image": ("    image: ", str), "job.container.mounts[0]": ("      - /a:/b", str),
     "parallel.tensor": ("  tensor: ", int), "parallel.pipeline": ("  pipeline: ", int), "parallel.data": ("  data: ", int),
     "parallel.virtual_stages": ("  virtual_stages: ", int), "batch.micro": ("  micro: ", int),
@@ -88,7 +90,7 @@ BOOLS = {"true", "True", "TRUE", "false", "False", "FALSE"}
 _INT = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
 _FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
                     r"|\.(?:nan|NaN|NAN))$")
-PLAIN = re.compile(r"^[A-Za-z0-9+.=_/,-][A-Za-z0-9+.=_/:,-]*(?<!:)$")
+PLAIN = re.compile(r"^(?!-$)[A-Za-z0-9+.=_/,-][A-Za-z0-9+.=_/:,-]*(?<!:)$")
 """Tokens that are plain YAML scalars: their text is exactly the value they write."""
 
 
@@ -172,6 +174,14 @@ def check_outcome(rc: int, printed: dict | None, err: str):
     assert 0 < optimizer["lr"] < math.inf and 0 <= optimizer["min_lr"] <= optimizer["lr"]
 
 
+def assert_round_trip(path):
+    """The spec a run records (RunSpec.to_yaml) reads back as the same spec: no text turns into a number."""
+    spec = load_spec(path)
+    again = path.with_name("again.yaml")
+    again.write_text(spec.to_yaml())
+    assert load_spec(again).to_dict() == spec.to_dict()
+
+
 @FUZZ
 @given(st.sampled_from(sorted(FIELDS)), st.sampled_from(TOKENS))
 def test_a_value_in_a_field_is_kept_or_refused_naming_the_field(tmp_path_factory, field, token):
@@ -185,6 +195,7 @@ def test_a_value_in_a_field_is_kept_or_refused_naming_the_field(tmp_path_factory
         if plain and not fits(kind, token):  # a value of the wrong kind is refused by the field's name
             assert f"\n  - {field}:" in err, err
         return
+    assert_round_trip(path)
     value = resolved(printed["spec"], field)
     if not plain or token in NULLS:
         return
@@ -210,6 +221,7 @@ def test_any_quoted_text_in_a_text_field_is_kept_exactly(tmp_path_factory, field
     check_outcome(rc, printed, err)
     if rc == 0:
         assert resolved(printed["spec"], field) == text
+        assert_round_trip(path)
 
 
 @FUZZ

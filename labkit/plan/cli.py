@@ -6,10 +6,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
-
 from labkit import catalog
 from labkit.spec import NodeGroup, RunSpec, SpecError, load_spec
+from labkit.spec.load import read_file
 
 
 def register(sub) -> None:
@@ -62,7 +61,7 @@ def base_spec(target: str, model: str | None, global_batch: int | None, precisio
             hint = catalog.closest(target, catalog.clusters())
             raise SpecError([f"CLUSTER_OR_SPEC: {target!r} is neither a file nor a cluster name; known clusters: "
                              f"{', '.join(catalog.clusters())}" + (f" (closest: {', '.join(hint)})" if hint else "")])
-        data = yaml.safe_load(path.read_text()) or {}
+        data = read_file(path)
         if "nodes" in data and "model" not in data:
             cluster = data["nodes"]
         else:

@@ -92,7 +92,13 @@ def _read(source) -> dict:
         return {_field_key(f): getattr(source, f.name) for f in dataclasses.fields(source)}  # built anew below
     if isinstance(source, dict):
         return copy.deepcopy(source)
-    path = Path(source)
+    return read_file(source)
+
+
+def read_file(path) -> dict:
+    """The plain mapping of a YAML (by the 1.2 core schema) or JSON spec file; SpecError naming `spec` when the file
+    cannot be read, is not UTF-8, is too large or too deep, or holds no mapping."""
+    path = Path(path)
     if not path.exists():
         raise SpecError([f"spec: file {str(path)!r} does not exist; pass a YAML or JSON run spec"])
     kind = "JSON" if path.suffix == ".json" else "YAML"
