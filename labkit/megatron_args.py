@@ -2,11 +2,8 @@
 from __future__ import annotations
 
 import os
-from labkit.paths import data_file
 from labkit.spec import RunSpec
-
-DEFAULT_VOCAB = data_file("tokenizer", "vocab.json")
-DEFAULT_MERGES = data_file("tokenizer", "merges.txt")
+from labkit.train.arguments import DEFAULT_MERGES, DEFAULT_VOCAB
 
 
 def pipeline_layout(partition: list[int]) -> str:

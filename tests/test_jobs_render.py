@@ -164,7 +164,7 @@ def test_hostile_strings_reach_their_target_verbatim_and_never_run(field, tmp_pa
     elif field == "env":
         job["env"] = {"NCCL_DEBUG": payload}
     elif field == "extra_args":
-        job["extra_args"] = ["--log-timers-to-tensorboard", payload]
+        job["extra_args"] = ["--data-cache-path", payload]
     elif field == "container.image":
         payload = payload.replace("\n", " ")  # an image name with a line break is refused outright
         job["container"] = {"image": payload}
@@ -188,7 +188,7 @@ def test_hostile_strings_reach_their_target_verbatim_and_never_run(field, tmp_pa
     elif field == "env":
         assert node_env(log_dir)["NCCL_DEBUG"] == payload
     elif field == "extra_args":
-        assert argv[-2:] == ["--log-timers-to-tensorboard", payload]
+        assert argv[-2:] == ["--data-cache-path", payload]
     elif field == "container.image":
         assert f"--container-image={payload}" in srun
     elif field == "container.mounts":

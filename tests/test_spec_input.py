@@ -53,7 +53,7 @@ job:
   partition: {text}
   account: {text}
   env: {{VALUE: {text}}}
-  extra_args: [{text}]
+  extra_args: [--data-cache-path, {text}]
   container: {{image: {text}, mounts: [{text}]}}
 cluster: {{nodes: [{{gpu: cpu, count: 1, gpus_per_node: 1}}]}}
 train: {{save: {text}}}
@@ -63,7 +63,7 @@ train: {{save: {text}}}
     assert spec.name == text
     assert (spec.data.split, spec.data.path, spec.data.vocab_file, spec.train.save) == (text,) * 4
     assert (job.partition, job.account, job.env["VALUE"], job.extra_args, job.container.image, job.container.mounts) \
-        == (text, text, text, [text], text, [text])
+        == (text, text, text, ["--data-cache-path", text], text, [text])
 
 
 @pytest.mark.parametrize("key", ["0123", "0x1F", "1.50", "2:00:00"])
@@ -215,8 +215,9 @@ def test_an_alias_bomb_is_refused_fast_and_briefly(tmp_path, capsys, where):
 
 
 def test_anchors_and_aliases_of_modest_size_still_work(tmp_path):
-    spec = load_spec(spec_file(tmp_path, BASE.format(name="&n run") + "job: {partition: *n, extra_args: [*n, *n]}\n"))
-    assert spec.job.partition == "run" and spec.job.extra_args == ["run", "run"]
+    spec = load_spec(spec_file(tmp_path, BASE.format(name="&n run")
+                               + "job: {partition: *n, extra_args: [--data-cache-path, *n]}\n"))
+    assert spec.job.partition == "run" and spec.job.extra_args == ["--data-cache-path", "run"]
 
 
 @pytest.mark.parametrize("text, field", [

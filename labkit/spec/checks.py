@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import re
 import reprlib
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from labkit import catalog
+from labkit.train.arguments import flag_errors
 
 if TYPE_CHECKING:
     from labkit.spec.schema import RunSpec
@@ -102,6 +104,7 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
     errors += _check_optimizer(spec)
     errors += _check_train(spec)
     errors += _check_architecture(spec)
+    errors += _check_tokenizer_file(spec)
     errors += _check_recompute(spec)
     errors += _check_cluster(spec)
     if errors and any(e.startswith(("model.", "parallel.", "batch.", "cluster.")) for e in errors):
@@ -184,6 +187,23 @@ def _check_architecture(spec: RunSpec) -> list[str]:
     if tokenizer is not None and tokenizer.type not in TOKENIZER_TYPES:
         errors.append(f"data.tokenizer.type: {tokenizer.type!r} is not one of {', '.join(TOKENIZER_TYPES)}")
     return errors
+
+
+def _check_tokenizer_file(spec: RunSpec) -> list[str]:
+    """The tokenizer file must be readable here, so a job is never submitted to fail on it."""
+    tokenizer = spec.data.tokenizer
+    if tokenizer is None or tokenizer.type not in ("HuggingFaceTokenizer", "SentencePieceTokenizer"):
+        return []
+    if not tokenizer.model:
+        return [f"data.tokenizer.model: missing; {tokenizer.type} reads a file (a HuggingFace tokenizer.json or a "
+                "SentencePiece .model; labkit ships labkit/data/tokenizer/llama/tokenizer.json)"]
+    try:
+        with open(Path(tokenizer.model).expanduser(), "rb") as f:
+            f.read(1)
+    except OSError as exc:
+        return [f"data.tokenizer.model: cannot read {quote(tokenizer.model)} ({exc.strerror or exc}); give the path "
+                f"of the {tokenizer.type} file"]
+    return []
 
 
 def _check_sizes(spec: RunSpec) -> list[str]:
@@ -364,6 +384,8 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
     for i, arg in enumerate(job.extra_args):
         if "\x00" in arg:
             errors.append(f"job.extra_args[{i}]: contains a NUL byte, which no command-line argument can hold")
+    errors += [f"job.extra_args: {e}; labkit's driver (python -m labkit.train) would refuse it"
+               for e in flag_errors(list(job.extra_args))]
     for where, value in (("name", spec.name), ("data.path", spec.data.path)):
         if value and "\x00" in value:
             errors.append(f"{where}: contains a NUL byte; remove it")

@@ -3,6 +3,9 @@
 An unknown flag is an error naming it (exit 2). A flag that exists but cannot work in this environment (for example
 --sequence-parallel without Transformer Engine) is an error naming the flag and the reason. `parse_args` also derives
 what Megatron derives (data-parallel size, padded sizes, warm-up steps) so the arguments block prints like theirs.
+
+`labkit validate` checks job.extra_args against this parser (`flag_errors`), so this module imports nothing heavier
+than the standard library and labkit.paths: validating a spec must not load torch.
 """
 from __future__ import annotations
 
@@ -11,7 +14,10 @@ import os
 import sys
 from pathlib import Path
 
-from labkit.megatron_args import DEFAULT_MERGES, DEFAULT_VOCAB
+from labkit.paths import data_file
+
+DEFAULT_VOCAB = data_file("tokenizer", "vocab.json")
+DEFAULT_MERGES = data_file("tokenizer", "merges.txt")
 
 
 TOKENIZER_TYPES = ["GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer", "NullTokenizer"]
@@ -24,6 +30,8 @@ class ArgumentError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
+        if not self.exit_on_error:
+            raise ArgumentError(message)
         self.print_usage(sys.stderr)
         hint = " (labkit's driver does not support it; `python -m labkit.train --help` lists the flags it takes)" \
             if "unrecognized arguments" in message else ""
@@ -150,6 +158,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--profile-step-end", type=int, default=12)
     g.add_argument("--profile-ranks", type=int, nargs="+", default=[0])
     return p
+
+
+def flag_errors(argv: list[str]) -> list[str]:
+    """What the driver's parser refuses in these flags (unknown flags, values outside a flag's choices or type),
+    without requiring the flags a whole command line needs; [] when it takes them all."""
+    parser = build_parser()
+    parser.exit_on_error = False
+    for action in parser._actions:
+        action.required = False
+    try:
+        parser.parse_args(argv)
+    except (ArgumentError, argparse.ArgumentError) as exc:
+        return [str(exc)]
+    return []
 
 
 def _te_importable() -> bool:
