@@ -8,6 +8,7 @@ import yaml
 
 from labkit.megatron_args import megatron_args, pipeline_layout
 from labkit.spec import load_spec
+from labkit.train.arguments import flag_errors
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "megatron_args"
@@ -27,6 +28,12 @@ CASES = {
                                "precision": "bf16", "optimizer": {"distributed": True},
                                "batch": {"micro": 1, "global": 32},
                                "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 2, "gpus_per_node": 8}]}}, False),
+    "tiny-llama-hf-tokenizer": (ROOT / "examples" / "tiny-cpu.yaml",
+                                {"model": {"preset": "tiny-llama"},
+                                 "data": {"path": "/data/corpus-llama_text_document", "mock": False,
+                                          "tokenizer": {"type": "HuggingFaceTokenizer",
+                                                        "model": str(ROOT / "labkit/data/tokenizer/llama/tokenizer.json")}}},
+                                False),
 }
 
 
@@ -47,6 +54,14 @@ def test_megatron_args_match_golden(name):
     if os.environ.get("LABKIT_UPDATE_GOLDEN"):
         golden.write_text(text)
     assert text == golden.read_text()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_labkits_driver_accepts_every_rendered_flag(name):
+    path, overrides, legacy = CASES[name]
+    data = yaml.safe_load(path.read_text())
+    data.update(overrides)
+    assert flag_errors(megatron_args(load_spec(data), legacy=legacy)) == []
 
 
 def test_fasop_partition_renders_as_megatron_core_layout():
