@@ -148,14 +148,14 @@ def validate(path) -> tuple[int, dict | None, str]:
     out, err = io.StringIO(), io.StringIO()
     previous = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(HANG_S * 4)
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: a busy machine slows the run but does not make it hang
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             rc = main(["validate", str(path), "--json"])
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
-    assert time.perf_counter() - start < HANG_S, f"hang: {path.read_bytes()[:300]!r}"
+    assert time.process_time() - start < HANG_S, f"hang: {path.read_bytes()[:300]!r}"
     return rc, json.loads(out.getvalue()) if rc == 0 else None, err.getvalue()
 
 
