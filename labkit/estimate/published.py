@@ -10,7 +10,6 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from labkit import catalog
 from labkit.estimate.calibration import Calibration
 from labkit.estimate.estimator import estimate
 from labkit.paths import data_file
