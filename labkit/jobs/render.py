@@ -24,7 +24,7 @@ from labkit import catalog
 from labkit.logs import job_info as info
 from labkit.megatron_args import megatron_args
 from labkit.spec import RunSpec, SpecError
-from labkit.spec.checks import CONTROL_CHARS, LAYOUTS, check_job, time_limit_seconds
+from labkit.spec.checks import CONTROL_CHARS, check_job, time_limit_seconds
 
 
 @dataclass(frozen=True)
