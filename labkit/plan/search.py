@@ -175,7 +175,7 @@ class _Links:
 
     @classmethod
     def of(cls, spec: RunSpec, calibration: Calibration | None = None) -> "_Links":
-        topo, p, d = Topology(spec, calibration), spec.parallel.pipeline, spec.data_parallel
+        topo, p = Topology(spec, calibration), spec.parallel.pipeline
         latency = topo.calibration.link_latency_s
         return cls(
             stage_gpus=tuple(topo.stage_gpu(i) for i in range(p)),
