@@ -136,7 +136,8 @@ def run_one(path: Path, data: bytes, target) -> tuple[str, str]:
         errors = [line[4:] for line in err.splitlines() if line.startswith("  - ")]
         if not errors or any(":" not in e or e[0].isspace() for e in errors):
             return "unnamed", err[:300]
-        if target and PLAIN.match(target[1]) and not fits(FIELDS[target[0]][1], target[1]) \
+        if target and PLAIN.match(target[1]) and target[1] not in NULLS \
+                and not fits(FIELDS[target[0]][1], target[1]) \
                 and f"\n  - {target[0]}:" not in err:
             return "unnamed", f"{target}: {err[:300]}"
         return "exit 2", ""

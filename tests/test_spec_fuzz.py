@@ -192,7 +192,7 @@ def test_a_value_in_a_field_is_kept_or_refused_naming_the_field(tmp_path_factory
     kind = FIELDS[field][1]
     plain = PLAIN.match(token) is not None
     if rc == 2:
-        if plain and not fits(kind, token):  # a value of the wrong kind is refused by the field's name
+        if plain and token not in NULLS and not fits(kind, token):  # the wrong kind is refused by the field's name
             assert f"\n  - {field}:" in err, err
         return
     assert_round_trip(path)

@@ -53,13 +53,13 @@ _FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]
 
 def core_number(text: str) -> int | float | None:
     """The number text is by the YAML 1.2 core schema (12, 0o17, 0x1F, 1.5e-4, .inf, .nan), or None."""
-    if _INT.match(text):
+    if _INT.fullmatch(text):
         digits = text.lstrip("+")
         try:
             return int(digits[2:], 8) if digits.startswith("0o") else int(digits, 16 if digits[:2] == "0x" else 10)
         except ValueError:  # more than the 4300 digits Python reads
             return None
-    if _FLOAT.match(text):
+    if _FLOAT.fullmatch(text):
         lower = text.lower()
         return math.nan if lower == ".nan" else float(lower.replace(".inf", "inf"))
     return None
