@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from labkit import catalog
-from labkit.train.arguments import flag_errors
+from labkit.train.arguments import NORMALIZATIONS, POSITION_EMBEDDING_TYPES, TOKENIZER_TYPES, flag_errors
 
 if TYPE_CHECKING:
     from labkit.spec.schema import RunSpec
@@ -20,9 +20,6 @@ RECOMPUTE_GRANULARITIES = ("full", "selective")
 RECOMPUTE_METHODS = ("uniform", "block")
 OPTIMIZERS = ("adam", "sgd")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
-NORMALIZATIONS = ("LayerNorm", "RMSNorm")
-POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "none")
-TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer", "NullTokenizer")
 LAYOUTS = ("multinode", "hetjob", "pair", "local")
 """How labkit.jobs.render lays a job out: see its module docstring."""
 MAX_WORLD = 2 ** 20

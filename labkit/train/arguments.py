@@ -20,8 +20,12 @@ DEFAULT_VOCAB = data_file("tokenizer", "vocab.json")
 DEFAULT_MERGES = data_file("tokenizer", "merges.txt")
 
 
-TOKENIZER_TYPES = ["GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer", "NullTokenizer"]
-"""The --tokenizer-type values the driver reads (Megatron-LM's names)."""
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")
+"""--normalization values (Megatron-LM's names); the spec's model.normalization takes the same."""
+POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "none")
+"""--position-embedding-type values the driver builds (Megatron-LM also has mrope and relative)."""
+TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer", "NullTokenizer")
+"""--tokenizer-type values the driver reads (Megatron-LM's names)."""
 
 
 class ArgumentError(Exception):
@@ -55,10 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     g.add_argument("--swiglu", action="store_true")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
-    g.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"], default="LayerNorm")
+    g.add_argument("--normalization", choices=NORMALIZATIONS, default="LayerNorm")
     g.add_argument("--norm-epsilon", type=float, default=1e-5)
-    g.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "none"],
-                   default="learned_absolute")
+    g.add_argument("--position-embedding-type", choices=POSITION_EMBEDDING_TYPES, default="learned_absolute")
     g.add_argument("--rotary-base", type=int, default=10000, help="with --position-embedding-type rope")
     g.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear",
                    help="no biases in the linear layers (Llama)")
