@@ -34,11 +34,14 @@ def register(sub) -> None:
 
     p = sub.add_parser("runs", help="table of the runs recorded under runs/")
     p.add_argument("--runs-dir", help="where run records are (default: $LABKIT_RUNS_DIR or ./runs)")
+    p.add_argument("--rebuild", action="store_true",
+                   help="rebuild the index (runs/index.sqlite) from the run directories, keeping their times")
     p.set_defaults(func=_runs)
 
 
 def _run(args) -> int:
     from labkit.jobs import SlurmError, backend_named, default_backend
+    from labkit.jobs.record import RecordError
     from labkit.jobs.report import format_report, report
     from labkit.jobs.render import render
     from labkit.paths import runs_dir
@@ -63,10 +66,17 @@ def _run(args) -> int:
     except SlurmError as exc:
         print(f"sbatch refused the job: {exc}", file=sys.stderr)
         return 1
+    except RecordError as exc:
+        print(exc, file=sys.stderr)
+        return 1
     print(f"run {job.record.run_id}: {backend.name} job {', '.join(job.job_ids)} ({job.record.path})")
     if not args.wait:
         return 0
-    state = job.wait(progress=True)
+    try:
+        state = job.wait(progress=True)
+    except RecordError as exc:
+        print(f"{job.record.run_id}: {exc}", file=sys.stderr)
+        return 1
     if state.name == "COMPLETED":
         print(f"{job.record.run_id}: COMPLETED")
         return 0
@@ -90,10 +100,10 @@ def _status(args) -> int:
                 return 1
             record = load_run(rows[-1]["run_id"], args.runs_dir)
         job = job_of(record)
-    except (FileNotFoundError, RuntimeError) as exc:
+        rep = report(job, lines=args.lines)
+    except (FileNotFoundError, RuntimeError) as exc:  # RecordError included
         print(exc, file=sys.stderr)
         return 1
-    rep = report(job, lines=args.lines)
     if args.json:
         print(json.dumps(rep.to_dict(), indent=2, default=str))
     else:
@@ -107,9 +117,13 @@ def _cancel(args) -> int:
 
     try:
         job = job_of(load_run(args.run, args.runs_dir))
-        job.cancel()
+        stopped = job.cancel()
     except (FileNotFoundError, RuntimeError, SlurmError) as exc:
         print(exc, file=sys.stderr)
+        return 1
+    if not stopped:
+        print(f"{job.record.run_id}: nothing to cancel ({job.backend.name} job {', '.join(job.job_ids)} is not "
+              f"running; recorded state {job.status(refresh=False).state})", file=sys.stderr)
         return 1
     print(f"cancelled {job.record.run_id} ({job.backend.name} job {', '.join(job.job_ids)})")
     return 0
@@ -117,11 +131,25 @@ def _cancel(args) -> int:
 
 def _runs(args) -> int:
     from labkit.jobs import backend_named, job_of
-    from labkit.jobs.record import RunIndex, load_run
+    from labkit.jobs.record import RecordError, RunIndex, RunRecord, load_run
     from labkit.jobs.watcher import WATCHER
 
     index = RunIndex(args.runs_dir)
-    rows = index.rows()
+    try:
+        if args.rebuild or (not index.exists() and index.run_dirs()):
+            count = index.rebuild()
+            print(f"rebuilt {index.path} from {count} run directories", file=sys.stderr)
+        rows = index.rows()
+        # The index is a cache: a row a crash left behind its run's own files is brought up to date from them.
+        for row in rows:
+            if row["state"] in ("CREATED", "SUBMITTED", "PENDING", "RUNNING") or not row["backend"]:
+                record = RunRecord(index.root / row["run_id"])
+                if (record.path / "spec.yaml").exists():
+                    index.restore(record)
+        rows = index.rows()
+    except RecordError as exc:
+        print(exc, file=sys.stderr)
+        return 1
     unfinished = [r for r in rows if r["state"] in ("SUBMITTED", "PENDING", "RUNNING")]
     backends: dict = {}  # one backend of each kind, so that one query serves all its runs
     jobs = []
@@ -138,7 +166,11 @@ def _runs(args) -> int:
             WATCHER.refresh([job for job in jobs if job.backend is backend])
         except Exception as exc:  # a scheduler that cannot be reached leaves the recorded states
             print(f"could not refresh {backend.name} runs: {exc}", file=sys.stderr)
-    rows = index.rows()
+    try:
+        rows = index.rows()
+    except RecordError as exc:
+        print(exc, file=sys.stderr)
+        return 1
     if not rows:
         print("no runs yet")
         return 0

@@ -38,8 +38,8 @@ class Backend(Protocol):
     def poll(self, jobs: list[Job]) -> dict[Job, Status]:
         """The status of each of `jobs`, with one scheduler query for all of them; a job left out keeps its own."""
 
-    def cancel(self, job: Job) -> None:
-        """Stop the job; a later poll sees how it ended."""
+    def cancel(self, job: Job) -> bool:
+        """Stop the job; a later poll sees how it ended. True when it stopped something (False: already ended)."""
 
 
 def tail_file(path: Path, lines: int = 10, max_bytes: int = 256_000) -> list[str]:
@@ -134,8 +134,12 @@ class Job:
             self.record.save_metrics(run_metrics(self.iterations()))
 
     # --- actions -------------------------------------------------------------------------------------------------
-    def cancel(self) -> None:
-        self.backend.cancel(self)
+    def cancel(self) -> bool:
+        """Stop the job, and record how it ended; True when it was stopped (False: nothing of it was running)."""
+        stopped = self.backend.cancel(self)
+        if stopped:
+            self.status()
+        return stopped
 
     def wait(self, progress: bool = True, timeout: float | None = None, poll_s: float = 1.0) -> State:
         """Block until the job ends (or `timeout` seconds pass); with progress, a bar over training iterations."""

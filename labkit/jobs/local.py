@@ -2,8 +2,10 @@
 
 The rendered run.sh starts one node_main per node (the same function the sbatch scripts run under srun), so a local
 run has the same torchrun command, the same LOGDIR/JOBID/NODE.out|err|gpu logs and the same Job API. The job id is
-run.sh's pid; run.sh records its end (COMPLETED, FAILED, CANCELLED or TIMEOUT with the exit code) in
-LOGDIR/JOBID/state, so a run can be followed and cancelled from another process too.
+run.sh's pid, and run.sh leads a process group (its own session) holding its nodes, torchrun and the workers; run.sh
+records its end (COMPLETED, FAILED, CANCELLED or TIMEOUT with the exit code) in LOGDIR/JOBID/state, so a run can be
+followed and cancelled from another process too. run.sh starts no node before labkit has recorded its job id in
+job.json: a job never runs untracked.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 from labkit.jobs.job import Job
@@ -45,10 +48,15 @@ class LocalBackend:
                                                       torchrun=self.torchrun).scripts["run.sh"])
         with open(record.logs / "runner.out", "x") as runner_log:
             process = subprocess.Popen(["bash", str(script)], cwd=record.path, stdout=runner_log,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        job_id = str(process.pid)
+                                       stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True,
+                                       env={**os.environ, "LABKIT_LAUNCH_GATE": "1"})
+        job_id = str(process.pid)  # also its process group's id (a new session)
         self._children[job_id] = process
-        record.attach(self.name, "local", [job_id], host=socket.gethostname())
+        try:
+            record.attach(self.name, "local", [job_id], host=socket.gethostname(), pgid=process.pid)
+            process.stdin.write(b"start\n")
+        finally:
+            process.stdin.close()  # without "start" (or if this process dies first) run.sh exits at once
         job = Job(self, [job_id], record)
         job.update(Status(State.RUNNING))
         return job
@@ -68,6 +76,12 @@ class LocalBackend:
             return Status(State(words[0]), exit_code=f"{exit_code}:0" if exit_code else None)
         if self._alive(job):
             return Status(State.RUNNING)
+        # run.sh may have recorded its end and exited since the state file was read: the file, read again now that
+        # run.sh is gone, has the last word.
+        words = state_file.read_text().split() if state_file.exists() else []
+        if words and words[0] != "RUNNING":
+            exit_code = words[1] if len(words) > 1 else None
+            return Status(State(words[0]), exit_code=f"{exit_code}:0" if exit_code else None)
         if words or job.log_dir.exists():  # started, but ended without recording how
             return Status(State.FAILED, reason="the local runner stopped without recording an end")
         return Status(State.PENDING)
@@ -81,6 +95,52 @@ class LocalBackend:
             return False
         return str(job.record.path).encode() in cmdline and ") Z" not in stat
 
-    def cancel(self, job: Job) -> None:
-        if self._alive(job):
-            os.killpg(int(job.job_id), signal.SIGTERM)  # run.sh records CANCELLED and stops its nodes
+    def cancel(self, job: Job, grace_s: float = 10.0) -> bool:
+        """Stop the job's whole process group: SIGTERM (run.sh records CANCELLED and stops its nodes), then SIGKILL
+        for what is left after `grace_s`. When run.sh itself was already gone, CANCELLED is recorded for it. True
+        when this stopped the group; False when nothing of the job was running."""
+        pgid = int(job.record.job_info.get("pgid", job.job_id))
+        if not self._group(job, pgid):
+            return False
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait_s
+            while self._group(job, pgid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not self._group(job, pgid):
+                break
+        if self._group(job, pgid):
+            return False
+        state_file = job.log_dir / "state"
+        words = state_file.read_text().split() if state_file.exists() else []
+        if not words or words[0] == "RUNNING":
+            tmp = state_file.with_name("state.tmp")
+            tmp.write_text("CANCELLED 137\n")
+            os.replace(tmp, state_file)
+        return True
+
+    def _group(self, job: Job, pgid: int) -> list[int]:
+        """The live processes of process group `pgid`, if it is this run's (its id could have been reused since);
+        the child run.sh is reaped first when this process started it."""
+        child = self._children.get(job.job_id)
+        if child is not None:
+            child.poll()
+        members, ours = [], False
+        marker = str(job.record.path).encode()
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = Path(entry.path, "stat").read_text()
+                fields = stat[stat.rindex(")") + 2:].split()
+                if int(fields[2]) != pgid or fields[0] == "Z":
+                    continue
+                members.append(int(entry.name))
+                ours = ours or marker in Path(entry.path, "cmdline").read_bytes() \
+                    or marker in Path(entry.path, "environ").read_bytes()
+            except (OSError, ValueError, IndexError):
+                continue
+        return members if ours else []

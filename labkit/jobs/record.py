@@ -11,16 +11,20 @@ runs/<run-id>/
 runs/index.sqlite one row per run, for `labkit runs`
 
 Append-only: a new run never reuses a directory, and a record is readable at every point of its life (an interrupted
-run keeps its spec, script and logs; its last event says how far it got). A record only stores what it is given (a
-spec, scripts, states, causes, metrics); labkit.jobs.job decides what to store.
+run keeps its spec, script and logs; its last event says how far it got). Every file is written whole and synced
+(the file, then its directory) before the next step, and events.jsonl is the truth: status.json and the index are
+copies of it that a reader can do without, and the index can be rebuilt from the run directories. A record only
+stores what it is given (a spec, scripts, states, causes, metrics); labkit.jobs.job decides what to store.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import re
 import sqlite3
+from contextlib import contextmanager
 from pathlib import Path
 
 from labkit.paths import runs_dir
@@ -35,6 +39,42 @@ def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40] or "run"
 
 
+class RecordError(RuntimeError):
+    """A run record could not be written or read (a read-only or full runs directory); the message names where."""
+
+
+@contextmanager
+def _storing(where: Path):
+    """Turn a failure to write under `where` (EROFS, ENOSPC, EACCES, a locked or unwritable index) into RecordError."""
+    try:
+        yield
+    except (OSError, sqlite3.Error) as exc:
+        if isinstance(exc, FileExistsError):
+            raise
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise RecordError(f"cannot write the run records in {where}: {reason}") from exc
+
+
+def _sync_dir(path: Path) -> None:
+    """Make a new or renamed entry of `path` durable (its own fsync covers only a file's contents)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_synced(path: Path, data: bytes, flags: int) -> None:
+    fd = os.open(path, flags, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class RunRecord:
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -42,28 +82,53 @@ class RunRecord:
     # --- creation ------------------------------------------------------------------------------------------------
     @classmethod
     def create(cls, spec: RunSpec, root: str | os.PathLike | None = None) -> "RunRecord":
+        """A new run directory holding the spec and a CREATED event, then its index row. A directory that could not
+        be completed (a full disk) is removed again, so that every run directory holds a readable spec."""
         root = runs_dir(root)
-        root.mkdir(parents=True, exist_ok=True)
+        with _storing(root):
+            root.mkdir(parents=True, exist_ok=True)
         stem = f"{dt.datetime.now():%Y%m%d-%H%M%S}-{_slug(spec.name)}"
         for attempt in range(1, 1000):
             path = root / (stem if attempt == 1 else f"{stem}-{attempt}")
             try:
-                path.mkdir()
+                with _storing(root):
+                    path.mkdir()
             except FileExistsError:
                 continue
             record = cls(path)
-            record.logs.mkdir()
-            record._write_once("spec.yaml", spec.to_yaml())
-            record._append_event({"state": "CREATED"})
-            RunIndex(root).add(record, spec.name)
+            try:
+                with _storing(root):
+                    record.logs.mkdir()
+                    # The spec is written under a temporary name and renamed, so spec.yaml is never a partial file.
+                    _write_synced(path / ".spec.yaml.tmp", spec.to_yaml().encode(),
+                                  os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                    os.rename(path / ".spec.yaml.tmp", path / "spec.yaml")
+                    created = record._append_event({"state": "CREATED"})
+                    _sync_dir(path)
+                    _sync_dir(root)
+            except RecordError:
+                for leftover in (path / ".spec.yaml.tmp", path / "spec.yaml", path / "events.jsonl"):
+                    leftover.unlink(missing_ok=True)
+                for directory in (record.logs, path):
+                    with contextlib.suppress(OSError):
+                        directory.rmdir()
+                raise
+            RunIndex(root).add(record, spec.name, created)
             return record
-        raise RuntimeError(f"could not create a new run directory under {root}")
+        raise RecordError(f"could not create a new run directory under {root}")
 
     def _write_once(self, name: str, text: str, mode: int = 0o644) -> Path:
-        path = self.path / name
-        with open(path, "x") as f:  # never overwrite
-            f.write(text)
-        path.chmod(mode)
+        """A file written whole or not at all, never overwritten: a temporary file synced, then linked to its name
+        (os.link fails if the name exists, where a rename would replace it)."""
+        path, tmp = self.path / name, self.path / f".{name}.tmp"
+        with _storing(self.path):
+            try:
+                _write_synced(tmp, text.encode(), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                os.chmod(tmp, mode)
+                os.link(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
+            _sync_dir(self.path)
         return path
 
     def write_script(self, name: str, text: str) -> Path:
@@ -72,9 +137,9 @@ class RunRecord:
     def attach(self, backend: str, layout: str, job_ids: list[str], **extra) -> None:
         info = {"backend": backend, "layout": layout, "job_ids": job_ids, "submitted": _now(), **extra}
         self._write_once("job.json", json.dumps(info, indent=2) + "\n")
-        self._append_event({"state": "SUBMITTED", "job_ids": job_ids})
+        time = self._append_event({"state": "SUBMITTED", "job_ids": job_ids})
         RunIndex(self.root).update(self.run_id, backend=backend, layout=layout, job_ids=",".join(job_ids),
-                                   state="SUBMITTED")
+                                   state="SUBMITTED", updated=time)
 
     # --- reading -------------------------------------------------------------------------------------------------
     @property
@@ -103,15 +168,18 @@ class RunRecord:
         return sorted(p for p in self.path.iterdir() if p.suffix in (".sbatch", ".sh"))
 
     def events(self) -> list[dict]:
+        """Every event recorded; a line cut short by an interruption is skipped, the lines after it are kept."""
         path = self.path / "events.jsonl"
         if not path.exists():
             return []
         events = []
-        for line in path.read_text().splitlines():
+        for line in path.read_bytes().decode(errors="replace").splitlines():
             try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut short by an interruption
+                event = json.loads(line)
+            except json.JSONDecodeError:
                 continue
+            if isinstance(event, dict):
+                events.append(event)
         return events
 
     def last_status(self) -> dict:
@@ -123,20 +191,38 @@ class RunRecord:
         return json.loads(path.read_text()) if path.exists() else None
 
     # --- updates -------------------------------------------------------------------------------------------------
-    def _append_event(self, event: dict) -> None:
-        line = json.dumps({"time": _now(), **event})
-        with open(self.path / "events.jsonl", "a") as f:
-            f.write(line + "\n")
+    def _append_event(self, event: dict) -> str:
+        """One whole line per event, in one write to a file opened for appending, so that events of several
+        processes never interleave; after a line cut short (a crash mid-write), the event starts a line of its own."""
+        time = _now()
+        line = (json.dumps({"time": time, **event}, default=str) + "\n").encode()
+        with _storing(self.path):
+            fd = os.open(self.path / "events.jsonl", os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    line = b"\n" + line
+                os.write(fd, line)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return time
 
     def set_status(self, state, exit_code: str | None = None, reason: str | None = None,
                    cause: str | None = None) -> None:
         """Append a state change to events.jsonl, and make it status.json and the index's row."""
         event = {"state": str(state), "exit_code": exit_code, "reason": reason, "cause": cause}
-        self._append_event(event)
+        time = self._append_event(event)
         tmp = self.path / ".status.json.tmp"
-        tmp.write_text(json.dumps({"time": _now(), **event}, indent=2) + "\n")
-        os.replace(tmp, self.path / "status.json")
-        RunIndex(self.root).update(self.run_id, state=str(state), cause=cause)
+        with _storing(self.path):
+            try:
+                _write_synced(tmp, (json.dumps({"time": time, **event}, indent=2) + "\n").encode(),
+                              os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                os.replace(tmp, self.path / "status.json")
+            finally:
+                tmp.unlink(missing_ok=True)
+            _sync_dir(self.path)
+        RunIndex(self.root).update(self.run_id, state=str(state), cause=cause, updated=time)
 
     def save_metrics(self, metrics: dict) -> None:
         """metrics.json, written once: the first end recorded stands."""
@@ -179,37 +265,55 @@ class RunIndex:
                     "job_ids TEXT, state TEXT, cause TEXT, created TEXT, updated TEXT)")
         return con
 
-    def add(self, record: RunRecord, name: str) -> None:
-        with self._connect() as con:
-            con.execute("INSERT OR IGNORE INTO runs (run_id, name, state, created, updated) VALUES (?, ?, ?, ?, ?)",
-                        (record.run_id, name, "CREATED", _now(), _now()))
+    def _execute(self, sql: str, values: tuple = ()) -> list[tuple]:
+        with _storing(self.root):
+            con = self._connect()
+            try:
+                with con:
+                    return con.execute(sql, values).fetchall()
+            finally:
+                con.close()
+
+    def add(self, record: RunRecord, name: str, created: str | None = None) -> None:
+        created = created or _now()
+        self._execute("INSERT OR IGNORE INTO runs (run_id, name, state, created, updated) VALUES (?, ?, ?, ?, ?)",
+                      (record.run_id, name, "CREATED", created, created))
 
     def update(self, run_id: str, **fields) -> None:
         fields = {k: v for k, v in fields.items() if k in self.COLUMNS and (v is not None or k == "cause")}
-        fields["updated"] = _now()
-        with self._connect() as con:
-            con.execute(f"UPDATE runs SET {', '.join(f'{k} = ?' for k in fields)} WHERE run_id = ?",
-                        (*fields.values(), run_id))
+        fields.setdefault("updated", _now())
+        self._execute(f"UPDATE runs SET {', '.join(f'{k} = ?' for k in fields)} WHERE run_id = ?",
+                      (*fields.values(), run_id))
+
+    def exists(self) -> bool:
+        return self.path.exists()
 
     def rows(self) -> list[dict]:
         if not self.root.is_dir():
             return []
-        with self._connect() as con:
-            cursor = con.execute(f"SELECT {', '.join(self.COLUMNS)} FROM runs ORDER BY created, run_id")
-            return [dict(zip(self.COLUMNS, row)) for row in cursor]
+        found = self._execute(f"SELECT {', '.join(self.COLUMNS)} FROM runs ORDER BY created, run_id")
+        return [dict(zip(self.COLUMNS, row)) for row in found]
+
+    def run_dirs(self) -> list[Path]:
+        """The run directories under the root (those holding a spec)."""
+        return sorted(p for p in self.root.iterdir() if (p / "spec.yaml").exists()) if self.root.is_dir() else []
 
     def rebuild(self) -> int:
-        """Re-read every run directory into the index (after the index was deleted or copied without it)."""
+        """Re-read every run directory into the index (after the index was deleted or copied without it): the row
+        of each run as its own files have it, with the times of its first and last events."""
         count = 0
-        for path in sorted(self.root.iterdir()) if self.root.is_dir() else []:
-            if not (path / "spec.yaml").exists():
-                continue
-            record = RunRecord(path)
-            name = re.search(r"^name: (.*)$", (path / "spec.yaml").read_text(), re.M)
-            self.add(record, name.group(1) if name else record.run_id)
-            info, last = record.job_info, record.last_status()
-            self.update(record.run_id, backend=info.get("backend"), layout=info.get("layout"),
-                        job_ids=",".join(info.get("job_ids", [])) or None, state=last.get("state"),
-                        cause=last.get("cause"))
+        for path in self.run_dirs():
+            self.restore(RunRecord(path))
             count += 1
         return count
+
+    def restore(self, record: RunRecord) -> None:
+        """Make the row of `record` what its files say (its job.json and its last recorded state)."""
+        name = re.search(r"^name: (.*)$", (record.path / "spec.yaml").read_text(errors="replace"), re.M)
+        events = record.events()
+        created = events[0].get("time") if events else None
+        self.add(record, name.group(1).strip().strip("'\"") if name else record.run_id, created)
+        info, last = record.job_info, record.last_status()
+        self.update(record.run_id, backend=info.get("backend"), layout=info.get("layout"),
+                    job_ids=",".join(info.get("job_ids", [])) or None, state=last.get("state"),
+                    cause=last.get("cause"), updated=events[-1].get("time") if events else None)

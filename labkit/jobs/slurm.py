@@ -217,6 +217,8 @@ class SlurmBackend:
                 found.setdefault(key, []).append(
                     Status(slurm_state(fields["JobState"]), fields.get("ExitCode"), fields.get("Reason")))
 
-    def cancel(self, job: Job) -> None:
+    def cancel(self, job: Job) -> bool:
+        """scancel every unit of the job (a refusal raises SlurmError with Slurm's words)."""
         _run(["scancel", *job.job_ids])
+        return True
 

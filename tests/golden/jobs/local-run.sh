@@ -91,6 +91,12 @@ node_main() {
 export -f node_main
 
 export MASTER_ADDR=127.0.0.1
+if [ -n "${LABKIT_LAUNCH_GATE:-}" ]; then
+    # labkit writes "start" once it has recorded this job; end of input means it stopped first: start nothing.
+    unset LABKIT_LAUNCH_GATE
+    read -r _ || exit 1
+    exec </dev/null
+fi
 mkdir -p "$LOGDIR/$JOB_ID"
 state_file="$LOGDIR/$JOB_ID/state"
 echo "RUNNING" >"$state_file"
@@ -98,7 +104,8 @@ finish() {  # finish STATE EXIT_CODE: stop the whole process group (nodes, torch
     trap '' TERM INT USR1
     kill -TERM 0 2>/dev/null
     wait
-    echo "$1 $2" >"$state_file"
+    # Written whole and renamed into place, so that a reader never sees a half-written state.
+    echo "$1 $2" >"$state_file.tmp" && mv -f "$state_file.tmp" "$state_file"
     exit "$2"
 }
 trap 'finish CANCELLED 143' TERM INT

@@ -1,0 +1,227 @@
+"""Run records under races and faults: concurrent pollers, torn event lines, crashes at every write, a read-only or
+full runs directory, a lost index, and cancelling a local job whose runner was killed on its own."""
+from __future__ import annotations
+
+import errno
+import itertools
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from labkit.cli import main
+from labkit.jobs import LocalBackend, State, job_of
+from labkit.jobs import record as record_module
+from labkit.jobs.record import RecordError, RunIndex, RunRecord, load_run
+from labkit.spec import load_spec
+
+FAKE_TORCHRUN = str(Path(__file__).resolve().parent / "fake_torchrun.sh")
+SPEC = {"name": "tiny", "model": {"preset": "tiny"}, "parallel": {"tensor": 1, "pipeline": 1},
+        "batch": {"micro": 2, "global": 8}, "train": {"iters": 10, "log_interval": 5}, "data": {"mock": True},
+        "cluster": {"nodes": [{"gpu": "A10", "count": 1, "gpus_per_node": 1}]}}
+
+
+def spec(name="tiny", **env):
+    return load_spec({**SPEC, "name": name, "job": {"env": env}})
+
+
+def local(tmp_path) -> LocalBackend:
+    return LocalBackend(runs_dir=tmp_path / "runs", torchrun=FAKE_TORCHRUN)
+
+
+def cli(*argv) -> int:
+    return main(list(argv))
+
+
+def test_end_recorded_between_the_two_looks_is_read_from_the_state_file(tmp_path, monkeypatch):
+    backend = local(tmp_path)
+    job = backend.submit(spec())
+    assert job.wait(progress=False, timeout=30, poll_s=0.05) == State.COMPLETED
+    # Another poller's view: the state file still said RUNNING when read, then run.sh wrote its end and exited.
+    state_file = job.log_dir / "state"
+    state_file.write_text("RUNNING\n")
+
+    def gone(_job):
+        state_file.write_text("COMPLETED 0\n")
+        return False
+
+    monkeypatch.setattr(backend, "_alive", gone)
+    assert backend.poll([job])[job].state == State.COMPLETED
+
+
+def test_torn_event_line_keeps_the_next_event(tmp_path):
+    record = RunRecord.create(spec(), tmp_path / "runs")
+    with open(record.path / "events.jsonl", "ab") as f:
+        f.write(b'{"time": "2026-01-01T00:00:00", "sta')  # a write cut short by a crash
+    record.set_status(State.COMPLETED, exit_code="0:0")
+    assert [e["state"] for e in record.events()] == ["CREATED", "COMPLETED"]
+    assert record.last_status()["state"] == "COMPLETED"
+    lines = (record.path / "events.jsonl").read_bytes().split(b"\n")
+    assert lines[1].endswith(b'"sta') and json.loads(lines[2])["state"] == "COMPLETED"
+
+
+def _fail_the_nth_write(monkeypatch, n: int, error=errno.ENOSPC):
+    """Every file write, sync and rename of the record layer fails from the n-th on (a disk that fills up)."""
+    calls = {"n": 0}
+    for name in ("write", "fsync", "rename", "replace", "link", "mkdir"):
+        real = getattr(os, name)
+
+        def failing(*args, _real=real, **kwargs):
+            calls["n"] += 1
+            if calls["n"] > n:
+                raise OSError(error, os.strerror(error))
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(record_module.os, name, failing)
+    return calls
+
+
+def test_every_crash_point_leaves_a_readable_record(tmp_path, monkeypatch, capsys):
+    n, finished = 0, False
+    while not finished:
+        root = tmp_path / f"runs{n}"
+        root.mkdir()
+        with monkeypatch.context() as patch:
+            calls = _fail_the_nth_write(patch, n)
+            try:
+                record = RunRecord.create(spec(), root)
+                record.attach("local", "local", ["123"], pgid=123)
+                record.set_status(State.RUNNING)
+                record.set_status(State.COMPLETED, exit_code="0:0")
+                record.save_metrics({"iterations": []})
+                finished = calls["n"] <= n
+            except RecordError as exc:
+                assert str(root) in str(exc)
+        assert not list(root.rglob("*.tmp")), n
+        for path in root.iterdir():
+            if path.is_dir():  # a run directory is whole: a loadable spec and its events
+                rec = RunRecord(path)
+                assert rec.spec.name == "tiny" and rec.events()[0]["state"] == "CREATED", n
+                info = rec.job_info
+                assert not info or info["job_ids"] == ["123"]
+                capsys.readouterr()
+                assert cli("status", str(path), "--json", "--runs-dir", str(root)) == (0 if info else 1)
+                out, err = capsys.readouterr()
+                assert "Traceback" not in err
+                if info and rec.last_status()["state"] == "COMPLETED":
+                    assert json.loads(out)["state"] == "COMPLETED", n
+        assert cli("runs", "--runs-dir", str(root)) in (0, 1)
+        capsys.readouterr()
+        n += 1
+    assert n > 10  # every step above was a crash point once
+
+
+def test_status_reads_the_events_when_status_json_lags(tmp_path, capsys):
+    record = RunRecord.create(spec(), tmp_path / "runs")
+    record.attach("local", "local", ["999999"], pgid=999999)
+    record.set_status(State.RUNNING)
+    record._append_event({"state": "COMPLETED", "exit_code": "0:0", "reason": None, "cause": None})  # then a crash
+    assert job_of(record).status(refresh=False).state == State.COMPLETED
+    assert cli("runs", "--runs-dir", str(tmp_path / "runs")) == 0
+    assert "COMPLETED" in capsys.readouterr().out
+    assert RunIndex(tmp_path / "runs").rows()[0]["state"] == "COMPLETED"
+
+
+@pytest.mark.parametrize("error", [errno.EROFS, errno.ENOSPC])
+def test_unwritable_runs_directory_is_a_clear_error(tmp_path, monkeypatch, capsys, error):
+    spec_file = tmp_path / "tiny.yaml"
+    spec_file.write_text(json.dumps(SPEC))
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    _fail_the_nth_write(monkeypatch, 0, error)
+    assert cli("run", str(spec_file), "--backend", "local", "--runs-dir", str(runs)) == 1
+    err = capsys.readouterr().err
+    assert f"cannot write the run records in {runs}: {os.strerror(error)}" in err and "Traceback" not in err
+    assert list(runs.iterdir()) == []
+
+
+def test_unwritable_index_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    RunRecord.create(spec(), tmp_path / "runs")
+
+    def readonly(*args, **kwargs):
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+    monkeypatch.setattr(record_module.sqlite3, "connect", readonly)
+    assert cli("runs", "--runs-dir", str(tmp_path / "runs")) == 1
+    err = capsys.readouterr().err
+    assert f"cannot write the run records in {tmp_path / 'runs'}: attempt to write a readonly database" in err
+
+
+def test_lost_index_is_rebuilt_with_the_original_times(tmp_path, monkeypatch, capsys):
+    runs = tmp_path / "runs"
+    times = (f"2026-01-01T10:{minute:02d}:00+00:00" for minute in itertools.count())
+    monkeypatch.setattr(record_module, "_now", lambda: next(times))
+    first = RunRecord.create(spec("first"), runs)
+    second = RunRecord.create(spec("second"), runs)
+    second.attach("local", "local", ["42"], pgid=42)
+    second.set_status(State.FAILED, exit_code="1:0", cause="boom")
+    before = RunIndex(runs).rows()
+    (runs / "index.sqlite").unlink()
+    assert cli("runs", "--runs-dir", str(runs)) == 0
+    out, err = capsys.readouterr()
+    assert "rebuilt" in err and first.run_id in out and second.run_id in out and "2026-01-01T10:00:00" in out
+    assert RunIndex(runs).rows() == before
+    assert cli("runs", "--rebuild", "--runs-dir", str(runs)) == 0
+    assert RunIndex(runs).rows() == before
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` runs (a zombie its new parent has yet to reap does not)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def test_cancel_after_the_runner_was_killed_stops_the_whole_group(tmp_path, capsys):
+    backend = local(tmp_path)
+    job = backend.submit(spec(FAKE_ITERATION_S="30"))
+    deadline = time.monotonic() + 20
+    while not list(job.log_dir.glob("*.argv")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pgid = job.record.job_info["pgid"]
+    assert pgid == int(job.job_id)
+    os.kill(pgid, signal.SIGKILL)  # run.sh alone: its node and the stand-in torchrun run on
+    backend._children[job.job_id].wait()  # reaped, as it would be once this process is gone
+    assert _group_alive(pgid)
+    assert cli("cancel", job.record.run_id, "--runs-dir", str(tmp_path / "runs")) == 0
+    assert not _group_alive(pgid)
+    assert load_run(job.record.run_id, tmp_path / "runs").last_status()["state"] == "CANCELLED"
+    capsys.readouterr()
+    assert cli("cancel", job.record.run_id, "--runs-dir", str(tmp_path / "runs")) == 1
+    assert "nothing to cancel" in capsys.readouterr().err
+
+
+def test_a_job_labkit_could_not_record_never_starts(tmp_path, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # labkit stopped between starting run.sh and writing job.json
+    monkeypatch.setattr(RunRecord, "attach", interrupted)
+    backend = local(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        backend.submit(spec())
+    (child,) = backend._children.values()
+    assert child.wait(timeout=10) != 0
+    (run,) = RunIndex(tmp_path / "runs").run_dirs()
+    assert [p.name for p in (run / "logs").iterdir()] == ["runner.out"]  # no node ever started
+
+
+def test_launch_from_a_killed_labkit_never_runs_untracked(tmp_path):
+    """The same from another process: SIGKILL labkit right after it started run.sh, before job.json."""
+    code = ("import os, signal, sys; from labkit.jobs import LocalBackend; from labkit.jobs.record import RunRecord;"
+            "RunRecord.attach = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL);"
+            f"LocalBackend(runs_dir={str(tmp_path / 'runs')!r}, torchrun={FAKE_TORCHRUN!r})"
+            f".submit({str(tmp_path / 'tiny.yaml')!r})")
+    (tmp_path / "tiny.yaml").write_text(json.dumps(SPEC))
+    assert subprocess.run([sys.executable, "-c", code]).returncode == -signal.SIGKILL
+    time.sleep(1)
+    (run,) = RunIndex(tmp_path / "runs").run_dirs()
+    assert [p.name for p in (run / "logs").iterdir()] == ["runner.out"]
+    assert subprocess.run(["pgrep", "-f", str(run)], capture_output=True).stdout == b""
