@@ -53,8 +53,7 @@ class Topology:
 
     def group_gbps(self, ranks: list[int]) -> float:
         """Speed of a collective over `ranks` (one of several such groups running at once)."""
-        nodes = {self.slots[r].node for r in ranks}
-        if len(nodes) == 1:
+        if not self.crosses_nodes(ranks):
             return self.calibration.bus_gbps(min(self.slots[r].intra_gbps for r in ranks), inter_node=False)
         return self.calibration.bus_gbps(min(self.slots[r].inter_gbps for r in ranks), inter_node=True)
 
@@ -68,7 +67,7 @@ class Topology:
         """A ring over the stage's data-parallel ranks; the stage's t rings share each node's network interface."""
         ranks = [self.rank(stage, j, 0) for j in range(self.data)]
         gbps = self.group_gbps(ranks)
-        if len({self.slots[r].node for r in ranks}) > 1:
+        if self.crosses_nodes(ranks):
             per_node = Counter(self.slots[self.rank(stage, 0, k)].node for k in range(self.tensor))
             gbps /= max(per_node.values())
         return gbps
