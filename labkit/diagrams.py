@@ -17,9 +17,7 @@ from labkit.estimate.timing import Event, Pipeline, bubble_fraction
 from labkit.paths import course_dir, example
 from labkit.spec import RunSpec, load_spec
 
-
 FORWARD_COLOR = "#4c78a8"
-BACKWARD_COLOR = "#f58518"
 CHUNK_SHADES = ("#4c78a8", "#72b7b2", "#54a24b", "#b279a2")  # forward colour per model chunk (virtual stage)
 BACK_SHADES = ("#f58518", "#e45756", "#eeca3b", "#9d755d")
 GPU_COLORS = {"A100-40GB": "#4c78a8", "A100-80GB": "#4c78a8", "H100-80GB": "#54a24b", "A10": "#f58518",
