@@ -103,9 +103,3 @@ def build_model(args, config: TransformerConfig) -> list[torch.nn.Module]:
     )
     return [DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk,
                                     disable_bucketing=i > 0) for i, chunk in enumerate(chunks)]
-
-
-def unwrap(chunk: torch.nn.Module) -> GPTModel:
-    while not isinstance(chunk, GPTModel):
-        chunk = chunk.module
-    return chunk
