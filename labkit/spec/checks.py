@@ -92,11 +92,11 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
             errors.append(f"{where}: must be a positive number, got {value}")
     errors += _check_sizes(spec)
     if spec.precision not in PRECISIONS:
-        errors.append(f"precision: {spec.precision!r} is not one of {', '.join(PRECISIONS)}")
+        errors.append(f"precision: {quote(spec.precision)} is not one of {', '.join(PRECISIONS)}")
     if spec.optimizer.name not in OPTIMIZERS:
-        errors.append(f"optimizer.name: {spec.optimizer.name!r} is not one of {', '.join(OPTIMIZERS)}")
+        errors.append(f"optimizer.name: {quote(spec.optimizer.name)} is not one of {', '.join(OPTIMIZERS)}")
     if spec.optimizer.lr_decay_style not in LR_DECAY_STYLES:
-        errors.append(f"optimizer.lr_decay_style: {spec.optimizer.lr_decay_style!r} is not one of "
+        errors.append(f"optimizer.lr_decay_style: {quote(spec.optimizer.lr_decay_style)} is not one of "
                       f"{', '.join(LR_DECAY_STYLES)}")
     errors += _check_optimizer(spec)
     errors += _check_train(spec)
@@ -164,13 +164,13 @@ def _check_architecture(spec: RunSpec) -> list[str]:
     """Megatron-LM's choices of normalization, positions and vocabulary padding, and the tokenizer type."""
     m, errors = spec.model, []
     if m.normalization not in NORMALIZATIONS:
-        errors.append(f"model.normalization: {m.normalization!r} is not one of {', '.join(NORMALIZATIONS)}")
+        errors.append(f"model.normalization: {quote(m.normalization)} is not one of {', '.join(NORMALIZATIONS)}")
     if m.position_embedding_type not in POSITION_EMBEDDING_TYPES:
-        errors.append(f"model.position_embedding_type: {m.position_embedding_type!r} is not one of "
+        errors.append(f"model.position_embedding_type: {quote(m.position_embedding_type)} is not one of "
                       f"{', '.join(POSITION_EMBEDDING_TYPES)}")
     elif m.rotary_base is not None and m.position_embedding_type != "rope":
         errors.append(f"model.rotary_base: set to {m.rotary_base} but model.position_embedding_type is "
-                      f"{m.position_embedding_type!r}; rotary_base applies only with position_embedding_type rope")
+                      f"{quote(m.position_embedding_type)}; rotary_base applies only with position_embedding_type rope")
     if m.rotary_base is not None and m.rotary_base <= 0:
         errors.append(f"model.rotary_base: must be a positive number, got {m.rotary_base}")
     if m.make_vocab_size_divisible_by is not None and m.make_vocab_size_divisible_by <= 0:
@@ -182,7 +182,7 @@ def _check_architecture(spec: RunSpec) -> list[str]:
             errors.append(f"model.{name}: a dropout probability is at least 0 and below 1, got {value}")
     tokenizer = spec.data.tokenizer
     if tokenizer is not None and tokenizer.type not in TOKENIZER_TYPES:
-        errors.append(f"data.tokenizer.type: {tokenizer.type!r} is not one of {', '.join(TOKENIZER_TYPES)}")
+        errors.append(f"data.tokenizer.type: {quote(tokenizer.type)} is not one of {', '.join(TOKENIZER_TYPES)}")
     return errors
 
 
@@ -267,11 +267,11 @@ def _check_recompute(spec: RunSpec) -> list[str]:
         return []
     errors = []
     if r.granularity not in RECOMPUTE_GRANULARITIES:
-        errors.append(f"recompute.granularity: {r.granularity!r} is not one of {', '.join(RECOMPUTE_GRANULARITIES)} "
-                      "(or write `recompute: none`)")
+        errors.append(f"recompute.granularity: {quote(r.granularity)} is not one of "
+                      f"{', '.join(RECOMPUTE_GRANULARITIES)} (or write `recompute: none`)")
     if r.granularity == "full":
         if r.method not in RECOMPUTE_METHODS:
-            errors.append(f"recompute.method: {r.method!r} is not one of {', '.join(RECOMPUTE_METHODS)} "
+            errors.append(f"recompute.method: {quote(r.method)} is not one of {', '.join(RECOMPUTE_METHODS)} "
                           "(needed with granularity full)")
         if r.num_layers is None or r.num_layers <= 0:
             errors.append(f"recompute.num_layers: must be a positive number, got {r.num_layers}")
@@ -291,8 +291,8 @@ def _check_cluster(spec: RunSpec) -> list[str]:
         name = catalog.resolve_gpu_name(group.gpu)
         if name is None:
             hint = catalog.closest(group.gpu, [n for g in catalog.gpus().values() for n in (g.name, *g.aliases)])
-            errors.append(f"{where}.gpu: unknown GPU {group.gpu!r}; " + (f"closest: {', '.join(hint)}; " if hint else "")
-                          + f"known: {', '.join(catalog.gpus())}")
+            errors.append(f"{where}.gpu: unknown GPU {quote(group.gpu)}; "
+                          + (f"closest: {', '.join(hint)}; " if hint else "") + f"known: {', '.join(catalog.gpus())}")
         else:
             gpu = catalog.gpus()[name]
             if spec.precision == "bf16" and not gpu.bf16:
@@ -359,12 +359,13 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
     for field in ("partition", "account"):
         value = getattr(job, field)
         if value is not None and (not value.strip() or re.search(r"[\s\x00-\x1f\x7f\"'\\#,]", value)):
-            errors.append(f"job.{field}: {value!r} is not a Slurm {field} name; use letters, digits, '-', '_' or '.'")
+            errors.append(f"job.{field}: {quote(value)} is not a Slurm {field} name; use letters, digits, '-', '_' "
+                          "or '.'")
     if job.time_limit is not None:
         try:
             time_limit_seconds(job.time_limit)
         except ValueError:
-            errors.append(f"job.time_limit: {job.time_limit!r} is not a Slurm time limit; write minutes (30), "
+            errors.append(f"job.time_limit: {quote(job.time_limit)} is not a Slurm time limit; write minutes (30), "
                           "H:MM:SS (1:30:00), D-HH (2-00) or UNLIMITED")
     if job.cpus_per_task is not None and job.cpus_per_task <= 0:
         errors.append(f"job.cpus_per_task: must be a positive number, got {job.cpus_per_task}")
@@ -389,17 +390,17 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
     container = job.container
     if container is not None:
         if container.runtime not in ("pyxis", "enroot"):
-            errors.append(f"job.container.runtime: {container.runtime!r} is not pyxis or enroot")
+            errors.append(f"job.container.runtime: {quote(container.runtime)} is not pyxis or enroot")
         if not container.image or CONTROL_CHARS.search(container.image):
             errors.append("job.container.image: give an image (e.g. nvcr.io#nvidia/pytorch:24.01-py3 or a .sqsh path) "
                           "on one line")
         for i, mount in enumerate(container.mounts):
             if "," in mount or CONTROL_CHARS.search(mount) or not mount.strip():
-                errors.append(f"job.container.mounts[{i}]: {mount!r} must be SRC[:DST[:FLAGS]] without commas or "
+                errors.append(f"job.container.mounts[{i}]: {quote(mount)} must be SRC[:DST[:FLAGS]] without commas or "
                               "line breaks (pyxis separates mounts with commas)")
     groups = spec.cluster_or_default().nodes
     if layout is not None and layout not in LAYOUTS:
-        errors.append(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
+        errors.append(f"layout: {quote(layout)} is not one of {', '.join(LAYOUTS)}")
     if layout == "multinode" and len(groups) != 1:
         errors.append(f"cluster.nodes: the multinode layout needs one node group, the spec has {len(groups)}; "
                       "use the hetjob or pair layout")

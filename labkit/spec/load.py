@@ -66,8 +66,8 @@ def read_source(source) -> tuple[dict, list[str]]:
         if str(data["recompute"]).lower() in ("none", "false", "off"):
             data["recompute"] = None
         else:
-            errors.append(f"recompute: {data['recompute']!r} is not a setting; write `recompute: none` or a mapping "
-                          "like {granularity: full, method: uniform, num_layers: 1}")
+            errors.append(f"recompute: {quote(data['recompute'])} is not a setting; write `recompute: none` or a "
+                          "mapping like {granularity: full, method: uniform, num_layers: 1}")
             data["recompute"] = None
     cluster = data.get("cluster")
     if isinstance(cluster, str):
@@ -75,7 +75,7 @@ def read_source(source) -> tuple[dict, list[str]]:
             data["cluster"] = {"nodes": catalog.clusters()[cluster]["nodes"]}
         else:
             hint = catalog.closest(cluster, catalog.clusters())
-            errors.append(f"cluster: unknown cluster {cluster!r}; known: {', '.join(catalog.clusters())}"
+            errors.append(f"cluster: unknown cluster {quote(cluster)}; known: {', '.join(catalog.clusters())}"
                           + (f" (closest: {', '.join(hint)})" if hint else ""))
             data["cluster"] = None
     model = data.get("model", {"preset": DEFAULT_PRESET})
@@ -153,7 +153,7 @@ def _with_preset(model: dict, errors: list[str]) -> dict:
             merged = {k: v for k, v in presets[name].items() if k != "source"}
         else:
             hint = catalog.closest(str(name), presets)
-            errors.append(f"model.preset: unknown preset {name!r}; "
+            errors.append(f"model.preset: unknown preset {quote(name)}; "
                           + (f"closest: {', '.join(hint)}; " if hint else "") + f"known: {', '.join(presets)}")
     merged.update(model)
     if merged.get("position_embedding_type") != "rope" and "rotary_base" not in model:
