@@ -26,6 +26,7 @@ PCIE_MAX_GBPS = 512
 class Stack:
     """What the training software adds on top of the hardware (see labkit.estimate.timing).
 
+    name: the stack's key in Calibration.stacks ("megatron-core", ...).
     memory_passes: analytic compute, passes over a layer's activation bytes at memory bandwidth, forward + backward.
     tp_allreduce_s: fixed cost of each tensor-parallel all-reduce, beyond the ring's bytes and latency.
     p2p_message_s: fixed cost of each pipeline send or receive.
