@@ -1,10 +1,12 @@
-"""Catalogs kept as data in data/: GPUs, model presets, named clusters, profiles, the estimator's calibration."""
+"""Catalogs kept as package data in labkit/data/: GPUs, model presets, named clusters, the estimator's calibration.
+(Per-layer profiles are read by labkit.estimate.profiles.)"""
 from __future__ import annotations
 
 import difflib
 import functools
 import re
 from dataclasses import dataclass, field
+
 import yaml
 
 from labkit.paths import DATA_DIR
