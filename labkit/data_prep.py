@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from labkit.megatron_args import DEFAULT_MERGES, DEFAULT_VOCAB
+from labkit.train.arguments import DEFAULT_MERGES, DEFAULT_VOCAB
 
 BATCH = 256
 
