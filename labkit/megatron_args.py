@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+
 from labkit.spec import RunSpec
 from labkit.train.arguments import DEFAULT_MERGES, DEFAULT_VOCAB
 
