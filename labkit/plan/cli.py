@@ -8,6 +8,7 @@ from pathlib import Path
 
 from labkit import catalog
 from labkit.spec import NodeGroup, RunSpec, SpecError, load_spec
+from labkit.spec.checks import PRECISIONS
 from labkit.spec.load import read_file
 
 
@@ -19,7 +20,7 @@ def register(sub) -> None:
                         "or a run spec whose cluster, model and batch are used")
     p.add_argument("--model", help="model preset from labkit/data/models.yaml; default: the spec's model")
     p.add_argument("--global-batch", type=int, help="sequences per step; default: the spec's batch.global")
-    p.add_argument("--precision", choices=("fp32", "fp16", "bf16"),
+    p.add_argument("--precision", choices=PRECISIONS,
                    help="default: the spec's, else bf16 where every GPU has it, else fp16")
     p.add_argument("--objective", choices=("time", "cost"), default="time",
                    help="time: fastest step; cost: cheapest step (price per node-hour from labkit/data/gpus.yaml)")
@@ -38,7 +39,7 @@ def register(sub) -> None:
     p.add_argument("--tensor", type=int, default=1, help="tensor-parallel size the profile stands for (default 1)")
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5, help="timed forward passes per layer (median is kept)")
-    p.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default=None,
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="default: bf16 on a GPU, fp32 on CPU")
     p.add_argument("--output", "-o", help="profile path (default ~/.labkit/profiles/<model>_<gpu>_tp<t>.json)")
     p.set_defaults(func=_profile)
