@@ -12,6 +12,7 @@ from labkit.train.arguments import flag_errors
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "megatron_args"
+LLAMA_TOKENIZER = ROOT / "labkit" / "data" / "tokenizer" / "llama" / "tokenizer.json"
 
 CASES = {
     "gpt2-xl-hetero": (ROOT / "examples" / "gpt2-xl-hetero.yaml", {}, False),
@@ -30,9 +31,8 @@ CASES = {
                                "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 2, "gpus_per_node": 8}]}}, False),
     "tiny-llama-hf-tokenizer": (ROOT / "examples" / "tiny-cpu.yaml",
                                 {"model": {"preset": "tiny-llama"},
-                                 "data": {"path": "/data/corpus-llama_text_document", "mock": False,
-                                          "tokenizer": {"type": "HuggingFaceTokenizer",
-                                                        "model": str(ROOT / "labkit/data/tokenizer/llama/tokenizer.json")}}},
+                                 "data": {"path": "/data/corpus-llama_text_document", "mock": False, "tokenizer":
+                                          {"type": "HuggingFaceTokenizer", "model": str(LLAMA_TOKENIZER)}}},
                                 False),
 }
 
