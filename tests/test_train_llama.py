@@ -1,6 +1,7 @@
 """The Llama family end to end on CPU: labkit's Llama-style tokenizer (rebuilt byte for byte), HuggingFace and
 SentencePiece tokenizers in `labkit data prepare` and the driver, the spec's flags checked before anything runs, and
-`tiny-llama` trained with tensor, pipeline and data parallelism, each rank's parameters matching the estimate."""
+`tiny-llama` trained with tensor, pipeline (uneven and interleaved) and data parallelism, recomputation, bf16 and fp16,
+each rank's parameters matching the estimate."""
 from __future__ import annotations
 
 import importlib.util
@@ -131,17 +132,26 @@ def test_validating_a_spec_imports_neither_torch_nor_megatron():
     assert out.strip() == "[]"
 
 
-LAYOUTS = {"tp2": {"tensor": 2}, "pp2": {"pipeline": 2}, "dp2": {}}
+LAYOUTS = {
+    "tp2": {"parallel": {"tensor": 2}},
+    "pp2": {"parallel": {"pipeline": 2}},
+    "dp2": {},
+    "pp2-uneven-bf16-recompute": {"parallel": {"pipeline": 2, "partition": [1, 3]}, "precision": "bf16",
+                                  "recompute": {"granularity": "full", "method": "uniform", "num_layers": 1}},
+    # A fixed loss scale: dynamic scaling skips the first steps, which then log no loss.
+    "pp2-interleaved-fp16": {"parallel": {"pipeline": 2, "virtual_stages": 2}, "precision": "fp16",
+                             "optimizer": {"loss_scale": 128.0}},
+}
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """tiny-llama for 3 iterations with each layout, two gloo processes each, all started at once."""
     runs = {}
-    for name, parallel in LAYOUTS.items():
-        spec = load_spec({"model": {"preset": "tiny-llama"}, "parallel": parallel, "precision": "fp32",
+    for name, changes in LAYOUTS.items():
+        spec = load_spec({"model": {"preset": "tiny-llama"}, "precision": "fp32",
                           "batch": {"micro": 2, "global": 8}, "train": {"iters": 3, "log_interval": 1},
-                          "cluster": {"nodes": [{"gpu": "cpu", "count": 1, "gpus_per_node": 2}]}})
+                          "cluster": {"nodes": [{"gpu": "cpu", "count": 1, "gpus_per_node": 2}]}, **changes})
         directory = tmp_path_factory.mktemp(name)
         log = open(directory / "train.log", "w")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}",
