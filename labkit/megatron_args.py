@@ -36,7 +36,8 @@ def tokenizer_args(spec: RunSpec) -> list:
     elif kind == "NullTokenizer":
         args += ["--vocab-size", spec.model.vocab_size]
     else:
-        args += ["--tokenizer-model", tokenizer.model]
+        # Absolute, as `labkit validate` read it: jobs run in their run directory.
+        args += ["--tokenizer-model", os.path.abspath(os.path.expanduser(tokenizer.model))]
     return args
 
 

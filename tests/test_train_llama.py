@@ -116,6 +116,14 @@ def test_validate_refuses_a_flag_the_driver_would_refuse_naming_it():
     assert megatron_args(spec)[-2:] == ["--normalization", "RMSNorm"]
 
 
+def test_a_relative_tokenizer_path_renders_as_the_file_validate_read(monkeypatch):
+    monkeypatch.chdir(LLAMA_TOKENIZER.parent)
+    spec = load_spec({"model": {"preset": "tiny-llama"}, "data": {
+        "path": "corpus", "mock": False, "tokenizer": {"type": "HuggingFaceTokenizer", "model": "tokenizer.json"}}})
+    args = megatron_args(spec)
+    assert args[args.index("--tokenizer-model") + 1] == str(LLAMA_TOKENIZER)
+
+
 @pytest.mark.parametrize("model", [None, "missing/tokenizer.json", "."])
 def test_a_missing_or_unreadable_tokenizer_file_is_refused_naming_the_field(model):
     tokenizer = {"type": "HuggingFaceTokenizer", **({"model": model} if model else {})}
