@@ -1,9 +1,9 @@
 """Where labkit's files are: package data, the course files (notebooks, examples, images) and the user's directories.
 
-This is the only module that knows a location. Package data (catalogs, tokenizer, corpus, templates, profiles) lives
-inside the package and is found with `importlib.resources`, so a wheel installed anywhere finds it. The course files
-live at the top of the source tree; a wheel carries a copy of them under `labkit/course/` (see setup.py), and
-`labkit workspace DIR` copies them out for a pip-only install.
+This is the only module that knows a location. Package data (catalogs, tokenizer, corpus, profiles) lives inside the
+package and is found with `importlib.resources` (the job templates with jinja2's PackageLoader), so a wheel installed
+anywhere finds it. The course files live at the top of the source tree; a wheel carries a copy of them under
+`labkit/course/` (see setup.py), and `labkit workspace DIR` copies them out for a pip-only install.
 """
 from __future__ import annotations
 
@@ -15,9 +15,6 @@ _PACKAGE = Path(str(resources.files("labkit")))
 
 DATA_DIR = _PACKAGE / "data"
 """Catalogs (gpus, models, clusters, published runs), the tokenizer, the corpus and the shipped profiles."""
-
-TEMPLATE_DIR = _PACKAGE / "templates"
-"""The jinja2 templates of job scripts (loaded with jinja2's PackageLoader)."""
 
 COURSE_NAMES = ("notebooks", "examples", "images")
 """The course files a user works with: the labs (with their solutions), example run specs and the lab figures."""

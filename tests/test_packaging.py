@@ -9,6 +9,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import jinja2
 import pytest
 import yaml
 
@@ -102,7 +103,7 @@ def test_package_data_is_inside_the_package():
         assert paths.data_file(name).is_file(), name
     assert paths.data_file("tokenizer", "vocab.json").is_file()
     assert paths.data_file("corpus", "corpus_text_document.idx").is_file()
-    assert (paths.TEMPLATE_DIR / "multinode.sbatch.j2").is_file()
+    assert "multinode.sbatch.j2" in jinja2.PackageLoader("labkit", "templates").list_templates()
 
 
 def test_profiles_measured_here_go_to_the_user_directory(monkeypatch, tmp_path):
