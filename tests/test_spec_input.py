@@ -144,7 +144,7 @@ def test_deep_json_is_a_spec_error(tmp_path):
                                  "model.num_layers"])
 def test_an_empty_value_is_missing_a_value(tmp_path, key):
     section, leaf = key.split(".") if "." in key else (None, key)
-    text = "name: x\n" + (f"{section}: {{{leaf}: }}\n" if section else f"{leaf}:\n")
+    text = ("" if key == "name" else "name: x\n") + (f"{section}: {{{leaf}: }}\n" if section else f"{leaf}:\n")
     if section != "model":
         text += "model: {preset: tiny}\n"
     assert_names(errors_of(tmp_path, text), key, "missing")
@@ -164,7 +164,8 @@ def test_an_empty_list_item_or_env_value_is_missing_a_value(tmp_path):
 
 
 def test_zero_data_parallel_is_named(tmp_path):
-    assert_names(errors_of(tmp_path, BASE.format(name="z") + "parallel: {data: 0}\n"), "parallel.data", "positive")
+    text = BASE.format(name="z").replace("parallel: {tensor: 1, pipeline: 1}", "parallel: {data: 0}")
+    assert_names(errors_of(tmp_path, text), "parallel.data", "positive")
 
 
 # --- huge sizes and alias bombs fail fast with short output ---------------------------------------------------------
@@ -218,6 +219,19 @@ def test_anchors_and_aliases_of_modest_size_still_work(tmp_path):
     spec = load_spec(spec_file(tmp_path, BASE.format(name="&n run")
                                + "job: {partition: *n, extra_args: [--data-cache-path, *n]}\n"))
     assert spec.job.partition == "run" and spec.job.extra_args == ["--data-cache-path", "run"]
+
+
+@pytest.mark.parametrize("text, key", [
+    ("name: a\nmodel: {preset: tiny}\nname: b\n", "name"),
+    ("job: {env: {1: a, '1': b}}\n", "1"),
+])
+def test_a_key_given_twice_is_refused_not_dropped(tmp_path, text, key):
+    assert_names(errors_of(tmp_path, text), "spec", f"the key {key!r} is given twice")
+
+
+def test_a_merge_key_may_still_override(tmp_path):
+    spec = load_spec(spec_file(tmp_path, "batch:\n  <<: {micro: 1, global: 8}\n  micro: 2\n"))
+    assert (spec.batch.micro, spec.batch.global_) == (2, 8)
 
 
 @pytest.mark.parametrize("text, field", [

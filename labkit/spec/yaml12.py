@@ -90,6 +90,18 @@ class SpecLoader(yaml.SafeLoader):
         _check_expanded_size(node)
         return node
 
+    def construct_mapping(self, node, deep=False):
+        # YAML 1.2 keys are unique; PyYAML keeps the last silently, which would drop what the user wrote first.
+        # Compared as written, so `1` and "1" (which become the same env name) clash too; merged keys may override.
+        seen = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                if key_node.value in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"the key {key_node.value[:200]!r} is given "
+                                                            "twice; keep one", key_node.start_mark)
+                seen.add(key_node.value)
+        return super().construct_mapping(node, deep)
+
     def construct_yaml_int(self, node):
         text = self.construct_scalar(node)
         number = core_number(text)
