@@ -225,3 +225,17 @@ def test_launch_from_a_killed_labkit_never_runs_untracked(tmp_path):
     (run,) = RunIndex(tmp_path / "runs").run_dirs()
     assert [p.name for p in (run / "logs").iterdir()] == ["runner.out"]
     assert subprocess.run(["pgrep", "-f", str(run)], capture_output=True).stdout == b""
+
+
+def test_concurrent_writers_of_one_record_never_collide(tmp_path):
+    """Pollers in several processes and threads record the same run's end at once."""
+    from concurrent.futures import ThreadPoolExecutor
+    record = RunRecord.create(spec(), tmp_path / "runs")
+
+    def write(i):
+        record.set_status(State.COMPLETED if i % 2 else State.RUNNING)
+        record.save_metrics({"iterations": [], "writer": i})
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(write, range(64)))
+    assert len(record.events()) == 65 and json.loads((record.path / "status.json").read_text())["state"]
+    assert not list(record.path.glob("*.tmp")) and not list(record.path.glob(".*.tmp"))

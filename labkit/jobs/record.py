@@ -24,6 +24,7 @@ import json
 import os
 import re
 import sqlite3
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -64,6 +65,11 @@ def _sync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _tmp(path: Path) -> Path:
+    """A temporary name beside `path`, this writer's own (pollers in several processes and threads write at once)."""
+    return path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+
+
 def _write_synced(path: Path, data: bytes, flags: int) -> None:
     fd = os.open(path, flags, 0o644)
     try:
@@ -100,14 +106,14 @@ class RunRecord:
                 with _storing(root):
                     record.logs.mkdir()
                     # The spec is written under a temporary name and renamed, so spec.yaml is never a partial file.
-                    _write_synced(path / ".spec.yaml.tmp", spec.to_yaml().encode(),
+                    _write_synced(_tmp(path / "spec.yaml"), spec.to_yaml().encode(),
                                   os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-                    os.rename(path / ".spec.yaml.tmp", path / "spec.yaml")
+                    os.rename(_tmp(path / "spec.yaml"), path / "spec.yaml")
                     created = record._append_event({"state": "CREATED"})
                     _sync_dir(path)
                     _sync_dir(root)
             except RecordError:
-                for leftover in (path / ".spec.yaml.tmp", path / "spec.yaml", path / "events.jsonl"):
+                for leftover in (_tmp(path / "spec.yaml"), path / "spec.yaml", path / "events.jsonl"):
                     leftover.unlink(missing_ok=True)
                 for directory in (record.logs, path):
                     with contextlib.suppress(OSError):
@@ -120,7 +126,8 @@ class RunRecord:
     def _write_once(self, name: str, text: str, mode: int = 0o644) -> Path:
         """A file written whole or not at all, never overwritten: a temporary file synced, then linked to its name
         (os.link fails if the name exists, where a rename would replace it)."""
-        path, tmp = self.path / name, self.path / f".{name}.tmp"
+        path = self.path / name
+        tmp = _tmp(path)
         with _storing(self.path):
             try:
                 _write_synced(tmp, text.encode(), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
@@ -213,7 +220,7 @@ class RunRecord:
         """Append a state change to events.jsonl, and make it status.json and the index's row."""
         event = {"state": str(state), "exit_code": exit_code, "reason": reason, "cause": cause}
         time = self._append_event(event)
-        tmp = self.path / ".status.json.tmp"
+        tmp = _tmp(self.path / "status.json")
         with _storing(self.path):
             try:
                 _write_synced(tmp, (json.dumps({"time": time, **event}, indent=2) + "\n").encode(),
