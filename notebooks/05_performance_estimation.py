@@ -65,8 +65,8 @@ print(f"{params:,} parameters")
 # %% [markdown]
 # The sizes Megatron-LM's paper trained (SC21's Table 1, as the Megatron-LM test case of
 # [aws-samples/awsome-distributed-training](https://github.com/aws-samples/awsome-distributed-training) lists them),
-# from the presets in `labkit/data/models.yaml`: the formula and the exact count (which also knows about GQA, SwiGLU
-# and untied embeddings) agree for these GPT models.
+# from the presets in `labkit/data/models.yaml`: the exact count (which also knows about GQA, SwiGLU, RMSNorm, rotary
+# positions and untied embeddings) is the formula plus the final layer norm's $2h$, which the formula leaves out.
 
 # %% tags=["nbval-check-output"]
 model_size_table()
