@@ -61,8 +61,11 @@ def test_a_sentencepiece_model_tokenizes_and_prepares_data(tmp_path):
                                              num_threads=1, minloglevel=2)
     tokenizer = SentencePieceTokenizer(tmp_path / "sp.model")
     ids = tokenizer.tokenize(TEXT)
-    assert tokenizer.vocab_size == 400 and ids[0] == 1 and tokenizer.eod == 2
+    # Megatron-LM's vocabulary: the 400 pieces (<unk> <s> </s> among them, no pad), then <CLS> <SEP> <EOD> <MASK> <PAD>.
+    assert tokenizer.vocab_size == 405 and tokenizer.eod == 402
+    assert ids[0] != 1 and max(ids) < 400
     assert tokenizer.detokenize(ids) == TEXT
+    assert tokenizer.detokenize([*ids, tokenizer.eod]) == TEXT + " <EOD>"
 
     corpus = tmp_path / "few.jsonl"
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[:20]))

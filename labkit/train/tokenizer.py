@@ -77,8 +77,10 @@ class HuggingFaceTokenizer:
 
 
 class SentencePieceTokenizer:
-    """A SentencePiece `.model` (Llama 2's tokenizer.model) read by the `sentencepiece` library; like Megatron-LM's,
-    it opens each document with the model's BOS and ends it with its EOS as the EOD token."""
+    """A SentencePiece `.model` read by the `sentencepiece` library, with the vocabulary Megatron-LM's
+    SentencePieceTokenizer gives it: the model's pieces, then `<CLS>` `<SEP>` `<EOD>` `<MASK>` and whichever of the pad,
+    BOS and EOS pieces the model lacks, appended as new ids. Documents end with `<EOD>`; no BOS is added. (Megatron-LM
+    also splits those special names out of raw text; corpus text here never holds them.)"""
 
     def __init__(self, model_file: str | Path):
         import sentencepiece
@@ -89,20 +91,35 @@ class SentencePieceTokenizer:
             self._sp = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
         except Exception as exc:
             raise ValueError(f"--tokenizer-model: {model_file} is not a SentencePiece model ({exc})") from None
-        self.vocab_size = self._sp.get_piece_size()
-        if self._sp.eos_id() < 0:
-            raise ValueError(f"--tokenizer-model: {model_file} has no end-of-sequence piece to end documents with")
-        self.eod = self._sp.eos_id()
+        self._pieces = self._sp.get_piece_size()
+        vocab = {self._sp.id_to_piece(i): i for i in range(self._pieces)}
+        def piece(token_id: int, fallback: str) -> str:
+            return self._sp.id_to_piece(token_id) if 0 <= token_id < self._pieces else fallback
+
+        for token in ("<CLS>", "<SEP>", "<EOD>", "<MASK>", piece(self._sp.pad_id(), "<PAD>"),
+                      piece(self._sp.bos_id(), "<BOS>"), piece(self._sp.eos_id(), "<EOS>")):
+            vocab.setdefault(token, len(vocab))
+        self._specials = {i: token for token, i in vocab.items() if i >= self._pieces}
+        self.vocab_size = len(vocab)
+        self.eod = vocab["<EOD>"]
         self.unique_identifiers = {"class": type(self).__name__, "tokenizer_model": str(model_file)}
 
     def tokenize(self, text: str) -> list[int]:
-        return self.tokenize_batch([text])[0]
+        return self._sp.encode(text)
 
     def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
-        return self._sp.encode(texts, add_bos=self._sp.bos_id() >= 0)
+        return self._sp.encode(texts)
 
     def detokenize(self, ids) -> str:
-        return self._sp.decode(list(ids))
+        """The text, an added special token written by name between spaces (as Megatron-LM does)."""
+        parts, run = [], []
+        for i in ids:
+            if i in self._specials:
+                parts += [self._sp.decode(run), self._specials[i]]
+                run = []
+            else:
+                run.append(i)
+        return " ".join(p for p in [*parts, self._sp.decode(run)] if p).strip()
 
 
 class NullTokenizer:
