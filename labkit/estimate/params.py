@@ -44,7 +44,8 @@ class Shape:
     bias: bool = True
     """Biases in the linear layers (ModelSpec.add_bias_linear)."""
     vocab_multiple: int = 128
-    """Megatron pads the vocabulary to a multiple of this times the tensor size (ModelSpec.make_vocab_size_divisible_by)."""
+    """Megatron pads the vocabulary to a multiple of this times the tensor size
+    (ModelSpec.make_vocab_size_divisible_by)."""
     hidden_dropout: float = 0.1
     """Dropout after attention and MLP (ModelSpec.hidden_dropout); at 0 no mask is kept."""
     attention_dropout: float = 0.1
@@ -167,10 +168,10 @@ def rank_params(spec: RunSpec, tensor_rank: int, pipeline_rank: int) -> int:
     """The parameters of one (tensor, pipeline) rank as Megatron logs them: `number of parameters on (tensor,
     pipeline) model parallel rank (t, p): N`.
 
-    The first pipeline rank holds the word embedding (and a position table), the last the final norm and the output
-    layer (with tied embeddings and more than one stage, a copy of the word embedding); each rank's layers split their
-    column- and row-parallel matrices over the tensor ranks and keep whole copies of the norms and row-parallel biases,
-    so every tensor rank of a stage holds the same count. Interleaved chunks of a rank are summed.
+    The first pipeline rank holds the word embedding (and the learned position table), the last the final norm and the
+    output layer (with tied embeddings and more than one stage, a copy of the word embedding); each rank's layers split
+    their column- and row-parallel matrices over the tensor ranks and keep whole copies of the norms and row-parallel
+    biases, so every tensor rank of a stage holds the same count. Interleaved chunks of a rank are summed.
     """
     t, p = spec.parallel.tensor, spec.parallel.pipeline
     if not (0 <= tensor_rank < t and 0 <= pipeline_rank < p):
