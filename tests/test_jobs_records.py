@@ -239,3 +239,15 @@ def test_concurrent_writers_of_one_record_never_collide(tmp_path):
         list(pool.map(write, range(64)))
     assert len(record.events()) == 65 and json.loads((record.path / "status.json").read_text())["state"]
     assert not list(record.path.glob("*.tmp")) and not list(record.path.glob(".*.tmp"))
+
+
+def test_runs_lists_a_run_the_index_missed(tmp_path, monkeypatch, capsys):
+    def lost(*args, **kwargs):
+        raise sqlite3.OperationalError("disk I/O error")
+    with monkeypatch.context() as patch:
+        patch.setattr(RunIndex, "add", lost)  # a crash or a full disk between the run directory and its index row
+        with pytest.raises(sqlite3.OperationalError):
+            RunRecord.create(spec("missed"), tmp_path / "runs")
+    RunRecord.create(spec("kept"), tmp_path / "runs")
+    assert cli("runs", "--runs-dir", str(tmp_path / "runs")) == 0
+    assert sorted(row["name"] for row in RunIndex(tmp_path / "runs").rows()) == ["kept", "missed"]

@@ -131,7 +131,7 @@ def _cancel(args) -> int:
 
 def _runs(args) -> int:
     from labkit.jobs import backend_named, job_of
-    from labkit.jobs.record import RecordError, RunIndex, RunRecord, load_run
+    from labkit.jobs.record import RecordError, RunIndex, load_run
     from labkit.jobs.watcher import WATCHER
 
     index = RunIndex(args.runs_dir)
@@ -139,13 +139,7 @@ def _runs(args) -> int:
         if args.rebuild or (not index.exists() and index.run_dirs()):
             count = index.rebuild()
             print(f"rebuilt {index.path} from {count} run directories", file=sys.stderr)
-        rows = index.rows()
-        # The index is a cache: a row a crash left behind its run's own files is brought up to date from them.
-        for row in rows:
-            if row["state"] in ("CREATED", "SUBMITTED", "PENDING", "RUNNING") or not row["backend"]:
-                record = RunRecord(index.root / row["run_id"])
-                if (record.path / "spec.yaml").exists():
-                    index.restore(record)
+        index.catch_up()
         rows = index.rows()
     except RecordError as exc:
         print(exc, file=sys.stderr)

@@ -314,6 +314,15 @@ class RunIndex:
             count += 1
         return count
 
+    def catch_up(self) -> None:
+        """Rows for the run directories a crash left out of the index or behind their own files (no job ids yet, a
+        state not finished): the index is a cache of the directories."""
+        rows = {row["run_id"]: row for row in self.rows()}
+        for path in self.run_dirs():
+            row = rows.get(path.name)
+            if row is None or row["state"] in ("CREATED", "SUBMITTED", "PENDING", "RUNNING") or not row["backend"]:
+                self.restore(RunRecord(path))
+
     def restore(self, record: RunRecord) -> None:
         """Make the row of `record` what its files say (its job.json and its last recorded state)."""
         name = re.search(r"^name: (.*)$", (record.path / "spec.yaml").read_text(errors="replace"), re.M)
