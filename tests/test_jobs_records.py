@@ -286,3 +286,25 @@ def test_slurm_job_whose_record_fails_is_cancelled_held(tmp_path, monkeypatch):
     with pytest.raises(RecordError):
         SlurmBackend(runs_dir=tmp_path / "runs").submit(spec())
     assert calls[1:] == [["scancel", "7001"]]
+
+
+def test_an_end_that_could_not_be_recorded_is_recorded_by_the_next_poll(tmp_path, monkeypatch):
+    backend = local(tmp_path)
+    job = backend.submit(spec())
+    job.backend._children[job.job_id].wait()
+    with monkeypatch.context() as patch:
+        _fail_the_nth_write(patch, 0)
+        with pytest.raises(RecordError):
+            job.status()
+    assert job.status(refresh=False).state == State.RUNNING
+    assert job.status().state == State.COMPLETED
+    assert job.record.last_status()["state"] == "COMPLETED" and job.record.metrics()["iterations"]
+
+
+def test_metrics_of_non_finite_times_are_strict_json():
+    import pandas as pd
+    from labkit.jobs.job import ITERATION_FIELDS, run_metrics
+    table = pd.DataFrame({"iteration": [1, 2], "train_iters": [2, 2], "elapsed_ms": [float("inf"), float("inf")],
+                          "lm_loss": [float("-inf"), float("nan")], "node": ["n1", "n1"]})[ITERATION_FIELDS]
+    metrics = json.loads(json.dumps(run_metrics(table), allow_nan=False))
+    assert metrics["mean_iteration_ms"] is None and metrics["final_lm_loss"] is None

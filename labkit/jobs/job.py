@@ -17,7 +17,7 @@ import pandas as pd
 from labkit.jobs.diagnose import LogText, explain
 from labkit.jobs.state import State, Status
 from labkit.jobs.watcher import WATCHER
-from labkit.logs.parse import ParsedLog, parse_log, parse_text, records
+from labkit.logs.parse import ParsedLog, jsonable, parse_log, parse_text, records
 
 if TYPE_CHECKING:
     from labkit.jobs.record import RunRecord
@@ -63,9 +63,8 @@ def run_metrics(iterations: pd.DataFrame) -> dict:
     """metrics.json: the iteration table, the last loss and the mean iteration time after the first (warm-up) one."""
     rows = records(iterations[ITERATION_FIELDS])
     elapsed = iterations["elapsed_ms"].iloc[1:] if len(rows) > 1 else iterations["elapsed_ms"]
-    mean = float(elapsed.mean()) if rows else None
     return {"iterations": rows, "final_lm_loss": rows[-1]["lm_loss"] if rows else None,
-            "mean_iteration_ms": None if mean is None or pd.isna(mean) else mean}
+            "mean_iteration_ms": jsonable(float(elapsed.mean())) if rows else None}
 
 
 class Job:
@@ -125,11 +124,15 @@ class Job:
     def update(self, status: Status) -> None:
         """Take the status its backend reports. A change of state is recorded, with the cause when the job did not
         complete; at the end, so are the iteration metrics of its logs."""
-        changed = status.state != self._status.state
-        self._status = status
-        if not changed:
+        previous, self._status = self._status, status
+        if status.state == previous.state:
             return
-        self.record.set_status(status.state, exit_code=status.exit_code, reason=status.reason, cause=self.cause())
+        try:
+            self.record.set_status(status.state, exit_code=status.exit_code, reason=status.reason,
+                                   cause=self.cause())
+        except BaseException:
+            self._status = previous  # not recorded (a full disk): the next poll records it
+            raise
         if status.state.finished:
             self.record.save_metrics(run_metrics(self.iterations()))
 
