@@ -253,41 +253,6 @@ def test_runs_lists_a_run_the_index_missed(tmp_path, monkeypatch, capsys):
     assert sorted(row["name"] for row in RunIndex(tmp_path / "runs").rows()) == ["kept", "missed"]
 
 
-def _fake_slurm(monkeypatch, runs: Path) -> list:
-    """Slurm's commands answered here; each call is listed, a release with whether job.json existed by then."""
-    from labkit.jobs import slurm
-    calls = []
-
-    def run(args, check=True, cwd=None):
-        calls.append(args)
-        if args[:2] == ["scontrol", "release"]:
-            calls.append(["job.json written", bool(list(runs.glob("*/job.json")))])
-        return subprocess.CompletedProcess(args, 0, "7001\n" if args[0] == "sbatch" else "", "")
-    monkeypatch.setattr(slurm, "_run", run)
-    return calls
-
-
-def test_slurm_job_is_released_only_once_recorded(tmp_path, monkeypatch):
-    from labkit.jobs import SlurmBackend
-    calls = _fake_slurm(monkeypatch, tmp_path / "runs")
-    job = SlurmBackend(runs_dir=tmp_path / "runs").submit(spec())
-    assert calls[0][:3] == ["sbatch", "--parsable", "--hold"]
-    assert calls[1:] == [["scontrol", "release", "7001"], ["job.json written", True]]
-    assert job.record.job_info["job_ids"] == ["7001"]
-
-
-def test_slurm_job_whose_record_fails_is_cancelled_held(tmp_path, monkeypatch):
-    from labkit.jobs import SlurmBackend
-    calls = _fake_slurm(monkeypatch, tmp_path / "runs")
-
-    def full(*args, **kwargs):
-        raise RecordError("cannot write the run records in X: No space left on device")
-    monkeypatch.setattr(RunRecord, "attach", full)
-    with pytest.raises(RecordError):
-        SlurmBackend(runs_dir=tmp_path / "runs").submit(spec())
-    assert calls[1:] == [["scancel", "7001"]]
-
-
 def test_an_end_that_could_not_be_recorded_is_recorded_by_the_next_poll(tmp_path, monkeypatch):
     backend = local(tmp_path)
     job = backend.submit(spec())

@@ -1,8 +1,5 @@
 """SlurmBackend: sbatch the rendered scripts, follow the jobs, cancel them.
 
-A job is queued held (`sbatch --hold`) and released once its run record holds its job ids, so that no job runs that
-labkit has not recorded; one whose record could not be written is cancelled before it ever runs.
-
 State: `squeue -h -t all -o` while the controller knows the job; once it ended, `sacct -P -o JobID,State,ExitCode`
 when accounting exists, `scontrol -o show job` for what accounting lacks or has not recorded yet, and finally the
 jobcomp file (a local Slurm may run without slurmdbd). One call of each serves every job being polled. Plain `-o`/`-P`
@@ -110,8 +107,7 @@ class SlurmBackend:
         for record in records:
             for name, text in rendered.scripts.items():
                 record.write_script(name, text)
-        # Queued held, and released once job.json records the ids: a job never runs without its record.
-        options = ["--hold"]
+        options = []
         after = [after] if isinstance(after, Job) else list(after or [])
         if after:
             options.append("--dependency=afterok:" + ":".join(i for job in after for i in job.job_ids))
@@ -130,14 +126,11 @@ class SlurmBackend:
             task_ids = [[f"{first}_{i}"] for i in range(len(specs))]
         else:
             task_ids = [job_ids]
-        try:
-            for record, ids in zip(records, task_ids):
-                record.attach(self.name, layout, ids)
-        except BaseException:
-            _run(["scancel", *job_ids], check=False)  # unrecorded, so never to run
-            raise
-        _run(["scontrol", "release", *job_ids])
-        return [Job(self, ids, record) for record, ids in zip(records, task_ids)]
+        jobs = []
+        for record, ids in zip(records, task_ids):
+            record.attach(self.name, layout, ids)
+            jobs.append(Job(self, ids, record))
+        return jobs
 
     def _sbatch(self, options: list[str], script: Path) -> str:
         # The run directory becomes the job's working directory.
