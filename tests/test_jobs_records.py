@@ -273,3 +273,12 @@ def test_metrics_of_non_finite_times_are_strict_json():
                           "lm_loss": [float("-inf"), float("nan")], "node": ["n1", "n1"]})[ITERATION_FIELDS]
     metrics = json.loads(json.dumps(run_metrics(table), allow_nan=False))
     assert metrics["mean_iteration_ms"] is None and metrics["final_lm_loss"] is None
+
+
+def test_status_without_an_index_finds_the_latest_run(tmp_path, capsys):
+    record = RunRecord.create(spec("only"), tmp_path / "runs")
+    record.attach("local", "local", ["999999"], pgid=999999)
+    record.set_status(State.FAILED, exit_code="1:0", cause="boom")
+    (tmp_path / "runs" / "index.sqlite").unlink()
+    assert cli("status", "--json", "--runs-dir", str(tmp_path / "runs")) == 0
+    assert json.loads(capsys.readouterr().out)["run_id"] == record.run_id

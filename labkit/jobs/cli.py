@@ -94,7 +94,9 @@ def _status(args) -> int:
         if args.run:
             record = load_run(args.run, args.runs_dir)
         else:
-            rows = RunIndex(args.runs_dir).rows()
+            index = RunIndex(args.runs_dir)
+            index.catch_up()  # the latest run, even one a crash left out of the index
+            rows = index.rows()
             if not rows:
                 print("no runs yet", file=sys.stderr)
                 return 1
