@@ -3,6 +3,7 @@ full runs directory, a lost index, and cancelling a local job whose runner was k
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import json
 import os
@@ -282,3 +283,26 @@ def test_status_without_an_index_finds_the_latest_run(tmp_path, capsys):
     (tmp_path / "runs" / "index.sqlite").unlink()
     assert cli("status", "--json", "--runs-dir", str(tmp_path / "runs")) == 0
     assert json.loads(capsys.readouterr().out)["run_id"] == record.run_id
+
+
+def test_labkit_run_on_a_disk_that_fills_up_never_leaves_a_job_untracked(tmp_path, monkeypatch, capsys):
+    spec_file = tmp_path / "tiny.yaml"
+    spec_file.write_text(json.dumps(SPEC))
+    from labkit import jobs
+    monkeypatch.setitem(jobs.BACKENDS, "local", functools.partial(LocalBackend, torchrun=FAKE_TORCHRUN))
+    n, code = 0, 1
+    while code != 0:
+        runs = tmp_path / f"runs{n}"
+        runs.mkdir()
+        with monkeypatch.context() as patch:
+            _fail_the_nth_write(patch, n)
+            code = cli("run", str(spec_file), "--backend", "local", "--runs-dir", str(runs))
+        err = capsys.readouterr().err
+        assert code in (0, 1) and "Traceback" not in err, (n, err)
+        assert code == 0 or "No space left on device" in err, (n, err)
+        for run in RunIndex(runs).run_dirs():
+            if not (run / "job.json").exists():  # never recorded, so never started
+                assert [p.name for p in (run / "logs").iterdir()] in ([], ["runner.out"]), n
+        assert not list(runs.rglob("*.tmp")), n
+        n += 1
+    assert n > 5

@@ -46,7 +46,7 @@ class LocalBackend:
         record = RunRecord.create(spec, runs_dir(self.runs_dir))
         script = record.write_script("run.sh", render(spec, record.logs, layout="local", run_id=record.run_id,
                                                       torchrun=self.torchrun).scripts["run.sh"])
-        with open(record.logs / "runner.out", "x") as runner_log:
+        with record.new_log("runner.out") as runner_log:
             process = subprocess.Popen(["bash", str(script)], cwd=record.path, stdout=runner_log,
                                        stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True,
                                        env={**os.environ, "LABKIT_LAUNCH_GATE": "1"})
@@ -70,19 +70,15 @@ class LocalBackend:
         if child is not None:
             child.poll()  # reap it, so that its pid does not linger as a zombie
         state_file = job.log_dir / "state"
-        words = state_file.read_text().split() if state_file.exists() else []
-        if words and words[0] != "RUNNING":
-            exit_code = words[1] if len(words) > 1 else None
-            return Status(State(words[0]), exit_code=f"{exit_code}:0" if exit_code else None)
-        if self._alive(job):
+        end = _recorded_end(state_file)
+        if end is None and self._alive(job):
             return Status(State.RUNNING)
         # run.sh may have recorded its end and exited since the state file was read: the file, read again now that
         # run.sh is gone, has the last word.
-        words = state_file.read_text().split() if state_file.exists() else []
-        if words and words[0] != "RUNNING":
-            exit_code = words[1] if len(words) > 1 else None
-            return Status(State(words[0]), exit_code=f"{exit_code}:0" if exit_code else None)
-        if words or job.log_dir.exists():  # started, but ended without recording how
+        end = end or _recorded_end(state_file)
+        if end is not None:
+            return end
+        if job.log_dir.exists():  # started, but ended without recording how
             return Status(State.FAILED, reason="the local runner stopped without recording an end")
         return Status(State.PENDING)
 
@@ -115,8 +111,7 @@ class LocalBackend:
         if self._group(job, pgid):
             return False
         state_file = job.log_dir / "state"
-        words = state_file.read_text().split() if state_file.exists() else []
-        if not words or words[0] == "RUNNING":
+        if _recorded_end(state_file) is None:
             tmp = state_file.with_name("state.tmp")
             tmp.write_text("CANCELLED 137\n")
             os.replace(tmp, state_file)
@@ -144,3 +139,15 @@ class LocalBackend:
             except (OSError, ValueError, IndexError):
                 continue
         return members if ours else []
+
+
+def _recorded_end(state_file: Path) -> Status | None:
+    """The end run.sh recorded in its state file ("COMPLETED 0", "CANCELLED 143"...); None while it records none."""
+    try:
+        words = state_file.read_text().split()
+    except OSError:
+        return None
+    if not words or words[0] == "RUNNING" or words[0] not in State.__members__:
+        return None
+    code = words[1] if len(words) > 1 else None
+    return Status(State(words[0]), exit_code=f"{code}:0" if code else None)

@@ -141,6 +141,14 @@ class RunRecord:
     def write_script(self, name: str, text: str) -> Path:
         return self._write_once(name, text, 0o755)
 
+    @contextmanager
+    def new_log(self, name: str):
+        """A new file under logs/ for a process's output, open for writing."""
+        with _storing(self.path):
+            f = open(self.logs / name, "x")
+        with f:
+            yield f
+
     def attach(self, backend: str, layout: str, job_ids: list[str], **extra) -> None:
         info = {"backend": backend, "layout": layout, "job_ids": job_ids, "submitted": _now(), **extra}
         self._write_once("job.json", json.dumps(info, indent=2) + "\n")
