@@ -303,6 +303,7 @@ def test_labkit_run_on_a_disk_that_fills_up_never_leaves_a_job_untracked(tmp_pat
         for run in RunIndex(runs).run_dirs():
             if not (run / "job.json").exists():  # never recorded, so never started
                 assert [p.name for p in (run / "logs").iterdir()] in ([], ["runner.out"]), n
-        assert not list(runs.rglob("*.tmp")), n
+        # (a run.sh that is finishing may be writing its own logs/JOBID/state.tmp)
+        assert not [p for p in runs.rglob("*.tmp") if "logs" not in p.relative_to(runs).parts], n
         n += 1
     assert n > 5
