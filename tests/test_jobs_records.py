@@ -222,10 +222,12 @@ def test_launch_from_a_killed_labkit_never_runs_untracked(tmp_path):
             f".submit({str(tmp_path / 'tiny.yaml')!r})")
     (tmp_path / "tiny.yaml").write_text(json.dumps(SPEC))
     assert subprocess.run([sys.executable, "-c", code]).returncode == -signal.SIGKILL
-    time.sleep(1)
     (run,) = RunIndex(tmp_path / "runs").run_dirs()
-    assert [p.name for p in (run / "logs").iterdir()] == ["runner.out"]
+    deadline = time.monotonic() + 10
+    while subprocess.run(["pgrep", "-f", str(run)], capture_output=True).stdout and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert subprocess.run(["pgrep", "-f", str(run)], capture_output=True).stdout == b""
+    assert [p.name for p in (run / "logs").iterdir()] == ["runner.out"]
 
 
 def test_concurrent_writers_of_one_record_never_collide(tmp_path):
