@@ -309,3 +309,26 @@ def test_labkit_run_on_a_disk_that_fills_up_never_leaves_a_job_untracked(tmp_pat
         assert not [p for p in runs.rglob("*.tmp") if "logs" not in p.relative_to(runs).parts], n
         n += 1
     assert n > 5
+
+
+@pytest.mark.parametrize("submitted, recorded, starts", [(True, False, False), (True, True, True),
+                                                         (False, False, True)])
+def test_sbatch_script_starts_no_node_before_labkit_recorded_it(tmp_path, submitted, recorded, starts):
+    from labkit.jobs.render import render
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    if recorded:
+        (run / "job.json").write_text("{}")
+    script = run / "job.sbatch"
+    script.write_text(render(spec(), run / "logs", layout="multinode", run_id="run", torchrun="torchrun")
+                      .scripts["job.sbatch"])
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("srun", f"touch {tmp_path}/started"), ("scontrol", "echo n1")):
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1"}
+    if submitted:
+        env["LABKIT_SUBMITTED"] = "1"
+    subprocess.run(["timeout", "1", "bash", str(script)], env=env, cwd=run, capture_output=True)
+    assert (tmp_path / "started").exists() == starts

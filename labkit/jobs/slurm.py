@@ -26,9 +26,10 @@ class SlurmError(RuntimeError):
     """Slurm refused a command; the message is Slurm's own text."""
 
 
-def _run(args: list[str], check: bool = True, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def _run(args: list[str], check: bool = True, cwd: Path | None = None,
+         env: dict | None = None) -> subprocess.CompletedProcess:
     try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=cwd)
+        done = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=cwd, env=env)
     except FileNotFoundError:
         raise SlurmError(f"{args[0]} not found: this host has no Slurm client (use the local backend, or "
                          "`make slurm-up` for a local Slurm)") from None
@@ -134,7 +135,9 @@ class SlurmBackend:
 
     def _sbatch(self, options: list[str], script: Path) -> str:
         # The run directory becomes the job's working directory.
-        done = _run(["sbatch", "--parsable", *options, str(script)], cwd=script.parent)
+        # LABKIT_SUBMITTED: the script waits for job.json before it starts a node (templates/node.sh.j2).
+        done = _run(["sbatch", "--parsable", *options, str(script)], cwd=script.parent,
+                    env={**os.environ, "LABKIT_SUBMITTED": "1"})
         return done.stdout.strip().split(";")[0]
 
     def test_only(self, script: Path | str) -> str:
