@@ -15,7 +15,7 @@ import shutil
 
 from labkit.jobs.job import Backend, Job
 from labkit.jobs.local import LocalBackend
-from labkit.jobs.record import RunRecord
+from labkit.jobs.record import RecordError, RunRecord
 from labkit.jobs.slurm import SlurmBackend, SlurmError
 from labkit.jobs.state import State, Status
 
@@ -45,5 +45,5 @@ def job_of(record: RunRecord, backend: Backend | None = None) -> Job:
     return Job(backend or backend_named(info["backend"]), info["job_ids"], record, status)
 
 
-__all__ = ["Backend", "Job", "State", "Status", "LocalBackend", "SlurmBackend", "SlurmError", "backend_named",
-           "default_backend", "job_of"]
+__all__ = ["Backend", "Job", "State", "Status", "LocalBackend", "SlurmBackend", "SlurmError", "RecordError",
+           "backend_named", "default_backend", "job_of"]
