@@ -8,16 +8,11 @@ from typing import Iterable
 
 from labkit.jobs.render import job_info
 from labkit.jobs.state import State, Status
-from labkit.logs.job_info import KEYS, NODE_KEYS
 
 # stderr lines that say nothing about a failure: warnings, their source lines and carets, log-level prefixes.
 BENIGN_STDERR = re.compile(r"warn|^\s*$|^\s*return func\(|^\s*warnings\.warn|^\[?W\d{4} |^W\d{4}|^\s*\^+\s*$|"
                            r"Unable to save .* indexes|^INFO|^\[INFO", re.I)
 
-_ECHOED = re.compile(r"^(" + "|".join(NODE_KEYS + KEYS) + r"): (.*)$")
-_WORLD = re.compile(r"using world size: (\d+), data-parallel size: (\d+),.*?tensor-model-parallel size: (\d+), "
-                    r"pipeline-model-parallel size: (\d+)")
-_WORLD_KEYS = ("LOG_WORLD_SIZE", "LOG_DP_SIZE", "LOG_TENSOR_MP_SIZE", "LOG_PIPELINE_MP_SIZE")
 
 _OOM_CUDA = re.compile(r"CUDA out of memory|OutOfMemoryError|ERROR: out of memory|CUBLAS_STATUS_ALLOC_FAILED", re.I)
 _OOM_KILLED = re.compile(r"oom[-_ ]kill|Out Of Memory|Killed process|Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9\b|"
@@ -90,20 +85,6 @@ def explain(status: Status, spec, texts: Iterable[LogText]) -> str | None:
     if evidence:
         return f"failed: {evidence}"
     return f"failed with exit code {status.exit_code}" if status.exit_code else "failed"
-
-
-def node_info(lines: Iterable[str]) -> dict[str, str]:
-    """One node's `KEY: value` job-info lines (the first of each), plus the parallel sizes the driver's log reports
-    (as LOG_WORLD_SIZE, LOG_DP_SIZE, ...)."""
-    values: dict[str, str] = {}
-    for line in lines:
-        echoed = _ECHOED.match(line)
-        if echoed and echoed.group(1) not in values:
-            values[echoed.group(1)] = echoed.group(2).strip()
-        world = _WORLD.search(line)
-        if world:
-            values.update(zip(_WORLD_KEYS, world.groups()))
-    return values
 
 
 def mismatches(spec, info: dict[str, dict[str, str]]) -> list[str]:

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from labkit.jobs.diagnose import BENIGN_STDERR, mismatches, node_info
+from labkit.jobs.diagnose import BENIGN_STDERR, mismatches
 from labkit.jobs.job import Job, tail_file
 from labkit.jobs.state import State
+from labkit.logs.job_info import node_info
 from labkit.logs.parse import records
 
 
