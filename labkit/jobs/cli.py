@@ -133,7 +133,7 @@ def _cancel(args) -> int:
 
 def _runs(args) -> int:
     from labkit.jobs import backend_named, job_of
-    from labkit.jobs.record import RecordError, RunIndex, load_run
+    from labkit.jobs.record import UNFINISHED_STATES, RecordError, RunIndex, load_run
     from labkit.jobs.watcher import WATCHER
 
     index = RunIndex(args.runs_dir)
@@ -146,7 +146,8 @@ def _runs(args) -> int:
     except RecordError as exc:
         print(exc, file=sys.stderr)
         return 1
-    unfinished = [r for r in rows if r["state"] in ("SUBMITTED", "PENDING", "RUNNING")]
+    # a CREATED run has no job to poll yet
+    unfinished = [r for r in rows if r["state"] in UNFINISHED_STATES - {"CREATED"}]
     backends: dict = {}  # one backend of each kind, so that one query serves all its runs
     jobs = []
     for row in unfinished:

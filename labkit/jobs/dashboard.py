@@ -12,7 +12,7 @@ import threading
 
 import pandas as pd
 
-from labkit.jobs.record import RunIndex, load_run
+from labkit.jobs.record import UNFINISHED_STATES, RunIndex, load_run
 from labkit.logs import views
 from labkit.logs.parse import ParsedLog, parse_log
 
@@ -24,7 +24,6 @@ METRICS = {
     "memory per rank": lambda runs, specs: views.memory_figure(_last(runs)),
     "timeline per rank": lambda runs, specs: views.timeline_figure(_last(runs)),
 }
-LIVE_STATES = {"CREATED", "SUBMITTED", "PENDING", "RUNNING"}
 
 
 def _last(runs: dict) -> ParsedLog:
@@ -137,7 +136,7 @@ class Dashboard:
 
     def live_runs(self) -> list[str]:
         """Chosen runs whose job has not finished."""
-        return [r for r in self.runs.value if str(self.states.get(r)) in LIVE_STATES]
+        return [r for r in self.runs.value if str(self.states.get(r)) in UNFINISHED_STATES]
 
     def _start_timer(self) -> None:
         if self._thread is not None and self._thread.is_alive():

@@ -31,6 +31,9 @@ from pathlib import Path
 from labkit.paths import runs_dir
 from labkit.spec import RunSpec, load_spec
 
+UNFINISHED_STATES = frozenset({"CREATED", "SUBMITTED", "PENDING", "RUNNING"})
+"""Recorded states a run can still leave: the dashboard refreshes such runs and `labkit runs` polls their jobs."""
+
 
 def _now() -> str:
     return dt.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -328,7 +331,7 @@ class RunIndex:
         rows = {row["run_id"]: row for row in self.rows()}
         for path in self.run_dirs():
             row = rows.get(path.name)
-            if row is None or row["state"] in ("CREATED", "SUBMITTED", "PENDING", "RUNNING") or not row["backend"]:
+            if row is None or row["state"] in UNFINISHED_STATES or not row["backend"]:
                 self.restore(RunRecord(path))
 
     def restore(self, record: RunRecord) -> None:
