@@ -34,6 +34,8 @@ global_batch = 512
 iteration_time_s = 32.09
 dataset_tokens = 300e9
 spec_file = "gpt2-xl-hetero.yaml"
+llama_gpu = "H100-SXM"   # section 5.5: the GPU to size Llama-family models on
+llama_nodes = 16         # ... and how many nodes of 8 of them
 
 # %%
 from ipywidgets import fixed, interact
@@ -41,7 +43,7 @@ from ipywidgets import fixed, interact
 from labkit import catalog
 from labkit.estimate import (achieved_tflops, estimate, flops_72, flops_96, gpt_params, training_days,
                              utilization)
-from labkit.estimate.views import (breakdown_table, days_per_epoch, memory_bars, model_size_table,
+from labkit.estimate.views import (breakdown_table, days_per_epoch, memory_bars, model_size_table, sizing_table,
                                    time_breakdown)
 from labkit.exercises import check_number
 from labkit.paths import example
@@ -165,6 +167,24 @@ memory_bars(est).show()
 # %% tags=["nbval-ignore-output"]
 from labkit.estimate.published import published_table
 published_table().round(3)
+
+# %% [markdown]
+# ## 5.5 Today's decoder models: Llama on the GPUs you pick
+#
+# Llama-family models change the arithmetic of 5.1: rotary positions (no position table), RMSNorm (a weight, no bias),
+# no biases in the linear layers, SwiGLU's three MLP matrices and grouped-query attention's smaller K and V. labkit's
+# presets count them as Megatron-LM builds them: Llama-2 7B has 6,738,415,616 parameters, exactly the published
+# figure. Below, each model on `llama_nodes` nodes of 8 `llama_gpu`s, in bf16 with the distributed optimizer and
+# selective recompute, at a layout a Megatron user would start from. Llama-3's 8,192-token sequences hold four times
+# Llama-2's attention scores per sequence (they grow with the square of the length); labkit still counts the scores
+# that flash attention never stores, so read its memory column as an upper bound for long sequences.
+
+# %% tags=["nbval-ignore-output"]
+sizing_table(llama_gpu, llama_nodes)
+
+# %% tags=["nbval-ignore-output", "widgets"]
+_ = interact(sizing_table, gpu=sorted(catalog.gpus()), nodes=(1, 64), layouts=fixed(None), global_batch=fixed(1024),
+             seq_length=fixed(None))
 
 # %% [markdown]
 # ## Exercises

@@ -2,8 +2,8 @@
 import pytest
 
 from labkit.estimate import estimate
-from labkit.estimate.views import (breakdown_table, compare_measured, days_per_epoch, memory_bars, memory_table,
-                                   model_size_table, time_breakdown)
+from labkit.estimate.views import (LLAMA_LAYOUTS, breakdown_table, compare_measured, days_per_epoch, memory_bars,
+                                   memory_table, model_size_table, sizing_table, time_breakdown)
 from labkit.spec import load_spec
 
 
@@ -40,3 +40,18 @@ def test_time_views(hetero_estimate):
     fig = time_breakdown(hetero_estimate)
     assert {t.name for t in fig.data} >= {"compute", "bubble", "pp_comm", "dp_comm"}
     assert compare_measured(1.1, 1.0)["error"][0] == pytest.approx(0.1)
+
+
+def test_sizing_table_sizes_each_model_at_its_layout():
+    table = sizing_table("H100-SXM", 16).set_index("model")
+    assert list(table.index) == list(LLAMA_LAYOUTS)
+    assert table.loc["llama2-7b", "params_B"] == 6.74 and table.loc["llama2-70b", "data"] == 128 // 16
+    # twice the nodes: the distributed optimizer shards over twice the data-parallel ranks, and the batch splits too
+    doubled = sizing_table("H100-SXM", 32, layouts={"llama2-7b": (1, 1)}).iloc[0]
+    assert doubled["memory_gb"] < table.loc["llama2-7b", "memory_gb"]
+    assert doubled["iteration_s"] < 0.6 * table.loc["llama2-7b", "iteration_s"]
+
+
+def test_sizing_table_reports_a_layout_the_cluster_cannot_take():
+    row = sizing_table("A100-80GB", 1, layouts={"llama2-70b": (8, 2)}).iloc[0]
+    assert row["problem"].startswith("parallel.pipeline: world size 8 is not divisible by tensor 8 x pipeline 2")

@@ -42,6 +42,46 @@ def days_per_epoch(params: float, tokens: float, gpu_counts: list[int], tflops_p
                           "days": training_days(tokens, params, n, tflops_per_gpu, recompute)} for n in gpu_counts])
 
 
+# Layouts a Megatron user would start from, per model: (tensor, pipeline) on nodes of 8 GPUs, as in Llama 2/3 and
+# Megatron-LM's published recipes (tensor parallelism within a node, pipeline across nodes for the largest).
+LLAMA_LAYOUTS = {"llama2-7b": (1, 1), "llama3-8b": (2, 1), "llama2-13b": (2, 1), "llama2-70b": (8, 2),
+                 "llama3-70b": (8, 2)}
+
+
+def sizing_table(gpu: str, nodes: int, layouts: dict[str, tuple[int, int]] | None = None, global_batch: int = 1024,
+                 seq_length: int | None = None) -> pd.DataFrame:
+    """Each model on `nodes` nodes of 8 `gpu`s in bf16 with the distributed optimizer and selective recompute (sequence
+    parallel where tensor > 1):
+    parameters, the fullest GPU's memory, whether it fits, iteration time, MFU and training days per trillion tokens.
+    A layout that does not divide the cluster or the batch is reported as a row with its reason.
+
+    Taught in lab 05.
+    """
+    from labkit.estimate.estimator import estimate
+    from labkit.spec import SpecError, load_spec
+
+    rows = []
+    for preset, (tensor, pipeline) in (layouts or LLAMA_LAYOUTS).items():
+        model = {"preset": preset, **({"seq_length": seq_length} if seq_length else {})}
+        row = {"model": preset, "tensor": tensor, "pipeline": pipeline, "gpus": nodes * 8}
+        try:
+            spec = load_spec({"name": preset, "model": model, "precision": "bf16",
+                              "parallel": {"tensor": tensor, "pipeline": pipeline, "sequence_parallel": tensor > 1},
+                              "recompute": {"granularity": "selective"}, "optimizer": {"distributed": True},
+                              "batch": {"micro": 1, "global": global_batch},
+                              "cluster": {"nodes": [{"gpu": gpu, "count": nodes, "gpus_per_node": 8}]}})
+        except SpecError as exc:
+            rows.append({**row, "problem": exc.errors[0]})
+            continue
+        est = estimate(spec)
+        tokens_per_iteration = global_batch * spec.model.seq_length
+        rows.append({**row, "params_B": round(est.params / 1e9, 2), "data": spec.data_parallel,
+                     "memory_gb": round(max(est.memory_gb_per_stage), 1), "fits": est.fits_in_memory,
+                     "iteration_s": round(est.iteration_time_s, 2), "mfu": round(est.mfu, 3),
+                     "days_per_T_tokens": round(1e12 / tokens_per_iteration * est.iteration_time_s / 86400, 1)})
+    return pd.DataFrame(rows)
+
+
 def memory_table(est) -> pd.DataFrame:
     """Memory per GPU of each pipeline stage (GiB) from an Estimate, with its limit and verdict."""
     df = pd.DataFrame(est.memory_detail)
