@@ -32,13 +32,20 @@ def tokenizer_args(spec: RunSpec) -> list:
     kind = tokenizer.type if tokenizer else "GPT2BPETokenizer"
     args = ["--tokenizer-type", kind]
     if kind == "GPT2BPETokenizer":
-        args += ["--vocab-file", data.vocab_file or DEFAULT_VOCAB, "--merge-file", data.merge_file or DEFAULT_MERGES]
+        args += ["--vocab-file", _as_read_here(data.vocab_file or DEFAULT_VOCAB),
+                 "--merge-file", _as_read_here(data.merge_file or DEFAULT_MERGES)]
     elif kind == "NullTokenizer":
         args += ["--vocab-size", spec.model.vocab_size]
     else:
-        # Absolute, as `labkit validate` read it: jobs run in their run directory.
-        args += ["--tokenizer-model", os.path.abspath(os.path.expanduser(tokenizer.model))]
+        args += ["--tokenizer-model", _as_read_here(tokenizer.model)]
     return args
+
+
+def _as_read_here(path) -> str:
+    """A file the spec names, absolute as `labkit validate` read it (jobs run in their own run directory); an absolute
+    path stays exactly as written."""
+    path = os.path.expanduser(str(path))
+    return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
 
 
 def megatron_args(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike | None = None) -> list[str]:
@@ -129,7 +136,7 @@ def megatron_args(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLi
         args += ["--load", tr.load]
 
     if data.path and not data.mock:
-        args += ["--data-path", data.path, "--split", data.split] + tokenizer_args(spec)
+        args += ["--data-path", _as_read_here(data.path), "--split", data.split] + tokenizer_args(spec)
     else:
         args += ["--mock-data", "--vocab-size", m.vocab_size]
     args += ["--log-throughput"]

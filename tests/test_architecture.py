@@ -83,7 +83,8 @@ def test_the_cycle_check_sees_a_deferred_import(tmp_path):
 LAYERS = (
     ("labkit.paths", "labkit.net"),
     ("labkit.catalog",),
-    ("labkit.train.arguments",),  # the driver's flags, which the spec checks job.extra_args against
+    # The driver's flags, which the spec checks job.extra_args against, and its tokenizers, which size the vocabulary.
+    ("labkit.train.arguments", "labkit.train.tokenizer"),
     ("labkit.spec",),
     ("labkit.megatron_args", "labkit.estimate", "labkit.logs", "labkit.train", "labkit.data_prep", "labkit.profiling",
      "labkit.exercises"),

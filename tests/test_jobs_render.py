@@ -160,6 +160,7 @@ def test_hostile_strings_reach_their_target_verbatim_and_never_run(field, tmp_pa
     if field == "name":
         spec_changes["name"] = payload
     elif field == "data.path":
+        payload = f"/{payload}"  # a relative path renders absolute, from where the spec was read
         spec_changes["data"] = {"mock": False, "path": payload}
     elif field == "env":
         job["env"] = {"NCCL_DEBUG": payload}

@@ -85,3 +85,13 @@ def test_legacy_and_modern_recompute_spellings():
     assert "--checkpoint-activations" in legacy and "--activations-checkpoint-method uniform" in legacy
     assert "--recompute-granularity full" in modern and "--recompute-method uniform" in modern
     assert "--recompute-granularity" not in legacy
+
+
+def test_relative_data_files_render_as_read_here_and_absolute_ones_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = load_spec({"data": {"path": "runs/corpus_text_document", "vocab_file": "~/v.json"}})
+    args = megatron_args(spec)
+    assert args[args.index("--data-path") + 1] == str(tmp_path / "runs" / "corpus_text_document")
+    assert args[args.index("--vocab-file") + 1] == str(Path.home() / "v.json")
+    spec = load_spec({"data": {"path": "/data//a/../corpus_text_document"}})
+    assert megatron_args(spec)[megatron_args(spec).index("--data-path") + 1] == "/data//a/../corpus_text_document"

@@ -10,7 +10,9 @@ from labkit.cli import main
 from labkit.estimate import (Shape, estimate, memory_per_stage, model_flops, params_with_padding, rank_params,
                              total_params)
 from labkit.estimate.memory import GIB, activation_bytes_per_layer
+from labkit.paths import data_file
 from labkit.spec import ModelSpec, RunSpec, SpecError, load_spec
+from labkit.train.tokenizer import GPT2BPETokenizer, HuggingFaceTokenizer
 
 # Published exact parameter counts (the model cards' safetensors totals).
 PUBLISHED = {
@@ -199,3 +201,33 @@ def test_model_flops_are_six_per_token_per_matrix_weight_plus_attention(preset):
     matrices = PUBLISHED[preset] - m.vocab_size * m.hidden_size - (2 * m.num_layers + 1) * m.hidden_size
     attention = 3 * m.num_layers * 2 * tokens * 2 * m.seq_length * m.hidden_size  # QK^T and x V, non-causal
     assert model_flops(shape, batch) == pytest.approx(6 * tokens * matrices + attention, rel=1e-12)
+
+
+LLAMA_TOKENIZER = str(data_file("tokenizer", "llama", "tokenizer.json"))
+LLAMA_DATA = {"path": "/data/corpus-llama_text_document",
+              "tokenizer": {"type": "HuggingFaceTokenizer", "model": LLAMA_TOKENIZER}}
+
+
+def test_with_a_dataset_the_vocabulary_is_the_tokenizers():
+    tokens = HuggingFaceTokenizer(LLAMA_TOKENIZER).vocab_size
+    spec = load_spec({"model": {"preset": "tiny-llama"}, "data": LLAMA_DATA})
+    assert spec.data.mock is False and spec.model.vocab_size == tokens != 1024  # the preset's number gives way
+    assert load_spec({"model": {"preset": "tiny"}, "data": {"path": "/data/x"}}).model.vocab_size == \
+        GPT2BPETokenizer(data_file("tokenizer", "vocab.json"), data_file("tokenizer", "merges.txt")).vocab_size
+    written = load_spec({"model": {"preset": "tiny-llama", "vocab_size": tokens}, "data": LLAMA_DATA})
+    assert written.model.vocab_size == tokens
+    assert load_spec({"model": {"preset": "tiny-llama"}}).model.vocab_size == 1024  # mock tokens: the model's own
+
+
+def test_a_written_vocabulary_that_is_not_the_tokenizers_names_both_fields():
+    errors = errors_of({"preset": "tiny-llama", "vocab_size": 1024}, data=LLAMA_DATA)
+    assert any(e.startswith("model.vocab_size: 1024") and "data.tokenizer.model" in e for e in errors)
+    errors = errors_of({"preset": "tiny", "vocab_size": 1024}, data={"path": "/data/x"})
+    assert any(e.startswith("model.vocab_size: 1024") and "data.vocab_file" in e for e in errors)
+
+
+def test_a_dataset_path_means_no_mock_tokens_and_both_at_once_is_refused():
+    assert load_spec({"data": {"path": "/data/x"}}).data.mock is False
+    assert load_spec({"data": {}}).data.mock is True
+    errors = errors_of({"preset": "tiny"}, data={"path": "/data/x", "mock": True})
+    assert any(e.startswith("data.mock: true") and "data.path" in e for e in errors)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from labkit.spec import ModelSpec, RunSpec
+from labkit.train.tokenizer import padded_vocab_size
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,7 @@ class Shape:
 
     def padded_vocab(self, tensor: int = 1) -> int:
         """Megatron's padded vocabulary: the next multiple of vocab_multiple x tensor."""
-        unit = self.vocab_multiple * tensor
-        return -(-self.vocab // unit) * unit
+        return padded_vocab_size(self.vocab, self.vocab_multiple, tensor)
 
     @property
     def norm_params(self) -> int:

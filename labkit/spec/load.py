@@ -18,6 +18,8 @@ import yaml
 from labkit import catalog
 from labkit.spec import yaml12
 from labkit.spec.checks import SpecError, quote
+from labkit.train.arguments import DEFAULT_MERGES, DEFAULT_VOCAB
+from labkit.train.tokenizer import tokenizer_vocab_size
 
 DEFAULT_PRESET = "tiny"
 """The model of a spec that names none."""
@@ -84,7 +86,55 @@ def read_source(source) -> tuple[dict, list[str]]:
         model = {k: v for k, v in to_plain(model).items() if v is not None}
     if isinstance(model, dict):
         data["model"] = _with_preset(model, errors)
+        _data_source(data, wrote_vocab="vocab_size" in model, errors=errors)
     return data, errors
+
+
+def _data_source(data: dict, wrote_vocab: bool, errors: list[str]) -> None:
+    """Mock tokens unless a dataset is given, and the vocabulary of the tokenizer that made the dataset.
+
+    Megatron-LM builds the embedding for its tokenizer's vocabulary (--vocab-size sizes only NullTokenizer), so with a
+    dataset the model's vocab_size is the tokenizer's: a preset's number gives way to it, and a number the spec wrote
+    must equal it. A tokenizer file that cannot be read is left to the checks, which name it.
+    """
+    source = data.get("data", {})
+    if dataclasses.is_dataclass(source):
+        source = to_plain(source)
+    if not isinstance(source, dict):
+        return
+    data["data"] = source = dict(source)
+    path = _text(source.get("path"))
+    if source.get("mock") is None:
+        source["mock"] = not path
+    elif source["mock"] is True and path:
+        errors.append(f"data.mock: true trains on random tokens, but data.path {quote(source['path'])} names a "
+                      "dataset; remove data.mock to train on the dataset, or data.path to train on mock tokens")
+        return
+    if source["mock"] is not False or not path:
+        return
+    tokenizer = source.get("tokenizer") if isinstance(source.get("tokenizer"), dict) else {}
+    kind = _text(tokenizer.get("type", "GPT2BPETokenizer"))
+    if kind == "GPT2BPETokenizer":
+        vocab_file = _text(source.get("vocab_file")) or str(DEFAULT_VOCAB)
+        merge_file = _text(source.get("merge_file")) or str(DEFAULT_MERGES)
+        files = {"vocab_file": vocab_file, "merge_file": merge_file}
+        field, named = "data.vocab_file", vocab_file
+    elif kind in ("HuggingFaceTokenizer", "SentencePieceTokenizer") and _text(tokenizer.get("model")):
+        files = {"tokenizer_model": str(Path(_text(tokenizer["model"])).expanduser())}
+        field, named = "data.tokenizer.model", _text(tokenizer["model"])
+    else:
+        return
+    try:
+        vocab = tokenizer_vocab_size(kind, **files)
+    except (OSError, ValueError):
+        return
+    model = data["model"]
+    if wrote_vocab and model.get("vocab_size") != vocab:
+        errors.append(f"model.vocab_size: {quote(model.get('vocab_size'))} does not match the {vocab} tokens of "
+                      f"{field} {quote(named)}; the model's vocabulary comes from its tokenizer, so leave "
+                      f"model.vocab_size out, or give the tokenizer that made the dataset")
+    else:
+        model["vocab_size"] = vocab
 
 
 def _read(source) -> dict:
@@ -141,6 +191,11 @@ def _depth(data) -> int:
             if depth <= yaml12.MAX_DEPTH:
                 todo.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
     return deepest
+
+
+def _text(value) -> str | None:
+    """A text value as written (a YAML number keeps its source text); None for anything else."""
+    return yaml12.source_text(value) or (value if isinstance(value, str) else None)
 
 
 def _with_preset(model: dict, errors: list[str]) -> dict:

@@ -170,8 +170,8 @@ class DataSpec:
     """Training data: mock tokens, or a Megatron-format dataset."""
     path: str | None = None
     """Dataset prefix of the .bin/.idx pair (--data-path)."""
-    mock: bool = True
-    """Random tokens instead of a dataset (--mock-data)."""
+    mock: bool | None = None
+    """Random tokens instead of a dataset (--mock-data); None: mock tokens when data.path is not given."""
     split: str = "90,5,5"
     """Train, validation and test shares (--split)."""
     vocab_file: str | None = None

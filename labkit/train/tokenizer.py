@@ -2,7 +2,9 @@
 files, a HuggingFace tokenizer.json, a SentencePiece .model, or a bare vocabulary size."""
 from __future__ import annotations
 
+import functools
 import json
+import os
 from pathlib import Path
 
 EOD_TOKEN = "<|endoftext|>"
@@ -142,7 +144,22 @@ def build_tokenizer(tokenizer_type: str, tokenizer_model=None, vocab_file=None, 
     return NullTokenizer(vocab_size)
 
 
+def tokenizer_vocab_size(tokenizer_type: str, tokenizer_model=None, vocab_file=None, merge_file=None) -> int:
+    """The vocabulary the driver builds with this tokenizer: Megatron-LM takes the model's vocabulary from its
+    tokenizer (--vocab-size only sizes NullTokenizer). Raises OSError or ValueError for a file it cannot use."""
+    files = [f for f in (tokenizer_model, vocab_file, merge_file) if f is not None]
+    stamps = tuple((str(f), os.stat(f).st_mtime_ns, os.stat(f).st_size) for f in files)
+    return _vocab_size(tokenizer_type, tokenizer_model, vocab_file, merge_file, stamps)
+
+
+@functools.lru_cache(maxsize=16)
+def _vocab_size(tokenizer_type, tokenizer_model, vocab_file, merge_file, stamps) -> int:
+    """Cached by the files' names, times and sizes: a Llama 3 tokenizer.json takes a second to read."""
+    return build_tokenizer(tokenizer_type, tokenizer_model, vocab_file, merge_file).vocab_size
+
+
 def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:
-    """Megatron pads the embedding table so each tensor-parallel shard is a multiple of `divisible_by` rows."""
+    """Megatron pads the embedding table so each tensor-parallel shard is a multiple of `divisible_by` rows (the
+    padded rows are parameters the model holds and never uses)."""
     multiple = divisible_by * tensor_parallel
     return -(-vocab_size // multiple) * multiple
