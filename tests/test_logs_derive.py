@@ -145,3 +145,20 @@ def test_summary_of_a_real_log():
     assert s["skipped_iterations"] == 10 + 6 + 5 and s["nan_iterations"] == 0
     assert s["warmup_iterations_excluded"] == [10] and s["outlier_iterations_excluded"] == [150]
     assert s["max_allocated_mb"] == pytest.approx(1464.3408203125) and s["errors"] == 0 and s["warnings"] > 0
+
+
+def test_a_llama_shape_is_read_back_from_the_arguments_block_the_driver_prints():
+    import dataclasses
+
+    from labkit.estimate.params import Shape
+    from labkit.logs.derive import shape_from_arguments
+    from labkit.megatron_args import megatron_args
+    from labkit.train import megatron_log
+    from labkit.train.arguments import build_parser, finish
+
+    spec = load_spec({"model": {"preset": "tiny-llama", "hidden_dropout": 0.0, "attention_dropout": 0.0}})
+    args = finish(build_parser().parse_args(megatron_args(spec)), world_size=1, rank=0, cuda=False)
+    args.padded_vocab_size = 1024
+    shape = shape_from_arguments(parse_text(megatron_log.arguments_block(args)).arguments)
+    assert dataclasses.astuple(shape) == dataclasses.astuple(Shape.of(spec.model))
+    assert (shape.norm, shape.positions, shape.bias, shape.hidden_dropout) == ("RMSNorm", "rope", False, 0.0)

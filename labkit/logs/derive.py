@@ -91,7 +91,22 @@ def shape_from_arguments(args: dict) -> Shape | None:
     groups = get("num_query_groups") if args.get("group_query_attention") else None
     return Shape(num_layers=layers, hidden=hidden, heads=heads, seq_length=seq, vocab=vocab, query_groups=groups,
                  ffn=get("ffn_hidden_size"), swiglu=bool(args.get("swiglu")),
-                 tied=not args.get("untie_embeddings_and_output_weights", False))
+                 tied=not args.get("untie_embeddings_and_output_weights", False),
+                 norm=_text_arg(args, "normalization", "LayerNorm"),
+                 positions=_text_arg(args, "position_embedding_type", "learned_absolute"),
+                 bias=args.get("add_bias_linear", True) is not False,
+                 hidden_dropout=_float_arg(args, "hidden_dropout", 0.1),
+                 attention_dropout=_float_arg(args, "attention_dropout", 0.1))
+
+
+def _text_arg(args: dict, name: str, default: str) -> str:
+    value = args.get(name)
+    return value if isinstance(value, str) and value else default
+
+
+def _float_arg(args: dict, name: str, default: float) -> float:
+    value = args.get(name)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
 def precision_from_arguments(args: dict) -> str | None:
