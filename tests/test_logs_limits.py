@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from labkit.cli import main
-from labkit.logs import parse_text
+from labkit.logs import parse, parse_log, parse_text
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "Infinity", "1e999", "nan"])
@@ -58,3 +60,39 @@ def test_spliced_line_is_one_partial_line_with_bounded_text():
     assert parsed.iterations["iteration"].tolist() == [2]
     assert parsed.partial_lines["line"].tolist() == [1]
     assert len(parsed.partial_lines["text"].iloc[0]) <= 1000
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "logs"
+
+
+@pytest.mark.parametrize("name", ["03-mlm2025-gpt2-fp16-autodl.log", "05-megads-2026-pdsh-2node-tp4dp2.log",
+                                  "labkit-driver-dp2.log", "02-bert-vega-srun.log", "08-bionemo2-nemo-esm2-srun.log",
+                                  "01-v1-deepspeedexamples-gpt2-mp2.log"])
+def test_a_large_log_read_in_pieces_parses_as_read_whole(monkeypatch, name):
+    """Logs over _PIECE_BYTES are parsed a piece at a time (memory follows the piece): with pieces of 1 KB, every
+    table, line number and set-up value is the same as from the whole file."""
+    whole = parse_log(FIXTURES / name)
+    monkeypatch.setattr(parse, "_PIECE_BYTES", 1024)
+    assert len(list(parse._pieces(FIXTURES / name))) >= 3
+    pieces = parse_log(FIXTURES / name)
+    for table in ("iterations", "memory", "timers", "validation", "events", "partial_lines"):
+        pd.testing.assert_frame_equal(getattr(pieces, table), getattr(whole, table), check_dtype=False, obj=table)
+    assert (pieces.arguments, pieces.parallel, pieces.formats) == (whole.arguments, whole.parallel, whole.formats)
+
+
+def test_pieces_keep_the_tail_header_and_the_iteration_their_lines_come_under(monkeypatch, tmp_path):
+    lines = []
+    for node in ("n060", "n063"):
+        lines.append(f"==> ../logs/{node}.out <==")
+        for i in range(1, 40):
+            lines += [f" iteration {i:8d}/      40 | elapsed time per iteration (ms): {100 + i}.0 | lm loss: 5.0 |",
+                      "(min, max) time across ranks (ms):", f"    forward-backward ...: ({i}.0, {i + 1}.0)"]
+    log = tmp_path / "tail.txt"
+    log.write_text("\n".join(lines) + "\n")
+    whole = parse_log(log)
+    monkeypatch.setattr(parse, "_PIECE_BYTES", 512)
+    assert len(list(parse._pieces(log))) > 10
+    pieces = parse_log(log)
+    assert set(whole.timers["node"]) == {"n060", "n063"} and len(whole.timers) == 78
+    pd.testing.assert_frame_equal(pieces.timers, whole.timers)
+    pd.testing.assert_frame_equal(pieces.iterations, whole.iterations)

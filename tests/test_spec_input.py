@@ -290,3 +290,11 @@ optimizer: {lr: 1e-4, min_lr: 1e-4, weight_decay: 0, clip_grad: 0, adam_beta1: 0
 train: {eval_interval: 5, eval_iters: 0}
 """))
     assert spec.optimizer.min_lr == spec.optimizer.lr and spec.train.eval_interval == 5
+
+
+@pytest.mark.parametrize("train, field", [({"seed": "1e300"}, "train.seed"), ({"seed": -1}, "train.seed"),
+                                          ({"seed": 2**31}, "train.seed"),
+                                          ({"iters": 99999999999999999999}, "train.iters")])
+def test_counts_and_seeds_out_of_range_are_refused_naming_the_field(tmp_path, train, field):
+    key, value = next(iter(train.items()))
+    assert_names(errors_of(tmp_path, BASE.format(name="big") + f"train: {{{key}: {value}}}\n"), field)

@@ -226,9 +226,62 @@ def parse_log(paths, per_node: bool | None = None) -> ParsedLog:
     files = _expand(paths)
     per_node = len(files) > 1 if per_node is None else per_node
     with _no_cyclic_gc():
-        parts = [_scan(Path(path).read_bytes(), source=str(path), node=_node_of(path) if per_node else None)
-                 for path in files]
+        parts = []
+        for path in files:
+            node, last_iteration, tail_file, setup = _node_of(path) if per_node else None, None, None, True
+            for data, first_line in _pieces(path):
+                part = _scan(data, source=str(path), node=node, first_line=first_line,
+                             last_iteration=last_iteration, setup=setup, tail_file=tail_file)
+                last_iteration = part["last_iteration"] if part["last_iteration"] is not None else last_iteration
+                tail_file = part["tail_file"]
+                setup = setup and last_iteration is None
+                parts.append(part)
+                del data  # before the next piece is read
         return _combine(parts, sources=[str(p) for p in files])
+
+
+_PIECE_BYTES = 64 << 20
+"""A file larger than this is parsed a piece at a time, so memory follows the piece, not the file (a 1 GB log)."""
+
+
+def _pieces(path: Path, size: int | None = None):
+    """(bytes, number of its first line) for consecutive pieces of the file, each cut just before a line holding an
+    interval line, so that the timer and memory lines printed after an iteration stay in its piece (else at a line
+    break, with the last iteration handed on). A file of at most `size` bytes is one piece."""
+    size = size or _PIECE_BYTES
+    first_line, carry, pieces = 1, b"", 0
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(size)
+            if not block:
+                if carry or not pieces:
+                    yield carry, first_line
+                return
+            data = carry + block if carry else block
+            del carry, block
+            cut = _cut(data, at_any_line=len(data) >= max(4 * size, 1 << 20)) if len(data) >= size else 0
+            if cut <= 0:
+                carry = data
+                continue
+            yield data[:cut], first_line
+            pieces += 1
+            first_line += data.count(b"\n", 0, cut)
+            carry = data[cut:]
+            del data
+
+
+def _cut(data: bytes, at_any_line: bool) -> int:
+    """Where to end a piece: the start of the last line holding an interval line; else, `at_any_line`, just past the
+    last line break (0: no cut). Set-up lines come before the first interval line, so they stay in one piece unless
+    they alone fill several."""
+    found = data.rfind(b"iteration")
+    while found >= 0:
+        line = data.rfind(b"\n", 0, found) + 1
+        end = data.find(b"\n", found)
+        if line > 0 and _ITERATION.search(data, line, len(data) if end < 0 else end):
+            return line
+        found = data.rfind(b"iteration", 0, line)
+    return data.rfind(b"\n") + 1 if at_any_line else 0
 
 
 @contextlib.contextmanager
@@ -348,10 +401,14 @@ _TEXT_COLUMNS = {"source", "node", "phase", "style", "split", "level", "message"
 
 
 def _frame(data: dict, n: int, columns: list[str]) -> pd.DataFrame:
-    """One DataFrame from column lists: documented columns first (absent ones missing), extras after, integers Int64."""
+    """One DataFrame from column lists: documented columns first (absent ones missing), extras after, integers Int64.
+
+    `data` is consumed, each column dropped as soon as it is converted, and the frame keeps the converted arrays without
+    copying them into blocks: a 1 GB log has millions of timer rows, and every copy of them counts.
+    """
     out = {}
     for c in columns + sorted(c for c in data if c not in columns):
-        values = data.get(c)
+        values = data.pop(c, None)
         if values is None:
             values = [None] * n if c in _TEXT_COLUMNS else np.full(n, np.nan)
         if c in _INT_COLUMNS:
@@ -360,7 +417,7 @@ def _frame(data: dict, n: int, columns: list[str]) -> pd.DataFrame:
             values = pd.to_datetime(pd.Series(values, dtype=object), errors="coerce", format="mixed") \
                 if any(v is not None for v in values) else pd.Series([pd.NaT] * n, dtype="datetime64[ns]")
         out[c] = values
-    return pd.DataFrame(out, index=pd.RangeIndex(n))
+    return pd.DataFrame(out, index=pd.RangeIndex(n), copy=False)
 
 
 def _ints(values) -> pd.arrays.IntegerArray:
@@ -370,20 +427,32 @@ def _ints(values) -> pd.arrays.IntegerArray:
     return pd.arrays.IntegerArray(np.where(missing, 0, np.round(arr)).astype(np.int64), missing)
 
 
+_WINDOW = 1 << 24
+"""Bytes looked at in one step where a whole-file pass would need scratch memory the size of the file."""
+
+
+def _newline_offsets(buf: bytes) -> np.ndarray:
+    """Offsets of every line break, found one window at a time: one mask over a 1 GB log would take another GB."""
+    view = np.frombuffer(buf, dtype=np.uint8)
+    found = [np.flatnonzero(view[at:at + _WINDOW] == 10) + at for at in range(0, len(view), _WINDOW)]
+    return np.concatenate(found) if found else np.empty(0, dtype=np.int64)
+
+
 class _Scan:
     """State while scanning one file. Positions are byte offsets into `buf`, which are the file's own."""
 
-    def __init__(self, data: bytes, source: str, node: str | None):
+    def __init__(self, data: bytes, source: str, node: str | None, first_line: int = 1, tail_file: str | None = None):
         self.source = source
         self.file_node = node
+        self.first_line = first_line
         # Complete lines only: bytes after the last newline are a line still being written (or a cut-off file).
         end = data.rfind(b"\n") + 1
         tail = data[end:]
         self.partial: list[tuple[int, str]] = []
         if tail.strip():
-            self.partial.append((data.count(b"\n") + 1, _text(tail)))
+            self.partial.append((data.count(b"\n") + first_line, _text(tail)))
         body = data if end == len(data) else data[:end]  # large logs are not copied when nothing needs changing
-        self.newlines = np.flatnonzero(np.frombuffer(body, dtype=np.uint8) == 10)
+        self.newlines = _newline_offsets(body)
         if b"\x1b" in body:
             # Blank out colour codes byte for byte, so offsets (and line numbers) stay those of the file.
             body = _ANSI.sub(lambda m: b" " * len(m.group()), body)
@@ -392,8 +461,11 @@ class _Scan:
             body = body.replace(b"\r", b"\n")
         self.buf = body
         # Line breaks of the buffer (carriage returns included), so that finding a position's line is a binary search.
-        self.breaks = np.flatnonzero(np.frombuffer(body, dtype=np.uint8) == 10) if b"\r" in data else self.newlines
-        self.headers = [(m.start(), Path(_text(m.group(1)).strip()).stem) for m in _TAIL_HEADER.finditer(self.buf)]
+        self.breaks = _newline_offsets(body) if b"\r" in data else self.newlines
+        # `tail` headers (==> n060.out <==) name the file the lines below them came from; `tail_file`: the one the
+        # previous piece ended in.
+        self.headers = [(-1, tail_file)] if tail_file else []
+        self.headers += [(m.start(), Path(_text(m.group(1)).strip()).stem) for m in _TAIL_HEADER.finditer(self.buf)]
         self.header_pos = [p for p, _ in self.headers]
         self.prefix_cache: dict[bytes, tuple] = {}
         self.formats: set[str] = set()
@@ -401,10 +473,10 @@ class _Scan:
     # Positions and lines -------------------------------------------------------------------------------------------
     def line_no(self, pos: int) -> int:
         """1-based line number in the file of buffer offset `pos`."""
-        return int(np.searchsorted(self.newlines, pos, side="left")) + 1
+        return int(np.searchsorted(self.newlines, pos, side="left")) + self.first_line
 
     def line_nos(self, positions: list[int]) -> np.ndarray:
-        return np.searchsorted(self.newlines, np.asarray(positions, dtype=np.int64), side="left") + 1
+        return np.searchsorted(self.newlines, np.asarray(positions, dtype=np.int64), side="left") + self.first_line
 
     # A line break is looked for nearby first (most lines are short), else found by binary search, so that the cost
     # of finding a line does not grow with its length.
@@ -474,10 +546,16 @@ def _prefix_info(prefix: str) -> tuple:
     return node, task, rank, local_rank, stamp
 
 
-def _scan(data: bytes, source: str, node: str | None) -> dict:
-    s = _Scan(data, source, node)
+def _scan(data: bytes, source: str, node: str | None, first_line: int = 1, last_iteration: int | None = None,
+          setup: bool = True, tail_file: str | None = None) -> dict:
+    """One file, or one piece of it: `first_line` numbers its first line; `last_iteration` and `tail_file` are the
+    iteration and the `tail` header the pieces before it ended in (the lines at its start belong to them); `setup` says
+    whether to read set-up lines (arguments, parallel sizes), which only the pieces before training starts hold."""
+    s = _Scan(data, source, node, first_line, tail_file)
     event_hits = _start_event_scan(s.buf)
     iterations, iteration_pos, partial = _iterations(s)
+    if last_iteration is not None:
+        iteration_pos.insert(0, (-1, last_iteration))
     tables = {
         "iterations": iterations,
         "memory": _memory(s, iteration_pos, partial),
@@ -491,9 +569,11 @@ def _scan(data: bytes, source: str, node: str | None) -> dict:
         len(partial), ["source", "line", "text"])
     # Set-up lines (arguments, sizes, parameters) come before training starts; later ones (a restart) repeat them.
     setup_end = iteration_pos[0][0] + _SETUP_MARGIN if iteration_pos else len(s.buf)
-    arguments = _arguments(s, setup_end)
-    parallel = _parallel(s, setup_end)
-    return {"tables": tables, "arguments": arguments, "parallel": parallel, "formats": s.formats}
+    arguments = _arguments(s, setup_end) if setup else {}
+    parallel = _parallel(s, setup_end) if setup else {}
+    return {"tables": tables, "arguments": arguments, "parallel": parallel, "formats": s.formats,
+            "last_iteration": iteration_pos[-1][1] if iteration_pos else None,
+            "tail_file": s.headers[-1][1] if s.headers else None}
 
 
 _SETUP_MARGIN = 1 << 20  # bytes after the first interval line where other ranks' set-up lines may still appear
@@ -720,12 +800,15 @@ def _timers(s: _Scan, iteration_pos) -> pd.DataFrame:
             _timer_block_rest(s, s.line_end(m.end()), prefix, style, it, origin, rows)
     pieces = [_timer_columns(rows)]
     pieces += [_minmax_entries(s, prefix, blocks) for prefix, blocks in minmax_headers.items()]
-    data = {name: np.concatenate([piece[name] for piece in pieces]) for name in _TIMER_FIELDS}
+    pieces = [piece for piece in pieces if len(piece["phase"])] or pieces[:1]
+    data = {name: np.concatenate([piece[name] for piece in pieces]) if len(pieces) > 1 else pieces[0][name]
+            for name in _TIMER_FIELDS}
+    del pieces
     n = len(data["phase"])
     data["line"] = s.line_nos(data["line"])
-    data["source"] = [s.source] * n
-    timers = _frame(data, n, TIMER_COLUMNS)
+    data["source"] = np.full(n, s.source, dtype=object)
     in_order = bool(np.all(np.diff(data["line"]) >= 0))
+    timers = _frame(data, n, TIMER_COLUMNS)
     return timers if in_order else timers.sort_values("line", kind="stable", ignore_index=True)
 
 
@@ -749,22 +832,35 @@ def _minmax_entries(s: _Scan, prefix: bytes, blocks: list[tuple]) -> dict[str, n
     One scan reads the prefix's headers and entries in order; an entry belongs to the header before it, so blocks of
     several ranks interleaved line by line are told apart. Each entry's `line` is its header's.
     """
-    found = _minmax_pattern(prefix).findall(s.buf, s.line_end(blocks[0][0]), blocks[-1][0] + _MAX_BLOCK_BYTES)
-    owner, raw_names, lows, highs = [], [], [], []
+    pattern, buf = _minmax_pattern(prefix), s.buf
+    codes: dict[bytes, int] = {}  # raw timer name -> its index in `codes`
+    owners, name_codes, lows, highs = [], [], [], []
     block, last = 0, len(blocks) - 1
-    for header, raw, lo, hi in found:
-        if header:
-            block = min(block + 1, last)
-        else:
-            owner.append(block)
-            raw_names.append(raw)
-            lows.append(lo)
-            highs.append(hi)
-    names = {raw: _text(raw).strip() for raw in set(raw_names)}
-    owner = np.asarray(owner, dtype=np.int64)
-    high = _floats(highs)
-    columns = {"phase": np.asarray([names[raw] for raw in raw_names], dtype=object), "ms": high,
-               "min_ms": _floats(lows), "max_ms": high, "style": np.full(len(owner), "minmax", dtype=object)}
+    start, end = s.line_end(blocks[0][0]), min(len(buf), blocks[-1][0] + _MAX_BLOCK_BYTES)
+    # A window at a time, each turned into arrays at once: millions of entries held as bytes would take more memory
+    # than the log. A window ends just past a line break, and the next starts on it, as every match starts with one.
+    while start < end:
+        cut = buf.find(b"\n", min(start + _WINDOW, end))
+        stop = end if cut < 0 or cut >= end else cut + 1
+        owner, code, lo, hi = [], [], [], []
+        for header, raw, low, high in pattern.findall(buf, start, stop):
+            if header:
+                block = min(block + 1, last)
+            else:
+                owner.append(block)
+                code.append(codes.setdefault(raw, len(codes)))
+                lo.append(low)
+                hi.append(high)
+        owners.append(np.asarray(owner, dtype=np.int64))
+        name_codes.append(np.asarray(code, dtype=np.int64))
+        lows.append(_floats(lo))
+        highs.append(_floats(hi))
+        start = stop - 1 if stop < end else end
+    owner = np.concatenate(owners)
+    names = np.asarray([_text(raw).strip() for raw in codes], dtype=object)
+    high = np.concatenate(highs)
+    columns = {"phase": names[np.concatenate(name_codes)], "ms": high, "min_ms": np.concatenate(lows),
+               "max_ms": high, "style": np.full(len(owner), "minmax", dtype=object)}
     per_block = {"iteration": [b[1] for b in blocks], "line": [b[0] for b in blocks],
                  **{name: [b[2][i] for b in blocks] for i, name in enumerate(("node", "task", "rank", "local_rank"))}}
     for name, values in per_block.items():

@@ -250,6 +250,10 @@ def _check_optimizer(spec: RunSpec) -> list[str]:
     return errors
 
 
+SEED_LIMIT = 2**31
+"""Megatron seeds NumPy (32-bit seeds) with train.seed + 100 x the pipeline stage: this leaves room for every stage."""
+
+
 def _check_train(spec: RunSpec) -> list[str]:
     train, errors = spec.train, []
     for key in ("eval_interval", "save_interval"):
@@ -258,6 +262,9 @@ def _check_train(spec: RunSpec) -> list[str]:
                           "or leave it out")
     if train.eval_iters is not None and train.eval_iters < 0:
         errors.append(f"train.eval_iters: must be zero or more, got {train.eval_iters}")
+    if train.seed is not None and not 0 <= train.seed < SEED_LIMIT:
+        errors.append(f"train.seed: must be from 0 to {SEED_LIMIT - 1:,}, got {train.seed}; Megatron seeds NumPy with "
+                      "it plus 100 per pipeline stage, and NumPy takes 32-bit seeds")
     return errors
 
 

@@ -258,12 +258,17 @@ def _coerce(value: Any, tp, path: str, errors: list[str]) -> Any:
         errors.append(f"{path}: expected true or false, got {quote(value)}")
         return None
     if tp is int:
+        number = None
         if isinstance(value, int) and not isinstance(value, bool):
-            return int(value)
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        errors.append(f"{path}: expected a whole number, got {quote(value)}")
-        return None
+            number = int(value)
+        elif isinstance(value, float) and value.is_integer():
+            number = int(value)
+        if number is None:
+            errors.append(f"{path}: expected a whole number, got {quote(value)}")
+        elif not -_INT_LIMIT < number < _INT_LIMIT:
+            errors.append(f"{path}: {yaml12.source_text(value) or quote(value)} is too large; every count, size and seed of a run is below 2**63")
+            number = None
+        return number
     if tp is float:
         return _number(value, path, errors)
     if tp is str:
@@ -278,6 +283,10 @@ def _coerce(value: Any, tp, path: str, errors: list[str]) -> Any:
         errors.append(f"{path}: expected text, got {quote(value)}")
         return None
     return value
+
+
+_INT_LIMIT = 2**63
+"""Megatron and torch hold counts, sizes and seeds in 64-bit integers."""
 
 
 def _number(value: Any, path: str, errors: list[str]) -> float | None:
