@@ -1,4 +1,5 @@
-"""How fast `labkit logs parse` reads a large multi-rank log (goal: >= 50 MB/s).
+"""How fast `labkit logs parse` reads a large multi-rank log (goal: >= 50 MB/s), and its peak memory (goal: a 1 GB
+log in <= 1.5 GB).
 
     .venv/bin/python benchmarks/bench_log_parse.py [--mb 200] [--nodes 4] [--gpus-per-node 8] [--repeat 3]
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import sys
 import tempfile
 import time
@@ -90,6 +92,8 @@ def main(argv=None) -> int:
     assert len(parsed.iterations) == iterations, (len(parsed.iterations), iterations)
     print(f"log: {size_mb:.1f} MB, {world} ranks, {iterations} iterations, {len(parsed.timers)} timer rows, "
           f"{len(parsed.memory)} memory rows, {len(parsed.events)} events")
+    peak_mb = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
+    print(f"peak resident memory: {peak_mb:,.0f} MB, {peak_mb / size_mb:.2f} x the log (goal for 1 GB: <= 1,500 MB)")
     print(f"parse_log: {best:.2f} s wall (best of {args.repeat}) = {size_mb / best:.1f} MB/s (goal >= 50 MB/s); "
           f"{best_cpu:.2f} s CPU (with its child) = {size_mb / best_cpu:.1f} MB/s per CPU second")
     return 0
