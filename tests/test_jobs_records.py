@@ -212,6 +212,8 @@ def test_a_job_labkit_could_not_record_never_starts(tmp_path, monkeypatch):
     assert child.wait(timeout=10) != 0
     (run,) = RunIndex(tmp_path / "runs").run_dirs()
     assert [p.name for p in (run / "logs").iterdir()] == ["runner.out"]  # no node ever started
+    assert not RunRecord(run).settle_abandoned()  # the process that created it still runs: it may yet record it
+    assert RunRecord(run).last_status()["state"] == "CREATED"
 
 
 def test_launch_from_a_killed_labkit_never_runs_untracked(tmp_path):
@@ -228,6 +230,10 @@ def test_launch_from_a_killed_labkit_never_runs_untracked(tmp_path):
         time.sleep(0.1)
     assert subprocess.run(["pgrep", "-f", str(run)], capture_output=True).stdout == b""
     assert [p.name for p in (run / "logs").iterdir()] == ["runner.out"]
+    # `labkit runs` says what became of it, instead of CREATED for ever.
+    assert cli("runs", "--runs-dir", str(tmp_path / "runs")) == 0
+    (row,) = RunIndex(tmp_path / "runs").rows()
+    assert row["state"] == "FAILED" and row["cause"] == record_module.ABANDONED
 
 
 def test_concurrent_writers_of_one_record_never_collide(tmp_path):

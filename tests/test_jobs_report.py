@@ -229,7 +229,7 @@ def test_metrics_are_the_parsers_iteration_table(tmp_path):
 
 def test_a_recorded_run_is_reattached_in_its_last_state(tmp_path):
     job = make_job(tmp_path, State.RUNNING)
-    with pytest.raises(RuntimeError, match="never submitted"):
+    with pytest.raises(RuntimeError, match="has no job"):
         job_of(job.record)
     job.record.attach("local", "local", ["7"])
     job.update(Status(State.FAILED, "1:0"))

@@ -38,7 +38,9 @@ def job_of(record: RunRecord, backend: Backend | None = None) -> Job:
     that ran it): for status and cancel from another process."""
     info = record.job_info
     if not info:
-        raise RuntimeError(f"run {record.run_id} was never submitted (no job.json)")
+        last = record.last_status()
+        why = f": {last['state']}, {last['cause']}" if last.get("cause") else ""
+        raise RuntimeError(f"run {record.run_id} has no job (no job.json){why}")
     last = record.last_status()
     status = Status(State(last["state"]), last.get("exit_code"), last.get("reason")) \
         if last.get("state") in State.__members__ else None

@@ -101,6 +101,7 @@ def _status(args) -> int:
                 print("no runs yet", file=sys.stderr)
                 return 1
             record = load_run(rows[-1]["run_id"], args.runs_dir)
+        record.settle_abandoned()
         job = job_of(record)
         rep = report(job, lines=args.lines)
     except (FileNotFoundError, RuntimeError) as exc:  # RecordError included
@@ -146,7 +147,13 @@ def _runs(args) -> int:
     except RecordError as exc:
         print(exc, file=sys.stderr)
         return 1
-    # a CREATED run has no job to poll yet
+    # A CREATED run has no job to poll yet; one whose labkit stopped before recording its job never will.
+    for row in rows:
+        if row["state"] == "CREATED":
+            try:
+                load_run(row["run_id"], args.runs_dir).settle_abandoned()
+            except (FileNotFoundError, RecordError):
+                continue
     unfinished = [r for r in rows if r["state"] in UNFINISHED_STATES - {"CREATED"}]
     backends: dict = {}  # one backend of each kind, so that one query serves all its runs
     jobs = []

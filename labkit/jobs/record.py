@@ -22,6 +22,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import socket
 import re
 import sqlite3
 import threading
@@ -112,7 +113,7 @@ class RunRecord:
                     _write_synced(_tmp(path / "spec.yaml"), spec.to_yaml().encode(),
                                   os.O_WRONLY | os.O_CREAT | os.O_EXCL)
                     os.rename(_tmp(path / "spec.yaml"), path / "spec.yaml")
-                    created = record._append_event({"state": "CREATED"})
+                    created = record._append_event({"state": "CREATED", **_this_process()})
                     _sync_dir(path)
                     _sync_dir(root)
             except RecordError:
@@ -226,6 +227,22 @@ class RunRecord:
                 os.close(fd)
         return time
 
+    def abandoned(self) -> bool:
+        """A CREATED run without job.json whose creating process, on this host, is gone: labkit stopped between
+        creating the run and recording its job. Such a job starts nothing (a Slurm job waits for job.json, a local one
+        for labkit's go-ahead), so the run will never leave CREATED by itself."""
+        creation = next((e for e in self.events() if e.get("state") == "CREATED"), {})
+        if self.job_info or creation.get("host") != socket.gethostname() or not creation.get("pid"):
+            return False
+        return _process_started(creation["pid"]) != creation.get("started")
+
+    def settle_abandoned(self) -> bool:
+        """Record an abandoned run (see `abandoned`) as FAILED, saying why; True if it was one."""
+        if self.last_status().get("state") != "CREATED" or not self.abandoned():
+            return False
+        self.set_status("FAILED", cause=ABANDONED)
+        return True
+
     def set_status(self, state, exit_code: str | None = None, reason: str | None = None,
                    cause: str | None = None) -> None:
         """Append a state change to events.jsonl, and make it status.json and the index's row."""
@@ -251,6 +268,25 @@ class RunRecord:
 
     def __repr__(self) -> str:
         return f"RunRecord({self.path})"
+
+
+ABANDONED = ("labkit stopped after creating this run and before recording its job; that job started nothing (it "
+             "waits for job.json)")
+
+
+def _this_process() -> dict:
+    """Who creates a run: host, pid and the pid's start time (so that a reused pid is not taken for it)."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": _process_started(os.getpid())}
+
+
+def _process_started(pid: int) -> str | None:
+    """A process's start time in clock ticks since boot (field 22 of /proc/PID/stat); None when it is gone or on a
+    system without /proc."""
+    try:
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    return stat.rpartition(")")[2].split()[19]
 
 
 def load_run(run: str | os.PathLike, root: str | os.PathLike | None = None) -> RunRecord:
