@@ -231,3 +231,12 @@ def test_a_dataset_path_means_no_mock_tokens_and_both_at_once_is_refused():
     assert load_spec({"data": {}}).data.mock is True
     errors = errors_of({"preset": "tiny"}, data={"path": "/data/x", "mock": True})
     assert any(e.startswith("data.mock: true") and "data.path" in e for e in errors)
+
+
+def test_a_changed_copy_derives_what_the_spec_did_not_write():
+    tiny = load_spec({"model": {"preset": "tiny", "num_layers": 4}})
+    on_corpus = tiny.replace(data={"path": "/data/x"})  # the tokenizer's vocabulary, not the preset's 1024
+    assert on_corpus.model.vocab_size == load_spec({"data": {"path": "/data/x"}}).model.vocab_size != 1024
+    bigger = tiny.replace(**{"model.preset": "gpt2-small"})  # the new preset's sizes; the written layer count stays
+    assert (bigger.model.num_layers, bigger.model.hidden_size, bigger.model.vocab_size) == (4, 768, 50257)
+    assert load_spec(bigger).model.hidden_size == 768 and "num_layers" not in bigger.derived_model_keys

@@ -60,9 +60,10 @@ def to_plain(obj: Any) -> Any:
     return obj
 
 
-def read_source(source) -> tuple[dict, list[str]]:
-    """Plain spec data from a path, mapping or RunSpec, with named clusters and the model preset filled in, and the
-    problems found on the way."""
+def read_source(source) -> tuple[dict, list[str], frozenset[str]]:
+    """Plain spec data from a path, mapping or RunSpec, with named clusters and the model preset filled in; the
+    problems found on the way; and the model keys the spec did not write (its preset's, Megatron's defaults, the
+    tokenizer's vocabulary), which a changed copy derives anew."""
     data, errors = _read(source), []
     if isinstance(data.get("recompute"), str) or data.get("recompute") is False:
         if str(data["recompute"]).lower() in ("none", "false", "off"):
@@ -80,14 +81,17 @@ def read_source(source) -> tuple[dict, list[str]]:
             errors.append(f"cluster: unknown cluster {quote(cluster)}; known: {', '.join(catalog.clusters())}"
                           + (f" (closest: {', '.join(hint)})" if hint else ""))
             data["cluster"] = None
-    model = data.get("model", {"preset": DEFAULT_PRESET})
+    model, derived = data.get("model", {"preset": DEFAULT_PRESET}), frozenset()
     if dataclasses.is_dataclass(model):
         # A dataclass cannot tell a field set to None from one left out: None is "not set", so the preset fills it.
-        model = {k: v for k, v in to_plain(model).items() if v is not None}
+        # Fields a loaded spec derived (RunSpec.derived_model_keys) are not set either.
+        model = {k: v for k, v in to_plain(model).items()
+                 if v is not None and k not in getattr(source, "derived_model_keys", ())}
     if isinstance(model, dict):
         data["model"] = _with_preset(model, errors)
         _data_source(data, wrote_vocab="vocab_size" in model, errors=errors)
-    return data, errors
+        derived = frozenset(data["model"]) - frozenset(model)
+    return data, errors, derived
 
 
 def _data_source(data: dict, wrote_vocab: bool, errors: list[str]) -> None:

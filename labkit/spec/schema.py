@@ -318,8 +318,19 @@ class RunSpec:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def replace(self, **changes) -> RunSpec:
-        """A checked copy with dotted-path changes, e.g. spec.replace(precision="bf16", **{"batch.micro": 2})."""
-        return load_spec(with_changes(self.to_dict(), **changes))
+        """A checked copy with dotted-path changes, e.g. spec.replace(precision="bf16", **{"batch.micro": 2}).
+
+        Model fields this spec took from its preset, Megatron's defaults or its tokenizer are derived again for the
+        copy: a new preset brings its own sizes, a new tokenizer its own vocabulary."""
+        data = self.to_dict()
+        for key in self.derived_model_keys:
+            data["model"].pop(key, None)
+        return load_spec(with_changes(data, **changes))
+
+    @property
+    def derived_model_keys(self) -> frozenset[str]:
+        """The model keys the spec did not write (set by load_spec); empty for a spec built in Python and unchecked."""
+        return getattr(self, "_derived_model_keys", frozenset())
 
 
 def load_spec(source) -> RunSpec:
@@ -328,11 +339,12 @@ def load_spec(source) -> RunSpec:
 
     Taught in labs 00, 01, 02, 03, 04, 05, 06, 07 and 08.
     """
-    data, errors = read_source(source)
+    data, errors, derived = read_source(source)
     spec = build(RunSpec, data, "", errors)
     errors += checks.validate(spec, raise_errors=False)
     if errors:
         raise checks.SpecError(errors)
+    spec._derived_model_keys = derived
     return spec
 
 
