@@ -34,6 +34,7 @@ SHAPES = {
     "one line of OSC escapes": lambda n: b"\x1b]" * (8 * n) + b"\n",
     "timer headers on one line": lambda n: b"max time across ranks (ms):" * n + b"\n",
     "a memory line with many fields": lambda n: b"memory (MB) |" + b" a: 1 |" * (2 * n) + b"\n",
+    "argument headers, one per line": lambda n: b"---- arguments ----\n" * (n // 10),
 }
 
 

@@ -1015,15 +1015,20 @@ def _events(s: _Scan, hits: list[int]) -> pd.DataFrame:
 def _arguments(s: _Scan, end: int) -> dict:
     args: dict = {}
     buf = s.buf
+    read_to = -1  # lines up to here belong to a block already read: a header among them starts nothing new
     for m in _ARGS_NEW.finditer(buf, 0, end):
+        if m.start() < read_to:
+            continue
         start = s.line_start(m.start())
         header = buf[start:s.line_end(start)]
         if b"end of arguments" in header:
             continue
         prefix = header[:header.find(b"-")]
-        for n, (_, body) in enumerate(_block_lines(s, m.end(), prefix)):
-            if b"end of arguments" in body or n > 5000:
-                break
+        read_to = m.end()
+        for n, (pos, body) in enumerate(_block_lines(s, m.end(), prefix)):
+            read_to = pos
+            if b"end of arguments" in body or _ARGS_NEW.search(body) or n > 5000:
+                break  # a block ends at its end line, or where another block starts
             if e := _ARG_ENTRY.match(body):
                 args.setdefault(_text(e.group(1)), _arg_value(_text(e.group(2))))
     if m := _PADDED_VOCAB.search(buf, 0, end):
