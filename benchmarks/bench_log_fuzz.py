@@ -44,6 +44,7 @@ def mutate(data: bytes, rng: random.Random) -> tuple[bytes, bool]:
     """A mutated log, and whether the mutation only took text away (so every row read must be one of the log's)."""
     lines = data.split(b"\n")
     kind = rng.randrange(7)
+    mutate.kind = kind
     if kind == 0:
         return data[:rng.randrange(len(data) + 1)], True
     if kind == 1:
@@ -79,17 +80,30 @@ def rows(parsed) -> set[tuple]:
     return {tuple(None if v != v else v for v in row) for row in df.astype(object).itertuples(index=False)}
 
 
+def invented(got: set[tuple], whole: set[tuple]) -> bool:
+    """A row with a value no row of the whole log has for that iteration (a value missing, as when the interval
+    line was cut away and a summary line still gives the time, is not invented)."""
+    return any(not any(all(g is None or g == w for g, w in zip(row, full)) for full in whole) for row in got)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep", type=Path, help="write each failing mutated log into this directory")
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     logs = {p.name: p.read_bytes() for p in sorted(FIXTURES.iterdir()) if p.is_file() and p.suffix != ".md"}
     whole = {name: rows(parse_text(data)) for name, data in logs.items()}
     counts = {"crash": 0, "hang": 0, "invented row": 0}
     slowest, start = 0.0, time.perf_counter()
-    for _ in range(args.n):
+    def keep(number: int, kind: str, name: str, data: bytes) -> None:
+        print(f"  mutation {number} ({kind}, kind {mutate.kind}) of {name}", file=sys.stderr)
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            (args.keep / f"{number}-{kind.replace(' ', '-')}-{name}").write_bytes(data)
+
+    for number in range(args.n):
         name = rng.choice(sorted(logs))
         data, only_removed = mutate(logs[name], rng)
         began = time.perf_counter()
@@ -99,14 +113,18 @@ def main(argv=None) -> int:
             parsed.to_json()
         except Exception:
             counts["crash"] += 1
+            keep(number, "crash", name, data)
             if counts["crash"] <= 3:
                 traceback.print_exc()
             continue
         took = time.perf_counter() - began
         slowest = max(slowest, took)
-        counts["hang"] += took > 5
-        if only_removed and not rows(parsed) <= whole[name]:
+        if took > 5:
+            counts["hang"] += 1
+            keep(number, "hang", name, data)
+        if only_removed and invented(rows(parsed), whole[name]):
             counts["invented row"] += 1
+            keep(number, "invented row", name, data)
     print(f"{args.n} seeded log mutations (seed {args.seed}) of {len(logs)} logs in "
           f"{time.perf_counter() - start:.0f} s; slowest parse {slowest * 1000:.0f} ms")
     for kind, count in counts.items():

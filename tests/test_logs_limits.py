@@ -35,6 +35,7 @@ SHAPES = {
     "timer headers on one line": lambda n: b"max time across ranks (ms):" * n + b"\n",
     "a memory line with many fields": lambda n: b"memory (MB) |" + b" a: 1 |" * (2 * n) + b"\n",
     "argument headers, one per line": lambda n: b"---- arguments ----\n" * (n // 10),
+    "a world-size line running on in letters": lambda n: b"using world size: 1, data-parallel size: 1" + b"Tb" * n + b"\n",
 }
 
 

@@ -88,7 +88,7 @@ _ARG_ENTRY_INDENTED = re.compile(rb"\s+([A-Za-z_][A-Za-z0-9_]*) \.* ?(.*?)\s*$")
 _TIMER_MAX = re.compile(rb"\s+(\S.*?) \.*: ([-+.\deEnaif]+)\s*$")
 _TIMER_ALL_NAME = re.compile(rb"  (\S.*?):\s*$")
 _TIMER_ALL_RANK = re.compile(rb"\s+rank +(\d+): ([-+.\deEnaif]+)\s*$")
-_SIZE = re.compile(rb"([A-Za-z-]+)[ -]sizes?: *(\d+)")
+_SIZE = re.compile(rb"(?<![A-Za-z-])([A-Za-z-]{1,80})[ -]sizes?: *(\d+)")  # bounded: a long run of letters is linear
 _COORD = re.compile(rb"ProcessCoord\(pipe=(\d+), data=(\d+), model=(\d+)\)")
 _NOT_ALNUM = re.compile(rb"[^a-z0-9]")
 
