@@ -34,6 +34,11 @@ class GPU:
         return float(self.peak_tflops[precision])
 
     @property
+    def fp8(self) -> bool:
+        """Whether the GPU has FP8 tensor cores (Ada, Hopper and later): a catalog entry with an fp8 peak."""
+        return "fp8" in self.peak_tflops
+
+    @property
     def memory_limit_gb(self) -> float:
         return self.usable_memory_gb or self.memory_gb
 

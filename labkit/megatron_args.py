@@ -48,6 +48,17 @@ def _as_read_here(path) -> str:
     return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
 
 
+def kernel_args(spec: RunSpec) -> list:
+    """The attention backend (when not auto, Megatron-LM's default) and the communication overlaps."""
+    k = spec.kernels
+    args: list = [] if k.attention_backend == "auto" else ["--attention-backend", k.attention_backend]
+    for flag, on in (("--overlap-grad-reduce", k.overlap_grad_reduce), ("--overlap-param-gather", k.overlap_param_gather),
+                     ("--tp-comm-overlap", k.tp_comm_overlap)):
+        if on:
+            args.append(flag)
+    return args
+
+
 def megatron_args(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike | None = None) -> list[str]:
     """The flags `python -m labkit.train` (and Megatron-LM's pretrain_gpt.py) take for this spec.
 
@@ -91,8 +102,11 @@ def megatron_args(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLi
         args += ["--num-layers-per-virtual-pipeline-stage", m.num_layers // par.pipeline // par.virtual_stages]
     if par.partition:
         args += ["--pipeline-model-parallel-layout", pipeline_layout(par.partition)]
+    if par.context > 1:
+        args += ["--context-parallel-size", par.context]
     if par.sequence_parallel:
         args += ["--sequence-parallel"]
+    args += kernel_args(spec)
 
     args += ["--micro-batch-size", b.micro, "--global-batch-size", b.global_]
 
@@ -104,6 +118,8 @@ def megatron_args(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLi
             args += ["--initial-loss-scale", opt.initial_loss_scale]
     elif spec.precision == "bf16":
         args += ["--bf16"]
+    elif spec.precision == "fp8":
+        args += ["--bf16", "--fp8-format", "hybrid"]  # e4m3 forward, e5m2 gradients, bf16 outside the GEMMs
 
     r = spec.recompute
     if r is not None and legacy and r.granularity == "full":

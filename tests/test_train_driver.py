@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from labkit.megatron_args import pipeline_layout
+from labkit.train.arguments import ArgumentError, build_parser, finish
 
 pytestmark = pytest.mark.slow
 
@@ -103,6 +104,11 @@ def runs(tmp_path_factory):
         "micro8x1": Run(root / "micro8x1", 1, [*EXACT, "--micro-batch-size", "8", "--global-batch-size", "8"]),
         "tp2": Run(root / "tp2", 2, [*EXACT, "--micro-batch-size", "2", "--global-batch-size", "8",
                                      "--tensor-model-parallel-size", "2"]),
+        "dp2": Run(root / "dp2", 2, [*EXACT, "--micro-batch-size", "2", "--global-batch-size", "8",
+                                     "--use-distributed-optimizer"]),
+        "dp2_overlap": Run(root / "dp2_overlap", 2, [*EXACT, "--micro-batch-size", "2", "--global-batch-size", "8",
+                                                     "--use-distributed-optimizer", "--overlap-grad-reduce",
+                                                     "--overlap-param-gather"]),
         "pp2": Run(root / "pp2", 2, PP_UNEVEN),
         "pp2_recompute": Run(root / "pp2_recompute", 2, [*PP_UNEVEN, *RECOMPUTE]),
         "vpp": Run(root / "vpp", 2, ["--num-layers", "4", *MODEL[2:], *MOCK, "--micro-batch-size", "2",
@@ -300,3 +306,22 @@ def test_fixture_log_has_the_current_line_shapes(runs):
     current = shapes(runs["corpus_dp2"].ok().text)
     fixture = shapes(FIXTURE_LOG.read_text())  # its first line is the command that wrote it
     assert fixture and fixture <= current, fixture - current
+
+
+def test_overlapped_gradient_reduce_and_parameter_gather_compute_the_same_steps(runs):
+    """megatron-core's DDP with --overlap-grad-reduce and --overlap-param-gather (the distributed optimizer's shards
+    gathered during the next forward) gives the losses of the same run without overlap, bit for bit."""
+    plain, overlapped = runs["dp2"].ok(), runs["dp2_overlap"].ok()
+    assert len(plain.losses()) == 6 and overlapped.losses() == plain.losses()
+    assert re.search(r" overlap_grad_reduce \.+ True\n", overlapped.text)
+
+
+@pytest.mark.parametrize("flags, named", [(["--tp-comm-overlap", "--sequence-parallel",
+                                            "--tensor-model-parallel-size", "2"], "--tp-comm-overlap"),
+                                           (["--bf16", "--fp8-format", "hybrid"], "--fp8-format"),
+                                           (["--context-parallel-size", "2"], "--context-parallel-size"),
+                                           (["--attention-backend", "flash"], "--attention-backend")])
+def test_the_cpu_driver_refuses_what_needs_transformer_engine_naming_the_flag(flags, named):
+    args = build_parser().parse_args([*MODEL, *MOCK, "--lr", "1e-3", "--train-iters", "2", *flags])
+    with pytest.raises(ArgumentError, match=f"^{named}: needs Transformer Engine on a GPU"):
+        finish(args, world_size=4, rank=0, cuda=False)

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from labkit import catalog
-from labkit.train.arguments import NORMALIZATIONS, POSITION_EMBEDDING_TYPES, TOKENIZER_TYPES, flag_errors
+from labkit.train.arguments import (ATTENTION_BACKENDS, NORMALIZATIONS, POSITION_EMBEDDING_TYPES, TOKENIZER_TYPES,
+                                    flag_errors)
 
 if TYPE_CHECKING:
     from labkit.spec.schema import RunSpec
 
-PRECISIONS = ("fp32", "fp16", "bf16")
+PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
 RECOMPUTE_GRANULARITIES = ("full", "selective")
 RECOMPUTE_METHODS = ("uniform", "block")
 OPTIMIZERS = ("adam", "sgd")
@@ -85,6 +86,7 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
         if value is not None and value <= 0:
             errors.append(f"model.{name}: must be a positive number, got {value}; or leave it out for the default")
     for where, value in (("parallel.tensor", par.tensor), ("parallel.pipeline", par.pipeline),
+                         ("parallel.context", par.context),
                          ("parallel.data", par.data), ("parallel.virtual_stages", par.virtual_stages),
                          ("batch.micro", b.micro), ("batch.global", b.global_), ("train.iters", spec.train.iters),
                          ("train.log_interval", spec.train.log_interval)):
@@ -124,14 +126,17 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
         errors.append("parallel.sequence_parallel: needs parallel.tensor > 1 (it splits activations across tensor ranks); "
                       "set it to false or raise parallel.tensor")
 
-    world = spec.world_size
-    if spec.cluster is not None and spec.cluster.nodes and par.data is not None and world != t * p * par.data:
-        errors.append(f"parallel.data: world size {world} (cluster.nodes) != tensor {t} x pipeline {p} x data {par.data} "
-                      f"= {t * p * par.data}; set parallel.data to {world // (t * p) if world % (t * p) == 0 else '?'} "
+    world, c = spec.world_size, par.context
+    split = t * c * p
+    sizes = f"tensor {t} x context {c} x pipeline {p}" if c > 1 else f"tensor {t} x pipeline {p}"
+    if spec.cluster is not None and spec.cluster.nodes and par.data is not None and world != split * par.data:
+        errors.append(f"parallel.data: world size {world} (cluster.nodes) != {sizes} x data {par.data} "
+                      f"= {split * par.data}; set parallel.data to {world // split if world % split == 0 else '?'} "
                       "or change cluster.nodes")
-    elif world % (t * p):
-        errors.append(f"parallel.pipeline: world size {world} is not divisible by tensor {t} x pipeline {p}; "
-                      "change parallel.tensor/pipeline or cluster.nodes")
+    elif world % split:
+        errors.append(f"parallel.pipeline: world size {world} is not divisible by {sizes}; "
+                      "change parallel.tensor/context/pipeline or cluster.nodes")
+    errors += _check_kernels(spec)
     d = spec.data_parallel
 
     errors += _check_partition(spec)
@@ -206,7 +211,8 @@ def _check_tokenizer_file(spec: RunSpec) -> list[str]:
 def _check_sizes(spec: RunSpec) -> list[str]:
     """Layout sizes within MAX_SPLIT and MAX_WORLD, checked on the figures alone before anything is laid out."""
     par, errors = spec.parallel, []
-    for key, bound in (("tensor", MAX_SPLIT), ("pipeline", MAX_SPLIT), ("virtual_stages", MAX_SPLIT),
+    for key, bound in (("tensor", MAX_SPLIT), ("pipeline", MAX_SPLIT), ("context", MAX_SPLIT),
+                       ("virtual_stages", MAX_SPLIT),
                        ("data", MAX_WORLD)):
         value = getattr(par, key)
         if value is not None and value > bound:
@@ -220,7 +226,7 @@ def _check_sizes(spec: RunSpec) -> list[str]:
     if errors:
         return errors
     world = sum(g.count * g.gpus_per_node for g in nodes) if nodes else \
-        par.tensor * par.pipeline * (par.data or 1)
+        par.tensor * par.context * par.pipeline * (par.data or 1)
     if world > MAX_WORLD:
         errors.append(f"{'cluster.nodes' if nodes else 'parallel.data'}: {world} processes in all is beyond any "
                       f"cluster; use at most {MAX_WORLD}")
@@ -252,6 +258,38 @@ def _check_optimizer(spec: RunSpec) -> list[str]:
 
 SEED_LIMIT = 2**31
 """Megatron seeds NumPy (32-bit seeds) with train.seed + 100 x the pipeline stage: this leaves room for every stage."""
+
+
+def _check_kernels(spec: RunSpec) -> list[str]:
+    """Kernels, FP8 and context parallelism: what megatron-core accepts, and what the GPUs can run."""
+    k, par, errors = spec.kernels, spec.parallel, []
+    if k.attention_backend not in ATTENTION_BACKENDS:
+        errors.append(f"kernels.attention_backend: {quote(k.attention_backend)} is not one of "
+                      f"{', '.join(ATTENTION_BACKENDS)}")
+    if k.overlap_param_gather and not spec.optimizer.distributed:
+        errors.append("kernels.overlap_param_gather: gathers the distributed optimizer's parameter shards; set "
+                      "optimizer.distributed: true, or leave it out")
+    if k.tp_comm_overlap and not par.sequence_parallel:
+        errors.append("kernels.tp_comm_overlap: overlaps sequence parallelism's all-gathers and reduce-scatters; set "
+                      "parallel.sequence_parallel: true (with parallel.tensor > 1), or leave it out")
+    if par.context > 1 and spec.model.seq_length and spec.model.seq_length % (2 * par.context):
+        errors.append(f"parallel.context: model.seq_length {spec.model.seq_length} must be a multiple of 2 x "
+                      f"{par.context} (megatron-core splits each sequence into 2 x context chunks to balance the "
+                      "causal mask)")
+    gpus = {g.gpu for g in spec.cluster_or_default().nodes}
+    known = {name: catalog.gpu(name) for name in gpus if catalog.resolve_gpu_name(name)}
+    if spec.precision == "fp8":
+        for name, gpu in sorted(known.items()):
+            if not gpu.fp8:
+                errors.append(f"precision: fp8 needs FP8 tensor cores (Ada, Hopper or later), and cluster GPU "
+                              f"{name} has none; use bf16")
+    if "cpu" in {gpu.name for gpu in known.values()}:
+        for key, used in (("kernels.tp_comm_overlap", k.tp_comm_overlap), ("parallel.context", par.context > 1),
+                          ("kernels.attention_backend", k.attention_backend in ("flash", "fused"))):
+            if used:
+                errors.append(f"{key}: needs Transformer Engine on GPUs; the CPU driver runs megatron-core's local "
+                              "layers, so leave it out for a CPU run")
+    return errors
 
 
 def _check_train(spec: RunSpec) -> list[str]:

@@ -2,7 +2,7 @@
 
 megatron-core's parallel_state numbers ranks with tensor parallelism fastest, then context, data and pipeline
 parallelism (its default order "tp-cp-ep-dp-pp", expert parallelism being 1 for a dense GPT):
-rank = tp + T * (cp + C * (dp + D * pp)). labkit runs context parallel size 1 today. A pipeline stage therefore owns
+rank = tp + T * (cp + C * (dp + D * pp)). A pipeline stage therefore owns
 one contiguous block of T*C*D ranks. Ranks fill the spec's node groups in the order they are listed, each node's GPUs in
 turn, as torchrun numbers them (node rank x GPUs per node + local rank).
 
@@ -77,7 +77,8 @@ class Layout:
 
 def layout_of(spec) -> Layout:
     """The layout of a run spec (its tensor, derived data and pipeline sizes)."""
-    return Layout(tensor=spec.parallel.tensor, data=spec.data_parallel, pipeline=spec.parallel.pipeline)
+    return Layout(tensor=spec.parallel.tensor, context=spec.parallel.context, data=spec.data_parallel,
+                  pipeline=spec.parallel.pipeline)
 
 
 def rank_gpus(nodes) -> list[tuple[range, str]]:

@@ -83,6 +83,28 @@ class ParallelSpec:
     None: the even split."""
     sequence_parallel: bool = False
     """Split layer-norm and dropout activations over tensor ranks (--sequence-parallel)."""
+    context: int = 1
+    """Context-parallel size (--context-parallel-size): each sequence split over this many ranks, which pass their
+    keys and values round a ring in every attention layer; world = tensor x context x data x pipeline. Needs
+    Transformer Engine on GPUs."""
+
+
+@dataclass
+class KernelsSpec:
+    """Which kernels and overlaps megatron-core uses (Megatron-LM's flags); they change time and memory, not the
+    model."""
+    attention_backend: str = "auto"
+    """auto, flash, fused, unfused or local (--attention-backend). auto is what megatron-core picks with Transformer
+    Engine on that GPU (flash or fused attention, which never keep the s x s scores); unfused and local reproduce
+    the 2021-22 stack, which keeps them."""
+    overlap_grad_reduce: bool = False
+    """Reduce gradient buckets while the backward pass goes on (--overlap-grad-reduce)."""
+    overlap_param_gather: bool = False
+    """All-gather the distributed optimizer's parameter shards during the next forward (--overlap-param-gather);
+    needs optimizer.distributed."""
+    tp_comm_overlap: bool = False
+    """Overlap tensor-parallel all-gathers and reduce-scatters with the GEMMs (--tp-comm-overlap); needs sequence
+    parallelism and Transformer Engine on GPUs."""
 
 
 @dataclass
@@ -258,7 +280,8 @@ class RunSpec:
     batch: BatchSpec = field(default_factory=BatchSpec)
     """Micro and global batch sizes."""
     precision: str = "fp32"
-    """fp32, fp16 (--fp16) or bf16 (--bf16)."""
+    """fp32, fp16 (--fp16), bf16 (--bf16) or fp8 (--bf16 --fp8-format hybrid: FP8 GEMMs, bf16 elsewhere; only on
+    GPUs with FP8 tensor cores)."""
     recompute: RecomputeSpec | None = None
     """Activation recomputation; None: none."""
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
@@ -271,6 +294,8 @@ class RunSpec:
     """The machines; None: one CPU host with exactly the processes the layout needs."""
     job: JobSpec = field(default_factory=JobSpec)
     """Scheduler options."""
+    kernels: KernelsSpec = field(default_factory=KernelsSpec)
+    """Attention kernels and communication overlap."""
 
     # Derived figures.
     @property
@@ -281,7 +306,7 @@ class RunSpec:
     def data_parallel(self) -> int:
         if self.parallel.data is not None:
             return self.parallel.data
-        return max(1, self.world_size // (self.parallel.tensor * self.parallel.pipeline))
+        return max(1, self.world_size // (self.parallel.tensor * self.parallel.context * self.parallel.pipeline))
 
     @property
     def num_micro_batches(self) -> int:
@@ -308,7 +333,7 @@ class RunSpec:
         """The cluster, or one CPU host with exactly the processes the layout needs."""
         if self.cluster is not None and self.cluster.nodes:
             return self.cluster
-        procs = self.parallel.tensor * self.parallel.pipeline * (self.parallel.data or 1)
+        procs = self.parallel.tensor * self.parallel.context * self.parallel.pipeline * (self.parallel.data or 1)
         return ClusterSpec(nodes=[NodeGroup(gpu="cpu", count=1, gpus_per_node=procs)])
 
     def to_dict(self) -> dict:

@@ -42,6 +42,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}{hint}\n")
 
 
+ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
+"""Megatron-LM's --attention-backend choices."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m labkit.train", allow_abbrev=False,
                 usage="%(prog)s [Megatron-LM flags; --help lists them]",
@@ -78,8 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="interleaved 1F1B schedule")
     g.add_argument("--pipeline-model-parallel-layout", default=None,
                    help='per-stage layout, e.g. "E|t*11|t*8|t*5|L" (uneven stages, zero-layer first/last stages)')
+    g.add_argument("--context-parallel-size", type=int, default=1,
+                   help="split the sequence over ranks, K/V exchanged in a ring (Transformer Engine on GPUs)")
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--use-distributed-optimizer", action="store_true")
+    g.add_argument("--overlap-grad-reduce", action="store_true",
+                   help="reduce gradient buckets while the backward pass goes on (megatron-core's DDP)")
+    g.add_argument("--overlap-param-gather", action="store_true",
+                   help="all-gather parameter buckets during the next forward (needs --use-distributed-optimizer)")
+    g.add_argument("--tp-comm-overlap", action="store_true",
+                   help="overlap tensor-parallel communication with GEMMs (Transformer Engine userbuffers on GPUs)")
+    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
+                   help="auto picks what megatron-core would (flash or fused with Transformer Engine, else local)")
     g.add_argument("--distributed-backend", choices=["nccl", "gloo"], default=None,
                    help="default: nccl with GPUs, gloo without")
 
@@ -90,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("precision")
     g.add_argument("--fp16", action="store_true")
     g.add_argument("--bf16", action="store_true")
+    g.add_argument("--fp8-format", choices=["hybrid", "e4m3"], default=None,
+                   help="FP8 GEMMs through Transformer Engine (with --bf16); needs FP8 tensor cores")
     g.add_argument("--loss-scale", type=float, default=None, help="fixed fp16 loss scale (default: dynamic)")
     g.add_argument("--initial-loss-scale", type=float, default=2 ** 32)
     g.add_argument("--min-loss-scale", type=float, default=1.0)
@@ -209,8 +225,11 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
     if world_size % (tp * pp):
         raise ArgumentError(f"--tensor-model-parallel-size/--pipeline-model-parallel-size: world size {world_size} "
                             f"is not divisible by tensor {tp} x pipeline {pp}; launch {tp * pp} x N processes")
-    args.data_parallel_size = world_size // (tp * pp)
-    args.context_parallel_size = 1
+    cp = args.context_parallel_size
+    if cp <= 0 or world_size % (tp * cp * pp):
+        raise ArgumentError(f"--context-parallel-size: world size {world_size} is not divisible by tensor {tp} x "
+                            f"context {cp} x pipeline {pp}")
+    args.data_parallel_size = world_size // (tp * cp * pp)
     dp = args.data_parallel_size
     if args.global_batch_size is None:
         args.global_batch_size = args.micro_batch_size * dp
@@ -302,6 +321,21 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
     elif args.transformer_impl == "transformer_engine" and not (te and cuda):
         raise ArgumentError("--transformer-impl transformer_engine: Transformer Engine needs a GPU and the "
                             "transformer_engine package; use --transformer-impl local")
+    gpu_only = {"--tp-comm-overlap": args.tp_comm_overlap, "--fp8-format": args.fp8_format is not None,
+                "--context-parallel-size": cp > 1,
+                "--attention-backend": args.attention_backend in ("flash", "fused")}
+    for flag, given in gpu_only.items():
+        if given and args.transformer_impl != "transformer_engine":
+            raise ArgumentError(f"{flag}: needs Transformer Engine on a GPU, which this run does not have "
+                                "(the CPU driver runs megatron-core's local layers); leave it out on CPU")
+    if args.fp8_format and not args.bf16:
+        raise ArgumentError("--fp8-format: FP8 GEMMs run inside a bf16 model; add --bf16")
+    if args.tp_comm_overlap and not args.sequence_parallel:
+        raise ArgumentError("--tp-comm-overlap: overlaps the all-gather and reduce-scatter of sequence parallelism; "
+                            "add --sequence-parallel")
+    if args.overlap_param_gather and not args.use_distributed_optimizer:
+        raise ArgumentError("--overlap-param-gather: gathers the distributed optimizer's parameter shards; add "
+                            "--use-distributed-optimizer")
     if args.sequence_parallel:
         if tp == 1:
             raise ArgumentError("--sequence-parallel: needs --tensor-model-parallel-size > 1")

@@ -98,7 +98,8 @@ def build_model(args, config: TransformerConfig) -> list[torch.nn.Module]:
         chunks = [Float16Module(config, chunk) for chunk in chunks]
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=args.fp16 or args.bf16,
-        overlap_grad_reduce=False,
+        overlap_grad_reduce=args.overlap_grad_reduce,
+        overlap_param_gather=args.overlap_param_gather,
         use_distributed_optimizer=args.use_distributed_optimizer,
     )
     return [DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk,

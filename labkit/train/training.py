@@ -268,6 +268,14 @@ def run(args) -> int:
     if args.fp16:
         config.grad_scale_func = optimizer.scale_loss
     config.no_sync_func = [chunk.no_sync for chunk in model] if len(model) > 1 else model[0].no_sync
+    if args.overlap_grad_reduce:
+        # The pipeline schedules start each chunk's bucketed reduce once its last micro-batch is through (as
+        # Megatron-LM's training loop sets them up).
+        config.grad_sync_func = [chunk.start_grad_sync for chunk in model] if len(model) > 1 \
+            else model[0].start_grad_sync
+    if args.overlap_param_gather:
+        config.param_sync_func = [chunk.start_param_sync for chunk in model] if len(model) > 1 \
+            else model[0].start_param_sync
 
     iteration = 0
     if args.load:
