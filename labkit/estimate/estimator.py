@@ -43,6 +43,9 @@ class Estimate:
     pipeline: Pipeline | None = None    # the schedule the pipeline time comes from: pipeline.events() draws it
     params_with_padding: int = 0        # the model as Megatron builds it, its vocabulary padded
     padded_vocab_size: int = 0          # Megatron's padded vocabulary at this tensor size
+    megatron_logged_tflops_per_gpu: float = 0.0  # what Megatron-LM's log prints: causal model FLOPs per GPU-second
+    flash_attention: bool = False       # the attention kernel keeps no s x s scores (kernels.attention_backend)
+    exposed_comm_s: dict[str, float] = field(default_factory=dict)  # per kind, what computation does not hide
 
     def to_dict(self) -> dict:
         out = {
@@ -53,13 +56,15 @@ class Estimate:
             "model_flops_per_iteration": self.model_flops_per_iteration,
             "iteration_time_s": self.iteration_time_s,
             "tflops_per_gpu": self.tflops_per_gpu,
+            "megatron_logged_tflops_per_gpu": self.megatron_logged_tflops_per_gpu,
+            "flash_attention": self.flash_attention,
             "mfu": self.mfu,
             "hfu": self.hfu,
             "memory_gb_per_stage": self.memory_gb_per_stage,
             "fits_in_memory": self.fits_in_memory,
             "memory_margin": MEMORY_MARGIN,
             "memory_limit_gb_per_stage": self.memory_limit_gb_per_stage,
-            "breakdown": dict(self.breakdown),
+            "breakdown": {**self.breakdown, "exposed_comm_s": dict(self.exposed_comm_s)},
             "stage_times_s": self.stage_times_s,
             "stage_gpus": self.stage_gpus,
             "stage_sources": self.stage_sources,
@@ -98,7 +103,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
 
     `profiles`: None looks up labkit/data/profiles for the spec's model preset; or a mapping {(gpu, tensor): Profile};
     or a callable (gpu, tensor) -> Profile | None. Stages without a profile use analytic FLOPs / (peak x efficiency).
-    `overlap_dp`: gradient all-reduce overlapped with the last micro-batch's backward (Megatron --overlap-grad-reduce).
+    `overlap_dp`: gradient all-reduce overlapped with the last micro-batch's backward (Megatron --overlap-grad-reduce),
+    as `kernels.overlap_grad_reduce` in the spec also asks.
     `stack`: the training software, a name in the calibration's stacks ("megatron-core" by default) or a Stack.
     `grad_reduce_bytes`: bytes per gradient element in the data-parallel all-reduce when the software differs from
     Megatron's choice for the precision (DeepSpeed's fp32_allreduce reduces fp16 gradients as 4-byte floats).
@@ -112,13 +118,15 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     stack = cal.stack(stack)
     shape = Shape.of(spec.model)
     par, b = spec.parallel, spec.batch
-    t, p, d, v = par.tensor, par.pipeline, spec.data_parallel, par.virtual_stages
+    t, p, d, v, c = par.tensor, par.pipeline, spec.data_parallel, par.virtual_stages, par.context
+    overlap_dp = overlap_dp or spec.kernels.overlap_grad_reduce
     m = spec.num_micro_batches
     partition = spec.layer_partition
     recompute = spec.recompute.granularity if spec.recompute is not None else None
     precision = spec.precision
     topo = Topology(spec, cal)
     lookup = profile_lookup(profiles, spec.model.preset)
+    flash = flash_attention(spec.kernels.attention_backend, [topo.stage_gpu(i) for i in range(p)])
 
     # Per-stage compute of one micro-batch.
     stages, gpus, sources = [], [], []
@@ -131,14 +139,14 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         source = prof if profile_fits(prof, shape) else catalog.gpu(name)
         st = stage_time(source, layers, b.micro, t, shape=shape, precision=precision, first=i == 0, last=i == p - 1,
                         recompute=recompute, first_layer=first_layer, tp_gbps=topo.tp_gbps(i), stack=stack,
-                        calibration=cal)
+                        calibration=cal, flash_attention=flash, context=c)
         stages.append(st)
         gpus.append(name)
         sources.append(st.source)
         first_layer += layers
 
     # Pipeline boundaries: each micro-batch's activations forward and their gradients back.
-    message = b.micro * shape.seq_length * shape.hidden * ACTIVATION_BYTES.get(precision, 2)
+    message = b.micro * shape.seq_length / c * shape.hidden * ACTIVATION_BYTES.get(precision, 2)
     if par.sequence_parallel:
         message /= t
     boundaries = [p2p_time(message, topo.pair_gbps(i, i + 1), latency + stack.p2p_message_s) for i in range(p - 1)]
@@ -180,20 +188,24 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         "embedding_comm": embedding_comm,
         "optimizer": optimizer,
     }
+    # communication the computation does not hide, per kind (the TP share is on the bottleneck stage's path)
+    exposed = {"tp": breakdown["tp_comm"], "pp": pipe.pp_comm_s, "dp": dp_comm, "embedding": embedding_comm}
 
     # FLOPs and utilisation.
-    num_gpus = t * p * d
+    num_gpus = t * c * p * d
     executed = F.hardware_flops(shape, b.global_, recompute)
     model = F.model_flops(shape, b.global_)
     peak_total = sum(catalog.gpu(topo.slots[r].gpu).peak(precision) for r in range(num_gpus))
     tflops = F.achieved_tflops(executed, iteration, num_gpus)
+    logged = F.achieved_tflops(F.megatron_logged_flops(shape, b.global_), iteration, num_gpus)
 
     # Memory.
     mem = memory_per_stage(shape, partition, tensor=t, data_parallel=d, micro_batch=b.micro, num_micro_batches=m,
                            precision=precision, recompute=recompute,
                            recompute_layers=spec.recompute.num_layers if spec.recompute else 1,
                            sequence_parallel=par.sequence_parallel, virtual_stages=v,
-                           distributed_optimizer=spec.optimizer.distributed, optimizer=spec.optimizer.name)
+                           distributed_optimizer=spec.optimizer.distributed, optimizer=spec.optimizer.name,
+                           flash_attention=flash, context=c)
     limits = [catalog.gpu(g).memory_limit_gb for g in gpus]
     fits = all(s.total <= (1 - MEMORY_MARGIN) * lim for s, lim in zip(mem, limits))
 
@@ -223,7 +235,22 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         pipeline=pipeline,
         params_with_padding=params_with_padding(shape, t),
         padded_vocab_size=shape.padded_vocab(t),
+        megatron_logged_tflops_per_gpu=logged,
+        flash_attention=flash,
+        exposed_comm_s=exposed,
     )
+
+
+def flash_attention(backend: str, gpus: list[str]) -> bool:
+    """Whether the attention kernel keeps no s x s scores: flash and fused do not; unfused and local (the 2021-22
+    stack, and what runs on a CPU) do; auto is what megatron-core picks with Transformer Engine, flash or fused
+    attention on GPUs from Ampere on (those with bf16), unfused before."""
+    if backend in ("flash", "fused"):
+        return True
+    if backend != "auto":
+        return False
+    found = [catalog.gpu(g) for g in gpus]
+    return bool(found) and all(g.bf16 and g.name != "cpu" for g in found)
 
 
 __all__ = ["Estimate", "estimate", "MEMORY_MARGIN", "GIB"]

@@ -37,6 +37,16 @@ def model_flops(shape: Shape, global_batch: int) -> float:
     return 3 * (shape.num_layers * layer_forward_flops(shape, tokens) + logits_forward_flops(shape, tokens))
 
 
+def megatron_logged_flops(shape: Shape, global_batch: int) -> float:
+    """The FLOPs Megatron-LM's training loop divides by time for its logged `throughput per GPU (TFLOP/s/GPU)`
+    (`num_floating_point_operations` in megatron/training/training.py since 2025): model FLOPs with causal attention,
+    so QK^T and attention x V count half of `model_flops`' full s x s, over the padded vocabulary."""
+    tokens = global_batch * shape.seq_length
+    causal_attention = attention_core_forward_flops(shape, tokens) / 2
+    layer = layer_forward_flops(shape, tokens) - causal_attention
+    return 3 * (shape.num_layers * layer + 2 * tokens * shape.hidden * shape.padded_vocab())
+
+
 def hardware_flops(shape: Shape, global_batch: int, recompute: str | None = "full") -> float:
     """FLOPs actually executed: full recompute runs every layer's forward twice, selective re-runs attention's core."""
     tokens = global_batch * shape.seq_length

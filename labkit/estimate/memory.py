@@ -37,6 +37,7 @@ _MODEL_STATE = {
     "fp32": (4, 4, 8),
     "bf16": (2, 4, 12),
     "fp16": (2, 2, 16),
+    "fp8": (2, 4, 12),  # Megatron keeps bf16 weights with fp32 gradients and master copy; FP8 casts are transient
 }
 _ZERO_MIXED = (2, 2, 12)
 
@@ -81,12 +82,18 @@ def bytes_per_param(precision: str, data_parallel: int = 1, distributed_optimize
 
 
 def activation_bytes_per_layer(shape: Shape, micro_batch: int, tensor: int = 1, sequence_parallel: bool = False,
-                               recompute: str | None = None, precision: str = "bf16") -> float:
-    """Activation bytes one transformer layer keeps for the backward pass of one micro-batch (Korthikanti Table 2)."""
-    s, b, h, a, t = shape.seq_length, micro_batch, shape.hidden, shape.heads, tensor
+                               recompute: str | None = None, precision: str = "bf16", flash_attention: bool = False,
+                               context: int = 1) -> float:
+    """Activation bytes one transformer layer keeps for the backward pass of one micro-batch (Korthikanti Table 2).
+
+    Unfused attention keeps the s x s scores (softmax output, its dropout mask and output: Korthikanti's 5as/h).
+    Flash and fused attention never write them: they keep the output (counted with the projection) and a float32
+    log-sum-exp per head and token (4a/h). Context parallelism splits the sequence, and so every term, over its ranks.
+    """
+    s, b, h, a, t = shape.seq_length / context, micro_batch, shape.hidden, shape.heads, tensor
     replicated = 10 if shape.hidden_dropout else 8
     sharded = 8 + (6 if shape.swiglu else 4) * shape.ffn_size / h  # 24 for the 4h GELU MLP
-    scores = (5 if shape.attention_dropout else 2) * a * s / h
+    scores = 4 * a / h if flash_attention else (5 if shape.attention_dropout else 2) * a * shape.seq_length / h
     if recompute == "full":
         value = 2 * s * b * h / (t if sequence_parallel else 1)
     elif recompute == "selective":
@@ -110,20 +117,21 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
                      micro_batch: int = 1, num_micro_batches: int = 1, precision: str = "bf16",
                      recompute: str | None = None, recompute_layers: int = 1, sequence_parallel: bool = False,
                      virtual_stages: int = 1, distributed_optimizer: bool = False, zero_stage: int = 0,
-                     optimizer: str = "adam") -> list[StageMemory]:
+                     optimizer: str = "adam", flash_attention: bool = False, context: int = 1) -> list[StageMemory]:
     """Peak memory of one GPU in each pipeline stage (GiB), without the CUDA context and allocator slack."""
     p = len(partition)
     weight_b, grad_b, opt_b = bytes_per_param(precision, data_parallel, distributed_optimizer, zero_stage, optimizer)
     act_scale = 2 if precision == "fp32" else 1
-    s, b, h, t = shape.seq_length, micro_batch, shape.hidden, tensor
+    s, b, h, t = shape.seq_length / context, micro_batch, shape.hidden, tensor
+    kernels = {"flash_attention": flash_attention, "context": context}
     out = []
     for i, (layers, params) in enumerate(zip(partition, stage_params(shape, partition, tensor))):
         held = in_flight_micro_batches(i, p, num_micro_batches, virtual_stages)
-        per_layer = activation_bytes_per_layer(shape, b, t, sequence_parallel, recompute, precision)
+        per_layer = activation_bytes_per_layer(shape, b, t, sequence_parallel, recompute, precision, **kernels)
         acts = held * layers * per_layer
         if recompute == "full" and layers:
             # the layers being recomputed hold their full activations during their backward
-            full = activation_bytes_per_layer(shape, b, t, sequence_parallel, None, precision)
+            full = activation_bytes_per_layer(shape, b, t, sequence_parallel, None, precision, **kernels)
             acts += min(recompute_layers, layers) * full
         if i == 0:
             mask = s * b * h if shape.hidden_dropout else 0

@@ -43,6 +43,8 @@ def published_runs(path=PUBLISHED_RUNS) -> list[PublishedRun]:
                 "parallel": {"tensor": t, "pipeline": p, "data": gpus // (t * p),
                              "sequence_parallel": group["sequence_parallel"]},
                 "batch": {"micro": 1, "global": batch}, "precision": "fp16", "recompute": recompute,
+                # Megatron-LM of 2021-22: its fused softmax still writes the s x s scores (no flash attention)
+                "kernels": {"attention_backend": "unfused"},
                 "cluster": {"nodes": [{"gpu": cluster["gpu"], "count": max(1, gpus // per_node),
                                        "gpus_per_node": min(gpus, per_node),
                                        "inter_node_gbps": cluster["inter_node_gbps"]}]},

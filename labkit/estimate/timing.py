@@ -80,7 +80,8 @@ class StageTime:
 def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape: Shape, precision: str = "bf16",
                first: bool = False, last: bool = False, recompute: str | None = None, first_layer: int = 0,
                tp_gbps: float | None = None, stack: Stack | str | None = None,
-               calibration: Calibration | None = None) -> StageTime:
+               calibration: Calibration | None = None, flash_attention: bool = False, context: int = 1,
+               cp_gbps: float | None = None) -> StageTime:
     """Forward + backward of one micro-batch through one pipeline stage.
 
     `source` is a Profile (measured forward seconds; its time already contains the tensor-parallel all-reduces it
@@ -90,6 +91,10 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
     and its fixed cost per all-reduce. Full recompute adds one more forward of the transformer layers to the
     backward; selective re-runs attention's core. `calibration` (default: the shipped one) gives the efficiency, link
     fractions and stacks.
+
+    With `flash_attention` no memory-bound pass touches the s x s scores. fp8 runs the linear layers' GEMMs at the
+    GPU's FP8 peak and attention's core at bf16. `context` ranks share each sequence: each does 1/context of the
+    work and passes its keys and values round a ring (`cp_gbps`), once forward and twice backward per layer.
     """
     cal = resolve(calibration)
     stack = cal.stack(stack)
@@ -119,21 +124,30 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
 
     gpu = source if isinstance(source, catalog.GPU) else catalog.gpu(source)
     rate = gpu.peak(precision) * 1e12 * cal.gpu_efficiency(gpu.name)
+    core_rate = gpu.peak("bf16" if precision == "fp8" else precision) * 1e12 * cal.gpu_efficiency(gpu.name)
     bandwidth = gpu.memory_bw_gb_s * 1e9
-    activations = activation_bytes_per_layer(shape, micro_batch, tensor, precision=precision)
+    activations = activation_bytes_per_layer(shape, micro_batch, tensor, precision=precision,
+                                             flash_attention=flash_attention, context=context)
     memory_s = stack.memory_passes * activations / bandwidth
-    layer_gemm_s = layer_flops / tensor / rate
+    core = attention_core_forward_flops(shape, tokens)
+    layer_gemm_s = ((layer_flops - core) / rate + core / core_rate) / tensor / context
     layer_s = layers * (layer_gemm_s + memory_s / 3)
     ends_s = 0.0
     if last:
-        ends_s = logits_forward_flops(shape, tokens) / tensor / rate
+        ends_s = logits_forward_flops(shape, tokens) / tensor / context / core_rate
         if stack.memory_passes:  # the cross-entropy reads and writes the fp32 logits, forward and backward
-            ends_s += 4 * (4 * tokens * shape.vocab / tensor) / 3 / bandwidth
+            ends_s += 4 * (4 * tokens * shape.vocab / tensor / context) / 3 / bandwidth
     forward = layer_s + ends_s
     backward = 2 * forward + recompute_fraction * layer_s
     if tp_gbps is None:
         tp_gbps = cal.bus_gbps(cal.intra_node_link(gpu), inter_node=False)
-    comm = _tp_comm(layers, tokens, shape, tensor, precision, recompute, tp_gbps, stack, cal.link_latency_s)
+    comm = _tp_comm(layers, tokens // context, shape, tensor, precision, recompute, tp_gbps, stack,
+                    cal.link_latency_s)
+    if context > 1:
+        # each rank's K and V chunk (GQA-sized) visits the other context - 1 ranks: a ring of p2p transfers
+        kv = 2 * (tokens / context) * shape.hidden * shape.groups / shape.heads / tensor
+        ring = (context - 1) * p2p_time(kv * ACTIVATION_BYTES.get(precision, 2), cp_gbps or tp_gbps, cal.link_latency_s)
+        comm += layers * 3 * ring
     return StageTime(forward, backward, comm, source=f"analytic {gpu.name}")
 
 

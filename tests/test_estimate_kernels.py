@@ -1,0 +1,62 @@
+"""The estimate for today's stack: flash attention's memory, the FLOPs Megatron-LM logs, overlapped gradient reduction,
+FP8 and context parallelism, each worked out by hand."""
+import pytest
+
+from labkit.estimate import estimate
+from labkit.estimate.flops import megatron_logged_flops, model_flops
+from labkit.estimate.memory import activation_bytes_per_layer
+from labkit.estimate.params import Shape
+from labkit.spec import load_spec
+
+
+def h100_spec(**sections):
+    return load_spec({"model": {"preset": "llama2-7b"}, "batch": {"micro": 1, "global": 256}, "precision": "bf16",
+                      "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 4, "gpus_per_node": 8}]}, **sections})
+
+
+def test_flash_attention_keeps_a_log_sum_exp_where_unfused_keeps_the_scores():
+    shape = Shape.of(load_spec({"model": {"preset": "gpt2-small"}}).model)  # dropout 0.1: scores, mask, dropped
+    s, b, a = shape.seq_length, 2, shape.heads
+    unfused = activation_bytes_per_layer(shape, b)
+    flash = activation_bytes_per_layer(shape, b, flash_attention=True)
+    # Korthikanti's 5as^2b bytes of scores (softmax 2, mask 1, dropout output 2) against fp32 statistics, 4 per head
+    assert unfused - flash == pytest.approx(5 * a * s * s * b - 4 * a * s * b)
+
+
+def test_auto_attention_is_flash_on_h100_and_the_2021_stack_is_not():
+    auto, unfused = h100_spec(), h100_spec(kernels={"attention_backend": "unfused"})
+    assert estimate(auto).flash_attention and not estimate(unfused).flash_attention
+    assert max(estimate(auto).memory_gb_per_stage) < max(estimate(unfused).memory_gb_per_stage)
+    assert estimate(auto).iteration_time_s < estimate(unfused).iteration_time_s  # no memory-bound score passes
+    v100 = load_spec({"model": {"preset": "gpt2-small"}, "cluster": {"nodes": [{"gpu": "V100-32GB", "count": 1,
+                                                                                 "gpus_per_node": 8}]}})
+    assert not estimate(v100).flash_attention  # Transformer Engine's flash attention needs Ampere or later
+
+
+def test_megatron_logs_causal_attention_flops():
+    """Megatron-LM's num_floating_point_operations: 3 passes x (attention 4bsh(h + h g/a + s/2) + SwiGLU MLP 6bshf)
+    per layer, plus the logits' 6bshV over the padded vocabulary."""
+    shape = Shape.of(load_spec({"model": {"preset": "llama2-7b"}}).model)
+    B, s, h, f, L = 4, shape.seq_length, shape.hidden, shape.ffn_size, shape.num_layers
+    g, a, V = shape.groups, shape.heads, shape.padded_vocab()
+    by_hand = 3 * L * (4 * B * s * h * (h + h * g / a + s / 2) + 6 * B * s * h * f) + 6 * B * s * h * V
+    assert megatron_logged_flops(shape, B) == pytest.approx(by_hand)
+    # labkit's model FLOPs count the full s x s product: the difference is half the attention core
+    assert model_flops(shape, B) - megatron_logged_flops(shape, B) == pytest.approx(3 * L * 2 * B * s * s * h, rel=1e-3)
+
+
+def test_overlapped_gradient_reduction_hides_what_the_last_backward_covers():
+    plain = estimate(h100_spec())
+    overlapped = estimate(h100_spec(kernels={"overlap_grad_reduce": True}))
+    assert plain.exposed_comm_s["dp"] > 0 and overlapped.exposed_comm_s["dp"] == 0  # a backward outlasts the reduce
+    assert plain.iteration_time_s - overlapped.iteration_time_s == pytest.approx(plain.exposed_comm_s["dp"])
+    assert estimate(h100_spec(), overlap_dp=True).iteration_time_s == overlapped.iteration_time_s
+    assert "exposed_comm_s" in overlapped.to_dict()["breakdown"]
+
+
+def test_fp8_runs_the_linear_gemms_faster_and_context_parallel_splits_the_activations():
+    bf16, fp8 = estimate(h100_spec()), estimate(h100_spec(precision="fp8"))
+    assert fp8.iteration_time_s < bf16.iteration_time_s and fp8.memory_gb_per_stage == bf16.memory_gb_per_stage
+    cp2 = estimate(h100_spec(parallel={"context": 2}))
+    assert cp2.memory_detail[0]["activations"] == pytest.approx(bf16.memory_detail[0]["activations"] / 2, rel=0.02)
+    assert cp2.num_gpus == 32 and cp2.megatron_logged_tflops_per_gpu > 0
