@@ -104,6 +104,19 @@ def clusters() -> dict[str, dict]:
     return _load("clusters.yaml")["clusters"]
 
 
+@functools.cache
+def env_presets() -> dict[str, dict]:
+    """Named NCCL / EFA / InfiniBand settings (job.env_preset): name -> {description, source, env}."""
+    return _load("clusters.yaml")["env_presets"]
+
+
+@functools.cache
+def megatron_lm_flags() -> frozenset[str]:
+    """Every flag Megatron-LM's argument parser defines at the pinned release (labkit/data/megatron_lm_flags.txt)."""
+    lines = (DATA_DIR / "megatron_lm_flags.txt").read_text().splitlines()
+    return frozenset(line for line in lines if line.startswith("--"))
+
+
 def calibration() -> dict:
     """The estimator's fitted constants as written in calibration.yaml (labkit.estimate.calibration builds them)."""
     return _load("calibration.yaml")

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from labkit import catalog
 from labkit.jobs.render import check_job, gres_type, node_groups, render, render_array, time_limit_seconds
+from labkit.megatron_args import megatron_args
 from labkit.spec import ContainerSpec, SpecError, load_spec, with_changes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +45,12 @@ GOLDEN_CASES = {
                                          ["/runs/A/logs", "/runs/B/logs"], run_ids=["A", "B"], torchrun="torchrun"),
     "local-run.sh": lambda: render(load_spec(ROOT / "examples/tiny-cpu.yaml"), "/runs/RUN/logs", layout="local",
                                    run_id="RUN", torchrun="torchrun"),
+    "production.sbatch": lambda: render(production_spec(), "/runs/RUN/logs", run_id="RUN", torchrun="torchrun"),
+    "megatron-lm.sbatch": lambda: render(two_node_spec(job={
+        "entrypoint": "megatron-lm", "megatron_lm": "/workspace/megatron-lm",
+        "container": {"image": "nvcr.io#nvidia/pytorch:25.04-py3"}}), "/runs/RUN/logs", run_id="RUN"),
 }
+
 
 
 @pytest.mark.parametrize("case", sorted(GOLDEN_CASES))
@@ -206,3 +213,65 @@ def test_hostile_name_stays_on_its_line(tmp_path):
     job_name = [line for line in lines if line.startswith("#SBATCH --job-name=")]
     assert len(job_name) == 1 and re.fullmatch(r"#SBATCH --job-name=[A-Za-z0-9._+-]+", job_name[0])
     assert lines[1].startswith("# labkit run: x'y\"z $(touch") and lines[2].startswith("# 2 node(s) x 1 process(es)")
+
+
+def production_spec():
+    """Every scheduler option a cluster admin sets, on a two-group cluster whose A100 sizes share one gres type."""
+    return two_node_spec(
+        job={"exclusive": True, "mem": "0", "gpus_per_node_flag": "gpus-per-node", "rendezvous": "c10d",
+             "sbatch": ["--qos=high", "--reservation=training"], "env_preset": "aws-efa",
+             "env": {"NCCL_DEBUG": "INFO"}},
+        batch={"micro": 2, "global": 32},
+        cluster={"nodes": [{"gpu": "A100-80GB", "count": 1, "gpus_per_node": 8, "constraint": "a100-80gb"},
+                           {"gpu": "A100-40GB", "count": 1, "gpus_per_node": 8, "gres": "gpu:a100_40g:8"}]})
+
+
+def test_production_options_reach_the_script():
+    script = render(production_spec(), "/runs/RUN/logs", run_id="RUN").scripts["job.sbatch"]
+    lines = script.splitlines()
+    assert "#SBATCH --qos=high" in lines and "#SBATCH --reservation=training" in lines
+    assert "#SBATCH --gpus-per-node=a100:8" in lines and "#SBATCH --constraint=a100-80gb" in lines
+    assert "#SBATCH --gres=gpu:a100_40g:8" in lines and lines.count("#SBATCH --mem=0") == 2
+    assert "export FI_PROVIDER=efa" in lines and "export NCCL_DEBUG=INFO" in lines  # job.env over the preset
+    assert "NCCL_DEBUG=WARN" not in script
+    assert '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT"' in script
+
+
+@pytest.mark.parametrize("job, named", [
+    ({"sbatch": ["qos=high"]}, "job.sbatch[0]"), ({"sbatch": ["--qos=high\n#SBATCH --x"]}, "job.sbatch[0]"),
+    ({"mem": "lots"}, "job.mem"), ({"gpus_per_node_flag": "gpus"}, "job.gpus_per_node_flag"),
+    ({"rendezvous": "etcd"}, "job.rendezvous"), ({"env_preset": "slingshot"}, "job.env_preset"),
+    ({"entrypoint": "megatron-lm"}, "job.megatron_lm"), ({"entrypoint": "nemo"}, "job.entrypoint"),
+    ({"entrypoint": "megatron-lm", "megatron_lm": "/m", "extra_args": ["--no-such-flag"]}, "job.extra_args[0]"),
+])
+def test_bad_scheduler_options_are_refused_naming_the_item(job, named):
+    with pytest.raises(SpecError) as info:
+        two_node_spec(job=job)
+    assert any(e.startswith(named + ":") for e in info.value.errors), info.value.errors
+
+
+def test_a_megatron_lm_job_runs_pretrain_gpt_with_the_drivers_flags():
+    spec = two_node_spec(job={"entrypoint": "megatron-lm", "megatron_lm": "/workspace/megatron-lm",
+                              "extra_args": ["--use-flash-attn"]})  # a Megatron-LM flag labkit's driver lacks
+    script = render(spec, "/runs/RUN/logs", run_id="RUN").scripts["job.sbatch"]
+    assert '/workspace/megatron-lm/pretrain_gpt.py "$@"' in script and "-m labkit.train" not in script
+    assert "    --use-flash-attn" in script
+
+
+def test_every_flag_labkit_renders_is_one_megatron_lm_defines():
+    """labkit/data/megatron_lm_flags.txt: the parser's flags at the pinned Megatron-LM release. Every example, every
+    preset and a spec with today's options render only those."""
+    known = catalog.megatron_lm_flags()
+    specs = [load_spec(path) for path in sorted((ROOT / "examples").glob("*.yaml"))]
+    specs += [load_spec({"model": {"preset": name}, "precision": "bf16"}) for name in catalog.models()]
+    specs.append(load_spec({
+        "model": {"preset": "llama3-8b"}, "precision": "fp8", "optimizer": {"distributed": True},
+        "parallel": {"tensor": 2, "context": 2, "sequence_parallel": True, "pipeline": 2, "virtual_stages": 2},
+        "recompute": {"granularity": "selective"}, "batch": {"micro": 1, "global": 64},
+        "kernels": {"attention_backend": "fused", "overlap_grad_reduce": True, "overlap_param_gather": True,
+                    "tp_comm_overlap": True},
+        "data": {"path": "/data/x", "tokenizer": {"type": "NullTokenizer"}},
+        "train": {"save": "/ckpt", "save_interval": 100, "eval_interval": 50, "eval_iters": 2},
+        "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 2, "gpus_per_node": 8}]}}))
+    rendered = {arg for spec in specs for arg in megatron_args(spec) if arg.startswith("--")}
+    assert len(rendered) > 40 and rendered <= known, sorted(rendered - known)

@@ -32,8 +32,10 @@ class NodeGroupPlan:
     """One node group as the scheduler sees it: a het component, or the whole job."""
     nodes: int
     procs_per_node: int
-    gres: str | None  # e.g. gpu:a100:4; None on CPU nodes
+    gres: str | None  # e.g. gpu:a100:4 (or the group's own gres); None on CPU nodes
     first_rank: int  # node rank of its first node
+    gpus: str | None = None  # TYPE:N for --gpus-per-node; None on CPU nodes
+    constraint: str | None = None  # Slurm node features the group needs
 
 
 @dataclass(frozen=True)
@@ -54,8 +56,10 @@ def node_groups(spec: RunSpec) -> list[NodeGroupPlan]:
     plans, rank = [], 0
     for group in spec.cluster_or_default().nodes:
         kind = gres_type(group.gpu)
-        plans.append(NodeGroupPlan(nodes=group.count, procs_per_node=group.gpus_per_node,
-                                   gres=f"gpu:{kind}:{group.gpus_per_node}" if kind else None, first_rank=rank))
+        gres = group.gres or (f"gpu:{kind}:{group.gpus_per_node}" if kind else None)
+        plans.append(NodeGroupPlan(nodes=group.count, procs_per_node=group.gpus_per_node, gres=gres, first_rank=rank,
+                                   gpus=f"{kind}:{group.gpus_per_node}" if kind else None,
+                                   constraint=group.constraint))
         rank += group.count
     return plans
 
@@ -101,8 +105,14 @@ def job_info(spec: RunSpec) -> dict[str, str]:
 
 def _sbatch_component(spec: RunSpec, group: NodeGroupPlan) -> list[str]:
     job, lines = spec.job, [f"--nodes={group.nodes}", "--ntasks-per-node=1"]
-    if group.gres:
-        lines.append(f"--gres={group.gres}")
+    if job.gpus_per_node_flag == "gpus-per-node" and group.gpus and group.gres == f"gpu:{group.gpus}":
+        lines.append(f"--gpus-per-node={group.gpus}")
+    elif group.gres:
+        lines.append(f"--gres={sbatch_quote(group.gres)}")
+    if group.constraint:
+        lines.append(f"--constraint={sbatch_quote(group.constraint)}")
+    if job.mem is not None:
+        lines.append(f"--mem={job.mem}")
     if job.cpus_per_task:
         lines.append(f"--cpus-per-task={job.cpus_per_task}")
     if job.partition:
@@ -117,6 +127,26 @@ def _environment():
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
     env.filters["q"] = lambda value: shlex.quote(str(value))
     return env
+
+
+RENDEZVOUS = {
+    "static": '--node_rank "$node_rank" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT"',
+    # torchrun's c10d rendezvous assigns node ranks as nodes arrive, so a restarted node can rejoin
+    "c10d": '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$JOB_ID"',
+}
+
+
+def entrypoint(job) -> str:
+    """What torchrun runs: labkit's driver, or Megatron-LM's pretrain_gpt.py from the given checkout (same flags)."""
+    if job.entrypoint == "megatron-lm":
+        return shlex.quote(str(Path(job.megatron_lm) / "pretrain_gpt.py"))
+    return "-m labkit.train"
+
+
+def job_env(job) -> dict[str, str]:
+    """The job's environment: its env preset's variables, then job.env over them."""
+    preset = catalog.env_presets()[job.env_preset]["env"] if job.env_preset else {}
+    return {**{k: str(v) for k, v in preset.items()}, **job.env}
 
 
 def default_torchrun(spec: RunSpec) -> str:
@@ -172,6 +202,7 @@ def render_array(specs: list[RunSpec], log_dirs: list[Path | str], *, layout: st
         whole_job.append(f"--account={sbatch_quote(job.account)}")
     if job.time_limit:
         whole_job.append(f"--time={job.time_limit}")
+    whole_job += list(job.sbatch)  # as written: each was checked to be one --option on one line
     components = [_sbatch_component(first, group) for group in groups]
     components[0] = whole_job + components[0]
     if layout == "pair":  # two separate jobs: each carries the whole-job options
@@ -191,7 +222,8 @@ def render_array(specs: list[RunSpec], log_dirs: list[Path | str], *, layout: st
         "title": title, "layout": layout, "groups": groups, "tasks": [_task(s, d) for s, d in zip(specs, log_dirs)],
         "info_keys": info.KEYS, "sbatch_lines": components[0], "component_lines": components,
         "srun_flags": srun_flags, "container": container, "container_mounts": mounts,
-        "env": dict(job.env), "master_port": job.master_port, "gpu_monitor_interval_s": job.gpu_monitor_interval_s,
+        "env": job_env(job), "master_port": job.master_port, "rendezvous": RENDEZVOUS[job.rendezvous],
+        "entrypoint": entrypoint(job), "gpu_monitor_interval_s": job.gpu_monitor_interval_s,
         "torchrun": torchrun or default_torchrun(first), "time_limit_s": time_limit_seconds(job.time_limit),
         "local_node_names": [f"node{i}" for i in range(sum(g.nodes for g in groups))],
     }

@@ -398,6 +398,43 @@ def time_limit_seconds(limit: str | None) -> int | None:
     return g["a"] * 60 + g.get("b", 0)
 
 
+_MEM = re.compile(r"\d+[KMGT]?")
+GPU_FLAGS = ("gres", "gpus-per-node")
+RENDEZVOUS = ("static", "c10d")
+ENTRYPOINTS = ("labkit", "megatron-lm")
+
+
+def _check_scheduler_options(spec: RunSpec) -> list[str]:
+    """The production options: memory, GPU request, extra #SBATCH lines, rendezvous, presets, entrypoint, and each
+    node group's constraint and gres."""
+    job, errors = spec.job, []
+    if job.mem is not None and not _MEM.fullmatch(job.mem):
+        errors.append(f"job.mem: {quote(job.mem)} is not a Slurm memory size; write 0 (all of the node), 64G or "
+                      "512000M")
+    for key, value, choices in (("gpus_per_node_flag", job.gpus_per_node_flag, GPU_FLAGS),
+                                ("rendezvous", job.rendezvous, RENDEZVOUS), ("entrypoint", job.entrypoint, ENTRYPOINTS)):
+        if value not in choices:
+            errors.append(f"job.{key}: {quote(value)} is not one of {', '.join(choices)}")
+    for i, line in enumerate(job.sbatch):
+        if not line.startswith("--") or CONTROL_CHARS.search(line) or len(line) < 3:
+            errors.append(f"job.sbatch[{i}]: {quote(line)} is not one #SBATCH option; write it as --option=value on "
+                          "one line, e.g. --qos=high")
+    if job.env_preset is not None and job.env_preset not in catalog.env_presets():
+        errors.append(f"job.env_preset: unknown preset {quote(job.env_preset)}; known: "
+                      f"{', '.join(catalog.env_presets())}")
+    if job.entrypoint == "megatron-lm" and (not job.megatron_lm or CONTROL_CHARS.search(job.megatron_lm)):
+        errors.append("job.megatron_lm: give the Megatron-LM checkout whose pretrain_gpt.py runs (on the nodes or in "
+                      "the container, e.g. /workspace/megatron-lm), on one line")
+    nodes = spec.cluster.nodes if spec.cluster is not None else []
+    for i, group in enumerate(nodes):
+        for key in ("constraint", "gres"):
+            value = getattr(group, key)
+            if value is not None and (not value.strip() or re.search(r"[\s\x00-\x1f\x7f\"'\\#]", value)):
+                errors.append(f"cluster.nodes[{i}].{key}: {quote(value)} is not a Slurm {key}; write it as Slurm "
+                              "does, e.g. " + ("a100-80gb or 'a100&ib'" if key == "constraint" else "gpu:a100_80g:8"))
+    return errors
+
+
 def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
     """Problems with spec.job (and values that cannot be written into a script), each naming its field and the fix."""
     job, errors = spec.job, []
@@ -427,8 +464,14 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
     for i, arg in enumerate(job.extra_args):
         if "\x00" in arg:
             errors.append(f"job.extra_args[{i}]: contains a NUL byte, which no command-line argument can hold")
-    errors += [f"job.extra_args: {e}; labkit's driver (python -m labkit.train) would refuse it"
-               for e in flag_errors(list(job.extra_args))]
+    errors += _check_scheduler_options(spec)
+    if job.entrypoint == "megatron-lm":
+        known = catalog.megatron_lm_flags()
+        errors += [f"job.extra_args[{i}]: {quote(arg)} is not a flag of Megatron-LM (core_v0.16.1)"
+                   for i, arg in enumerate(job.extra_args) if arg.startswith("--") and arg.split("=")[0] not in known]
+    else:
+        errors += [f"job.extra_args: {e}; labkit's driver (python -m labkit.train) would refuse it"
+                   for e in flag_errors(list(job.extra_args))]
     for where, value in (("name", spec.name), ("data.path", spec.data.path)):
         if value and "\x00" in value:
             errors.append(f"{where}: contains a NUL byte; remove it")

@@ -216,6 +216,11 @@ class NodeGroup:
     """GPUs (processes) per node (torchrun --nproc-per-node)."""
     inter_node_gbps: float | None = None
     """Network link rate in Gbit/s; None: the cluster's, else the GPU catalog's."""
+    constraint: str | None = None
+    """Slurm node features this group needs (--constraint), e.g. a100-80gb when the GPU family's gres type covers
+    several memory sizes."""
+    gres: str | None = None
+    """The group's generic resources as the cluster names them (--gres, e.g. gpu:a100_80g:8); None: gpu:FAMILY:N."""
     intra_node_gbps: float | None = None
     """Link rate between GPUs of one node in Gbit/s; None: the cluster's, else the GPU catalog's."""
 
@@ -256,6 +261,24 @@ class JobSpec:
     """CPUs per task (--cpus-per-task)."""
     exclusive: bool = False
     """Whole nodes only (--exclusive)."""
+    mem: str | None = None
+    """Memory per node in Slurm's form (--mem): 0 (all of it), or a number with an optional K, M, G or T."""
+    gpus_per_node_flag: str = "gres"
+    """How GPUs are requested: gres (--gres=gpu:TYPE:N) or gpus-per-node (--gpus-per-node=TYPE:N)."""
+    sbatch: list[str] = field(default_factory=list)
+    """Extra #SBATCH options as written, each starting with -- (e.g. --qos=high, --reservation=r1)."""
+    rendezvous: str = "static"
+    """How torchrun's nodes meet: static (--master_addr, --node_rank) or c10d (--rdzv-backend c10d, ranks assigned
+    at start, as on clusters that restart nodes)."""
+    env_preset: str | None = None
+    """A named set of NCCL / EFA / InfiniBand variables from labkit/data/clusters.yaml (env_presets); job.env wins
+    over it."""
+    entrypoint: str = "labkit"
+    """What torchrun starts: labkit (python -m labkit.train) or megatron-lm (job.megatron_lm/pretrain_gpt.py, with
+    the same flags)."""
+    megatron_lm: str | None = None
+    """With entrypoint megatron-lm: the Megatron-LM checkout (the container's copy, e.g. /workspace/megatron-lm, or a
+    path on the nodes) whose pretrain_gpt.py runs."""
     container: ContainerSpec | None = None
     """Run inside a container; None: on the host."""
     env: dict[str, str] = field(default_factory=dict)

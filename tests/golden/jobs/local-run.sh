@@ -81,8 +81,9 @@ node_main() {
     else
         echo "no nvidia-smi on $node: no GPU samples" >"$logs/$node.gpu"
     fi
-    "$TORCHRUN" --nnodes "$NNODES" --nproc_per_node "$nproc" --node_rank "$node_rank" \
-        --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" -m labkit.train "$@"
+    "$TORCHRUN" --nnodes "$NNODES" --nproc_per_node "$nproc" \
+        --node_rank "$node_rank" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
+        -m labkit.train "$@"
     status=$?
     [ -n "$sampler" ] && kill "$sampler" 2>/dev/null
     echo "node $node: torchrun exited with status $status"
