@@ -15,8 +15,24 @@ BENIGN_STDERR = re.compile(r"warn|^\s*$|^\s*return func\(|^\s*warnings\.warn|^\[
 
 
 _OOM_CUDA = re.compile(r"CUDA out of memory|OutOfMemoryError|ERROR: out of memory|CUBLAS_STATUS_ALLOC_FAILED", re.I)
-_OOM_KILLED = re.compile(r"oom[-_ ]kill|Out Of Memory|Killed process|Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9\b|"
-                         r"exit code 137|^Killed$", re.I | re.M)
+# The kernel's OOM killer leaves its own trace (dmesg's "Killed process", Slurm's "Detected N oom_kill events",
+# the cgroup's "Memory cgroup out of memory"); a bare SIGKILL (exit 137, -9, "Killed") may come from anyone.
+_OOM_KILLED = re.compile(r"oom[-_ ]kill|Out Of Memory|Killed process|Memory cgroup out of memory", re.I)
+_SIGKILL = re.compile(r"Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9\b|exit code 137|^Killed$", re.I | re.M)
+_ARGPARSE_ERROR = re.compile(r"^\S.*: error: .+")  # the line after an argparse usage block says what was wrong
+# squeue's reasons of a pending job, and what they mean to its owner.
+PENDING_REASONS = {
+    "Resources": "waiting for nodes to free up",
+    "Priority": "jobs of higher priority are ahead of it",
+    "Dependency": "waiting for the jobs it depends on",
+    "BeginTime": "waiting for its start time",
+    "ReqNodeNotAvail": "a node it asks for is down, drained or reserved",
+    "PartitionNodeLimit": "it asks for more nodes than the partition allows",
+    "QOSMaxJobsPerUserLimit": "its owner already runs as many jobs as the QOS allows",
+    "AssocGrpGRES": "its account has used up its GPU allowance",
+    "JobHeldUser": "held by its owner (scontrol release)",
+    "JobHeldAdmin": "held by an administrator",
+}
 _NAN = re.compile(r"ERROR:.*\bnan\b|lm loss:\s*nan|number of nan iterations:\s*[1-9]", re.I)
 _COMM = re.compile(r"NCCL error|nccl\w*Error|ProcessGroupNCCL.*(?:error|timeout)|gloo.*(?:error|exception|timed out)|"
                    r"Connection (?:closed|reset) by peer|DistNetworkError|DistStoreError|RendezvousTimeoutError|"
@@ -44,10 +60,14 @@ def _first(pattern: re.Pattern, texts: list[LogText]) -> str | None:
 
 
 def explain(status: Status, spec, texts: Iterable[LogText]) -> str | None:
-    """Why a job did not complete: out of memory, NaN loss, NCCL/gloo error, time limit, cancelled, bad data path,
+    """Why a job waits (squeue's pending reason, explained) or did not complete: out of memory (the kernel's, told apart
+    from a SIGKILL from elsewhere), NaN loss, NCCL/gloo error, time limit, cancelled, bad data path,
     node failure, error output on stderr; None while it runs or after it completed. `texts` (node err then out logs,
     then the scheduler's) is read only for a job that failed."""
     state = status.state
+    if state == State.PENDING and status.reason and status.reason != "None":
+        meaning = PENDING_REASONS.get(status.reason)
+        return f"pending ({status.reason})" + (f": {meaning}" if meaning else "")
     if not state.finished or state == State.COMPLETED:
         return None
     texts = list(texts)
@@ -56,7 +76,8 @@ def explain(status: Status, spec, texts: Iterable[LogText]) -> str | None:
     if state == State.CANCELLED:
         if status.reason and "Dependency" in status.reason:
             return f"cancelled: a job it depends on did not complete ({status.reason})"
-        return "cancelled" + (f" ({status.reason})" if status.reason and status.reason != "None" else "")
+        stale = status.reason in PENDING_REASONS or status.reason == "None"  # why it waited, not why it ended
+        return "cancelled" + (f" ({status.reason})" if status.reason and not stale else "")
     if state == State.NODE_FAIL:
         return "node failure: Slurm lost a node of the job" + (f" ({status.reason})" if status.reason else "")
     evidence = _first(_OOM_CUDA, texts)
@@ -65,6 +86,10 @@ def explain(status: Status, spec, texts: Iterable[LogText]) -> str | None:
     evidence = _first(_OOM_KILLED, texts)
     if state == State.OUT_OF_MEMORY or evidence:
         return "out of memory: killed by the kernel" + (f": {evidence}" if evidence else "")
+    evidence = _first(_SIGKILL, texts)
+    if evidence:
+        return ("killed (SIGKILL) by something other than the kernel's out-of-memory killer, which left no trace: a "
+                f"user, the scheduler or a watchdog: {evidence}")
     evidence = _first(_NAN, texts)
     if evidence:
         return f"NaN loss: {evidence}"
@@ -76,6 +101,9 @@ def explain(status: Status, spec, texts: Iterable[LogText]) -> str | None:
     evidence = _first(_COMM, texts)
     if evidence:
         return f"NCCL/gloo communication error: {evidence}"
+    evidence = _first(_ARGPARSE_ERROR, [t for t in texts if t.name.endswith(".err")])
+    if evidence:
+        return f"refused its arguments: {evidence}"
     for log in texts:
         if log.name.endswith(".err"):
             for number, line in enumerate(log.text.splitlines(), 1):
