@@ -80,3 +80,59 @@ def test_bad_input_names_the_problem(capsys):
     assert "a100-a10-hetro" in err and "a100-a10-hetero" in err
     assert main(["plan", "a100-a10-hetero", "--global-batch", "64"]) == 2
     assert "--model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cluster_file", ["nodes: [{gpu: A10, count: 2, gpus: 4}]\n", "nodes: 7\n",
+                                          "nodes: [{gpu: A10, count: two, gpus_per_node: 4}]\n", "nodes: [[1, 2]]\n"])
+def test_a_malformed_cluster_file_is_refused_naming_the_field(tmp_path, capsys, cluster_file):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(cluster_file)
+    assert main(["plan", str(path), "--model", "gpt2-medium", "--global-batch", "32"]) == 2
+    assert "labkit plan: cluster" in capsys.readouterr().err
+
+
+def plan_json(*argv) -> dict:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["plan", *argv, "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_prices_given_on_the_command_line_and_in_the_spec_set_the_cost(tmp_path, capsys):
+    path = tmp_path / "cluster.yaml"
+    path.write_text("nodes: [{gpu: A10, count: 2, gpus_per_node: 4, price_per_gpu_hour: 0.5}]\n")
+    rows = plan_json(str(path), "--model", "gpt2-medium", "--global-batch", "32", "--top", "1")["rows"]
+    assert rows[0]["price_per_step"] == pytest.approx(8 * 0.5 / 3600 * rows[0]["estimated_s"])
+    rows = plan_json(str(path), "--model", "gpt2-medium", "--global-batch", "32", "--top", "1",
+                     "--price", "A10=2")["rows"]
+    assert rows[0]["price_per_step"] == pytest.approx(8 * 2 / 3600 * rows[0]["estimated_s"])
+    assert main(["plan", str(path), "--model", "gpt2-medium", "--global-batch", "32", "--price", "A10=cheap"]) == 2
+    assert "--price: 'A10=cheap'" in capsys.readouterr().err
+
+
+def test_a_budget_no_layout_meets_exits_3_naming_it_and_the_closest_row(capsys):
+    argv = ["plan", "local-slurm", "--model", "gpt2-medium", "--global-batch", "32", "--top", "3"]
+    assert main([*argv, "--objective", "cost", "--max-step-s", "0.0001"]) == 3
+    err = capsys.readouterr().err
+    assert "cannot keep --max-step-s 0.0001" in err and "closest: tp" in err
+    assert main([*argv, "--max-price-per-step", "0", "--json"]) == 3
+    assert "--max-price-per-step 0" in json.loads(capsys.readouterr().out)["unmet"]
+
+
+def test_nothing_fitting_in_memory_exits_3_with_the_row_closest_to_fitting(capsys):
+    assert main(["plan", "laptop", "--model", "llama2-70b", "--global-batch", "8", "--top", "2"]) == 3
+    err = capsys.readouterr().err
+    assert "cannot keep memory: no layout fits; closest:" in err and "of its GPUs' memory" in err
+
+
+def test_the_clusters_own_link_rate_is_kept(tmp_path):
+    slow, fast = tmp_path / "slow.yaml", tmp_path / "fast.yaml"
+    slow.write_text("nodes: [{gpu: A10, count: 4, gpus_per_node: 4}]\ninter_node_gbps: 1\n")
+    fast.write_text("nodes: [{gpu: A10, count: 4, gpus_per_node: 4}]\ninter_node_gbps: 400\n")
+    argv = ["--model", "gpt2-medium", "--global-batch", "64", "--top", "1"]
+    slow_plan, fast_plan = plan_json(str(slow), *argv), plan_json(str(fast), *argv)
+    assert slow_plan["spec"]["cluster"]["inter_node_gbps"] == 1
+    assert slow_plan["rows"][0]["estimated_s"] > fast_plan["rows"][0]["estimated_s"]

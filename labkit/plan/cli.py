@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from labkit import catalog
-from labkit.spec import NodeGroup, RunSpec, SpecError, load_spec
+from labkit.spec import RunSpec, SpecError, load_spec
 from labkit.spec.checks import PRECISIONS
 from labkit.spec.load import read_file
 
@@ -27,6 +27,9 @@ def register(sub) -> None:
     p.add_argument("--max-step-s", type=float, help="time budget: with --objective cost, the slowest step allowed")
     p.add_argument("--max-price-per-step", type=float,
                    help="cost budget (USD): with --objective time, the dearest step allowed")
+    p.add_argument("--price", action="append", default=[], metavar="GPU=USD_PER_GPU_HOUR",
+                   help="what one GPU of a type costs per hour (repeatable), over cluster.nodes[].price_per_gpu_hour "
+                        "and the catalog's cloud prices")
     p.add_argument("--top", type=int, default=10, help="rows to show (default 10)")
     p.add_argument("--profiles", help="directory of per-layer profiles (default: yours under ~/.labkit/profiles, then the shipped ones)")
     p.add_argument("--json", action="store_true", help="print rows, search_seconds, configs_evaluated and spec as JSON")
@@ -64,11 +67,13 @@ def base_spec(target: str, model: str | None, global_batch: int | None, precisio
                              f"{', '.join(catalog.clusters())}" + (f" (closest: {', '.join(hint)})" if hint else "")])
         data = read_file(path)
         if "nodes" in data and "model" not in data:
-            cluster = data["nodes"]
+            cluster = data
         else:
             spec_data = load_spec(path).to_dict()
-            cluster = (spec_data.get("cluster") or {}).get("nodes")
-    if not cluster:
+            cluster = spec_data.get("cluster")
+    if isinstance(cluster, list):
+        cluster = {"nodes": cluster}
+    if not cluster or not cluster.get("nodes"):
         raise SpecError(["cluster: the planner needs a cluster; name one from labkit/data/clusters.yaml or give a spec "
                          "with cluster.nodes"])
     if model:
@@ -79,7 +84,10 @@ def base_spec(target: str, model: str | None, global_batch: int | None, precisio
         spec_data["batch"] = {"micro": 1, "global": global_batch}
     elif not spec_data.get("batch"):
         raise SpecError(["--global-batch: missing; give the sequences per step, e.g. --global-batch 64"])
-    groups = [NodeGroup(**g) if isinstance(g, dict) else g for g in cluster]
+    # The cluster alone first: every bad node field is named, before anything is derived from it.
+    checked = load_spec({"model": {"preset": "tiny"}, "cluster": cluster,
+                         "batch": {"micro": 1, "global": _world(cluster["nodes"])}})
+    groups = checked.cluster.nodes
     if precision is None and "precision" not in spec_data:
         has_bf16 = all(catalog.gpu(g.gpu).bf16 for g in groups if catalog.resolve_gpu_name(g.gpu))
         precision = "bf16" if has_bf16 else "fp16"
@@ -89,10 +97,62 @@ def base_spec(target: str, model: str | None, global_batch: int | None, precisio
     # validated without the cluster (the layout is what the planner chooses), then placed on it
     spec_data.update(cluster=None, parallel={"tensor": 1, "pipeline": 1}, recompute=None)
     base = load_spec(spec_data)
-    world = sum(g.count * g.gpus_per_node for g in groups)
-    checked = load_spec({"model": {"preset": "tiny"}, "precision": base.precision, "batch": {"micro": 1, "global": world},
-                         "cluster": {"nodes": [vars(g) for g in groups]}})  # names every bad node field
+    load_spec({"model": {"preset": "tiny"}, "precision": base.precision, "cluster": cluster,
+               "batch": {"micro": 1, "global": _world(cluster["nodes"])}})  # the precision on these GPUs
     return replace(base, cluster=checked.cluster)
+
+
+def _world(nodes) -> int:
+    """GPUs in all, from node groups not yet checked (a bad count is named by the check that follows)."""
+    try:
+        return max(1, sum(int(g.get("count", 1)) * int(g.get("gpus_per_node", 1)) for g in nodes))
+    except (AttributeError, TypeError, ValueError):
+        return 1
+
+
+def _prices(items: list[str]) -> dict[str, float]:
+    """--price GPU=USD_PER_GPU_HOUR values; SpecError naming --price for one that is not."""
+    prices, errors = {}, []
+    for item in items:
+        name, _, usd = item.partition("=")
+        try:
+            value = float(usd)
+        except ValueError:
+            value = -1.0
+        if not catalog.resolve_gpu_name(name.strip()) or not value >= 0 or value == float("inf"):
+            errors.append(f"--price: {item!r} is not GPU=USD_PER_GPU_HOUR with a known GPU, e.g. --price A100-80GB=1.8")
+        else:
+            prices[catalog.resolve_gpu_name(name.strip())] = value
+    if errors:
+        raise SpecError(errors)
+    return prices
+
+
+# Exit status when the plan cannot keep a constraint: no layout fits in memory, or none meets the budget.
+UNMET = 3
+
+
+def _unmet(plan, args) -> str | None:
+    """What the best row breaks (None: nothing), and the row that comes closest, for exit status 3."""
+    best = plan.best
+    if best.oom:
+        def overshoot(row):
+            return max(m / catalog.gpu(g).memory_limit_gb for m, g in zip(row.memory_gb_per_stage, row.spec.stage_gpus))
+        closest = min(plan.rows, key=overshoot)
+        return (f"memory: no layout fits; closest: tp{closest.tp} pp{closest.pp} dp{closest.dp} micro {closest.mbs}"
+                f"{' with recompute' if closest.recompute else ''} needs {overshoot(closest):.0%} of its GPUs' memory")
+    if best.within_budget:
+        return None
+    broken = []
+    if args.max_step_s is not None:
+        closest = min((r for r in plan.rows if not r.oom), key=lambda r: r.estimated_s)
+        broken.append(f"--max-step-s {args.max_step_s:g}: no fitting layout is that fast; closest: tp{closest.tp} "
+                      f"pp{closest.pp} dp{closest.dp} at {closest.estimated_s:.3f} s per step")
+    if args.max_price_per_step is not None:
+        closest = min((r for r in plan.rows if not r.oom), key=lambda r: r.price_per_step)
+        broken.append(f"--max-price-per-step {args.max_price_per_step:g}: no fitting layout is that cheap; closest: "
+                      f"tp{closest.tp} pp{closest.pp} dp{closest.dp} at {closest.price_per_step:.4f} USD per step")
+    return "; ".join(broken)
 
 
 def _plan(args) -> int:
@@ -102,6 +162,7 @@ def _plan(args) -> int:
 
     try:
         base = base_spec(args.target, args.model, args.global_batch, args.precision)
+        prices = _prices(args.price)
     except SpecError as exc:
         for error in exc.errors:
             print(f"labkit plan: {error}", file=sys.stderr)
@@ -112,24 +173,23 @@ def _plan(args) -> int:
         profiles = lambda gpu, tensor: find_profile(base.model.preset, gpu, tensor, directory=args.profiles)  # noqa: E731
     plan = search(base, objective=args.objective, max_step_s=args.max_step_s,
                   max_price_per_step=args.max_price_per_step, top=args.top, profiles=profiles,
-                  progress=not args.json and sys.stderr.isatty())
+                  progress=not args.json and sys.stderr.isatty(), prices=prices)
     if not plan.rows:
         return _fail("no layout uses every GPU of this cluster for this model and batch; change --global-batch")
     chosen = load_spec(plan.best.spec.to_dict())  # the run spec as a user would load it: validated, complete
     chosen.name = f"{base.name}-t{chosen.parallel.tensor}p{chosen.parallel.pipeline}d{chosen.data_parallel}"
     if args.output:
         Path(args.output).write_text(chosen.to_yaml())
+    unmet = _unmet(plan, args)
     if args.json:
         out = plan.to_dict(top=args.top)
         out["spec"] = chosen.to_dict()
+        out["unmet"] = unmet
         print(json.dumps(out, indent=2, default=float))
-        return 0
+        return UNMET if unmet else 0
     print(ranked_table(plan, top=args.top).to_string(index=False))
     print(f"\n{plan.configs_evaluated} layouts estimated, {plan.configs_pruned} ruled out by their pipeline time "
           f"alone, in {plan.search_seconds:.3f} s")
-    best = plan.best
-    if best.oom:
-        print("\nno layout fits in memory: the chosen one is the fastest of those that do not", file=sys.stderr)
     if chosen.parallel.partition:
         print(f"\nchosen: PARTITION=\"{chosen.partition_string}\"  layout {pipeline_layout(chosen.layer_partition)}")
     else:
@@ -137,6 +197,9 @@ def _plan(args) -> int:
               "virtual stages per GPU)")
     print("megatron: " + " ".join(megatron_args(chosen)))
     print("\n" + chosen.to_yaml(), end="")
+    if unmet:
+        print(f"\nlabkit plan: cannot keep {unmet}", file=sys.stderr)
+        return UNMET
     return 0
 
 

@@ -82,14 +82,19 @@ def divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def price_per_second(cluster: ClusterSpec) -> float:
-    """Cloud price of the cluster per second: each GPU at its instance's price per node-hour / GPUs per instance."""
+def price_per_second(cluster: ClusterSpec, prices: dict[str, float] | None = None) -> float:
+    """Price of the cluster per second (USD). Each GPU costs, per hour, what `prices` says for its type (labkit plan
+    --price GPU=USD), else its node group's price_per_gpu_hour, else its cloud instance's price per node-hour / GPUs
+    per instance from the catalog; NaN when one of them has no price."""
+    prices = {catalog.resolve_gpu_name(name) or name: usd for name, usd in (prices or {}).items()}
     total = 0.0
     for g in cluster.nodes:
         gpu = catalog.gpu(g.gpu)
-        if gpu.price_per_node_hour is None:
+        per_gpu = prices.get(gpu.name, g.price_per_gpu_hour)
+        if per_gpu is None and gpu.price_per_node_hour is not None:
+            per_gpu = gpu.price_per_node_hour / (gpu.gpus_per_node or g.gpus_per_node)
+        if per_gpu is None:
             return float("nan")
-        per_gpu = gpu.price_per_node_hour / (gpu.gpus_per_node or g.gpus_per_node)
         total += per_gpu * g.gpus_per_node * g.count
     return total / 3600
 
@@ -295,7 +300,7 @@ def _row(spec: RunSpec, est, order_names: list[str], price_s: float) -> Row:
 def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None = None,
            max_price_per_step: float | None = None, top: int | None = None, profiles=None,
            virtual_stages=(1, 2, 4), orders: str = "all", progress: bool = False,
-           calibration: Calibration | None = None) -> Plan:
+           calibration: Calibration | None = None, prices: dict[str, float] | None = None) -> Plan:
     """Rank every layout of `base.model` on `base.cluster` for `base.batch.global_` sequences per step.
 
     objective "time": fastest step, among those within `max_price_per_step` if given; "cost": cheapest step, among
@@ -303,7 +308,8 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
     `top`: only the best `top` rows are wanted, so layouts whose pipeline time alone (a lower bound on the step time)
     cannot reach them are not estimated further. `orders`: "all" node orders up to symmetry, or "grouped" (the nodes
     of each kind kept together, for sweeps over many clusters). `calibration`: the estimator's constants (see
-    labkit.estimate.calibration), the shipped ones when None.
+    labkit.estimate.calibration), the shipped ones when None. `prices`: USD per GPU-hour by GPU type, over the
+    spec's and the catalog's (see `price_per_second`).
 
     Taught in lab 06.
     """
@@ -325,6 +331,7 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
     cal = resolve(calibration)
     costs = _StageCosts(shape, base.precision, base.batch.global_, cached_lookup, cal)
     layout_splits = list(splits(base, world, min(k.gpus_per_node for k in kinds)))
+    cluster_price_s = price_per_second(cluster, prices)  # every layout uses every GPU: one price for all
     bar = None
     if progress:
         from tqdm import tqdm
@@ -335,7 +342,7 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
     for t, p, d in layout_splits:
         for order in (placements(cluster, t, d, p) if orders == "all" else grouped_orders(kinds, counts)):
             placed = as_cluster(order, kinds, cluster)
-            price_s = price_per_second(placed)
+            price_s = cluster_price_s
             links = _Links.of(replace(base, cluster=placed, parallel=ParallelSpec(tensor=t, pipeline=p, data=d)), cal)
             for b, v in schedules(base, p, d, virtual_stages):
                 layers, step_s = _split_and_bound(shape, base.precision, t, p, d, b, v, None, links, costs)

@@ -427,6 +427,9 @@ def _check_scheduler_options(spec: RunSpec) -> list[str]:
                       "the container, e.g. /workspace/megatron-lm), on one line")
     nodes = spec.cluster.nodes if spec.cluster is not None else []
     for i, group in enumerate(nodes):
+        if group.price_per_gpu_hour is not None and group.price_per_gpu_hour < 0:
+            errors.append(f"cluster.nodes[{i}].price_per_gpu_hour: must be zero or more USD, got "
+                          f"{group.price_per_gpu_hour}")
         for key in ("constraint", "gres"):
             value = getattr(group, key)
             if value is not None and (not value.strip() or re.search(r"[\s\x00-\x1f\x7f\"'\\#]", value)):

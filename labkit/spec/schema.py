@@ -221,6 +221,8 @@ class NodeGroup:
     several memory sizes."""
     gres: str | None = None
     """The group's generic resources as the cluster names them (--gres, e.g. gpu:a100_80g:8); None: gpu:FAMILY:N."""
+    price_per_gpu_hour: float | None = None
+    """What one of these GPUs costs per hour, in USD (the planner's cost); None: the catalog's cloud price."""
     intra_node_gbps: float | None = None
     """Link rate between GPUs of one node in Gbit/s; None: the cluster's, else the GPU catalog's."""
 
