@@ -64,8 +64,11 @@ from labkit.spec import load_spec
 # | bf16 | 2 | 4 (fp32) | 12 (fp32 master, m, v) | 18 |
 # | fp16 | 2 | 2 | 16 (fp32 master and gradient, m, v) | 20 |
 #
-# So the *model state* grows; what shrinks is the activations, stored in 16 bits. The workshop saw exactly this:
-# peak memory up from about 10 GB to 12 GB on its GPUs.
+# So the *model state* grows; what shrinks is the activations, stored in 16 bits. Which wins depends on the model
+# and the batch: for the workshop's GPT-2-sized model labkit's estimate says memory *falls* with fp16 (the halved
+# activations outweigh the larger model state), yet the NVIDIA DLI workshop "Model Parallelism" reported its peak
+# rising from about 10 GB to 12 GB. The difference is memory the estimate does not itemise (the allocator's cache, the
+# loss-scaling and 16-bit copies made during the step): one reason to measure, not only to estimate.
 
 # %% tags=["nbval-check-output"]
 for precision in ("fp32", "bf16", "fp16"):
@@ -80,7 +83,8 @@ compare(specs)[["gpu", "precision", "bytes_per_param", "weights_mib", "gradients
                 "activations_mib", "total_mib", "iteration_ms"]].round(3)
 
 # %% [markdown]
-# On this machine's CPU the estimate predicts the same time for all three: a CPU has no faster 16-bit arithmetic.
+# On this machine's CPU the estimate gives the three the same arithmetic time (a CPU has no faster 16-bit
+# arithmetic); their times differ only by the activation bytes each moves, twice as many in fp32.
 # On a GPU with tensor cores the picture changes. The same layout on the GPU in `predict_on`:
 
 # %%
@@ -125,7 +129,8 @@ loss_figure(sweep.logs).show()
 #
 # ## 2.4 The loss scale and the skipped iterations
 #
-# fp16 holds magnitudes only up to 65504 and loses gradients smaller than about $6 \times 10^{-5}$. Megatron
+# fp16 holds magnitudes only up to 65504; below about $6 \times 10^{-5}$ it keeps fewer and fewer significant bits
+# (subnormal numbers), and below about $6 \times 10^{-8}$ a gradient becomes 0. Megatron
 # multiplies the loss by a scale $S$ before the backward pass, so small gradients survive, and divides them by $S$
 # before the optimizer step. Too large an $S$ overflows to `inf`: that step is **skipped** (weights untouched, counted
 # in `number of skipped iterations`) and $S$ is halved. It starts at $2^{32}$ on purpose, as large as it can be, and
@@ -182,8 +187,8 @@ print(tensorboard.tensorboard_command(sweep.run_dirs["fp16"]))
 # %% [markdown]
 # ## Exercises
 #
-# **Exercise 1.** The workshop's fp16 run (section 4.1) logged a loss scale of 131072 at iteration 20,
-# starting from $2^{32}$. How many iterations had it skipped by then? (Its log says 10 + 6.)
+# **Exercise 1.** The fp16 run of the NVIDIA DLI workshop "Model Parallelism" logged a loss scale of 131072 at
+# iteration 20, starting from $2^{32}$ with hysteresis 2. How many iterations had it skipped by then?
 
 # %%
 answer_1 = ...
