@@ -1,5 +1,7 @@
 """The estimate for today's stack: flash attention's memory, the FLOPs Megatron-LM logs, overlapped gradient reduction,
 FP8 and context parallelism, each worked out by hand."""
+from pathlib import Path
+
 import pytest
 
 from labkit.estimate import estimate
@@ -60,3 +62,16 @@ def test_fp8_runs_the_linear_gemms_faster_and_context_parallel_splits_the_activa
     cp2 = estimate(h100_spec(parallel={"context": 2}))
     assert cp2.memory_detail[0]["activations"] == pytest.approx(bf16.memory_detail[0]["activations"] / 2, rel=0.02)
     assert cp2.num_gpus == 32 and cp2.megatron_logged_tflops_per_gpu > 0
+
+
+def test_profiles_are_found_by_the_models_shape_not_its_name():
+    by_name = load_spec(Path(__file__).parent.parent / "examples" / "gpt2-xl-hetero.yaml")
+    m = by_name.model
+    by_fields = by_name.replace(model={"num_layers": m.num_layers, "hidden_size": m.hidden_size, "seq_length":
+                                       m.seq_length, "num_attention_heads": m.num_attention_heads,
+                                       "vocab_size": m.vocab_size})
+    assert by_fields.model.preset is None
+    assert estimate(by_fields).stage_sources == estimate(by_name).stage_sources
+    assert estimate(by_fields).iteration_time_s == estimate(by_name).iteration_time_s
+    resized = by_name.replace(**{"model.hidden_size": 1800})  # gpt2-xl's name, another layer: no profile of it
+    assert all(source.startswith("analytic") for source in estimate(resized).stage_sources)

@@ -1,6 +1,7 @@
 """`estimate(spec)`: everything labkit predicts about a run before it is submitted, with the breakdown behind it."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from labkit import catalog
@@ -12,6 +13,7 @@ from labkit.estimate.profiles import Profile, find_profile
 from labkit.estimate.timing import (ACTIVATION_BYTES, GRAD_REDUCE_BYTES, Pipeline, allreduce_time,
                                     optimizer_step_time, p2p_time, stage_time)
 from labkit.estimate.topology import Topology
+from labkit.spec import load_spec
 
 # Memory the estimate does not itemise (CUDA context, NCCL buffers, allocator fragmentation) is kept as this fraction
 # of each GPU's usable memory: a stage fits when its itemised total stays below (1 - margin) x the GPU's memory.
@@ -92,6 +94,28 @@ def profile_lookup(profiles, model: str | None):
     return lambda gpu, tensor: table.get((catalog.resolve_gpu_name(gpu) or gpu, int(tensor)))
 
 
+def profiled_model(shape: Shape) -> str | None:
+    """The preset whose profiles stand for this model: the one with the same layer and vocabulary (the layer count
+    aside, profiles being per layer), so a model written field by field finds its preset's profiles, and a preset
+    whose sizes the spec changed does not."""
+    return _presets_by_layer().get(_layer(shape))
+
+
+def _layer(shape: Shape) -> tuple:
+    """What a layer's measured time depends on: its matrices (hidden, key/value width, MLP) and kinds, and the
+    vocabulary of the ends. The head count alone moves no FLOPs, so a profile serves any split of the same width."""
+    return (shape.hidden, shape.hidden * shape.groups // shape.heads, shape.ffn_size, shape.swiglu, shape.vocab,
+            shape.norm, shape.positions, shape.bias)
+
+
+@functools.cache
+def _presets_by_layer() -> dict[tuple, str]:
+    table: dict[tuple, str] = {}
+    for name in catalog.models():
+        table.setdefault(_layer(Shape.of(load_spec({"model": {"preset": name}}).model)), name)
+    return table
+
+
 def profile_fits(prof: Profile | None, shape: Shape) -> bool:
     """Whether a per-layer profile was measured at this model's sequence length (or says nothing about it)."""
     return prof is not None and (prof.seq_length is None or prof.seq_length == shape.seq_length)
@@ -125,7 +149,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     recompute = spec.recompute.granularity if spec.recompute is not None else None
     precision = spec.precision
     topo = Topology(spec, cal)
-    lookup = profile_lookup(profiles, spec.model.preset)
+    lookup = profile_lookup(profiles, profiled_model(shape))
     flash = flash_attention(spec.kernels.attention_backend, [topo.stage_gpu(i) for i in range(p)])
 
     # Per-stage compute of one micro-batch.

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from labkit import catalog
 from labkit.estimate import (Shape, allreduce_time, estimate, memory_per_stage, p2p_time, pipeline_lower_bound,
                              stage_params, stage_time)
-from labkit.estimate.estimator import MEMORY_MARGIN, profile_fits, profile_lookup
+from labkit.estimate.estimator import MEMORY_MARGIN, flash_attention, profile_fits, profile_lookup, profiled_model
 from labkit.estimate.calibration import Calibration, resolve
 from labkit.estimate.timing import ACTIVATION_BYTES, GRAD_REDUCE_BYTES, Pipeline
 from labkit.estimate.topology import Topology
@@ -126,9 +126,9 @@ class _StageCosts:
     """The estimator's per-stage time as a function of the layers a stage holds, for the partition search."""
 
     def __init__(self, shape: Shape, precision: str, global_batch: int, lookup,
-                 calibration: Calibration | None = None):
+                 calibration: Calibration | None = None, flash: bool = False, overlap_dp: bool = False):
         self.shape, self.precision, self.global_batch, self.lookup = shape, precision, global_batch, lookup
-        self.calibration = resolve(calibration)
+        self.calibration, self.flash, self.overlap_dp = resolve(calibration), flash, overlap_dp
         self._cache: dict = {}
 
     def stage_params(self, layers: tuple[int, ...], tensor: int) -> list[float]:
@@ -146,7 +146,7 @@ class _StageCosts:
         if key not in self._cache:
             source = self.source(gpu, tensor)
             kw = dict(shape=self.shape, precision=self.precision, recompute=recompute, tp_gbps=tp_gbps,
-                      calibration=self.calibration)
+                      calibration=self.calibration, flash_attention=self.flash)
             zero = stage_time(source, 0, micro, tensor, **kw).total_s
             layers = self.shape.num_layers
             measured = getattr(source, "layers_s", None)
@@ -163,7 +163,8 @@ class _StageCosts:
         if key not in self._cache:
             self._cache[key] = stage_time(self.source(gpu, tensor), 0, micro, tensor, shape=self.shape,
                                           precision=self.precision, recompute=recompute, tp_gbps=tp_gbps,
-                                          first=first, last=last, calibration=self.calibration).total_s
+                                          first=first, last=last, calibration=self.calibration,
+                                          flash_attention=self.flash).total_s
         return self._cache[key]
 
 
@@ -193,7 +194,7 @@ class _Links:
         return [p2p_time(message_bytes, gbps, latency) for gbps, latency in self.boundaries]
 
 
-def _memory_caps(spec: RunSpec, shape: Shape, links: _Links) -> list[int]:
+def _memory_caps(spec: RunSpec, shape: Shape, links: _Links, flash: bool) -> list[int]:
     """The most transformer layers each stage can hold within the estimator's memory verdict."""
     p = spec.parallel.pipeline
     kw = dict(tensor=spec.parallel.tensor, data_parallel=spec.data_parallel, micro_batch=spec.batch.micro,
@@ -201,7 +202,7 @@ def _memory_caps(spec: RunSpec, shape: Shape, links: _Links) -> list[int]:
               recompute=spec.recompute.granularity if spec.recompute else None,
               recompute_layers=spec.recompute.num_layers if spec.recompute else 1,
               virtual_stages=spec.parallel.virtual_stages, distributed_optimizer=spec.optimizer.distributed,
-              optimizer=spec.optimizer.name)
+              optimizer=spec.optimizer.name, flash_attention=flash)
     zero, one, two = ([m.total for m in memory_per_stage(shape, [n] * p, **kw)] for n in (0, 1, 2))
     caps = []
     for i in range(p):
@@ -253,8 +254,9 @@ def _bound(shape: Shape, precision: str, t: int, d: int, b: int, v: int, links: 
     pipe_s = pipeline_lower_bound(totals, boundaries, costs.global_batch // (d * b), v)
     # the gradient and tied-embedding all-reduces that follow the last backward, as estimate() charges them
     grad_bytes = GRAD_REDUCE_BYTES.get(precision, 4)
-    dp_s = max(allreduce_time(n * grad_bytes, d, gbps, latency)
-               for n, (gbps, latency) in zip(costs.stage_params(tuple(layers), t), links.dp))
+    # overlapped with the backward (kernels.overlap_grad_reduce), the reduce may hide entirely: 0 stays a lower bound
+    dp_s = 0.0 if costs.overlap_dp else max(allreduce_time(n * grad_bytes, d, gbps, latency)
+                                            for n, (gbps, latency) in zip(costs.stage_params(tuple(layers), t), links.dp))
     embedding_s = (allreduce_time(shape.vocab * shape.hidden / t * grad_bytes, 2, *links.ends)
                    if len(layers) > 1 and shape.tied else 0.0)
     return layers, pipe_s + dp_s + embedding_s
@@ -266,7 +268,7 @@ def _balanced_partition(spec: RunSpec, shape: Shape, costs: _StageCosts, links: 
     par = spec.parallel
     layers, _ = _split_and_bound(shape, spec.precision, par.tensor, par.pipeline, spec.data_parallel, spec.batch.micro,
                                  par.virtual_stages, spec.recompute.granularity if spec.recompute else None, links,
-                                 costs, _memory_caps(spec, shape, links) if caps else None)
+                                 costs, _memory_caps(spec, shape, links, costs.flash) if caps else None)
     return layers
 
 
@@ -320,7 +322,7 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
     kinds, counts = node_kinds(cluster)
     world = sum(k.gpus_per_node * n for k, n in zip(kinds, counts))
     shape = Shape.of(base.model)
-    lookup = profile_lookup(profiles, base.model.preset)
+    lookup = profile_lookup(profiles, profiled_model(shape))
     profile_table = {}
 
     def cached_lookup(gpu, tensor):  # profiles are read once per search, not once per layout
@@ -329,7 +331,9 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
         return profile_table[(gpu, tensor)]
 
     cal = resolve(calibration)
-    costs = _StageCosts(shape, base.precision, base.batch.global_, cached_lookup, cal)
+    costs = _StageCosts(shape, base.precision, base.batch.global_, cached_lookup, cal,
+                        flash=flash_attention(base.kernels.attention_backend, [g.gpu for g in cluster.nodes]),
+                        overlap_dp=base.kernels.overlap_grad_reduce)
     layout_splits = list(splits(base, world, min(k.gpus_per_node for k in kinds)))
     cluster_price_s = price_per_second(cluster, prices)  # every layout uses every GPU: one price for all
     bar = None
