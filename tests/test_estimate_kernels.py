@@ -75,3 +75,21 @@ def test_profiles_are_found_by_the_models_shape_not_its_name():
     assert estimate(by_fields).iteration_time_s == estimate(by_name).iteration_time_s
     resized = by_name.replace(**{"model.hidden_size": 1800})  # gpt2-xl's name, another layer: no profile of it
     assert all(source.startswith("analytic") for source in estimate(resized).stage_sources)
+
+
+def test_tp_comm_overlap_hides_the_tensor_parallel_transfers_behind_the_gemms():
+    """By hand: without overlap the stage pays its all-reduces in full; with it, only what the stage's forward and
+    backward GEMMs (3 x the forward GEMM time) cannot cover."""
+    from labkit.estimate.timing import stage_time
+
+    shape = Shape.of(load_spec({"model": {"preset": "llama2-7b"}}).model)
+    kw = dict(shape=shape, precision="bf16", tp_gbps=100.0, flash_attention=True)
+    plain = stage_time("H100-SXM", 8, 1, 8, **kw)
+    hidden = stage_time("H100-SXM", 8, 1, 8, tp_comm_overlap=True, **kw)
+    assert hidden.forward_s == plain.forward_s and hidden.backward_s == plain.backward_s
+    gemm = stage_time("H100-SXM", 8, 1, 8, **{**kw, "tp_gbps": 1e12}).forward_s  # the forward is GEMMs and passes
+    assert 0 < hidden.tp_comm_s < plain.tp_comm_s
+    assert hidden.tp_comm_s >= plain.tp_comm_s - 3 * gemm
+    tp8 = {"tensor": 8, "sequence_parallel": True}
+    overlapped = estimate(h100_spec(parallel=tp8, kernels={"tp_comm_overlap": True}))
+    assert overlapped.exposed_comm_s["tp"] < estimate(h100_spec(parallel=tp8)).exposed_comm_s["tp"]

@@ -163,7 +163,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         source = prof if profile_fits(prof, shape) else catalog.gpu(name)
         st = stage_time(source, layers, b.micro, t, shape=shape, precision=precision, first=i == 0, last=i == p - 1,
                         recompute=recompute, first_layer=first_layer, tp_gbps=topo.tp_gbps(i), stack=stack,
-                        calibration=cal, flash_attention=flash, context=c)
+                        calibration=cal, flash_attention=flash, context=c,
+                        tp_comm_overlap=spec.kernels.tp_comm_overlap)
         stages.append(st)
         gpus.append(name)
         sources.append(st.source)

@@ -81,7 +81,7 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
                first: bool = False, last: bool = False, recompute: str | None = None, first_layer: int = 0,
                tp_gbps: float | None = None, stack: Stack | str | None = None,
                calibration: Calibration | None = None, flash_attention: bool = False, context: int = 1,
-               cp_gbps: float | None = None) -> StageTime:
+               cp_gbps: float | None = None, tp_comm_overlap: bool = False) -> StageTime:
     """Forward + backward of one micro-batch through one pipeline stage.
 
     `source` is a Profile (measured forward seconds; its time already contains the tensor-parallel all-reduces it
@@ -94,7 +94,9 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
 
     With `flash_attention` no memory-bound pass touches the s x s scores. fp8 runs the linear layers' GEMMs at the
     GPU's FP8 peak and attention's core at bf16. `context` ranks share each sequence: each does 1/context of the
-    work and passes its keys and values round a ring (`cp_gbps`), once forward and twice backward per layer.
+    work and passes its keys and values round a ring (`cp_gbps`), once forward and twice backward per layer. With
+    `tp_comm_overlap` the tensor-parallel transfers run beside the GEMMs that produce and consume them (Transformer
+    Engine's userbuffers): only what outlasts the stage's GEMM time stays exposed.
     """
     cal = resolve(calibration)
     stack = cal.stack(stack)
@@ -143,6 +145,8 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
         tp_gbps = cal.bus_gbps(cal.intra_node_link(gpu), inter_node=False)
     comm = _tp_comm(layers, tokens // context, shape, tensor, precision, recompute, tp_gbps, stack,
                     cal.link_latency_s)
+    if tp_comm_overlap:
+        comm = max(0.0, comm - 3 * layers * layer_gemm_s)  # forward and backward GEMMs hide the chunks in flight
     if context > 1:
         # each rank's K and V chunk (GQA-sized) visits the other context - 1 ranks: a ring of p2p transfers
         kv = 2 * (tokens / context) * shape.hidden * shape.groups / shape.heads / tensor
