@@ -126,9 +126,11 @@ class _StageCosts:
     """The estimator's per-stage time as a function of the layers a stage holds, for the partition search."""
 
     def __init__(self, shape: Shape, precision: str, global_batch: int, lookup,
-                 calibration: Calibration | None = None, flash: bool = False, overlap_dp: bool = False):
+                 calibration: Calibration | None = None, flash: bool = False, overlap_dp: bool = False,
+                 overlap_tp: bool = False):
         self.shape, self.precision, self.global_batch, self.lookup = shape, precision, global_batch, lookup
         self.calibration, self.flash, self.overlap_dp = resolve(calibration), flash, overlap_dp
+        self.kernels = {"flash_attention": flash, "tp_comm_overlap": overlap_tp}  # as the estimator reads the spec
         self._cache: dict = {}
 
     def stage_params(self, layers: tuple[int, ...], tensor: int) -> list[float]:
@@ -146,7 +148,7 @@ class _StageCosts:
         if key not in self._cache:
             source = self.source(gpu, tensor)
             kw = dict(shape=self.shape, precision=self.precision, recompute=recompute, tp_gbps=tp_gbps,
-                      calibration=self.calibration, flash_attention=self.flash)
+                      calibration=self.calibration, **self.kernels)
             zero = stage_time(source, 0, micro, tensor, **kw).total_s
             layers = self.shape.num_layers
             measured = getattr(source, "layers_s", None)
@@ -164,7 +166,7 @@ class _StageCosts:
             self._cache[key] = stage_time(self.source(gpu, tensor), 0, micro, tensor, shape=self.shape,
                                           precision=self.precision, recompute=recompute, tp_gbps=tp_gbps,
                                           first=first, last=last, calibration=self.calibration,
-                                          flash_attention=self.flash).total_s
+                                          **self.kernels).total_s
         return self._cache[key]
 
 
@@ -333,7 +335,7 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
     cal = resolve(calibration)
     costs = _StageCosts(shape, base.precision, base.batch.global_, cached_lookup, cal,
                         flash=flash_attention(base.kernels.attention_backend, [g.gpu for g in cluster.nodes]),
-                        overlap_dp=base.kernels.overlap_grad_reduce)
+                        overlap_dp=base.kernels.overlap_grad_reduce, overlap_tp=base.kernels.tp_comm_overlap)
     layout_splits = list(splits(base, world, min(k.gpus_per_node for k in kinds)))
     cluster_price_s = price_per_second(cluster, prices)  # every layout uses every GPU: one price for all
     bar = None
