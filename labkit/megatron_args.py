@@ -52,8 +52,8 @@ def kernel_args(spec: RunSpec) -> list:
     """The attention backend (when not auto, Megatron-LM's default) and the communication overlaps."""
     k = spec.kernels
     args: list = [] if k.attention_backend == "auto" else ["--attention-backend", k.attention_backend]
-    for flag, on in (("--overlap-grad-reduce", k.overlap_grad_reduce), ("--overlap-param-gather", k.overlap_param_gather),
-                     ("--tp-comm-overlap", k.tp_comm_overlap)):
+    for flag, on in (("--overlap-grad-reduce", k.overlap_grad_reduce),
+                     ("--overlap-param-gather", k.overlap_param_gather), ("--tp-comm-overlap", k.tp_comm_overlap)):
         if on:
             args.append(flag)
     return args

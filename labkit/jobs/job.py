@@ -183,7 +183,8 @@ class Job:
                 yield LogText(path.name, _read(path))
 
     def cause(self) -> str | None:
-        """Why the job waits (pending, with squeue's reason) or did not complete; None while it runs or after success."""
+        """Why the job waits (pending, with squeue's reason) or did not complete; None while it runs or after
+        success."""
         return explain(self._status, self.spec, self.log_texts())
 
     def result(self) -> ParsedLog:

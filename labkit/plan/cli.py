@@ -169,8 +169,11 @@ def _plan(args) -> int:
         return 2
     profiles = None
     if args.profiles:
+        from labkit.estimate import Shape
+        from labkit.estimate.estimator import profiled_model
         from labkit.estimate.profiles import find_profile
-        profiles = lambda gpu, tensor: find_profile(base.model.preset, gpu, tensor, directory=args.profiles)  # noqa: E731
+        model = profiled_model(Shape.of(base.model))  # the preset of this layer shape, as the estimator finds it
+        profiles = lambda gpu, tensor: find_profile(model, gpu, tensor, directory=args.profiles)  # noqa: E731
     plan = search(base, objective=args.objective, max_step_s=args.max_step_s,
                   max_price_per_step=args.max_price_per_step, top=args.top, profiles=profiles,
                   progress=not args.json and sys.stderr.isatty(), prices=prices)

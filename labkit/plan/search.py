@@ -257,8 +257,9 @@ def _bound(shape: Shape, precision: str, t: int, d: int, b: int, v: int, links: 
     # the gradient and tied-embedding all-reduces that follow the last backward, as estimate() charges them
     grad_bytes = GRAD_REDUCE_BYTES.get(precision, 4)
     # overlapped with the backward (kernels.overlap_grad_reduce), the reduce may hide entirely: 0 stays a lower bound
+    per_stage = zip(costs.stage_params(tuple(layers), t), links.dp)
     dp_s = 0.0 if costs.overlap_dp else max(allreduce_time(n * grad_bytes, d, gbps, latency)
-                                            for n, (gbps, latency) in zip(costs.stage_params(tuple(layers), t), links.dp))
+                                            for n, (gbps, latency) in per_stage)
     embedding_s = (allreduce_time(shape.vocab * shape.hidden / t * grad_bytes, 2, *links.ends)
                    if len(layers) > 1 and shape.tied else 0.0)
     return layers, pipe_s + dp_s + embedding_s

@@ -412,7 +412,8 @@ def _check_scheduler_options(spec: RunSpec) -> list[str]:
         errors.append(f"job.mem: {quote(job.mem)} is not a Slurm memory size; write 0 (all of the node), 64G or "
                       "512000M")
     for key, value, choices in (("gpus_per_node_flag", job.gpus_per_node_flag, GPU_FLAGS),
-                                ("rendezvous", job.rendezvous, RENDEZVOUS), ("entrypoint", job.entrypoint, ENTRYPOINTS)):
+                                ("rendezvous", job.rendezvous, RENDEZVOUS),
+                                ("entrypoint", job.entrypoint, ENTRYPOINTS)):
         if value not in choices:
             errors.append(f"job.{key}: {quote(value)} is not one of {', '.join(choices)}")
     for i, line in enumerate(job.sbatch):

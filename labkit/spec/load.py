@@ -270,7 +270,8 @@ def _coerce(value: Any, tp, path: str, errors: list[str]) -> Any:
         if number is None:
             errors.append(f"{path}: expected a whole number, got {quote(value)}")
         elif not -_INT_LIMIT < number < _INT_LIMIT:
-            errors.append(f"{path}: {yaml12.source_text(value) or quote(value)} is too large; every count, size and seed of a run is below 2**63")
+            errors.append(f"{path}: {yaml12.source_text(value) or quote(value)} does not fit in 64 bits; every count, "
+                          "size and seed of a run is below 2**63")
             number = None
         return number
     if tp is float:
