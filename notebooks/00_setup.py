@@ -14,8 +14,6 @@
 #     name: python3
 # ---
 
-# %%
-
 # %% [markdown]
 # # Lab 00: Setup: what is installed, where jobs run, a first tiny job
 #

@@ -14,8 +14,6 @@
 #     name: python3
 # ---
 
-# %%
-
 # %% [markdown]
 # # Lab 01: The baseline run: write the job, submit it, watch it, read its log
 #

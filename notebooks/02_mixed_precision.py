@@ -14,8 +14,6 @@
 #     name: python3
 # ---
 
-# %%
-
 # %% [markdown]
 # # Lab 02: Mixed precision: fp16 and bf16 against the fp32 baseline
 #

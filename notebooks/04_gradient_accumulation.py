@@ -14,8 +14,6 @@
 #     name: python3
 # ---
 
-# %%
-
 # %% [markdown]
 # # Lab 04: Gradient accumulation: a bigger global batch at the same micro-batch
 #

@@ -14,8 +14,6 @@
 #     name: python3
 # ---
 
-# %%
-
 # %% [markdown]
 # # Lab 06: Heterogeneous partitioning: plan the layout, then launch it
 #

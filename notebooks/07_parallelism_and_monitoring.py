@@ -14,8 +14,6 @@
 #     name: python3
 # ---
 
-# %%
-
 # %% [markdown]
 # # Lab 07: 3D parallelism and monitoring: three layouts, their logs, a failure, the dashboard
 #

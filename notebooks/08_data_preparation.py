@@ -14,8 +14,6 @@
 #     name: python3
 # ---
 
-# %%
-
 # %% [markdown]
 # # Lab 08: Data preparation: corpus, tokenizer, indexed dataset
 #

@@ -14,8 +14,6 @@
 #     name: python3
 # ---
 
-# %%
-
 # %% [markdown]
 # # Lab 07 solutions: 3D parallelism and monitoring
 
