@@ -85,8 +85,9 @@ def base_spec(target: str, model: str | None, global_batch: int | None, precisio
     elif not spec_data.get("batch"):
         raise SpecError(["--global-batch: missing; give the sequences per step, e.g. --global-batch 64"])
     # The cluster alone first: every bad node field is named, before anything is derived from it.
-    checked = load_spec({"model": {"preset": "tiny"}, "cluster": cluster,
-                         "batch": {"micro": 1, "global": _world(cluster["nodes"])}})
+    on_cluster = {"model": {"preset": "tiny"}, "cluster": cluster,
+                  "batch": {"micro": 1, "global": _world(cluster["nodes"])}}
+    checked = load_spec(on_cluster)
     groups = checked.cluster.nodes
     if precision is None and "precision" not in spec_data:
         has_bf16 = all(catalog.gpu(g.gpu).bf16 for g in groups if catalog.resolve_gpu_name(g.gpu))
@@ -97,8 +98,7 @@ def base_spec(target: str, model: str | None, global_batch: int | None, precisio
     # validated without the cluster (the layout is what the planner chooses), then placed on it
     spec_data.update(cluster=None, parallel={"tensor": 1, "pipeline": 1}, recompute=None)
     base = load_spec(spec_data)
-    load_spec({"model": {"preset": "tiny"}, "precision": base.precision, "cluster": cluster,
-               "batch": {"micro": 1, "global": _world(cluster["nodes"])}})  # the precision on these GPUs
+    load_spec({**on_cluster, "precision": base.precision})  # the precision on these GPUs
     return replace(base, cluster=checked.cluster)
 
 

@@ -129,7 +129,7 @@ class _StageCosts:
                  calibration: Calibration | None = None, flash: bool = False, overlap_dp: bool = False,
                  overlap_tp: bool = False):
         self.shape, self.precision, self.global_batch, self.lookup = shape, precision, global_batch, lookup
-        self.calibration, self.flash, self.overlap_dp = resolve(calibration), flash, overlap_dp
+        self.calibration, self.overlap_dp = resolve(calibration), overlap_dp
         self.kernels = {"flash_attention": flash, "tp_comm_overlap": overlap_tp}  # as the estimator reads the spec
         self._cache: dict = {}
 
@@ -271,7 +271,7 @@ def _balanced_partition(spec: RunSpec, shape: Shape, costs: _StageCosts, links: 
     par = spec.parallel
     layers, _ = _split_and_bound(shape, spec.precision, par.tensor, par.pipeline, spec.data_parallel, spec.batch.micro,
                                  par.virtual_stages, spec.recompute.granularity if spec.recompute else None, links,
-                                 costs, _memory_caps(spec, shape, links, costs.flash) if caps else None)
+                                 costs, _memory_caps(spec, shape, links, costs.kernels["flash_attention"]) if caps else None)
     return layers
 
 
