@@ -148,8 +148,12 @@ def megatron_args(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLi
         args += ["--save", save]
         if tr.save_interval:
             args += ["--save-interval", tr.save_interval]
-    if tr.load:
-        args += ["--load", tr.load]
+    load = tr.load or (save if spec.job.requeue else None)
+    if load:
+        args += ["--load", load]
+    if spec.job.requeue:
+        # SIGTERM (Slurm's requeue or time limit) -> save a checkpoint and stop; the next attempt loads it.
+        args += ["--exit-signal-handler"]
 
     if data.path and not data.mock:
         args += ["--data-path", _as_read_here(data.path), "--split", data.split] + tokenizer_args(spec)

@@ -279,7 +279,8 @@ def test_metrics_of_non_finite_times_are_strict_json():
     import pandas as pd
     from labkit.jobs.job import ITERATION_FIELDS, run_metrics
     table = pd.DataFrame({"iteration": [1, 2], "train_iters": [2, 2], "elapsed_ms": [float("inf"), float("inf")],
-                          "lm_loss": [float("-inf"), float("nan")], "node": ["n1", "n1"]})[ITERATION_FIELDS]
+                          "lm_loss": [float("-inf"), float("nan")], "node": ["n1", "n1"],
+                          "attempt": [0, 0]})[ITERATION_FIELDS]
     metrics = json.loads(json.dumps(run_metrics(table), allow_nan=False))
     assert metrics["mean_iteration_ms"] is None and metrics["final_lm_loss"] is None
 

@@ -49,7 +49,15 @@ GOLDEN_CASES = {
     "megatron-lm.sbatch": lambda: render(two_node_spec(job={
         "entrypoint": "megatron-lm", "megatron_lm": "/workspace/megatron-lm",
         "container": {"image": "nvcr.io#nvidia/pytorch:25.04-py3"}}), "/runs/RUN/logs", run_id="RUN"),
+    "requeue.sbatch": lambda: render(requeue_spec(), "/runs/RUN/logs", run_id="RUN", torchrun="torchrun"),
 }
+
+
+def requeue_spec(**job):
+    """A preemptible hetjob on a catalog cluster that knows its nodes' CPUs, with tensor parallelism."""
+    return two_node_spec(job={"requeue": True, "time_limit": "2:00:00", **job}, cluster="a100-a10-hetero",
+                         parallel={"tensor": 2, "pipeline": 2}, batch={"micro": 1, "global": 16},
+                         train={"iters": 1000, "save": "/scratch/ckpt", "save_interval": 200})
 
 
 
@@ -275,3 +283,56 @@ def test_every_flag_labkit_renders_is_one_megatron_lm_defines():
         "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 2, "gpus_per_node": 8}]}}))
     rendered = {arg for spec in specs for arg in megatron_args(spec) if arg.startswith("--")}
     assert len(rendered) > 40 and rendered <= known, sorted(rendered - known)
+
+
+def test_requeue_renders_the_signal_the_trap_and_a_resumable_driver():
+    script = render(requeue_spec(), "/runs/RUN/logs", run_id="RUN").scripts["job.sbatch"]
+    lines = script.splitlines()
+    assert {"#SBATCH --requeue", "#SBATCH --signal=B:USR1@120", "#SBATCH --open-mode=append"} <= set(lines)
+    assert "trap 'echo" in script and 'scontrol requeue "$SLURM_JOB_ID"' in script
+    args = megatron_args(requeue_spec())
+    assert args[args.index("--save") + 1] == args[args.index("--load") + 1] == "/scratch/ckpt"
+    assert "--exit-signal-handler" in args
+    # Later attempts log into their own directory.
+    assert 'logs="$logs/attempt-$SLURM_RESTART_COUNT"' in script
+
+
+def test_requeue_false_asks_slurm_never_to_requeue_and_none_leaves_the_cluster_default():
+    never = render(two_node_spec(job={"requeue": False}), "/runs/RUN/logs").scripts["job.sbatch"].splitlines()
+    assert "#SBATCH --no-requeue" in never and "#SBATCH --open-mode=append" not in never
+    default = render(two_node_spec(), "/runs/RUN/logs").scripts["job.sbatch"]
+    assert not re.search(r"--(no-)?requeue|--signal|scontrol requeue|--exit-signal-handler", default)
+
+
+@pytest.mark.parametrize("changes, named", [
+    ({"job.requeue": True}, "train.save"),
+    ({"job.requeue": True, "train.save": "/c", "train.load": "/other"}, "train.load"),
+    ({"job.requeue": True, "train.save": "/c", "job.time_limit": "1"}, "job.requeue_signal_s"),
+    ({"job.requeue": True, "train.save": "/c", "job.requeue_signal_s": 0}, "job.requeue_signal_s"),
+])
+def test_requeue_without_what_it_needs_names_the_field(changes, named):
+    with pytest.raises(SpecError) as error:
+        two_node_spec(**changes)
+    assert str(error.value).count(named) >= 1
+
+
+def test_a_pair_cannot_be_requeued():
+    spec = requeue_spec()
+    assert any(e.startswith("job.requeue:") and "pair" in e for e in check_job(spec, "pair"))
+    assert not check_job(spec, "hetjob")
+
+
+def test_cpus_per_task_defaults_to_the_nodes_cpus_per_group_and_the_job_setting_wins():
+    script = render(requeue_spec(), "/runs/RUN/logs").scripts["job.sbatch"]
+    assert script.count("#SBATCH --cpus-per-task=96") == 1  # the A10 nodes (g5.24xlarge); the A100 node is unknown
+    assert "--het-group=1 --nodes=7 --ntasks-per-node=1 --kill-on-bad-exit=1 --cpus-per-task=96" in script
+    assert "--het-group=0 --nodes=1 --ntasks-per-node=1 --kill-on-bad-exit=1 \\" in script
+    assert render(requeue_spec(cpus_per_task=8), "/runs/RUN/logs").scripts["job.sbatch"].count(
+        "#SBATCH --cpus-per-task=8") == 2
+
+
+def test_tensor_parallel_jobs_get_one_cuda_connection_unless_the_spec_says_otherwise():
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1\n" in render(requeue_spec(), "/r").scripts["job.sbatch"]
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in render(two_node_spec(), "/r").scripts["job.sbatch"]
+    mine = render(requeue_spec(env={"CUDA_DEVICE_MAX_CONNECTIONS": "8"}), "/r").scripts["job.sbatch"]
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=8\n" in mine

@@ -15,7 +15,7 @@ from labkit.jobs.job import Job
 from labkit.jobs.report import format_report, report, widget
 from labkit.jobs.record import RunIndex, RunRecord, load_run
 from labkit.jobs.slurm import settle
-from labkit.jobs.state import State, Status, slurm_state
+from labkit.jobs.state import Attempt, State, Status, slurm_state
 from labkit.jobs.watcher import WATCHER
 from labkit.logs import parse_log
 from labkit.logs.parse import records
@@ -228,8 +228,9 @@ def test_metrics_are_the_parsers_iteration_table(tmp_path):
     job.update(Status(State.COMPLETED, "0:0"))
     metrics = job.record.metrics()
     parsed = parse_log(sorted(job.log_dir.glob("*.out")))
-    assert metrics["iterations"] == records(parsed.iterations[["iteration", "train_iters", "elapsed_ms", "lm_loss",
-                                                                "node"]])
+    assert [{k: v for k, v in row.items() if k != "attempt"} for row in metrics["iterations"]] == records(
+        parsed.iterations[["iteration", "train_iters", "elapsed_ms", "lm_loss", "node"]])
+    assert {row["attempt"] for row in metrics["iterations"]} == {0}
     assert [r["lm_loss"] for r in metrics["iterations"]] == [6.93632, 6.5]
     assert metrics["final_lm_loss"] == 6.5 and metrics["mean_iteration_ms"] == pytest.approx(120.8)
     assert job.last_iteration() == 10
@@ -294,3 +295,32 @@ def test_only_a_job_sets_its_own_status():
     writers = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
                      if re.search(r"\._status\s*=(?!=)", p.read_text()))
     assert writers == ["jobs/job.py"]
+
+
+def test_a_requeued_job_keeps_each_attempts_logs_outcome_and_iterations(tmp_path):
+    job = make_job(tmp_path, State.RUNNING, exit_code=None)
+    first, second = job.record.logs / "7", job.record.logs / "7" / "attempt-1"
+    second.mkdir(parents=True)
+    line = " iteration {:8d}/      12 | elapsed time per iteration (ms): {} | lm loss {:E} |\n"
+    (first / "n1.out").write_text(
+        "".join(line.format(i, 100.0, 7.0 - i / 10) for i in range(1, 9))
+        + " successfully saved checkpoint from iteration       6 to /c [ t 1/1, p 1/1 ]\n")
+    (second / "n1.out").write_text(
+        "  successfully loaded checkpoint from /c [ t 1/1, p 1/1 ] at iteration 6\n"
+        + "".join(line.format(i, 90.0, 6.0 - i / 10) for i in range(7, 13)))
+    assert job.log_dir == second and job.last_iteration() == 12
+
+    job.update(Status(State.RUNNING, restarts=1, ended_attempts=[Attempt(0, "NODE_FAIL", "0:0")]))
+    job.update(Status(State.RUNNING, restarts=1, ended_attempts=[Attempt(0, "NODE_FAIL", "0:0")]))  # once only
+    [attempt] = job.record.attempts()
+    assert attempt["attempt"] == 0 and attempt["outcome"] == "NODE_FAIL" and attempt["logs"] == "logs/7"
+    assert attempt["cause"].startswith("attempt 0: node failure") and "last checkpoint at iteration 6" in attempt["cause"]
+
+    rows = job.iterations()
+    assert list(rows["iteration"]) == list(range(1, 13))  # iterations 7 and 8 of the first attempt were redone
+    assert list(rows["attempt"]) == [0] * 6 + [1] * 6
+    job.update(Status(State.COMPLETED, "0:0", restarts=1))
+    assert job.record.metrics()["mean_iteration_ms"] == pytest.approx((100.0 * 5 + 90.0 * 5) / 10)
+    rep = report(job)
+    assert rep.attempts[0]["outcome"] == "NODE_FAIL"
+    assert "earlier attempt: NODE_FAIL: attempt 0: node failure" in format_report(rep, color=False)

@@ -6,6 +6,7 @@ checked by the last tests, so that they run while the quick scheduling tests go 
 """
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import pytest
 
 from labkit.jobs import Job, LocalBackend, SlurmBackend, SlurmError, State
 from labkit.jobs import slurm as slurm_backend
-from labkit.jobs.report import report
+from labkit.jobs.report import format_report, report
 from labkit.net import free_port
 from labkit.jobs.render import render, render_array
 from labkit.spec import load_spec, with_changes
@@ -285,3 +286,75 @@ def test_local_backend_gives_an_equivalent_run_record(early, runs):
     table = subprocess.run([sys.executable, "-m", "labkit", "runs", "--runs-dir", str(runs)], capture_output=True,
                            text=True).stdout
     assert local.record.run_id in table and remote.record.run_id in table
+
+
+def _requeue_spec(runs, name, **job):
+    return spec_for([A10], name, **{"job.requeue": True, "train.iters": 40, "train.log_interval": 1,
+                                    "train.save": str(runs / f"{name}-checkpoints"), "train.save_interval": 1000,
+                                    **{f"job.{k}": v for k, v in job.items()}})
+
+
+def _run_to(job, iteration: int, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while job.last_iteration() < iteration:
+        assert not job.state.finished and time.monotonic() < deadline, report(job).cause
+        time.sleep(0.3)
+
+
+def _start_again(job, timeout: float = 120) -> None:
+    """Wait for Slurm to requeue the job, then let it start at once: a requeued job is held back a while (Reason
+    BeginTime)."""
+    deadline = time.monotonic() + timeout
+    while 1 not in job.attempt_log_dirs():
+        status = job.status()
+        if status.restarts and status.state == State.PENDING:
+            subprocess.run(["scontrol", "update", f"jobid={job.job_id}", "StartTime=now"], capture_output=True)
+        assert time.monotonic() < deadline, f"{job!r} has not started again after {timeout} s"
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_a_requeued_job_saves_resumes_from_its_checkpoint_and_keeps_both_attempts(early, slurm, runs):
+    job = slurm.submit(_requeue_spec(runs, "requeued"))
+    _run_to(job, 5)
+    # What `#SBATCH --signal=B:USR1@N` sends ahead of the time limit: the script's trap runs `scontrol requeue`.
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job.job_id], check=True)
+    _start_again(job)
+    assert wait(job) == State.COMPLETED, report(job).cause
+    first, second = job.attempt_log_dirs()[0] / "n2.out", job.log_dir
+    saved = re.search(r"successfully saved checkpoint from iteration +(\d+)", next(
+        p for p in job.attempt_log_dirs()[0].glob("*.out")).read_text())
+    assert saved, "the first attempt saved no checkpoint when Slurm stopped it"
+    resumed = next(second.glob("*.out")).read_text()
+    assert f"at iteration {saved.group(1)}" in resumed and "successfully loaded checkpoint" in resumed
+    rows = job.iterations()
+    assert list(rows["iteration"]) == list(range(1, 41))
+    assert rows[rows["attempt"] == 1]["iteration"].min() == int(saved.group(1)) + 1
+    [attempt] = job.record.attempts()
+    assert attempt["outcome"] == "REQUEUED" and f"after saving a checkpoint at iteration {saved.group(1)}" in \
+        attempt["cause"]
+    assert first.parent != second
+
+
+@pytest.mark.slow
+def test_a_node_lost_mid_run_is_reported_as_node_fail_then_the_next_attempt(early, slurm, runs):
+    for other in early.values():  # taking a node down ends whatever runs on it
+        other.wait(progress=False, timeout=240)
+    job = slurm.submit(_requeue_spec(runs, "node-lost"))
+    _run_to(job, 5)
+    node = subprocess.run(["squeue", "-h", "-o", "%N", "-j", job.job_id], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    # Down, as an administrator marks a lost node, and drained, so that the emulated node (whose slurmd still
+    # answers) does not return to service and take the next attempt.
+    for state in ("down", "drain"):
+        subprocess.run(["scontrol", "update", f"nodename={node}", f"state={state}", "reason=labkit-test"], check=True)
+    try:
+        _start_again(job)
+        assert wait(job) == State.COMPLETED, report(job).cause
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True)
+    [attempt] = job.record.attempts()
+    assert attempt["outcome"] == "NODE_FAIL" and attempt["cause"].startswith("attempt 0: node failure")
+    assert (job.attempt_log_dirs()[0] / f"{node}.out").is_file() and next(job.attempt_log_dirs()[1].glob("*.out"))
+    assert list(job.iterations()["iteration"]) == list(range(1, 41))
+    assert "NODE_FAIL" in format_report(report(job), color=False)

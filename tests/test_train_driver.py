@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -325,3 +327,28 @@ def test_the_cpu_driver_refuses_what_needs_transformer_engine_naming_the_flag(fl
     args = build_parser().parse_args([*MODEL, *MOCK, "--lr", "1e-3", "--train-iters", "2", *flags])
     with pytest.raises(ArgumentError, match=f"^{named}: needs Transformer Engine on a GPU"):
         finish(args, world_size=4, rank=0, cuda=False)
+
+
+def test_sigterm_saves_a_checkpoint_and_the_next_attempt_resumes_from_it(tmp_path):
+    """What a requeued Slurm job goes through: SIGTERM to torchrun mid-run, then the same command again."""
+    flags = [*EXACT[:-6], "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "100000",
+             "--log-interval", "1", "--eval-iters", "0", "--save", str(tmp_path / "ckpt"), "--load",
+             str(tmp_path / "ckpt"), "--exit-signal-handler"]
+    first = Run(tmp_path / "first", 2, flags)
+    deadline = time.monotonic() + 300
+    while not re.search(r" iteration +3/", first.log_file.read_text()):
+        assert first.proc.poll() is None and time.monotonic() < deadline, first.log_file.read_text()[-3000:]
+        time.sleep(0.2)
+    first.proc.send_signal(signal.SIGTERM)
+    first.wait()
+    stopped = max(first.iterations())
+    assert "exiting program after receiving SIGTERM." in first.text, first.text[-3000:]
+    assert f"successfully saved checkpoint from iteration {stopped:7d}" in first.text
+    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == str(stopped)
+    assert "after training is done" not in first.text  # stopped, not finished
+
+    second = Run(tmp_path / "second", 2, [*flags[:flags.index("--train-iters") + 1], str(stopped + 2),
+                                          *flags[flags.index("--train-iters") + 2:]]).wait().ok()
+    assert f"successfully loaded checkpoint from {tmp_path / 'ckpt'}" in second.text
+    assert f"at iteration {stopped}" in second.text
+    assert sorted(second.iterations()) == [stopped + 1, stopped + 2]

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from labkit.jobs.render import job_info
-from labkit.jobs.state import State, Status
+from labkit.jobs.state import Attempt, State, Status
+from labkit.logs.parse import checkpoint_events
 
 # stderr lines that say nothing about a failure: warnings, their source lines and carets, log-level prefixes.
 BENIGN_STDERR = re.compile(r"warn|^\s*$|^\s*return func\(|^\s*warnings\.warn|^\[?W\d{4} |^W\d{4}|^\s*\^+\s*$|"
@@ -113,6 +114,25 @@ def explain(status: Status, spec, texts: Iterable[LogText]) -> str | None:
     if evidence:
         return f"failed: {evidence}"
     return f"failed with exit code {status.exit_code}" if status.exit_code else "failed"
+
+
+def explain_attempt(attempt: Attempt, texts: Iterable[LogText]) -> str:
+    """How one attempt of a requeued job ended: Slurm's outcome, and what the driver did (the checkpoint it loaded at
+    the start, the one it saved when it was stopped)."""
+    what = {"REQUEUED": "requeued (scontrol requeue, or the job's own requeue before its time limit)",
+            "NODE_FAIL": "node failure: Slurm lost a node of the job and requeued it",
+            "PREEMPTED": "preempted by a job of higher priority, and requeued"}.get(attempt.outcome,
+                                                                                    attempt.outcome.lower())
+    events = checkpoint_events("\n".join(log.text for log in texts))
+    notes = []
+    if events["loaded"] is not None:
+        notes.append(f"resumed from iteration {events['loaded']}")
+    if events["stopped_on"]:
+        notes.append(f"stopped on {events['stopped_on']}" + (
+            f" after saving a checkpoint at iteration {events['saved']}" if events["saved"] is not None else ""))
+    elif events["saved"] is not None:
+        notes.append(f"last checkpoint at iteration {events['saved']}")
+    return f"attempt {attempt.number}: {what}" + (f"; {'; '.join(notes)}" if notes else "")
 
 
 def mismatches(spec, info: dict[str, dict[str, str]]) -> list[str]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterator, Protocol
 
 import pandas as pd
 
-from labkit.jobs.diagnose import LogText, explain
+from labkit.jobs.diagnose import LogText, explain, explain_attempt
 from labkit.jobs.state import State, Status
 from labkit.jobs.watcher import WATCHER
 from labkit.logs.parse import ParsedLog, jsonable, parse_log, parse_text, records
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from labkit.spec import RunSpec
 
 # The iteration columns a run's metrics.json and report keep, of those labkit.logs.parse reads.
-ITERATION_FIELDS = ["iteration", "train_iters", "elapsed_ms", "lm_loss", "node"]
+ITERATION_FIELDS = ["iteration", "train_iters", "elapsed_ms", "lm_loss", "node", "attempt"]
 
 
 class Backend(Protocol):
@@ -60,9 +60,11 @@ def _read(path: Path, max_bytes: int = 4_000_000) -> str:
 
 
 def run_metrics(iterations: pd.DataFrame) -> dict:
-    """metrics.json: the iteration table, the last loss and the mean iteration time after the first (warm-up) one."""
+    """metrics.json: the iteration table, the last loss and the mean iteration time after each attempt's first
+    (warm-up) logged iteration."""
     rows = records(iterations[ITERATION_FIELDS])
-    elapsed = iterations["elapsed_ms"].iloc[1:] if len(rows) > 1 else iterations["elapsed_ms"]
+    warm = iterations.groupby("attempt").cumcount() > 0
+    elapsed = iterations["elapsed_ms"][warm] if warm.any() else iterations["elapsed_ms"]
     return {"iterations": rows, "final_lm_loss": rows[-1]["lm_loss"] if rows else None,
             "mean_iteration_ms": jsonable(float(elapsed.mean())) if rows else None}
 
@@ -87,15 +89,25 @@ class Job:
 
     @property
     def log_dir(self) -> Path:
-        """LOGDIR/JOBID: one NODE.out, NODE.err and NODE.gpu per node."""
-        return self.record.logs / self.job_id
+        """The latest attempt's log directory (LOGDIR/JOBID, or LOGDIR/JOBID/attempt-N once Slurm requeued the job
+        N times and it started again): one NODE.out, NODE.err and NODE.gpu per node."""
+        return list(self.attempt_log_dirs().values())[-1]
 
-    def node_logs(self) -> dict[str, dict[str, Path]]:
-        """{node: {"out": path, "err": path, "gpu": path}} for the nodes that have written logs so far."""
+    def attempt_log_dirs(self) -> dict[int, Path]:
+        """{attempt: its log directory} for the first attempt and every later one that has started, in order."""
+        first = self.record.logs / self.job_id
+        later = sorted((int(p.name.split("-")[1]), p) for p in first.glob("attempt-*")
+                       if p.is_dir() and p.name.split("-")[1].isdigit()) if first.is_dir() else []
+        return {0: first, **dict(later)}
+
+    def node_logs(self, log_dir: Path | None = None) -> dict[str, dict[str, Path]]:
+        """{node: {"out": path, "err": path, "gpu": path}} for the nodes that have written logs so far, in the latest
+        attempt's directory (or `log_dir`)."""
         nodes: dict[str, dict[str, Path]] = {}
-        if self.log_dir.is_dir():
-            for path in sorted(self.log_dir.iterdir()):
-                if path.suffix in (".out", ".err", ".gpu"):
+        log_dir = log_dir or self.log_dir
+        if log_dir.is_dir():
+            for path in sorted(log_dir.iterdir()):
+                if path.is_file() and path.suffix in (".out", ".err", ".gpu"):
                     nodes.setdefault(path.stem, {})[path.suffix[1:]] = path
         return nodes
 
@@ -104,8 +116,8 @@ class Job:
         return sorted(p for p in self.record.logs.glob("slurm-*.out")
                       if any(p.name.startswith(f"slurm-{i}") for i in self.job_ids))
 
-    def _outs(self) -> list[Path]:
-        return [files["out"] for files in self.node_logs().values() if "out" in files]
+    def _outs(self, log_dir: Path | None = None) -> list[Path]:
+        return [files["out"] for files in self.node_logs(log_dir).values() if "out" in files]
 
     # --- state ---------------------------------------------------------------------------------------------------
     def status(self, refresh: bool = True) -> Status:
@@ -124,6 +136,7 @@ class Job:
     def update(self, status: Status) -> None:
         """Take the status its backend reports. A change of state is recorded, with the cause when the job did not
         complete; at the end, so are the iteration metrics of its logs."""
+        self._record_attempts(status)
         previous, self._status = self._status, status
         if status.state == previous.state:
             return
@@ -135,6 +148,21 @@ class Job:
             raise
         if status.state.finished:
             self.record.save_metrics(run_metrics(self.iterations()))
+
+    def _record_attempts(self, status: Status) -> None:
+        """Record each attempt the scheduler reports ended that the run record does not hold yet, with its cause,
+        once that attempt has stopped (the job waits again, the next attempt has started, or the job ended)."""
+        recorded = {a.get("attempt") for a in self.record.attempts()}
+        dirs = self.attempt_log_dirs()
+        for attempt in status.ended_attempts:
+            # While Slurm still stops an attempt (COMPLETING, reported as RUNNING) its logs are not final yet.
+            settled = status.state != State.RUNNING or attempt.number + 1 in dirs
+            if attempt.number in recorded or not settled:
+                continue
+            log_dir = dirs.get(attempt.number, self.record.logs / self.job_id / f"attempt-{attempt.number}")
+            cause = explain_attempt(attempt, self._log_texts(log_dir, batch=False))
+            self.record.add_attempt(attempt.number, attempt.outcome, attempt.exit_code, attempt.reason, cause,
+                                    str(log_dir.relative_to(self.record.path)))
 
     # --- actions -------------------------------------------------------------------------------------------------
     def cancel(self) -> bool:
@@ -173,12 +201,16 @@ class Job:
                 for node, files in self.node_logs().items()}
 
     def log_texts(self) -> Iterator[LogText]:
-        """Every node's err and out log, then the scheduler's output: what a cause is looked for in."""
-        for node, files in self.node_logs().items():
+        """The latest attempt's err and out log of every node, then the scheduler's output: what a cause is looked
+        for in."""
+        return self._log_texts(self.log_dir)
+
+    def _log_texts(self, log_dir: Path, batch: bool = True) -> Iterator[LogText]:
+        for node, files in self.node_logs(log_dir).items():
             for kind in ("err", "out"):
                 if kind in files:
                     yield LogText(f"{node}.{kind}", _read(files[kind]))
-        for path in self.batch_logs() + [self.record.logs / "runner.out"]:
+        for path in (self.batch_logs() + [self.record.logs / "runner.out"]) if batch else []:
             if path.exists():
                 yield LogText(path.name, _read(path))
 
@@ -188,18 +220,29 @@ class Job:
         return explain(self._status, self.spec, self.log_texts())
 
     def result(self) -> ParsedLog:
-        """The parsed training log: labkit.logs.parse_log over the node logs, each row naming its node."""
+        """The latest attempt's parsed training log: labkit.logs.parse_log over its node logs, each row naming its
+        node."""
         return parse_log(self._outs(), per_node=True)
 
     def iterations(self) -> pd.DataFrame:
-        """One row per logged iteration (ITERATION_FIELDS), as result() reads them; empty before the first."""
-        if not self._outs():
+        """One row per logged iteration (ITERATION_FIELDS) across attempts: a requeued job's next attempt resumes
+        from a checkpoint, and its rows replace the earlier attempt's from the iteration it resumed at. Empty before
+        the first."""
+        tables = []
+        for number, log_dir in self.attempt_log_dirs().items():
+            outs = self._outs(log_dir)
+            if outs:
+                table = parse_log(outs, per_node=True).iterations.assign(attempt=number)
+                if tables and len(table):
+                    tables[-1] = tables[-1][tables[-1]["iteration"] < table["iteration"].min()]
+                tables.append(table)
+        if not tables:
             return pd.DataFrame(columns=ITERATION_FIELDS)
-        return self.result().iterations[ITERATION_FIELDS]
+        return pd.concat(tables, ignore_index=True)[ITERATION_FIELDS]
 
     def last_iteration(self) -> int:
         """The highest iteration in the last lines of the node logs (0 before the first)."""
-        text = "\n".join(line for path in self._outs() for line in tail_file(path, 50))
+        text = "".join(line + "\n" for path in self._outs() for line in tail_file(path, 50))
         found = parse_text(text).iterations["iteration"]
         return int(found.max()) if len(found) else 0
 

@@ -4,10 +4,10 @@ runs/<run-id>/
   spec.yaml       the resolved run spec (written once, before submission)
   job.sbatch ...  the rendered script(s) (written once)
   job.json        backend, layout, scheduler job ids, submission time (written once, after submission)
-  events.jsonl    every state change, appended
+  events.jsonl    every state change, and how each attempt of a requeued job ended, appended
   status.json     the latest state and its cause (a convenience copy of the last event)
   metrics.json    the parsed iteration table, once the job has ended
-  logs/           slurm-JOBID.out and JOBID/NODE.out|err|gpu
+  logs/           slurm-JOBID.out and JOBID/NODE.out|err|gpu (a requeued job's later attempts: JOBID/attempt-N/)
 runs/index.sqlite one row per run, for `labkit runs`
 
 Append-only: a new run never reuses a directory, and a record is readable at every point of its life (an interrupted
@@ -204,6 +204,16 @@ class RunRecord:
     def last_status(self) -> dict:
         events = [e for e in self.events() if "state" in e]
         return events[-1] if events else {}
+
+    def attempts(self) -> list[dict]:
+        """How each ended attempt of a requeued job ended, oldest first (see add_attempt)."""
+        return [e for e in self.events() if "attempt" in e and "state" not in e]
+
+    def add_attempt(self, number: int, outcome: str, exit_code: str | None, reason: str | None, cause: str,
+                    logs: str) -> None:
+        """Record that attempt `number` ended (Slurm requeued the job): its outcome, cause and log directory."""
+        self._append_event({"attempt": number, "outcome": outcome, "exit_code": exit_code, "reason": reason,
+                            "cause": cause, "logs": logs})
 
     def metrics(self) -> dict | None:
         path = self.path / "metrics.json"

@@ -36,12 +36,17 @@ class NodeGroupPlan:
     first_rank: int  # node rank of its first node
     gpus: str | None = None  # TYPE:N for --gpus-per-node; None on CPU nodes
     constraint: str | None = None  # Slurm node features the group needs
+    cpus_per_task: int | None = None  # job.cpus_per_task, else the node's CPUs for its one task; None: Slurm's default
 
 
 @dataclass(frozen=True)
 class Rendered:
     layout: str
     scripts: dict[str, str]  # file name -> script text, in submission order
+
+
+TASKS_PER_NODE = 1
+"""srun tasks per node: one, which starts torchrun and its processes (so a task's CPUs are the node's)."""
 
 
 def gres_type(gpu: str) -> str | None:
@@ -59,9 +64,15 @@ def node_groups(spec: RunSpec) -> list[NodeGroupPlan]:
         gres = group.gres or (f"gpu:{kind}:{group.gpus_per_node}" if kind else None)
         plans.append(NodeGroupPlan(nodes=group.count, procs_per_node=group.gpus_per_node, gres=gres, first_rank=rank,
                                    gpus=f"{kind}:{group.gpus_per_node}" if kind else None,
-                                   constraint=group.constraint))
+                                   constraint=group.constraint, cpus_per_task=_cpus_per_task(spec, group)))
         rank += group.count
     return plans
+
+
+def _cpus_per_task(spec: RunSpec, group) -> int | None:
+    if spec.job.cpus_per_task:
+        return spec.job.cpus_per_task
+    return group.cpus_per_node // TASKS_PER_NODE if group.cpus_per_node else None
 
 
 def default_layout(spec: RunSpec) -> str:
@@ -113,8 +124,8 @@ def _sbatch_component(spec: RunSpec, group: NodeGroupPlan) -> list[str]:
         lines.append(f"--constraint={sbatch_quote(group.constraint)}")
     if job.mem is not None:
         lines.append(f"--mem={job.mem}")
-    if job.cpus_per_task:
-        lines.append(f"--cpus-per-task={job.cpus_per_task}")
+    if group.cpus_per_task:
+        lines.append(f"--cpus-per-task={group.cpus_per_task}")
     if job.partition:
         lines.append(f"--partition={sbatch_quote(job.partition)}")
     if job.exclusive:
@@ -143,10 +154,16 @@ def entrypoint(job) -> str:
     return "-m labkit.train"
 
 
-def job_env(job) -> dict[str, str]:
-    """The job's environment: its env preset's variables, then job.env over them."""
+def job_env(spec: RunSpec) -> dict[str, str]:
+    """The job's environment: what the layout needs, its env preset's variables, then job.env over them."""
+    job = spec.job
+    needed = {}
+    if spec.parallel.tensor > 1 or spec.parallel.context > 1:
+        # One hardware queue per GPU, so that a tensor-parallel collective is issued before the GEMM it overlaps
+        # (Megatron-LM asks for it whenever tensor or context parallelism is on).
+        needed["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     preset = catalog.env_presets()[job.env_preset]["env"] if job.env_preset else {}
-    return {**{k: str(v) for k, v in preset.items()}, **job.env}
+    return {**needed, **{k: str(v) for k, v in preset.items()}, **job.env}
 
 
 def default_torchrun(spec: RunSpec) -> str:
@@ -202,6 +219,13 @@ def render_array(specs: list[RunSpec], log_dirs: list[Path | str], *, layout: st
         whole_job.append(f"--account={sbatch_quote(job.account)}")
     if job.time_limit:
         whole_job.append(f"--time={job.time_limit}")
+    if job.requeue:
+        # Warn the batch script (B:) ahead of the limit; it requeues the job (templates/node.sh.j2).
+        whole_job += ["--requeue", f"--signal=B:USR1@{job.requeue_signal_s}"]
+    elif job.requeue is False:
+        whole_job.append("--no-requeue")
+    if job.requeue is not False:  # a requeued attempt appends to slurm-JOBID.out instead of truncating it
+        whole_job.append("--open-mode=append")
     whole_job += list(job.sbatch)  # as written: each was checked to be one --option on one line
     components = [_sbatch_component(first, group) for group in groups]
     components[0] = whole_job + components[0]
@@ -211,21 +235,22 @@ def render_array(specs: list[RunSpec], log_dirs: list[Path | str], *, layout: st
     container = job.container
     mounts = []
     srun_flags = " --kill-on-bad-exit=1"
-    if job.cpus_per_task:
-        srun_flags += f" --cpus-per-task={job.cpus_per_task}"
     if container is not None:
         mounts = list(container.mounts) + [f"{d}:{d}" for d in dict.fromkeys(str(d) for d in log_dirs)]
         if container.runtime == "pyxis":
             srun_flags += (f" --container-image={shlex.quote(container.image)}"
                            f" --container-mounts={shlex.quote(','.join(mounts))}")
+    group_srun_flags = [srun_flags + (f" --cpus-per-task={g.cpus_per_task}" if g.cpus_per_task else "")
+                        for g in groups]
     context = {
         "title": title, "layout": layout, "groups": groups, "tasks": [_task(s, d) for s, d in zip(specs, log_dirs)],
         "info_keys": info.KEYS, "sbatch_lines": components[0], "component_lines": components,
-        "srun_flags": srun_flags, "container": container, "container_mounts": mounts,
-        "env": job_env(job), "master_port": job.master_port, "rendezvous": RENDEZVOUS[job.rendezvous],
+        "srun_flags": group_srun_flags, "container": container, "container_mounts": mounts,
+        "env": job_env(first), "master_port": job.master_port, "rendezvous": RENDEZVOUS[job.rendezvous],
         "entrypoint": entrypoint(job), "gpu_monitor_interval_s": job.gpu_monitor_interval_s,
         "torchrun": torchrun or default_torchrun(first), "time_limit_s": time_limit_seconds(job.time_limit),
         "local_node_names": [f"node{i}" for i in range(sum(g.nodes for g in groups))],
+        "requeue": job.requeue, "requeue_signal_s": job.requeue_signal_s,
     }
     env = _environment()
     names = {"multinode": ["job.sbatch"], "hetjob": ["job.sbatch"], "pair": ["master.sbatch", "slave.sbatch"],

@@ -40,10 +40,13 @@ class Report:
     """Where a node's job info disagrees with the spec."""
     iterations: pd.DataFrame
     """One row per logged iteration (labkit.jobs.job.ITERATION_FIELDS)."""
+    attempts: list[dict]
+    """How each earlier attempt of a requeued job ended (attempt, outcome, exit_code, reason, cause, logs); the
+    tails and job info are the latest attempt's."""
 
     def to_dict(self) -> dict:
         return {"run_id": self.run_id, "job_ids": self.job_ids, "state": str(self.state), "cause": self.cause,
-                "mismatches": self.mismatches, "info": self.info, "tails": self.tails,
+                "attempts": self.attempts, "mismatches": self.mismatches, "info": self.info, "tails": self.tails,
                 "iterations": records(self.iterations)}
 
 
@@ -53,7 +56,8 @@ def report(job: Job, lines: int = 5) -> Report:
             for node, files in job.node_logs().items()}
     return Report(run_id=job.record.run_id, job_ids=job.job_ids, state=state, cause=job.cause(),
                   tails=job.tail(lines), info=info, mismatches=mismatches(job.spec, info),
-                  iterations=job.iterations())
+                  iterations=job.iterations(),
+                  attempts=[{k: v for k, v in a.items() if k != "time"} for a in job.record.attempts()])
 
 
 _STATE_COLOURS = {State.COMPLETED: "green", State.RUNNING: "cyan", State.PENDING: "yellow"}
@@ -77,6 +81,9 @@ def format_report(rep: Report, color: bool = True) -> str:
            "state: " + paint(str(rep.state), _STATE_COLOURS.get(rep.state, "red"), bold=True)]
     if rep.cause:
         out.append("cause: " + paint(rep.cause, "red"))
+    for attempt in rep.attempts:
+        out.append(f"earlier attempt: {paint(attempt['outcome'], 'yellow')}: {attempt['cause']} (logs: "
+                   f"{attempt['logs']})")
     for kind, title in (("out", "last output"), ("err", "last error output"), ("gpu", "last GPU samples")):
         out.append(banner(title))
         for node, files in sorted(rep.tails.items()):

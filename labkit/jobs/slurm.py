@@ -1,12 +1,13 @@
 """SlurmBackend: sbatch the rendered scripts, follow the jobs, cancel them.
 
-State: `squeue -h -t all -o` while the controller knows the job; once it ended, `sacct -P -o JobID,State,ExitCode`
+State: `squeue -h -t all -O` while the controller knows the job (with its restart count); once it ended, `sacct -P -o JobID,State,ExitCode`
 when accounting exists, `scontrol -o show job` for what accounting lacks or has not recorded yet, and finally the
 jobcomp file (a local Slurm may run without slurmdbd). One call of each serves every job being polled. Plain `-o`/`-P`
 formats only: their JSON differs between Slurm versions.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -16,7 +17,7 @@ from labkit.jobs.job import Job
 from labkit.jobs.render import check_job, default_layout, render_array
 from labkit.jobs.record import RunRecord
 from labkit.paths import runs_dir
-from labkit.jobs.state import State, Status, slurm_state
+from labkit.jobs.state import Attempt, State, Status, slurm_state
 from labkit.spec import RunSpec, SpecError, load_spec
 
 _FIELDS = re.compile(r"\b(JobId|ArrayJobId|ArrayTaskId|HetJobId|JobState|Reason|ExitCode)=(\S*)")
@@ -52,9 +53,14 @@ def _unit_keys(slurm_id: str) -> list[str]:
 
 
 def combine(statuses: list[Status]) -> Status:
-    """One state for a job made of several units (het components, a master/slave pair)."""
+    """One state for a job made of several units (het components, a master/slave pair), with the most restarts any
+    of them counts."""
     if not statuses:
         return Status(State.UNKNOWN)
+    return dataclasses.replace(_combined_state(statuses), restarts=max(s.restarts for s in statuses))
+
+
+def _combined_state(statuses: list[Status]) -> Status:
     unfinished = [s for s in statuses if not s.state.finished]
     if unfinished:
         running = [s for s in unfinished if s.state == State.RUNNING]
@@ -85,6 +91,7 @@ class SlurmBackend:
         self.layout = layout
         self.torchrun = torchrun
         self._config: dict[str, str] | None = None
+        self._attempts: dict[str, list[Attempt]] = {}  # job id -> its ended attempts, once all are recorded
 
     # --- submission ----------------------------------------------------------------------------------------------
     def submit(self, spec: RunSpec | str | os.PathLike, after: Job | list[Job] | None = None,
@@ -161,21 +168,60 @@ class SlurmBackend:
             return {}
         wanted = {i for job in jobs for i in job.job_ids}
         units: dict[str, list[Status]] = {}
-        queue = _run(["squeue", "-h", "-t", "all", "-o", "%i|%T|%r", "-j", ",".join(sorted(wanted))], check=False)
+        queue = _run(["squeue", "-h", "-t", "all", "-O", "JobID:|,State:|,Reason:|,RestartCnt:|",
+                      "-j", ",".join(sorted(wanted))], check=False)
         if queue.returncode != 0 and "Invalid job id" not in queue.stderr:
             return {}  # the controller did not answer (busy, restarting): keep the states we know
         for line in queue.stdout.splitlines():
-            slurm_id, _, rest = line.partition("|")
-            state, _, reason = rest.partition("|")
+            slurm_id, state, reason, restarts = (line.split("|") + ["", "", "", ""])[:4]
             for key in _unit_keys(slurm_id.strip()):
-                units.setdefault(key, []).append(Status(slurm_state(state), reason=reason or None))
+                units.setdefault(key, []).append(Status(slurm_state(state), reason=reason.strip() or None,
+                                                        restarts=int(restarts) if restarts.strip().isdigit() else 0))
         ended = {i for i in wanted if i not in units or all(s.state.finished for s in units[i])}
         if ended:
             for key, statuses in self._final_statuses(ended).items():
-                units[key] = settle(units.get(key, []), statuses)
+                queued = units.get(key, [])
+                restarts = max((q.restarts for q in queued), default=0)  # the final records do not count them
+                units[key] = [dataclasses.replace(u, restarts=restarts) for u in settle(queued, statuses)]
         unknown = Status(State.UNKNOWN, reason="unknown to squeue, scontrol and the job completion log")
         found = {job: [s for i in job.job_ids for s in units.get(i, [])] for job in jobs}
-        return {job: combine(statuses) if statuses else unknown for job, statuses in found.items()}
+        polled = {job: combine(statuses) if statuses else unknown for job, statuses in found.items()}
+        for job, status in polled.items():
+            if status.restarts:
+                status.ended_attempts = self._ended_attempts(job.job_id, status.restarts)
+        return polled
+
+    def _ended_attempts(self, job_id: str, restarts: int) -> list[Attempt]:
+        """How the first `restarts` attempts of a requeued job ended: sacct --duplicates lists every attempt; without
+        accounting, the job completion log has a line for each requeue (JobState=PENDING there: it was requeued).
+        Asked once per new requeue; [] until the scheduler has recorded them all."""
+        known = self._attempts.get(job_id, [])
+        if len(known) >= restarts:
+            return known[:restarts]
+        outcomes: list[tuple[str, str | None, str | None]] = []
+        if self.accounting():
+            done = _run(["sacct", "-D", "-n", "-P", "-X", "-o", "JobID,State,ExitCode,Reason", "-j", job_id],
+                        check=False)
+            for line in done.stdout.splitlines():
+                parts = (line.split("|") + ["", "", ""])[:4]
+                if parts[0] in (job_id, f"{job_id}+0"):
+                    outcomes.append((parts[1].split()[0] if parts[1].strip() else "", parts[2] or None,
+                                     parts[3] or None))
+        else:
+            jobcomp = Path(self.config().get("JobCompLoc", ""))
+            if self.config().get("JobCompType") == "jobcomp/filetxt" and jobcomp.is_file():
+                for line in jobcomp.read_text(errors="replace").splitlines():
+                    fields = dict(_FIELDS.findall(line))
+                    if fields.get("JobId") == job_id:  # (a hetjob's first component has the job's id)
+                        state = fields.get("JobState", "")
+                        outcomes.append(("REQUEUED" if state == "PENDING" else state, fields.get("ExitCode"),
+                                         fields.get("Reason")))
+        ended = [Attempt(number, *outcome) for number, outcome in enumerate(outcomes[:restarts])]
+        if len(ended) < restarts or any(not slurm_state(a.outcome).finished and a.outcome != "REQUEUED"
+                                        for a in ended):
+            return []  # slurmdbd has not recorded every requeue yet: ask again at the next poll
+        self._attempts[job_id] = ended
+        return ended
 
     def _final_statuses(self, ids: set[str]) -> dict[str, list[Status]]:
         """How the units squeue saw end (or no longer knows) ended: sacct's record; the controller's (scontrol) for

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class State(str, enum.Enum):
@@ -55,3 +55,21 @@ class Status:
     """Slurm's "CODE:SIGNAL" (the local backend writes the same form); None until the job ends."""
     reason: str | None = None
     """The scheduler's reason: why it is pending, or why it ended ("DependencyNeverSatisfied", ...)."""
+    restarts: int = 0
+    """How many times the scheduler has requeued the job (Slurm's RestartCnt): the current attempt's number."""
+    ended_attempts: list[Attempt] = field(default_factory=list)
+    """How the earlier attempts ended, oldest first, as far as the scheduler has recorded them."""
+
+
+@dataclass
+class Attempt:
+    """One earlier run of a job that Slurm requeued."""
+    number: int
+    """0 for the first run, 1 for the first requeue's, ..."""
+    outcome: str
+    """Slurm's word for how it ended: REQUEUED (scontrol requeue, or the job's own requeue before its time limit),
+    NODE_FAIL (a node went down and Slurm requeued the job), PREEMPTED, ..."""
+    exit_code: str | None = None
+    """Slurm's "CODE:SIGNAL" for that attempt, when recorded."""
+    reason: str | None = None
+    """The scheduler's reason, when recorded."""

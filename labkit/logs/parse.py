@@ -181,6 +181,22 @@ class ParsedLog:
         }
 
 
+_CHECKPOINT_SAVED = re.compile(r"successfully saved checkpoint from iteration +(\d+)")
+_CHECKPOINT_LOADED = re.compile(r"successfully loaded checkpoint from .* at iteration (\d+)")
+_STOPPED_ON_SIGNAL = re.compile(r"exiting program after receiving (\S+?)\.")
+
+
+def checkpoint_events(text: str) -> dict[str, int | str | None]:
+    """What a Megatron log says of checkpoints: the iteration it resumed from (`loaded`), the last it saved
+    (`saved`), and the signal it stopped on (`stopped_on`, with --exit-signal-handler); None for what it does not say."""
+    def last(pattern: re.Pattern):
+        found = pattern.findall(text)
+        return found[-1] if found else None
+    loaded, saved = last(_CHECKPOINT_LOADED), last(_CHECKPOINT_SAVED)
+    return {"loaded": int(loaded) if loaded else None, "saved": int(saved) if saved else None,
+            "stopped_on": last(_STOPPED_ON_SIGNAL)}
+
+
 def records(df: pd.DataFrame) -> list[dict]:
     """DataFrame rows as JSON-ready dicts: NaN/NA become None, numpy scalars plain Python, timestamps ISO strings."""
     out = []

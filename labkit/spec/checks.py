@@ -4,6 +4,7 @@ Each check returns 'field: what is wrong; how to fix it' strings and collects ev
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import reprlib
 from pathlib import Path
@@ -350,6 +351,8 @@ def _check_cluster(spec: RunSpec) -> list[str]:
         for key in ("inter_node_gbps", "intra_node_gbps"):
             if getattr(group, key) is not None and getattr(group, key) <= 0:
                 errors.append(f"{where}.{key}: must be a positive link speed in Gbit/s, got {getattr(group, key)}")
+        if group.cpus_per_node is not None and group.cpus_per_node <= 0:
+            errors.append(f"{where}.cpus_per_node: must be a positive number of CPUs, got {group.cpus_per_node}")
     for key in ("inter_node_gbps", "intra_node_gbps"):
         if getattr(spec.cluster, key) is not None and getattr(spec.cluster, key) <= 0:
             errors.append(f"cluster.{key}: must be a positive link speed in Gbit/s, got {getattr(spec.cluster, key)}")
@@ -439,6 +442,31 @@ def _check_scheduler_options(spec: RunSpec) -> list[str]:
     return errors
 
 
+def _check_requeue(spec: RunSpec, layout: str | None) -> list[str]:
+    """job.requeue: true needs a checkpoint directory to resume from, and one Slurm job to requeue."""
+    job, train, errors = spec.job, spec.train, []
+    if not job.requeue:
+        return errors
+    if not train.save:
+        errors.append("job.requeue: a requeued job resumes from its checkpoints; set train.save to a directory every "
+                      "node can write (train.save_interval sets how often it saves besides the warning signal)")
+    elif train.load is not None and train.load != train.save:
+        errors.append(f"train.load: {quote(train.load)} differs from train.save; with job.requeue every attempt "
+                      "resumes from train.save, so leave train.load out or set it to the same directory")
+    if job.requeue_signal_s <= 0:
+        errors.append(f"job.requeue_signal_s: must be a positive number of seconds, got {job.requeue_signal_s}")
+    else:
+        with contextlib.suppress(ValueError):
+            limit = time_limit_seconds(job.time_limit)
+            if limit is not None and job.requeue_signal_s >= limit:
+                errors.append(f"job.requeue_signal_s: {job.requeue_signal_s} s is not before job.time_limit "
+                              f"{quote(job.time_limit)}; lower it or raise the limit")
+    if layout == "pair":
+        errors.append("job.requeue: a master/slave pair is two Slurm jobs that cannot be requeued together; use the "
+                      "hetjob layout")
+    return errors
+
+
 def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
     """Problems with spec.job (and values that cannot be written into a script), each naming its field and the fix."""
     job, errors = spec.job, []
@@ -455,6 +483,7 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
                           "H:MM:SS (1:30:00), D-HH (2-00) or UNLIMITED")
     if job.cpus_per_task is not None and job.cpus_per_task <= 0:
         errors.append(f"job.cpus_per_task: must be a positive number, got {job.cpus_per_task}")
+    errors += _check_requeue(spec, layout)
     if job.master_port is not None and not 0 < job.master_port < 65536:
         errors.append(f"job.master_port: {job.master_port} is not a TCP port; use 1024-65535")
     if job.gpu_monitor_interval_s <= 0:

@@ -225,6 +225,9 @@ class NodeGroup:
     """What one of these GPUs costs per hour, in USD (the planner's cost); None: the catalog's cloud price."""
     intra_node_gbps: float | None = None
     """Link rate between GPUs of one node in Gbit/s; None: the cluster's, else the GPU catalog's."""
+    cpus_per_node: int | None = None
+    """CPUs of one node as Slurm counts them; the default job.cpus_per_task (one torchrun task per node gets them
+    all). None: unknown, Slurm's default applies."""
 
 
 @dataclass
@@ -260,7 +263,8 @@ class JobSpec:
     time_limit: str | None = None
     """Slurm time limit (--time): minutes, H:MM:SS, D-HH or UNLIMITED."""
     cpus_per_task: int | None = None
-    """CPUs per task (--cpus-per-task)."""
+    """CPUs per task (--cpus-per-task); None: each node group's cpus_per_node divided by the one torchrun task that
+    runs on each node, or Slurm's own default (one CPU) where the group does not say how many CPUs it has."""
     exclusive: bool = False
     """Whole nodes only (--exclusive)."""
     mem: str | None = None
@@ -291,6 +295,13 @@ class JobSpec:
     """torchrun's rendezvous port; None: one derived from the job id, so jobs sharing a node do not collide."""
     gpu_monitor_interval_s: int = 10
     """Seconds between GPU utilisation samples."""
+    requeue: bool | None = None
+    """true: the job may be requeued (#SBATCH --requeue), warns itself before its time limit, saves a checkpoint
+    (train.save) on SIGTERM and resumes from the latest one on its next attempt; false: never requeued
+    (--no-requeue); None: the cluster's default (JobRequeue), with nothing to resume from."""
+    requeue_signal_s: int = 120
+    """With requeue: seconds before the time limit at which Slurm signals the batch script (--signal=B:USR1@N),
+    which then requeues the job; leave time for one iteration and a checkpoint."""
 
 
 @dataclass

@@ -145,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--save-interval", type=int, default=None)
     g.add_argument("--load", default=None)
     g.add_argument("--ckpt-step", type=int, default=None, help="load this iteration instead of the latest")
+    g.add_argument("--exit-signal-handler", action="store_true",
+                   help="on --exit-signal, save a checkpoint (with --save) at the end of the iteration and exit")
+    g.add_argument("--exit-signal", choices=["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"], default="SIGTERM")
     g.add_argument("--seed", type=int, default=1234)
 
     g = p.add_argument_group("data")

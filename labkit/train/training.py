@@ -23,6 +23,7 @@ from megatron.core.timers import Timers
 from labkit.estimate.flops import megatron_logged_flops
 from labkit.estimate.params import Shape
 from labkit.train import checkpoint, data, megatron_log
+from labkit.train.exit_signal import ExitSignal
 from labkit.train.megatron_log import print_logging_rank, print_rank_0
 from labkit.train.model import build_model, transformer_config
 from labkit.train.profiling import StepProfiler, TensorBoard
@@ -309,6 +310,8 @@ def run(args) -> int:
         chunk.train()
     print_rank_0(megatron_log.datetime_line("before the start of training step"))
     timers("interval-time", log_level=0).start(barrier=True)
+    exit_signal = ExitSignal(args.exit_signal) if args.exit_signal_handler else None
+    stopped_by_signal = False
     try:
         while iteration < args.train_iters:
             profiler.before_step(iteration)
@@ -338,11 +341,20 @@ def run(args) -> int:
                 timers("interval-time").stop()
                 _save(args, timers, iteration, model, optimizer, scheduler)
                 timers("interval-time", log_level=0).start(barrier=True)
+            if exit_signal is not None and exit_signal.anywhere(device):
+                stopped_by_signal = True
+                break
         if args.save and (not args.save_interval or iteration % args.save_interval):
             _save(args, timers, iteration, model, optimizer, scheduler)
     finally:
+        if exit_signal is not None:
+            exit_signal.restore()
         profiler.finish()
         tensorboard.close()
+    if stopped_by_signal:
+        print_rank_0(megatron_log.datetime_line(f"exiting program after receiving {args.exit_signal}."))
+        dist.barrier()
+        return 0
     print_rank_0(megatron_log.datetime_line("after training is done"))
     # As Megatron-LM ends a run: one more pass over the validation set, then the test set.
     for split, split_iter in (("validation", valid_iter), ("test", test_iter)):

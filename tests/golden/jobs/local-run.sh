@@ -58,6 +58,8 @@ node_main() {
     local node_rank=$(($1 + SLURM_PROCID)) nproc=$2 node=${SLURMD_NODENAME:-$(hostname -s)} sampler="" status var
     shift 2
     local logs="$LOGDIR/$JOB_ID"
+    # A requeued job's later attempts (SLURM_RESTART_COUNT 1, 2, ...) log beside the first one's, never over them.
+    [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && logs="$logs/attempt-$SLURM_RESTART_COUNT"
     # Every node of a job (all hetjob components, master and slave alike) shares JOB_ID, so they agree on the port,
     # while two jobs placed on the same node get different ones.
     export MASTER_PORT=${MASTER_PORT:-$((20000 + JOB_ID % 20000))}
@@ -83,8 +85,17 @@ node_main() {
     fi
     "$TORCHRUN" --nnodes "$NNODES" --nproc_per_node "$nproc" \
         --node_rank "$node_rank" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
-        -m labkit.train "$@"
+        -m labkit.train "$@" &
+    local launcher=$!
+    # A SIGTERM from Slurm (requeue, cancel, time limit) reaches torchrun and its workers too: wait while they stop
+    # (saving a checkpoint first when job.requeue is on), so that the node's processes end as one tree.
+    trap 'kill -TERM "$launcher" 2>/dev/null' TERM
+    wait "$launcher"
     status=$?
+    while kill -0 "$launcher" 2>/dev/null; do
+        wait "$launcher"
+        status=$?
+    done
     [ -n "$sampler" ] && kill "$sampler" 2>/dev/null
     echo "node $node: torchrun exited with status $status"
     return $status
