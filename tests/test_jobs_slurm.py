@@ -99,7 +99,17 @@ def test_slurm_accepts_every_template_with_test_only(early, slurm, tmp_path):
     scripts.update({f"het-{k}": v for k, v in render(hetero, tmp_path).scripts.items()})
     scripts.update({f"pair-{k}": v for k, v in render(hetero, tmp_path, layout="pair").scripts.items()})
     scripts.update({f"array-{k}": v for k, v in render_array([two, two], [tmp_path, tmp_path]).scripts.items()})
-    assert len(scripts) == 5
+    # The production options this cluster can honour: requeue with its signal, memory, GPUs per node, a cluster
+    # whose node groups give their CPUs (so cpus_per_task is the node's), extra lines, c10d, an env preset.
+    production = spec_for([A100], job={"requeue": True, "time_limit": "0:10:00", "mem": "1000M",
+                                       "gpus_per_node_flag": "gpus-per-node", "sbatch": ["--comment=labkit"],
+                                       "rendezvous": "c10d", "env_preset": "infiniband"},
+                          train={"iters": 10, "log_interval": 5, "save": str(tmp_path / "ckpt")},
+                          cluster="local-slurm", parallel={"tensor": 1, "pipeline": 1, "data": 16},
+                          batch={"micro": 1, "global": 16})
+    scripts.update({f"production-{k}": v for k, v in render(production, tmp_path).scripts.items()})
+    assert "#SBATCH --cpus-per-task=4" in scripts["production-job.sbatch"]
+    assert len(scripts) == 6
     for name, text in scripts.items():
         path = tmp_path / name
         path.write_text(text)
