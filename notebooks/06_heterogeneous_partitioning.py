@@ -40,6 +40,7 @@ from labkit.estimate.views import compare_measured
 from labkit.exercises import check_number
 from labkit.jobs import backend_named
 from labkit.logs.derive import steady_state
+from labkit.plan.inputs import Constraints
 from labkit.plan.pareto import sweep
 from labkit.plan.search import search
 from labkit.plan.views import pareto_figure, ranked_table, schedule_figure
@@ -99,15 +100,18 @@ show("pipeline_schedules")
 #
 # A real GPT-2 XL needs real GPUs. To see the whole loop here, plan a tiny model on a two-node slice of the same kind
 # of cluster (one A100 node, one A10 node, one process each), take the best two-stage pipeline, and launch it: on the
-# local Slurm's emulated a100 and a10 nodes with `backend = "slurm"`, or as two local processes.
+# local Slurm's emulated a100 and a10 nodes with `backend = "slurm"`, or as two local processes. `Constraints` keeps
+# what a spec fixes (here two pipeline stages) and searches the rest, as `labkit plan SPEC` does with the fields a
+# spec file writes.
 
 # %%
 tiny = load_spec({"name": "planned-tiny", "model": {"preset": "tiny"}, "batch": {"micro": 1, "global": 8},
                   "recompute": "none", "train": {"iters": launch_iterations, "log_interval": 1},
                   "cluster": {"nodes": [{"gpu": "A100-40GB", "count": 1, "gpus_per_node": 1},
                                         {"gpu": "A10", "count": 1, "gpus_per_node": 1}]}})
-tiny_plan = search(tiny)
-row = next(r for r in tiny_plan.rows if r.pp == 2 and r.virtual_stages == 1 and not r.oom)
+tiny_plan = search(tiny, constraints=Constraints(pipeline=2, virtual_stages=1))
+# A stage without transformer layers would leave its GPU idle (the table's `idle GPUs`): launch a sound layout.
+row = next(r for r in tiny_plan.rows if r.idle_gpus == 0 and not r.oom)
 spec = load_spec(row.spec.to_dict())
 print(f"launching partition {spec.partition_string} on {spec.stage_gpus}")
 job = backend_named(backend).submit(spec)

@@ -136,3 +136,50 @@ def test_the_clusters_own_link_rate_is_kept(tmp_path):
     slow_plan, fast_plan = plan_json(str(slow), *argv), plan_json(str(fast), *argv)
     assert slow_plan["spec"]["cluster"]["inter_node_gbps"] == 1
     assert slow_plan["rows"][0]["estimated_s"] > fast_plan["rows"][0]["estimated_s"]
+
+
+def test_what_the_spec_writes_is_kept_and_what_it_leaves_out_is_searched(tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "kept", "model": {"preset": "gpt-7.5b"}, "batch": {"global": 64},
+        "parallel": {"tensor": 2}, "recompute": None, "optimizer": {"distributed": True},
+        "cluster": {"nodes": [{"gpu": "A100-80GB", "count": 2, "gpus_per_node": 8}], "inter_node_gbps": 40}}))
+    out = run_json(capsys, str(spec), "--top", "20")
+    assert out["rows"] and {(r["tp"], r["recompute"], r["distributed_optimizer"]) for r in out["rows"]} == \
+        {(2, False, True)}
+    assert len({(r["pp"], r["dp"], r["mbs"]) for r in out["rows"]}) > 1  # the rest was searched
+    assert all(r["sequence_parallel"] for r in out["rows"])  # searched: on wherever tensor parallelism is
+    assert out["spec"]["cluster"]["inter_node_gbps"] == 40
+
+
+def test_a_spec_without_a_layout_is_not_refused_for_the_layout_it_does_not_have(tmp_path, capsys):
+    # 1536 is not a multiple of the 1024 GPUs: as tensor 1 pipeline 1 it would be refused, most layouts take it
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"model": {"preset": "gpt-145.6b"}, "batch": {"global": 1536},
+                                    "cluster": {"nodes": [{"gpu": "A100-80GB", "count": 128, "gpus_per_node": 8}]}}))
+    out = run_json(capsys, str(spec), "--top", "1", "--orders", "grouped")
+    assert out["rows"][0]["dp"] * out["rows"][0]["tp"] * out["rows"][0]["pp"] == 1024
+
+
+def test_a_layout_that_needs_memory_saving_gets_the_cheapest_that_fits(tmp_path, capsys):
+    # With unfused attention the s x s scores dominate activations: selective recompute drops them, and is cheaper
+    # than full recompute (with flash attention there is nothing for it to drop).
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"model": {"preset": "gpt-7.5b"}, "batch": {"global": 16},
+                                    "kernels": {"attention_backend": "unfused"}, "cluster": "workshop-a100x2"}))
+    out = run_json(capsys, str(spec), "--top", "3")
+    assert out["rows"][0]["recompute_granularity"] == "selective" and not out["rows"][0]["oom"]
+    for row in out["rows"]:
+        assert row["idle_gpus"] == sum(1 for n in row["partition"] if n == 0) * row["tp"] * row["dp"]
+
+
+def test_explain_compares_the_top_row_with_the_runner_up_and_each_other_family(capsys):
+    out = run_json(capsys, "a100-a10-hetero", "--model", "gpt2-xl", "--global-batch", "64", "--top", "3",
+                   "--explain")
+    rows = {r["row"]: r for r in out["explain"]}
+    assert {"top", "runner-up", "best, no pipeline", "best, no data parallelism"} <= set(rows)
+    assert rows["top"]["compute vs top"] == 0 and rows["best, no pipeline"]["family"] == "data"
+    assert rows["best, no pipeline"]["s/step"] >= rows["top"]["s/step"]
+    assert rows["best, no pipeline"]["bubble vs top"] < 0  # no pipeline, no bubble: it loses elsewhere
+    assert main(["plan", "a100-a10-hetero", "--model", "gpt2-xl", "--global-batch", "64", "--explain"]) == 0
+    assert "best, no pipeline: tp1 pp1 dp32" in capsys.readouterr().out

@@ -3,13 +3,11 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from labkit import catalog
-from labkit.spec import RunSpec, SpecError, load_spec
+from labkit.spec import SpecError, load_spec
 from labkit.spec.checks import PRECISIONS
-from labkit.spec.load import read_file
 
 
 def register(sub) -> None:
@@ -30,8 +28,15 @@ def register(sub) -> None:
     p.add_argument("--price", action="append", default=[], metavar="GPU=USD_PER_GPU_HOUR",
                    help="what one GPU of a type costs per hour (repeatable), over cluster.nodes[].price_per_gpu_hour "
                         "and the catalog's cloud prices")
+    p.add_argument("--orders", choices=("auto", "all", "grouped"), default="auto",
+                   help="node orders tried: all (every order up to symmetry), grouped (each GPU type's nodes kept "
+                        "together, every order of the types), auto (all unless there are more than "
+                        "labkit.plan.search.MAX_ORDERS of them, else grouped; the default)")
     p.add_argument("--top", type=int, default=10, help="rows to show (default 10)")
     p.add_argument("--profiles", help="directory of per-layer profiles (default: yours under ~/.labkit/profiles, then the shipped ones)")
+    p.add_argument("--explain", action="store_true",
+                   help="why the top row wins: it against the runner-up and the best row of each other family "
+                        "(compute, bubble, exposed communication, memory headroom)")
     p.add_argument("--json", action="store_true", help="print rows, search_seconds, configs_evaluated and spec as JSON")
     p.add_argument("--output", "-o", help="also write the chosen run spec to this YAML file")
     p.set_defaults(func=_plan)
@@ -51,63 +56,6 @@ def register(sub) -> None:
 def _fail(message: str) -> int:
     print(f"labkit: {message}", file=sys.stderr)
     return 2
-
-
-def base_spec(target: str, model: str | None, global_batch: int | None, precision: str | None) -> RunSpec:
-    """The spec the planner varies: from a named cluster, a cluster YAML or a run spec, plus the flags."""
-    spec_data: dict = {}
-    cluster = None
-    if target in catalog.clusters():
-        cluster = catalog.clusters()[target]["nodes"]
-    else:
-        path = Path(target)
-        if not path.exists():
-            hint = catalog.closest(target, catalog.clusters())
-            raise SpecError([f"CLUSTER_OR_SPEC: {target!r} is neither a file nor a cluster name; known clusters: "
-                             f"{', '.join(catalog.clusters())}" + (f" (closest: {', '.join(hint)})" if hint else "")])
-        data = read_file(path)
-        if "nodes" in data and "model" not in data:
-            cluster = data
-        else:
-            spec_data = load_spec(path).to_dict()
-            cluster = spec_data.get("cluster")
-    if isinstance(cluster, list):
-        cluster = {"nodes": cluster}
-    if not cluster or not cluster.get("nodes"):
-        raise SpecError(["cluster: the planner needs a cluster; name one from labkit/data/clusters.yaml or give a spec "
-                         "with cluster.nodes"])
-    if model:
-        spec_data["model"] = {"preset": model}
-    elif not spec_data.get("model"):
-        raise SpecError(["--model: missing; pick a preset: " + ", ".join(catalog.models())])
-    if global_batch:
-        spec_data["batch"] = {"micro": 1, "global": global_batch}
-    elif not spec_data.get("batch"):
-        raise SpecError(["--global-batch: missing; give the sequences per step, e.g. --global-batch 64"])
-    # The cluster alone first: every bad node field is named, before anything is derived from it.
-    on_cluster = {"model": {"preset": "tiny"}, "cluster": cluster,
-                  "batch": {"micro": 1, "global": _world(cluster["nodes"])}}
-    checked = load_spec(on_cluster)
-    groups = checked.cluster.nodes
-    if precision is None and "precision" not in spec_data:
-        has_bf16 = all(catalog.gpu(g.gpu).bf16 for g in groups if catalog.resolve_gpu_name(g.gpu))
-        precision = "bf16" if has_bf16 else "fp16"
-    if precision:
-        spec_data["precision"] = precision
-    spec_data.setdefault("name", f"plan-{spec_data['model'].get('preset') or 'model'}")
-    # validated without the cluster (the layout is what the planner chooses), then placed on it
-    spec_data.update(cluster=None, parallel={"tensor": 1, "pipeline": 1}, recompute=None)
-    base = load_spec(spec_data)
-    load_spec({**on_cluster, "precision": base.precision})  # the precision on these GPUs
-    return replace(base, cluster=checked.cluster)
-
-
-def _world(nodes) -> int:
-    """GPUs in all, from node groups not yet checked (a bad count is named by the check that follows)."""
-    try:
-        return max(1, sum(int(g.get("count", 1)) * int(g.get("gpus_per_node", 1)) for g in nodes))
-    except (AttributeError, TypeError, ValueError):
-        return 1
 
 
 def _prices(items: list[str]) -> dict[str, float]:
@@ -157,11 +105,12 @@ def _unmet(plan, args) -> str | None:
 
 def _plan(args) -> int:
     from labkit.megatron_args import megatron_args, pipeline_layout
+    from labkit.plan.inputs import planning_input
     from labkit.plan.search import search
     from labkit.plan.views import ranked_table
 
     try:
-        base = base_spec(args.target, args.model, args.global_batch, args.precision)
+        base, constraints = planning_input(args.target, args.model, args.global_batch, args.precision)
         prices = _prices(args.price)
     except SpecError as exc:
         for error in exc.errors:
@@ -174,9 +123,10 @@ def _plan(args) -> int:
         from labkit.estimate.profiles import find_profile
         model = profiled_model(Shape.of(base.model))  # the preset of this layer shape, as the estimator finds it
         profiles = lambda gpu, tensor: find_profile(model, gpu, tensor, directory=args.profiles)  # noqa: E731
-    plan = search(base, objective=args.objective, max_step_s=args.max_step_s,
-                  max_price_per_step=args.max_price_per_step, top=args.top, profiles=profiles,
-                  progress=not args.json and sys.stderr.isatty(), prices=prices)
+    options = dict(objective=args.objective, max_step_s=args.max_step_s, max_price_per_step=args.max_price_per_step,
+                   profiles=profiles, prices=prices, orders=args.orders)
+    plan = search(base, top=args.top, progress=not args.json and sys.stderr.isatty(), constraints=constraints,
+                  **options)
     if not plan.rows:
         return _fail("no layout uses every GPU of this cluster for this model and batch; change --global-batch")
     chosen = load_spec(plan.best.spec.to_dict())  # the run spec as a user would load it: validated, complete
@@ -188,11 +138,17 @@ def _plan(args) -> int:
         out = plan.to_dict(top=args.top)
         out["spec"] = chosen.to_dict()
         out["unmet"] = unmet
+        if args.explain:
+            from labkit.plan.explain import explain_table
+            out["explain"] = explain_table(plan, base, constraints, **options).to_dict(orient="records")
         print(json.dumps(out, indent=2, default=float))
         return UNMET if unmet else 0
     print(ranked_table(plan, top=args.top).to_string(index=False))
     print(f"\n{plan.configs_evaluated} layouts estimated, {plan.configs_pruned} ruled out by their pipeline time "
           f"alone, in {plan.search_seconds:.3f} s")
+    if args.explain:
+        from labkit.plan.explain import explain_text
+        print("\n" + explain_text(plan, base, constraints, **options))
     if chosen.parallel.partition:
         print(f"\nchosen: PARTITION=\"{chosen.partition_string}\"  layout {pipeline_layout(chosen.layer_partition)}")
     else:

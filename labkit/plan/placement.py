@@ -44,6 +44,13 @@ def node_kinds(cluster: ClusterSpec) -> tuple[list[NodeKind], list[int]]:
     return kinds, counts
 
 
+def order_count(counts: list[int]) -> int:
+    """How many orders `distinct_orders` lists: the multinomial coefficient (sum counts)! / prod(count!)."""
+    from math import factorial, prod
+
+    return factorial(sum(counts)) // prod(factorial(n) for n in counts)
+
+
 def distinct_orders(counts: list[int]) -> list[tuple[int, ...]]:
     """Every order of the nodes up to swapping nodes of the same kind (kind indices, one per node)."""
     total = sum(counts)

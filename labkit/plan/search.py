@@ -1,11 +1,13 @@
 """Search the parallel layouts of one model on one cluster and rank them by the estimator's iteration time or price.
 
 The space: tensor size (divisors of the GPUs per node that split the heads), pipeline and data sizes that use every
-GPU, micro-batch (divisors of global/data), interleaved virtual stages, full recompute on/off, distributed optimizer
-on/off, and the node order (placement.py: one order per class no cost can tell apart). Each point gets the exact
-min-max layer partition (partition.py) under the estimator's own per-stage costs, then `labkit.estimate.estimate` of
-the resulting run spec gives its row. Recompute and the distributed optimizer never make a step faster, they only save
-memory, so they are tried only on layouts that do not fit without them; layouts that fit nowhere stay in the table,
+GPU, micro-batch (divisors of global/data), interleaved virtual stages, sequence parallelism, recompute (none,
+selective, full), the distributed optimizer, and the node order (placement.py: one order per class no cost can tell
+apart). Fields the input spec wrote are kept (inputs.Constraints). Each point gets the exact min-max layer partition
+(partition.py) under the estimator's own per-stage costs, then `labkit.estimate.estimate` of the resulting run spec
+gives its row. Sequence parallelism is on wherever tensor parallelism is (smaller pipeline messages and activations,
+the same GEMMs); recompute and the distributed optimizer never make a step faster, they only save memory, so they are
+tried only on layouts that do not fit without them, cheapest first; layouts that fit nowhere stay in the table,
 marked oom.
 """
 from __future__ import annotations
@@ -21,12 +23,16 @@ from labkit.estimate.estimator import MEMORY_MARGIN, flash_attention, profile_fi
 from labkit.estimate.calibration import Calibration, resolve
 from labkit.estimate.timing import ACTIVATION_BYTES, GRAD_REDUCE_BYTES, Pipeline
 from labkit.estimate.topology import Topology
+from labkit.plan.inputs import SEARCHED, Constraints
 from labkit.plan.partition import min_max_partition
-from labkit.plan.placement import as_cluster, grouped_orders, node_kinds, placements
+from labkit.plan.placement import as_cluster, grouped_orders, node_kinds, order_count, placements
 from labkit.spec import ClusterSpec, ParallelSpec, RecomputeSpec, RunSpec
 
 FULL_RECOMPUTE = RecomputeSpec(granularity="full", method="uniform", num_layers=1)
+SELECTIVE_RECOMPUTE = RecomputeSpec(granularity="selective")
 OBJECTIVES = ("time", "cost")
+MAX_ORDERS = 200
+"""orders="auto" tries every node order up to symmetry when a cluster has at most this many, else the grouped ones."""
 
 
 @dataclass
@@ -39,6 +45,8 @@ class Row:
     virtual_stages: int
     recompute: bool
     distributed_optimizer: bool
+    sequence_parallel: bool
+    recompute_granularity: str | None  # selective or full; None without recompute
     placement: list[str]            # GPU type of each node, in pipeline order
     partition: list[int]            # transformer layers per pipeline stage
     estimated_s: float
@@ -49,6 +57,8 @@ class Row:
     oom: bool
     memory_gb_per_stage: list[float]
     stage_times_s: list[float]
+    breakdown: dict[str, float] = field(default_factory=dict)  # the estimator's seconds per part of the step
+    idle_gpus: int = 0              # GPUs of stages without transformer layers (they hold only embedding/output)
     within_budget: bool = True
     spec: RunSpec | None = field(default=None, repr=False)
     pipeline: Pipeline | None = field(default=None, repr=False)   # what pipeline_s was timed from, to draw it
@@ -99,25 +109,29 @@ def price_per_second(cluster: ClusterSpec, prices: dict[str, float] | None = Non
     return total / 3600
 
 
-def splits(base: RunSpec, world: int, gpus_per_node: int):
-    """(tensor, pipeline, data) sizes that use every GPU, split the heads and the batch, and keep tensor groups in a
-    node."""
-    m = base.model
+def splits(base: RunSpec, world: int, gpus_per_node: int, constraints: Constraints = Constraints()):
+    """(tensor, pipeline, data) sizes that use every GPU (with the spec's context-parallel size), split the heads and
+    the batch, keep tensor groups in a node, and agree with the constraints."""
+    m, c = base.model, base.parallel.context
     for t in divisors(gpus_per_node):
-        if m.num_attention_heads % t or m.query_groups % t:
+        if m.num_attention_heads % t or m.query_groups % t or world % (t * c) or not constraints.allows("tensor", t):
             continue
-        for p in divisors(world // t):
-            d = world // (t * p)
-            if p <= m.num_layers and base.batch.global_ % d == 0:
+        for p in divisors(world // (t * c)):
+            d = world // (t * c * p)
+            if p <= m.num_layers and base.batch.global_ % d == 0 and constraints.allows("pipeline", p) \
+                    and constraints.allows("data", d):
                 yield t, p, d
 
 
-def schedules(base: RunSpec, pipeline: int, data: int, virtual_stages=(1, 2, 4)):
+def schedules(base: RunSpec, pipeline: int, data: int, virtual_stages=(1, 2, 4),
+              constraints: Constraints = Constraints()):
     """(micro-batch, virtual stages) pairs for a split: micro-batches divide global/data; interleaving needs an even
     split of the layers into pipeline x v chunks and a micro-batch count that is a multiple of the pipeline size."""
     layers, batch = base.model.num_layers, base.batch.global_
     for b in divisors(batch // data):
-        for v in virtual_stages:
+        if not constraints.allows("micro_batch", b):
+            continue
+        for v in (virtual_stages if constraints.virtual_stages is SEARCHED else (constraints.virtual_stages,)):
             if v == 1 or (pipeline > 1 and layers % (pipeline * v) == 0 and (batch // (b * data)) % pipeline == 0):
                 yield b, v
 
@@ -218,11 +232,13 @@ def _memory_caps(spec: RunSpec, shape: Shape, links: _Links, flash: bool) -> lis
 
 
 def _split_and_bound(shape: Shape, precision: str, t: int, p: int, d: int, b: int, v: int, recompute: str | None,
-                     links: _Links, costs: _StageCosts, caps: list[int] | None = None
-                     ) -> tuple[list[int] | None, float]:
+                     links: _Links, costs: _StageCosts, caps: list[int] | None = None, sequence_parallel: bool = False,
+                     context: int = 1) -> tuple[list[int] | None, float]:
     """The exact min-max split of a layout (None when no split fits the caps) and a lower bound on the estimator's
     iteration time with it: the 1F1B pipeline plus the all-reduces after it, without the optimizer step."""
-    message = b * shape.seq_length * shape.hidden * ACTIVATION_BYTES.get(precision, 2)
+    message = b * shape.seq_length / context * shape.hidden * ACTIVATION_BYTES.get(precision, 2)
+    if sequence_parallel:
+        message /= t
     boundaries = links.boundary_times(message)
     edges = [0.0, *boundaries, 0.0]
     per_layer, ends = [], []
@@ -271,18 +287,21 @@ def _balanced_partition(spec: RunSpec, shape: Shape, costs: _StageCosts, links: 
     par = spec.parallel
     layers, _ = _split_and_bound(shape, spec.precision, par.tensor, par.pipeline, spec.data_parallel, spec.batch.micro,
                                  par.virtual_stages, spec.recompute.granularity if spec.recompute else None, links,
-                                 costs, _memory_caps(spec, shape, links, costs.kernels["flash_attention"]) if caps else None)
+                                 costs, _memory_caps(spec, shape, links, costs.kernels["flash_attention"]) if caps else None,
+                                 par.sequence_parallel, par.context)
     return layers
 
 
-def _variants(spec: RunSpec):
-    """Memory-saving variants of a layout, least costly first (each is slower or equal, never faster)."""
-    d = spec.data_parallel
-    if d > 1:
-        yield _with(spec, recompute=None, distributed=True)
-    yield _with(spec, recompute=FULL_RECOMPUTE, distributed=False)
-    if d > 1:
-        yield _with(spec, recompute=FULL_RECOMPUTE, distributed=True)
+def _variants(spec: RunSpec, constraints: Constraints):
+    """The layout and its memory-saving variants the constraints allow, least costly first (each is slower or equal,
+    never faster): the distributed optimizer, then selective recompute, then full recompute."""
+    recomputes = [None, SELECTIVE_RECOMPUTE, FULL_RECOMPUTE] if constraints.recompute is SEARCHED \
+        else [constraints.recompute]
+    distributed = ([False, True] if spec.data_parallel > 1 else [False]) \
+        if constraints.distributed_optimizer is SEARCHED else [constraints.distributed_optimizer]
+    for recompute in recomputes:
+        for dist in distributed:
+            yield _with(spec, recompute=recompute, distributed=dist)
 
 
 def _with(spec: RunSpec, recompute, distributed: bool) -> RunSpec:
@@ -291,9 +310,13 @@ def _with(spec: RunSpec, recompute, distributed: bool) -> RunSpec:
 
 def _row(spec: RunSpec, est, order_names: list[str], price_s: float) -> Row:
     par, bd = spec.parallel, est.breakdown
+    layers_per_stage = spec.layer_partition
+    idle = sum(1 for n in layers_per_stage if n == 0) * par.tensor * par.context * spec.data_parallel
     return Row(mbs=spec.batch.micro, tp=par.tensor, dp=spec.data_parallel, pp=par.pipeline,
                virtual_stages=par.virtual_stages, recompute=spec.recompute is not None,
-               distributed_optimizer=spec.optimizer.distributed, placement=order_names,
+               distributed_optimizer=spec.optimizer.distributed, sequence_parallel=par.sequence_parallel,
+               recompute_granularity=spec.recompute.granularity if spec.recompute else None,
+               breakdown={k: float(v) for k, v in bd.items()}, idle_gpus=idle, placement=order_names,
                partition=spec.layer_partition, estimated_s=est.iteration_time_s,
                pipeline_s=bd["compute"] + bd["bubble"] + bd["tp_comm"] + bd["pp_comm"],
                dp_allreduce_s=bd["dp_comm"], embedding_allreduce_s=bd["embedding_comm"],
@@ -304,25 +327,30 @@ def _row(spec: RunSpec, est, order_names: list[str], price_s: float) -> Row:
 
 def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None = None,
            max_price_per_step: float | None = None, top: int | None = None, profiles=None,
-           virtual_stages=(1, 2, 4), orders: str = "all", progress: bool = False,
-           calibration: Calibration | None = None, prices: dict[str, float] | None = None) -> Plan:
+           virtual_stages=(1, 2, 4), orders: str = "auto", progress: bool = False,
+           calibration: Calibration | None = None, prices: dict[str, float] | None = None,
+           constraints: Constraints | None = None) -> Plan:
     """Rank every layout of `base.model` on `base.cluster` for `base.batch.global_` sequences per step.
 
     objective "time": fastest step, among those within `max_price_per_step` if given; "cost": cheapest step, among
     those within `max_step_s` if given. `profiles` is passed to the estimator (see labkit.estimate.estimate).
     `top`: only the best `top` rows are wanted, so layouts whose pipeline time alone (a lower bound on the step time)
-    cannot reach them are not estimated further. `orders`: "all" node orders up to symmetry, or "grouped" (the nodes
-    of each kind kept together, for sweeps over many clusters). `calibration`: the estimator's constants (see
-    labkit.estimate.calibration), the shipped ones when None. `prices`: USD per GPU-hour by GPU type, over the
-    spec's and the catalog's (see `price_per_second`).
+    cannot reach them are not estimated further. `orders`: "all" node orders up to symmetry, "grouped" (the nodes
+    of each kind kept together), or "auto" (all when there are at most MAX_ORDERS, else grouped). `calibration`: the
+    estimator's constants (see labkit.estimate.calibration), the shipped ones when None. `prices`: USD per GPU-hour by
+    GPU type, over the spec's and the catalog's (see `price_per_second`). `constraints`: the layout fields to keep
+    (labkit.plan.inputs.planning_input gives those a spec file wrote); the rest are searched.
 
     Taught in lab 06.
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")
+    constraints = constraints or Constraints()
     started = time.perf_counter()
     cluster = base.cluster_or_default()
     kinds, counts = node_kinds(cluster)
+    if orders == "auto":
+        orders = "all" if order_count(counts) <= MAX_ORDERS else "grouped"
     world = sum(k.gpus_per_node * n for k, n in zip(kinds, counts))
     shape = Shape.of(base.model)
     lookup = profile_lookup(profiles, profiled_model(shape))
@@ -337,24 +365,33 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
     costs = _StageCosts(shape, base.precision, base.batch.global_, cached_lookup, cal,
                         flash=flash_attention(base.kernels.attention_backend, [g.gpu for g in cluster.nodes]),
                         overlap_dp=base.kernels.overlap_grad_reduce, overlap_tp=base.kernels.tp_comm_overlap)
-    layout_splits = list(splits(base, world, min(k.gpus_per_node for k in kinds)))
+    layout_splits = list(splits(base, world, min(k.gpus_per_node for k in kinds), constraints))
     cluster_price_s = price_per_second(cluster, prices)  # every layout uses every GPU: one price for all
+    c = base.parallel.context
     bar = None
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=len(layout_splits), desc="plan", unit="split", file=sys.stderr, leave=False)
 
-    # First a lower bound on every layout's step time under its exact split: cheap, most layouts stop here.
+    def parallel(t: int, p: int, d: int, v: int = 1, partition=None) -> ParallelSpec:
+        sp = t > 1 if constraints.sequence_parallel is SEARCHED else constraints.sequence_parallel
+        return ParallelSpec(tensor=t, pipeline=p, data=d, context=c, virtual_stages=v, partition=partition,
+                            sequence_parallel=sp)
+
+    # First a lower bound on every layout's step time under its exact split: cheap, most layouts stop here. Only
+    # what identifies a candidate is kept (its node order is rebuilt if it is estimated).
     bounded = []
     for t, p, d in layout_splits:
+        sp = parallel(t, p, d).sequence_parallel
         for order in (placements(cluster, t, d, p) if orders == "all" else grouped_orders(kinds, counts)):
-            placed = as_cluster(order, kinds, cluster)
-            price_s = cluster_price_s
-            links = _Links.of(replace(base, cluster=placed, parallel=ParallelSpec(tensor=t, pipeline=p, data=d)), cal)
-            for b, v in schedules(base, p, d, virtual_stages):
-                layers, step_s = _split_and_bound(shape, base.precision, t, p, d, b, v, None, links, costs)
-                bound = step_s if objective == "time" else step_s * price_s
-                bounded.append((bound, price_s, order, placed, links, (t, p, d, b, v, layers)))
+            links = _Links.of(replace(base, cluster=as_cluster(order, kinds, cluster), parallel=parallel(t, p, d)), cal)
+            for b, v in schedules(base, p, d, virtual_stages, constraints):
+                layers, step_s = _split_and_bound(shape, base.precision, t, p, d, b, v, None, links, costs,
+                                                  sequence_parallel=sp, context=c)
+                if constraints.partition is not SEARCHED:
+                    layers = list(constraints.partition)
+                bound = step_s if objective == "time" else step_s * cluster_price_s
+                bounded.append((bound, order, (t, p, d, b, v, layers)))
         if bar is not None:
             bar.update()
     bounded.sort(key=lambda c: c[0])
@@ -363,29 +400,32 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
     rows: list[Row] = []
     kept: list[float] = []  # objective values of fitting, within-budget rows, ascending
     evaluated = pruned = 0
-    for i, (bound, price_s, order, placed, links, (t, p, d, b, v, layers)) in enumerate(bounded):
+    fixed_partition = constraints.partition is not SEARCHED
+    for i, (bound, order, (t, p, d, b, v, layers)) in enumerate(bounded):
         if top and len(kept) >= top and bound > kept[top - 1]:
             pruned = len(bounded) - i
             break
+        placed = as_cluster(order, kinds, cluster)
         spec = replace(base, cluster=placed, batch=replace(base.batch, micro=b), recompute=None,
-                       parallel=ParallelSpec(tensor=t, pipeline=p, data=d, virtual_stages=v,
-                                             partition=layers if v == 1 and p > 1 else None),
+                       parallel=parallel(t, p, d, v, layers if v == 1 and p > 1 else None),
                        optimizer=replace(base.optimizer, distributed=False))
+        links = _Links.of(spec, cal)
         names = [kinds[k].gpu for k in order]
-        for attempt in (spec, *_variants(spec)):
-            if attempt is not spec and attempt.parallel.virtual_stages == 1 and attempt.parallel.pipeline > 1:
+        for attempt in _variants(spec, constraints):
+            rebalance = attempt.parallel.virtual_stages == 1 and attempt.parallel.pipeline > 1 and not fixed_partition
+            if rebalance and (attempt.recompute is not None or attempt.optimizer.distributed):
                 attempt.parallel = replace(attempt.parallel,
                                            partition=_balanced_partition(attempt, shape, costs, links, caps=False))
             est = estimate(attempt, cached_lookup, calibration=cal)
             evaluated += 1
-            if not est.fits_in_memory and attempt.parallel.virtual_stages == 1 and attempt.parallel.pipeline > 1:
+            if not est.fits_in_memory and rebalance:
                 # the fastest split overflows a stage: take the fastest split that fits, if there is one
                 layers = _balanced_partition(attempt, shape, costs, links, caps=True)
                 if layers is not None and layers != attempt.parallel.partition:
                     attempt.parallel = replace(attempt.parallel, partition=layers)
                     est = estimate(attempt, cached_lookup, calibration=cal)
                     evaluated += 1
-            row = _row(attempt, est, names, price_s)
+            row = _row(attempt, est, names, cluster_price_s)
             row.within_budget = ((max_step_s is None or row.estimated_s <= max_step_s)
                                  and (max_price_per_step is None or row.price_per_step <= max_price_per_step))
             rows.append(row)
@@ -398,5 +438,18 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
     primary = "estimated_s" if objective == "time" else "price_per_step"
     secondary = "price_per_step" if objective == "time" else "estimated_s"
     rows.sort(key=lambda r: (r.oom, not r.within_budget, getattr(r, primary), getattr(r, secondary)))
-    return Plan(rows=rows, search_seconds=time.perf_counter() - started, configs_evaluated=evaluated,
+    return Plan(rows=_distinct(rows), search_seconds=time.perf_counter() - started, configs_evaluated=evaluated,
                 configs_pruned=pruned, objective=objective)
+
+
+def _distinct(rows: list[Row]) -> list[Row]:
+    """One row per layout the estimator cannot tell apart: node orders that give every stage the same GPUs, the same
+    layers and the same time are one row (the first, as ranked)."""
+    seen, out = set(), []
+    for row in rows:
+        key = (row.tp, row.pp, row.dp, row.mbs, row.virtual_stages, row.sequence_parallel, row.recompute_granularity,
+               row.distributed_optimizer, tuple(row.spec.stage_gpus), tuple(row.partition), round(row.estimated_s, 9))
+        if key not in seen:
+            seen.add(key)
+            out.append(row)
+    return out

@@ -7,8 +7,9 @@ import pandas as pd
 from labkit.estimate.timing import Event, Pipeline
 
 TABLE_COLUMNS = {
-    "mbs": "micro", "tp": "tp", "dp": "dp", "pp": "pp", "virtual_stages": "vp", "recompute": "recompute",
-    "distributed_optimizer": "dist opt", "placement": "placement", "partition": "partition",
+    "mbs": "micro", "tp": "tp", "dp": "dp", "pp": "pp", "virtual_stages": "vp", "sequence_parallel": "sp",
+    "recompute_granularity": "recompute", "distributed_optimizer": "dist opt", "placement": "placement",
+    "partition": "partition", "idle_gpus": "idle GPUs",
     "estimated_s": "s/step", "pipeline_s": "pipeline s", "dp_allreduce_s": "DP all-reduce s",
     "embedding_allreduce_s": "embedding all-reduce s", "price_per_step": "USD/step", "oom": "oom",
     "memory_gb_per_stage": "max GB/stage",
@@ -27,7 +28,8 @@ def _short_placement(names: list[str]) -> str:
 
 
 def ranked_table(plan, top: int | None = None) -> pd.DataFrame:
-    """The ranked rows with FASOP's columns (plus virtual stages, recompute and the distributed optimizer).
+    """The ranked rows with FASOP's columns (plus virtual stages, sequence parallelism, recompute, the distributed
+    optimizer, and the GPUs of stages left without transformer layers, which the price still counts).
 
     Taught in lab 06.
     """
@@ -37,6 +39,7 @@ def ranked_table(plan, top: int | None = None) -> pd.DataFrame:
         rec = {label: getattr(r, key) for key, label in TABLE_COLUMNS.items()}
         rec["placement"] = _short_placement(r.placement)
         rec["partition"] = "-".join(str(n) for n in r.partition)
+        rec["recompute"] = r.recompute_granularity or "-"
         rec["max GB/stage"] = round(max(r.memory_gb_per_stage), 2)
         for key in ("s/step", "pipeline s", "DP all-reduce s", "embedding all-reduce s"):
             rec[key] = round(rec[key], 4)

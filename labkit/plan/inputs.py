@@ -1,0 +1,140 @@
+"""What the planner starts from: the spec it varies (a named cluster, a cluster file or a run spec, plus the model,
+batch and precision), and the layout fields the user wrote, which it keeps.
+
+Every layout field a run spec writes is a constraint: `parallel: {tensor: 4}` plans only tensor size 4, `recompute:
+null` plans without recompute, `optimizer: {distributed: true}` keeps the distributed optimizer. Fields left out are
+searched. Taught in lab 06.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from labkit import catalog
+from labkit.spec import RunSpec, SpecError, load_spec
+from labkit.spec.load import read_file
+
+SEARCHED = object()
+"""The value of a Constraints field the user left out: the planner searches it."""
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Layout fields the input spec fixed; SEARCHED where it left them out."""
+    tensor: object = SEARCHED
+    """parallel.tensor."""
+    pipeline: object = SEARCHED
+    """parallel.pipeline."""
+    data: object = SEARCHED
+    """parallel.data."""
+    context: object = SEARCHED
+    """parallel.context (not searched: 1 unless written)."""
+    virtual_stages: object = SEARCHED
+    """parallel.virtual_stages."""
+    partition: object = SEARCHED
+    """parallel.partition: transformer layers per pipeline stage."""
+    sequence_parallel: object = SEARCHED
+    """parallel.sequence_parallel."""
+    micro_batch: object = SEARCHED
+    """batch.micro."""
+    recompute: object = SEARCHED
+    """recompute: a RecomputeSpec, or None for no recompute."""
+    distributed_optimizer: object = SEARCHED
+    """optimizer.distributed."""
+
+    @classmethod
+    def written(cls, data: dict, spec: RunSpec) -> "Constraints":
+        """The constraints of a spec file's mapping `data` (what the user wrote), with the values `spec` (that file
+        loaded) resolved them to."""
+        parallel = data.get("parallel") if isinstance(data.get("parallel"), dict) else {}
+        fixed = {key: getattr(spec.parallel, key) for key in ("tensor", "pipeline", "data", "context",
+                                                               "virtual_stages", "partition", "sequence_parallel")
+                 if parallel.get(key) is not None}
+        if isinstance(data.get("batch"), dict) and data["batch"].get("micro") is not None:
+            fixed["micro_batch"] = spec.batch.micro
+        if "recompute" in data:
+            fixed["recompute"] = spec.recompute
+        if isinstance(data.get("optimizer"), dict) and data["optimizer"].get("distributed") is not None:
+            fixed["distributed_optimizer"] = spec.optimizer.distributed
+        return cls(**fixed)
+
+    def allows(self, name: str, value) -> bool:
+        wanted = getattr(self, name)
+        return wanted is SEARCHED or wanted == value
+
+    def kept(self) -> dict:
+        """The fixed fields, by name."""
+        return {k: v for k, v in self.__dict__.items() if v is not SEARCHED}
+
+
+def planning_input(target: str, model: str | None = None, global_batch: int | None = None,
+                   precision: str | None = None) -> tuple[RunSpec, Constraints]:
+    """The spec the planner varies and the constraints it keeps: from a named cluster, a cluster YAML or a run spec,
+    plus the model preset, global batch and precision (each over the spec's). Raises SpecError naming what is wrong."""
+    spec_data: dict = {}
+    constraints = Constraints()
+    cluster = None
+    if target in catalog.clusters():
+        cluster = catalog.clusters()[target]["nodes"]
+    else:
+        path = Path(target)
+        if not path.exists():
+            hint = catalog.closest(target, catalog.clusters())
+            raise SpecError([f"CLUSTER_OR_SPEC: {target!r} is neither a file nor a cluster name; known clusters: "
+                             f"{', '.join(catalog.clusters())}" + (f" (closest: {', '.join(hint)})" if hint else "")])
+        data = read_file(path)
+        if "nodes" in data and "model" not in data:
+            cluster = data
+        else:
+            # The layout is checked against the cluster only once the planner has chosen one: read without it.
+            written = load_spec({**data, "cluster": None})
+            spec_data = written.to_dict()
+            cluster = data.get("cluster")
+            if isinstance(cluster, str):
+                if cluster not in catalog.clusters():
+                    raise SpecError([f"cluster: unknown cluster {cluster!r}; known: {', '.join(catalog.clusters())}"])
+                cluster = catalog.clusters()[cluster]["nodes"]
+            constraints = Constraints.written(data, written)
+    if isinstance(cluster, list):
+        cluster = {"nodes": cluster}
+    if not cluster or not cluster.get("nodes"):
+        raise SpecError(["cluster: the planner needs a cluster; name one from labkit/data/clusters.yaml or give a spec "
+                         "with cluster.nodes"])
+    if model:
+        spec_data["model"] = {"preset": model}
+    elif not spec_data.get("model"):
+        raise SpecError(["--model: missing; pick a preset: " + ", ".join(catalog.models())])
+    if global_batch:
+        spec_data["batch"] = {"micro": 1, "global": global_batch}
+    elif not spec_data.get("batch"):
+        raise SpecError(["--global-batch: missing; give the sequences per step, e.g. --global-batch 64"])
+    # The cluster alone first: every bad node field is named, before anything is derived from it.
+    on_cluster = {"model": {"preset": "tiny"}, "cluster": cluster,
+                  "batch": {"micro": 1, "global": _world(cluster["nodes"])}}
+    checked = load_spec(on_cluster)
+    groups = checked.cluster.nodes
+    if precision is None and "precision" not in spec_data:
+        has_bf16 = all(catalog.gpu(g.gpu).bf16 for g in groups if catalog.resolve_gpu_name(g.gpu))
+        precision = "bf16" if has_bf16 else "fp16"
+    if precision:
+        spec_data["precision"] = precision
+    spec_data.setdefault("name", f"plan-{spec_data['model'].get('preset') or 'model'}")
+    # validated without the cluster (the layout is what the planner chooses), then placed on it
+    spec_data.update(cluster=None, parallel={"tensor": 1, "pipeline": 1}, recompute=None)
+    spec_data["batch"] = {**spec_data["batch"], "micro": 1}
+    kernels = spec_data.get("kernels") or {}
+    if kernels.get("tp_comm_overlap"):  # needs sequence parallelism, which the layout the planner picks decides
+        spec_data["kernels"] = {**kernels, "tp_comm_overlap": False}
+    base = load_spec(spec_data)
+    load_spec({**on_cluster, "precision": base.precision})  # the precision on these GPUs
+    base = replace(base, cluster=checked.cluster, kernels=replace(base.kernels,
+                                                                  tp_comm_overlap=bool(kernels.get("tp_comm_overlap"))))
+    return base, constraints
+
+
+def _world(nodes) -> int:
+    """GPUs in all, from node groups not yet checked (a bad count is named by the check that follows)."""
+    try:
+        return max(1, sum(int(g.get("count", 1)) * int(g.get("gpus_per_node", 1)) for g in nodes))
+    except (AttributeError, TypeError, ValueError):
+        return 1
