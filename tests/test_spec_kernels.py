@@ -66,3 +66,10 @@ def test_context_parallel_needs_a_divisible_world_and_sequence_and_a_gpu():
                                    "parallel": {"context": 8}}))
     on_cpu = {"model": {"preset": "tiny"}, "parallel": {"context": 2}, "batch": {"micro": 1, "global": 2}}
     assert any(e.startswith("parallel.context:") and "CPU" in e for e in errors_of(on_cpu))
+
+
+def test_sequence_parallelism_on_cpu_is_refused_before_the_driver_would_refuse_it():
+    on_cpu = {"model": {"preset": "tiny"}, "parallel": {"tensor": 2, "sequence_parallel": True},
+              "batch": {"micro": 1, "global": 2}}
+    assert any(e.startswith("parallel.sequence_parallel:") and "CPU" in e for e in errors_of(on_cpu))
+    assert load_spec({**h100(), "parallel": {"tensor": 2, "sequence_parallel": True}}).parallel.sequence_parallel

@@ -5,8 +5,8 @@ GPU, micro-batch (divisors of global/data), interleaved virtual stages, sequence
 selective, full), the distributed optimizer, and the node order (placement.py: one order per class no cost can tell
 apart). Fields the input spec wrote are kept (inputs.Constraints). Each point gets the exact min-max layer partition
 (partition.py) under the estimator's own per-stage costs, then `labkit.estimate.estimate` of the resulting run spec
-gives its row. Sequence parallelism is on wherever tensor parallelism is (smaller pipeline messages and activations,
-the same GEMMs); recompute and the distributed optimizer never make a step faster, they only save memory, so they are
+gives its row. Sequence parallelism is on wherever tensor parallelism is, on GPUs (smaller pipeline messages and
+activations, the same GEMMs); recompute and the distributed optimizer never make a step faster, they only save memory, so they are
 tried only on layouts that do not fit without them, cheapest first; layouts that fit nowhere stay in the table,
 marked oom.
 """
@@ -373,8 +373,10 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
         from tqdm import tqdm
         bar = tqdm(total=len(layout_splits), desc="plan", unit="split", file=sys.stderr, leave=False)
 
+    on_gpus = all(catalog.gpu(k.gpu).name != "cpu" for k in kinds)  # the CPU driver has no sequence parallelism
+
     def parallel(t: int, p: int, d: int, v: int = 1, partition=None) -> ParallelSpec:
-        sp = t > 1 if constraints.sequence_parallel is SEARCHED else constraints.sequence_parallel
+        sp = (t > 1 and on_gpus) if constraints.sequence_parallel is SEARCHED else constraints.sequence_parallel
         return ParallelSpec(tensor=t, pipeline=p, data=d, context=c, virtual_stages=v, partition=partition,
                             sequence_parallel=sp)
 

@@ -286,6 +286,7 @@ def _check_kernels(spec: RunSpec) -> list[str]:
                               f"{name} has none; use bf16")
     if "cpu" in {gpu.name for gpu in known.values()}:
         for key, used in (("kernels.tp_comm_overlap", k.tp_comm_overlap), ("parallel.context", par.context > 1),
+                          ("parallel.sequence_parallel", par.sequence_parallel),
                           ("kernels.attention_backend", k.attention_backend in ("flash", "fused"))):
             if used:
                 errors.append(f"{key}: needs Transformer Engine on GPUs; the CPU driver runs megatron-core's local "
