@@ -1,10 +1,12 @@
 """Check cells for the labs' exercises.
 
 A student writes an answer in place of `...` and runs the check cell under it: an unanswered exercise says so and
-passes (the lab still runs end to end), a right answer says so, a wrong one raises `Incorrect` with a hint.
+passes (the lab still runs end to end), a right answer says so, a wrong one raises `Incorrect` with a hint. The
+labs' check cells name their exercise and labkit.answer_key holds what it is compared with, so no notebook shows an
+answer:
 
-    answer = ...                                   # the student's line
-    check_number(answer, gpt_params(12, 768, 1024, 50257), name="GPT-2 small parameters", rel_tol=1e-3)
+    answer_1 = ...                                 # the student's line
+    check("05.1", answer_1)                        # labkit.answer_key: check_number(answer, gpt_params(...), ...)
 """
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ from importlib.metadata import version
 
 import torch
 
-from labkit.exercises import check_choice
+from labkit.answer_key import check
 from labkit.jobs import backend_named, default_backend
 from labkit.paths import example
 from labkit.spec import load_spec
@@ -99,5 +99,4 @@ for node, files in job.tail(lines=4).items():
 answer_1 = ...
 
 # %%
-check_choice(answer_1, "slurm", name="Exercise 1 (default backend)", choices=["local", "slurm"],
-             hint="see labkit.jobs.default_backend")
+check("00.1", answer_1)

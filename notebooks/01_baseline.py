@@ -33,12 +33,12 @@ iterations = 10
 log_interval = 2
 
 # %%
-from labkit.exercises import check_spec
+from labkit.answer_key import check
 from labkit.jobs import backend_named
 from labkit.jobs.report import format_report, report, widget
 from labkit.jobs.render import render
 from labkit.paths import example, runs_dir
-from labkit.logs.views import comparison_table, iteration_time_figure, loss_figure
+from labkit.logs.views import comparison_table, loss_figure
 from labkit.spec import load_spec
 
 # %% [markdown]
@@ -118,4 +118,4 @@ print(format_report(report(job), color=False))
 answer_1 = ...
 
 # %%
-check_spec(answer_1, name="Exercise 1 (global batch 16)", batch__global_=16, batch__micro=2, num_micro_batches=4)
+check("01.1", answer_1)

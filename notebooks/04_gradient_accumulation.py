@@ -40,7 +40,7 @@ large_micro_batch = 8         # one micro-batch holding the same samples as glob
 
 # %%
 from labkit.estimate.compare import compare
-from labkit.exercises import check_choice, check_number, check_spec
+from labkit.answer_key import check
 from labkit.jobs import backend_named
 from labkit.jobs.sweep import NO_DROPOUT, Sweep, profiled, with_flags
 from labkit.paths import example
@@ -152,8 +152,7 @@ loss_figure({name: sweep.logs[name] for name in to_profile}).show()
 answer_1 = ...
 
 # %%
-check_spec(answer_1, name="Exercise 1 (the workshop's accumulation)", batch__micro=4, batch__global_=64,
-           data_parallel=4, num_micro_batches=4)
+check("04.1", answer_1)
 
 # %% [markdown]
 # **Exercise 2.** At a global batch of 16, how many samples has a run consumed after 10 iterations (the log's
@@ -163,7 +162,7 @@ check_spec(answer_1, name="Exercise 1 (the workshop's accumulation)", batch__mic
 answer_2 = ...
 
 # %%
-check_number(answer_2, 16 * 10, name="Exercise 2 (consumed samples)", rel_tol=0.0)
+check("04.2", answer_2)
 
 # %% [markdown]
 # **Exercise 3.** At a fixed micro-batch, what grows with the number of accumulated micro-batches? Answer
@@ -173,5 +172,4 @@ check_number(answer_2, 16 * 10, name="Exercise 2 (consumed samples)", rel_tol=0.
 answer_3 = ...
 
 # %%
-check_choice(answer_3, "time per iteration", name="Exercise 3 (what accumulation costs)",
-             choices=["activation memory", "time per iteration"], hint="look at 4.5's memory curves again")
+check("04.3", answer_3)

@@ -45,7 +45,7 @@ from labkit.estimate import (achieved_tflops, estimate, flops_72, flops_96, gpt_
                              utilization)
 from labkit.estimate.views import (breakdown_table, days_per_epoch, memory_bars, model_size_table, sizing_table,
                                    time_breakdown)
-from labkit.exercises import check_number
+from labkit.answer_key import check
 from labkit.paths import example
 from labkit.spec import load_spec
 
@@ -196,7 +196,7 @@ _ = interact(sizing_table, gpu=sorted(catalog.gpus()), nodes=(1, 64), layouts=fi
 answer_1 = ...
 
 # %%
-check_number(answer_1, gpt_params(12, 768, 1024, 50257), name="Exercise 1 (GPT-2 small parameters)", rel_tol=1e-3)
+check("05.1", answer_1)
 
 # %% [markdown]
 # **Exercise 2.** The workshop's fp16 run of that model (global batch 16, 4 GPUs; the baseline with only `--fp16`
@@ -206,9 +206,7 @@ check_number(answer_1, gpt_params(12, 768, 1024, 50257), name="Exercise 1 (GPT-2
 answer_2 = ...
 
 # %%
-check_number(answer_2, achieved_tflops(flops_72(16, 1024, 12, 768, 50257), 0.3119, 4),
-             name="Exercise 2 (TFLOP/s per GPU)", rel_tol=0.01,
-             hint="no recomputation: the 72 B s l h^2 count; B is the global batch, the time is in seconds")
+check("05.2", answer_2)
 
 # %% [markdown]
 # **Exercise 3.** At the same 157.7 TFLOP/s per GPU, how many A100s does the 18B model need to finish its 300B
@@ -218,5 +216,4 @@ check_number(answer_2, achieved_tflops(flops_72(16, 1024, 12, 768, 50257), 0.311
 answer_3 = ...
 
 # %%
-check_number(answer_3, 109, name="Exercise 3 (GPUs for 30 days)", rel_tol=0.0,
-             hint="training days scale as 1/n: solve training_days(...) <= 30 for n")
+check("05.3", answer_3)

@@ -37,7 +37,7 @@ launch_iterations = 6
 from labkit.diagrams import show
 from labkit.estimate import estimate
 from labkit.estimate.views import compare_measured
-from labkit.exercises import check_number
+from labkit.answer_key import check
 from labkit.jobs import backend_named
 from labkit.logs.derive import steady_state
 from labkit.plan.inputs import Constraints
@@ -138,4 +138,4 @@ compare_measured(on_cpu.iteration_time_s, measured)
 answer_1 = ...
 
 # %%
-check_number(answer_1, plan.best.pp, name="Exercise 1 (pipeline stages of the best layout)", rel_tol=0.0)
+check("06.1", answer_1, plan=plan)

@@ -41,7 +41,7 @@ bad_data_path = "/nonexistent/corpus_text_document"  # the deliberately failing 
 from labkit.diagrams import bubble_fraction, pipeline_schedule, show
 from labkit.estimate import estimate
 from labkit.estimate.compare import compare
-from labkit.exercises import check_choice, check_number
+from labkit.answer_key import check
 from labkit.jobs import backend_named
 from labkit.jobs.report import format_report, report, widget
 from labkit.jobs.sweep import Sweep, profiled
@@ -209,8 +209,7 @@ answer_1 = ...
 # %%
 eight = base.replace(**{"parallel.tensor": 2, "parallel.pipeline": 2,
                         "cluster": {"nodes": [{"gpu": gpu, "count": 2, "gpus_per_node": 4}]}})
-check_number(answer_1, eight.data_parallel, name="Exercise 1 (data-parallel size)", rel_tol=0.0,
-             hint="world size / (tensor x pipeline)")
+check("07.1", answer_1, spec=eight)
 
 # %% [markdown]
 # **Exercise 2.** Which parallel group carries the gradient all-reduce at the end of every iteration? Answer `"tp"`,
@@ -220,16 +219,14 @@ check_number(answer_1, eight.data_parallel, name="Exercise 1 (data-parallel size
 answer_2 = ...
 
 # %%
-check_choice(answer_2, "dp", name="Exercise 2 (gradient all-reduce)", choices=["tp", "pp", "dp"],
-             hint="look at dp2's line in 7.6")
+check("07.2", answer_2)
 
 # %% [markdown]
-# **Exercise 3.** What share of an iteration is the 1F1B bubble with 4 pipeline stages and 8 micro-batches? (A
-# fraction between 0 and 1.)
+# **Exercise 3.** What share of an iteration is the 1F1B bubble with 8 pipeline stages and 16 micro-batches? (A
+# fraction between 0 and 1; the diagram above drew 4 stages and 8 micro-batches.)
 
 # %%
 answer_3 = ...
 
 # %%
-check_number(answer_3, bubble_fraction(pipeline_schedule(4, 8)), name="Exercise 3 (pipeline bubble)", rel_tol=0.01,
-             hint="(p - 1) / (m + p - 1)")
+check("07.3", answer_3)

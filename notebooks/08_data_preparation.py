@@ -45,7 +45,7 @@ warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not i
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from labkit.data_prep import prepare
-from labkit.exercises import check_number
+from labkit.answer_key import check
 from labkit.jobs import backend_named
 from labkit.logs.views import loss_figure
 from labkit.megatron_args import DEFAULT_MERGES, DEFAULT_VOCAB, megatron_args
@@ -189,7 +189,7 @@ assert (falling["last loss"] < falling["first loss"] - 1).all(), "a loss fell by
 answer_1 = ...
 
 # %%
-check_number(answer_1, (result["tokens"] - 1) // seq_length, name="Exercise 1 (sequences per epoch)", rel_tol=0.01)
+check("08.1", answer_1, tokens=result["tokens"], seq_length=seq_length)
 
 # %% [markdown]
 # **Exercise 2.** Write a corpus of your own: three documents in a JSON-lines file whose text is under the key
@@ -200,4 +200,4 @@ check_number(answer_1, (result["tokens"] - 1) // seq_length, name="Exercise 1 (s
 answer_2 = ...
 
 # %%
-check_number(None if answer_2 is ... else len(answer_2), 3, name="Exercise 2 (your own corpus)", rel_tol=0.0)
+check("08.2", answer_2)

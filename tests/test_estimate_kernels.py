@@ -93,3 +93,19 @@ def test_tp_comm_overlap_hides_the_tensor_parallel_transfers_behind_the_gemms():
     tp8 = {"tensor": 8, "sequence_parallel": True}
     overlapped = estimate(h100_spec(parallel=tp8, kernels={"tp_comm_overlap": True}))
     assert overlapped.exposed_comm_s["tp"] < estimate(h100_spec(parallel=tp8)).exposed_comm_s["tp"]
+
+
+def test_sequence_parallelism_shrinks_the_layernorm_and_dropout_passes_not_the_tensor_parallel_bytes():
+    from labkit.estimate.timing import stage_time
+
+    shape = Shape.of(load_spec({"model": {"preset": "gpt-18.4b"}}).model)
+    kw = dict(shape=shape, precision="bf16", stack="megatron-core", tp_gbps=2400.0)
+    plain = stage_time("A100-80GB", 4, 1, 8, **kw)
+    split = stage_time("A100-80GB", 4, 1, 8, sequence_parallel=True, **kw)
+    assert split.tp_comm_s == plain.tp_comm_s  # all-gather + reduce-scatter move what the all-reduce moved
+    # the memory-bound third of the forward: LayerNorm and dropout bytes go from 10 sbh to 10 sbh / t per layer
+    memory_before = activation_bytes_per_layer(shape, 1, 8)
+    memory_after = activation_bytes_per_layer(shape, 1, 8, sequence_parallel=True)
+    assert memory_after < memory_before and split.forward_s < plain.forward_s
+    assert stage_time("A100-80GB", 4, 1, 1, sequence_parallel=True, **kw).forward_s == \
+        stage_time("A100-80GB", 4, 1, 1, **kw).forward_s  # nothing to split without tensor parallelism

@@ -43,3 +43,34 @@ def test_check_spec_compares_spec_fields_and_derived_figures(capsys):
         check_spec(bigger, name="accumulate", num_micro_batches=4)
     with pytest.raises(Incorrect, match="expected a RunSpec"):
         check_spec({"batch": 1}, name="x")
+
+
+def test_every_exercise_is_checked_by_name_in_its_lab_and_solution_and_nowhere_shows_its_answer():
+    import re
+    from pathlib import Path
+
+    from labkit.answer_key import KEY
+
+    root = Path(__file__).resolve().parent.parent / "notebooks"
+    for folder in (root, root / "solutions"):
+        found = {}
+        for path in sorted(folder.glob("0*.py")):
+            text = path.read_text()
+            assert not re.search(r"^\s*check_(number|choice|spec)\(", text, re.M), f"{path.name} checks in the open"
+            for exercise in re.findall(r'^check\("(\d\d\.\d)", answer_\d', text, re.M):
+                assert exercise.startswith(path.name[:2]), (path.name, exercise)
+                found[exercise] = path.name
+        assert sorted(found) == sorted(KEY), folder
+
+
+def test_the_answer_key_accepts_the_answer_and_refuses_another():
+    from labkit.answer_key import check
+
+    check("05.3", 109)
+    check("07.3", 7 / 23)
+    with pytest.raises(Incorrect, match="too low"):
+        check("05.3", 108)
+    with pytest.raises(Incorrect):
+        check("07.2", "tp")
+    with pytest.raises(KeyError, match="no exercise '09.9'"):
+        check("09.9", 1)

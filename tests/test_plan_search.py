@@ -74,7 +74,8 @@ def test_lower_bound_never_exceeds_the_estimate(full_plan):
         if row.recompute or row.distributed_optimizer:
             continue
         par = row.spec.parallel
-        costs = _StageCosts(shape, "fp16", 64, _lookup(row.spec), flash=True)  # auto attention on A100 and A10
+        costs = _StageCosts(shape, "fp16", 64, _lookup(row.spec), flash=True,  # auto attention on A100 and A10
+                            sequence_parallel=par.sequence_parallel)
         layers, bound = _split_and_bound(shape, "fp16", par.tensor, par.pipeline, row.dp, row.mbs, par.virtual_stages,
                                          None, _Links.of(row.spec), costs, sequence_parallel=par.sequence_parallel)
         same_split = replace(row.spec, parallel=replace(par, partition=layers if par.partition else None))

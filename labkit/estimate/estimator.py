@@ -164,7 +164,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         st = stage_time(source, layers, b.micro, t, shape=shape, precision=precision, first=i == 0, last=i == p - 1,
                         recompute=recompute, first_layer=first_layer, tp_gbps=topo.tp_gbps(i), stack=stack,
                         calibration=cal, flash_attention=flash, context=c,
-                        tp_comm_overlap=spec.kernels.tp_comm_overlap)
+                        tp_comm_overlap=spec.kernels.tp_comm_overlap, sequence_parallel=par.sequence_parallel)
         stages.append(st)
         gpus.append(name)
         sources.append(st.source)

@@ -81,7 +81,8 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
                first: bool = False, last: bool = False, recompute: str | None = None, first_layer: int = 0,
                tp_gbps: float | None = None, stack: Stack | str | None = None,
                calibration: Calibration | None = None, flash_attention: bool = False, context: int = 1,
-               cp_gbps: float | None = None, tp_comm_overlap: bool = False) -> StageTime:
+               cp_gbps: float | None = None, tp_comm_overlap: bool = False,
+               sequence_parallel: bool = False) -> StageTime:
     """Forward + backward of one micro-batch through one pipeline stage.
 
     `source` is a Profile (measured forward seconds; its time already contains the tensor-parallel all-reduces it
@@ -96,7 +97,9 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
     GPU's FP8 peak and attention's core at bf16. `context` ranks share each sequence: each does 1/context of the
     work and passes its keys and values round a ring (`cp_gbps`), once forward and twice backward per layer. With
     `tp_comm_overlap` the tensor-parallel transfers run beside the GEMMs that produce and consume them (Transformer
-    Engine's userbuffers): only what outlasts the stage's GEMM time stays exposed.
+    Engine's userbuffers): only what outlasts the stage's GEMM time stays exposed. With `sequence_parallel` the
+    LayerNorms and dropouts work on 1/tensor of the sequence (fewer memory-bound bytes); each all-reduce becomes an
+    all-gather plus a reduce-scatter, which move the same bytes (Korthikanti et al., arXiv:2205.05198, section 4.2.2).
     """
     cal = resolve(calibration)
     stack = cal.stack(stack)
@@ -128,8 +131,8 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
     rate = gpu.peak(precision) * 1e12 * cal.gpu_efficiency(gpu.name)
     core_rate = gpu.peak("bf16" if precision == "fp8" else precision) * 1e12 * cal.gpu_efficiency(gpu.name)
     bandwidth = gpu.memory_bw_gb_s * 1e9
-    activations = activation_bytes_per_layer(shape, micro_batch, tensor, precision=precision,
-                                             flash_attention=flash_attention, context=context)
+    activations = activation_bytes_per_layer(shape, micro_batch, tensor, sequence_parallel and tensor > 1,
+                                             precision=precision, flash_attention=flash_attention, context=context)
     memory_s = stack.memory_passes * activations / bandwidth
     core = attention_core_forward_flops(shape, tokens)
     layer_gemm_s = ((layer_flops - core) / rate + core / core_rate) / tensor / context

@@ -116,6 +116,8 @@ def splits(base: RunSpec, world: int, gpus_per_node: int, constraints: Constrain
     for t in divisors(gpus_per_node):
         if m.num_attention_heads % t or m.query_groups % t or world % (t * c) or not constraints.allows("tensor", t):
             continue
+        if constraints.sequence_parallel is True and t == 1:  # sequence parallelism splits over tensor ranks
+            continue
         for p in divisors(world // (t * c)):
             d = world // (t * c * p)
             if p <= m.num_layers and base.batch.global_ % d == 0 and constraints.allows("pipeline", p) \
@@ -141,10 +143,11 @@ class _StageCosts:
 
     def __init__(self, shape: Shape, precision: str, global_batch: int, lookup,
                  calibration: Calibration | None = None, flash: bool = False, overlap_dp: bool = False,
-                 overlap_tp: bool = False):
+                 overlap_tp: bool = False, sequence_parallel: bool = False):
         self.shape, self.precision, self.global_batch, self.lookup = shape, precision, global_batch, lookup
         self.calibration, self.overlap_dp = resolve(calibration), overlap_dp
         self.kernels = {"flash_attention": flash, "tp_comm_overlap": overlap_tp}  # as the estimator reads the spec
+        self.sequence_parallel = sequence_parallel  # on every layout with tensor > 1
         self._cache: dict = {}
 
     def stage_params(self, layers: tuple[int, ...], tensor: int) -> list[float]:
@@ -162,7 +165,7 @@ class _StageCosts:
         if key not in self._cache:
             source = self.source(gpu, tensor)
             kw = dict(shape=self.shape, precision=self.precision, recompute=recompute, tp_gbps=tp_gbps,
-                      calibration=self.calibration, **self.kernels)
+                      calibration=self.calibration, sequence_parallel=self.sequence_parallel, **self.kernels)
             zero = stage_time(source, 0, micro, tensor, **kw).total_s
             layers = self.shape.num_layers
             measured = getattr(source, "layers_s", None)
@@ -180,7 +183,7 @@ class _StageCosts:
             self._cache[key] = stage_time(self.source(gpu, tensor), 0, micro, tensor, shape=self.shape,
                                           precision=self.precision, recompute=recompute, tp_gbps=tp_gbps,
                                           first=first, last=last, calibration=self.calibration,
-                                          **self.kernels).total_s
+                                          sequence_parallel=self.sequence_parallel, **self.kernels).total_s
         return self._cache[key]
 
 
@@ -362,9 +365,12 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
         return profile_table[(gpu, tensor)]
 
     cal = resolve(calibration)
+    on_gpus = all(catalog.gpu(k.gpu).name != "cpu" for k in kinds)  # the CPU driver has no sequence parallelism
+    sequence_parallel = on_gpus if constraints.sequence_parallel is SEARCHED else constraints.sequence_parallel
     costs = _StageCosts(shape, base.precision, base.batch.global_, cached_lookup, cal,
                         flash=flash_attention(base.kernels.attention_backend, [g.gpu for g in cluster.nodes]),
-                        overlap_dp=base.kernels.overlap_grad_reduce, overlap_tp=base.kernels.tp_comm_overlap)
+                        overlap_dp=base.kernels.overlap_grad_reduce, overlap_tp=base.kernels.tp_comm_overlap,
+                        sequence_parallel=sequence_parallel)
     layout_splits = list(splits(base, world, min(k.gpus_per_node for k in kinds), constraints))
     cluster_price_s = price_per_second(cluster, prices)  # every layout uses every GPU: one price for all
     c = base.parallel.context
@@ -373,10 +379,8 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
         from tqdm import tqdm
         bar = tqdm(total=len(layout_splits), desc="plan", unit="split", file=sys.stderr, leave=False)
 
-    on_gpus = all(catalog.gpu(k.gpu).name != "cpu" for k in kinds)  # the CPU driver has no sequence parallelism
-
     def parallel(t: int, p: int, d: int, v: int = 1, partition=None) -> ParallelSpec:
-        sp = (t > 1 and on_gpus) if constraints.sequence_parallel is SEARCHED else constraints.sequence_parallel
+        sp = sequence_parallel and t > 1
         return ParallelSpec(tensor=t, pipeline=p, data=d, context=c, virtual_stages=v, partition=partition,
                             sequence_parallel=sp)
 

@@ -18,7 +18,7 @@
 # # Lab 00 solutions: setup
 
 # %%
-from labkit.exercises import check_choice
+from labkit.answer_key import check
 
 # %% [markdown]
 # **Exercise 1.** `default_backend()` picks Slurm wherever `sbatch` is on the PATH.
@@ -27,5 +27,4 @@ from labkit.exercises import check_choice
 answer_1 = "slurm"
 
 # %%
-check_choice(answer_1, "slurm", name="Exercise 1 (default backend)", choices=["local", "slurm"],
-             hint="see labkit.jobs.default_backend")
+check("00.1", answer_1)

@@ -18,7 +18,7 @@
 # # Lab 01 solutions: the baseline run
 
 # %%
-from labkit.exercises import check_spec
+from labkit.answer_key import check
 from labkit.paths import example
 from labkit.spec import load_spec
 
@@ -32,4 +32,4 @@ answer_1 = spec.replace(**{"batch.global": 16})
 answer_1.num_micro_batches
 
 # %%
-check_spec(answer_1, name="Exercise 1 (global batch 16)", batch__global_=16, batch__micro=2, num_micro_batches=4)
+check("01.1", answer_1)

@@ -20,9 +20,7 @@
 # %%
 import math
 
-from labkit.estimate.memory import bytes_per_param
-from labkit.exercises import check_choice, check_number
-from labkit.logs.loss_scale import skipped_until
+from labkit.answer_key import check
 
 # %% [markdown]
 # **Exercise 1.** $2^{32} / 131072 = 2^{15}$: fifteen halvings, each one a skipped iteration, plus the first overflow,
@@ -33,8 +31,7 @@ answer_1 = int(math.log2(2 ** 32 / 131072)) + 1
 answer_1
 
 # %%
-check_number(answer_1, skipped_until(2 ** 32, 131072), name="Exercise 1 (skipped iterations)", rel_tol=0.0,
-             hint="count the halvings from 2^32 down to 131072, plus the one overflow hysteresis absorbs")
+check("02.1", answer_1)
 
 # %% [markdown]
 # **Exercise 2.** bf16 keeps fp32's 8 exponent bits (range up to about $3 \times 10^{38}$) and gives up mantissa
@@ -44,8 +41,7 @@ check_number(answer_1, skipped_until(2 ** 32, 131072), name="Exercise 1 (skipped
 answer_2 = "bf16"
 
 # %%
-check_choice(answer_2, "bf16", name="Exercise 2 (no loss scale)", choices=["fp16", "bf16"],
-             hint="which one has fp32's 8 exponent bits?")
+check("02.2", answer_2)
 
 # %% [markdown]
 # **Exercise 3.** fp16 weights (2) and gradients (2) on every GPU, the fp32 master weights, fp32 gradients and Adam's
@@ -56,6 +52,4 @@ answer_3 = 2 + 2 + 16 / 8
 answer_3
 
 # %%
-check_number(answer_3, sum(bytes_per_param("fp16", data_parallel=8, distributed_optimizer=True)),
-             name="Exercise 3 (bytes per parameter)", rel_tol=0.0,
-             hint="the 16-bit weight and gradient stay on every GPU; the 16 bytes of fp32 state are split 8 ways")
+check("02.3", answer_3)

@@ -18,8 +18,8 @@
 # # Lab 03 solutions: activation checkpointing
 
 # %%
-from labkit.estimate.recompute import recompute_cost, recompute_table
-from labkit.exercises import check_number, check_spec
+from labkit.estimate.recompute import recompute_table
+from labkit.answer_key import check
 from labkit.paths import example
 from labkit.spec import load_spec
 
@@ -35,9 +35,7 @@ gpt2 = base.replace(model={"preset": "gpt2-small"})
 answer_1 = 4
 
 # %%
-check_number(answer_1, recompute_cost(gpt2.replace(recompute={"granularity": "full", "method": "block",
-                                                              "num_layers": 4})).recomputed_layers,
-             name="Exercise 1 (layers recomputed)", rel_tol=0.0)
+check("03.1", answer_1, spec=gpt2)
 
 # %% [markdown]
 # **Exercise 2.**
@@ -46,8 +44,7 @@ check_number(answer_1, recompute_cost(gpt2.replace(recompute={"granularity": "fu
 answer_2 = base.replace(recompute={"granularity": "full", "method": "block", "num_layers": 2})
 
 # %%
-check_spec(answer_2, name="Exercise 2 (block recompute)", recompute__granularity="full", recompute__method="block",
-           recompute__num_layers=2)
+check("03.2", answer_2)
 
 # %% [markdown]
 # **Exercise 3.** $5as/h = 5 \cdot 12 \cdot 1024 / 768 = 80$ bytes per token and hidden unit, against 34 for the rest of
@@ -61,5 +58,4 @@ answer_3
 # %%
 selective_bf16 = {"precision": "bf16", "recompute": {"granularity": "selective", "method": None}, "batch.micro": 4}
 selective_gpt2 = recompute_table({"selective": gpt2.replace(**selective_bf16)})
-check_number(answer_3, selective_gpt2.loc["selective", "saved_mib"], name="Exercise 3 (selective saving)",
-             rel_tol=0.01, hint="5 * 12 * 1024 / 768 bytes per token and hidden unit, times s * b * h, times 12 layers")
+check("03.3", answer_3, table=selective_gpt2)

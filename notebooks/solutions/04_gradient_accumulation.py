@@ -18,7 +18,7 @@
 # # Lab 04 solutions: gradient accumulation
 
 # %%
-from labkit.exercises import check_choice, check_number, check_spec
+from labkit.answer_key import check
 from labkit.paths import example
 from labkit.spec import load_spec
 
@@ -35,8 +35,7 @@ answer_1 = base.replace(**{"batch.micro": 4, "batch.global": 64,
 answer_1.num_micro_batches
 
 # %%
-check_spec(answer_1, name="Exercise 1 (the workshop's accumulation)", batch__micro=4, batch__global_=64,
-           data_parallel=4, num_micro_batches=4)
+check("04.1", answer_1)
 
 # %% [markdown]
 # **Exercise 2.** Every iteration consumes one global batch: 16 x 10.
@@ -45,7 +44,7 @@ check_spec(answer_1, name="Exercise 1 (the workshop's accumulation)", batch__mic
 answer_2 = 16 * 10
 
 # %%
-check_number(answer_2, 16 * 10, name="Exercise 2 (consumed samples)", rel_tol=0.0)
+check("04.2", answer_2)
 
 # %% [markdown]
 # **Exercise 3.** Each micro-batch's activations are freed by its own backward pass before the next forward, so the
@@ -55,5 +54,4 @@ check_number(answer_2, 16 * 10, name="Exercise 2 (consumed samples)", rel_tol=0.
 answer_3 = "time per iteration"
 
 # %%
-check_choice(answer_3, "time per iteration", name="Exercise 3 (what accumulation costs)",
-             choices=["activation memory", "time per iteration"], hint="look at 4.5's memory curves again")
+check("04.3", answer_3)

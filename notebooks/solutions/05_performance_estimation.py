@@ -21,7 +21,7 @@
 import math
 
 from labkit.estimate import achieved_tflops, flops_72, gpt_params, training_days
-from labkit.exercises import check_number
+from labkit.answer_key import check
 
 # %% [markdown]
 # **Exercise 1.** GPT-2 small: $l$ = 12, $h$ = 768, $s$ = 1024, $V$ = 50257.
@@ -31,7 +31,7 @@ answer_1 = gpt_params(l=12, h=768, s=1024, V=50257)
 print(f"{answer_1:,}")
 
 # %%
-check_number(answer_1, gpt_params(12, 768, 1024, 50257), name="Exercise 1 (GPT-2 small parameters)", rel_tol=1e-3)
+check("05.1", answer_1)
 
 # %% [markdown]
 # **Exercise 2.** That run added only `--fp16`, no recomputation: $F = 72 B s l h^2(\dots)$ with $B$ = 16, then
@@ -42,9 +42,7 @@ answer_2 = achieved_tflops(flops_72(B=16, s=1024, l=12, h=768, V=50257), iterati
 print(f"{answer_2:.1f} TFLOP/s per GPU")
 
 # %%
-check_number(answer_2, achieved_tflops(flops_72(16, 1024, 12, 768, 50257), 0.3119, 4),
-             name="Exercise 2 (TFLOP/s per GPU)", rel_tol=0.01,
-             hint="no recomputation: the 72 B s l h^2 count; B is the global batch, the time is in seconds")
+check("05.2", answer_2)
 
 # %% [markdown]
 # **Exercise 3.** Days scale as $1/n$: $n \ge 16 \cdot d_{16} / 30$.
@@ -56,5 +54,4 @@ answer_3 = math.ceil(16 * days_on_16 / 30)
 print(answer_3, "GPUs:", round(training_days(300e9, gpt_params(40, 6144, 1048, 50257), answer_3, 157.73), 1), "days")
 
 # %%
-check_number(answer_3, 109, name="Exercise 3 (GPUs for 30 days)", rel_tol=0.0,
-             hint="training days scale as 1/n: solve training_days(...) <= 30 for n")
+check("05.3", answer_3)

@@ -18,7 +18,7 @@
 # # Lab 06 solutions: heterogeneous partitioning
 
 # %%
-from labkit.exercises import check_number
+from labkit.answer_key import check
 from labkit.plan.search import search
 from labkit.plan.views import ranked_table
 from labkit.spec import load_spec
@@ -35,4 +35,4 @@ answer_1 = int(ranked_table(plan, top=1)["pp"].iloc[0])
 answer_1
 
 # %%
-check_number(answer_1, plan.best.pp, name="Exercise 1 (pipeline stages of the best layout)", rel_tol=0.0)
+check("06.1", answer_1, plan=plan)

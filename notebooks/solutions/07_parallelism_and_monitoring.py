@@ -18,8 +18,7 @@
 # # Lab 07 solutions: 3D parallelism and monitoring
 
 # %%
-from labkit.diagrams import bubble_fraction, pipeline_schedule
-from labkit.exercises import check_choice, check_number
+from labkit.answer_key import check
 from labkit.paths import example
 from labkit.spec import load_spec
 
@@ -35,8 +34,7 @@ answer_1 = 2 * 4 // (2 * 2)
 # %%
 eight = base.replace(**{"parallel.tensor": 2, "parallel.pipeline": 2,
                         "cluster": {"nodes": [{"gpu": gpu, "count": 2, "gpus_per_node": 4}]}})
-check_number(answer_1, eight.data_parallel, name="Exercise 1 (data-parallel size)", rel_tol=0.0,
-             hint="world size / (tensor x pipeline)")
+check("07.1", answer_1, spec=eight)
 
 # %% [markdown]
 # **Exercise 2.** Every data-parallel replica computed gradients on its own samples; they are summed across the
@@ -46,16 +44,14 @@ check_number(answer_1, eight.data_parallel, name="Exercise 1 (data-parallel size
 answer_2 = "dp"
 
 # %%
-check_choice(answer_2, "dp", name="Exercise 2 (gradient all-reduce)", choices=["tp", "pp", "dp"],
-             hint="look at dp2's line in 7.6")
+check("07.2", answer_2)
 
 # %% [markdown]
-# **Exercise 3.** $(p - 1) / (m + p - 1) = 3 / 11$.
+# **Exercise 3.** $(p - 1) / (m + p - 1) = 7 / 23$.
 
 # %%
-answer_3 = 3 / 11
+answer_3 = 7 / 23
 answer_3
 
 # %%
-check_number(answer_3, bubble_fraction(pipeline_schedule(4, 8)), name="Exercise 3 (pipeline bubble)", rel_tol=0.01,
-             hint="(p - 1) / (m + p - 1)")
+check("07.3", answer_3)

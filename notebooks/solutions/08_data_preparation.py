@@ -26,7 +26,7 @@ warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not i
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from labkit.data_prep import prepare
-from labkit.exercises import check_number
+from labkit.answer_key import check
 from labkit.paths import data_file
 
 seq_length = 64
@@ -41,7 +41,7 @@ answer_1 = (result["tokens"] - 1) // seq_length
 answer_1
 
 # %%
-check_number(answer_1, (result["tokens"] - 1) // seq_length, name="Exercise 1 (sequences per epoch)", rel_tol=0.01)
+check("08.1", answer_1, tokens=result["tokens"], seq_length=seq_length)
 
 # %% [markdown]
 # **Exercise 2.** Three documents under the key `body`.
@@ -55,4 +55,4 @@ answer_2 = IndexedDataset(prepare(mine, "runs/data/mine", json_key="body", progr
 len(answer_2)
 
 # %%
-check_number(None if answer_2 is ... else len(answer_2), 3, name="Exercise 2 (your own corpus)", rel_tol=0.0)
+check("08.2", answer_2)
