@@ -54,6 +54,13 @@ def _lab07_bubble(answer):
                  rel_tol=0.01, hint="(p - 1) / (m + p - 1)")
 
 
+def _lab09_gres(answer):
+    written = answer.strip().lower().removeprefix("--gres=") if isinstance(answer, str) else answer
+    check_choice(written, "gpu:a100:2", name="Exercise 2 (two A100s per node)",
+                 choices=[written] if isinstance(written, str) else ["a string such as gpu:TYPE:N"],
+                 hint="generic resources are NAME:TYPE:COUNT per node; sinfo's GRES column names the type")
+
+
 KEY: dict[str, Callable[..., None]] = {
     "00.1": lambda a: check_choice(a, "slurm", name="Exercise 1 (default backend)", choices=["local", "slurm"],
                                    hint="see labkit.jobs.default_backend"),
@@ -88,6 +95,10 @@ KEY: dict[str, Callable[..., None]] = {
     "08.1": lambda a, tokens, seq_length: check_number(a, (tokens - 1) // seq_length,
                                                        name="Exercise 1 (sequences per epoch)", rel_tol=0.01),
     "08.2": lambda a: check_number(None if a is ... else len(a), 3, name="Exercise 2 (your own corpus)", rel_tol=0.0),
+    "09.1": lambda a: check_choice(a, "PENDING", name="Exercise 1 (waiting for nodes)",
+                                   choices=["PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"],
+                                   hint="the state squeue shows beside the reason (Resources)"),
+    "09.2": _lab09_gres,
 }
 
 

@@ -23,9 +23,16 @@ def test_every_lab_has_a_paired_source_and_a_solution():
         assert (NOTEBOOK_DIR / "solutions" / lab.name).exists(), f"{lab.name}: no solutions/{lab.name}"
 
 
+def _params(notebooks: list[Path]) -> list:
+    """The Slurm primer (lab 09) runs its commands against the suite's local Slurm."""
+    return [pytest.param(p, id=str(p.relative_to(NOTEBOOK_DIR)),
+                         marks=[pytest.mark.slurm] if p.name.startswith("09_") else [])
+            for p in notebooks]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[str(p.relative_to(NOTEBOOK_DIR)) for p in NOTEBOOKS])
+@pytest.mark.parametrize("notebook", _params(NOTEBOOKS))
 def test_notebook_runs_under_nbval(notebook: Path, tmp_path):
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env",
                "--nbval-sanitize-with", str(NOTEBOOK_DIR / "nbval_sanitize.cfg"), "--nbval-cell-timeout", "300",
