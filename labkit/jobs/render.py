@@ -219,6 +219,8 @@ def render_array(specs: list[RunSpec], log_dirs: list[Path | str], *, layout: st
         whole_job.append(f"--account={sbatch_quote(job.account)}")
     if job.time_limit:
         whole_job.append(f"--time={job.time_limit}")
+    if sum(g.nodes for g in groups) > 1 and layout != "pair":
+        whole_job.append("--wait-all-nodes=1")  # torchrun's rendezvous needs every node booted, not just the first
     if job.requeue:
         # Warn the batch script (B:) ahead of the limit; it requeues the job (templates/node.sh.j2).
         whole_job += ["--requeue", f"--signal=B:USR1@{job.requeue_signal_s}"]
