@@ -81,3 +81,25 @@ def check_spec(answer: Any, *, name: str, **expected: Any) -> None:
     if wrong:
         raise Incorrect(f"{name}: not yet: {', '.join(wrong)}")
     _correct(name, ", ".join(f"{k.replace('__', '.')}={v!r}" for k, v in expected.items()))
+
+
+def prediction_table(guesses: dict[str, Any], estimated: dict[str, Any], measured: dict[str, Any]):
+    """Your prediction beside labkit's estimate and the measurement, one row per question (the keys of `guesses`).
+
+    A lab asks for the prediction in a cell tagged `prediction`, before it shows the estimate or runs anything, and
+    sets the three side by side once the runs are measured. A guess left as `...` reads "(not written)"; a question
+    the estimate or the measurement does not answer reads "-".
+    """
+    import pandas as pd
+
+    def shown(value: Any) -> str:
+        if any(value is u for u in UNANSWERED):
+            return "(not written)"
+        if isinstance(value, (list, tuple)):
+            return " < ".join(str(v) for v in value)
+        return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+    return pd.DataFrame([{"question": question, "your prediction": shown(guess),
+                          "labkit's estimate": shown(estimated.get(question, "-")),
+                          "measured here": shown(measured.get(question, "-"))}
+                         for question, guess in guesses.items()]).set_index("question")

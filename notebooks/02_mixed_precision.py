@@ -38,9 +38,12 @@ log_interval = 1
 predict_on = "A100-80GB"  # a GPU with tensor cores, for the predictions
 
 # %%
+import pandas as pd
+
 from labkit.estimate.compare import compare
 from labkit.estimate.memory import bytes_per_param
 from labkit.answer_key import check
+from labkit.exercises import prediction_table
 from labkit.jobs import backend_named
 from labkit.jobs.sweep import Sweep, profiled
 from labkit.paths import example
@@ -73,6 +76,16 @@ for precision in ("fp32", "bf16", "fp16"):
     weight, grad, optimizer = bytes_per_param(precision)
     print(f"{precision}: {weight:g} + {grad:g} + {optimizer:g} = {weight + grad + optimizer:g} bytes per parameter")
 
+# %% [markdown]
+# Before any estimate: what do you expect of the three runs this lab trains *on this machine's CPU*? Write your
+# guesses in the cell below (a precision name each); 2.3 sets them beside labkit's estimate and the measurement.
+
+# %% tags=["prediction"]
+my_prediction = {
+    "fastest here": ...,           # "fp32", "bf16" or "fp16"
+    "logs no loss at first": ...,  # which precision skips its first iterations
+}
+
 # %%
 base = load_spec(example(spec_file)).replace(
     **{"train.iters": iterations, "train.log_interval": log_interval})
@@ -89,9 +102,6 @@ compare(specs)[["gpu", "precision", "bytes_per_param", "weights_mib", "gradients
 compare(specs, gpu=predict_on)[["gpu", "precision", "iteration_ms", "samples_per_s", "total_mib"]].round(4)
 
 # %% [markdown]
-# Write down your prediction for the runs below: which precision is fastest *here*, which uses the least memory for
-# activations, and which one logs no loss for its first iterations?
-#
 # ## 2.2 Train the three side by side
 #
 # One spec, three precisions. The runs are submitted together (on a laptop they share its cores, so compare them with
@@ -110,6 +120,23 @@ print({name: str(state) for name, state in states.items()})
 # %%
 comparison_table(sweep.logs, baseline="fp32", specs=sweep.specs)[
     ["iteration_ms", "speedup", "samples_per_s", "max_allocated_mb", "precision", "warmup_excluded"]]
+
+# %% [markdown]
+# Your prediction, the estimate and the measurement side by side (the estimate's "no loss at first" is the loss
+# scale's prediction of 2.4; ties are listed with "or"):
+
+# %%
+def fastest(times) -> str:
+    times = dict(times)
+    return " or ".join(sorted(name for name, t in times.items() if t <= min(times.values()) * 1.001))
+
+
+estimated_ms = compare(specs).set_index("precision")["iteration_ms"]
+measured_ms = comparison_table(sweep.logs)["iteration_ms"]
+no_loss_first = [name for name, log in sweep.logs.items() if pd.isna(log.iterations["lm_loss"].iloc[0])]
+prediction_table(my_prediction,
+                 estimated={"fastest here": fastest(estimated_ms), "logs no loss at first": "fp16"},
+                 measured={"fastest here": fastest(measured_ms), "logs no loss at first": " or ".join(no_loss_first)})
 
 # %%
 iteration_time_figure(sweep.logs).show()

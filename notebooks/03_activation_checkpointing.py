@@ -40,6 +40,7 @@ recompute_layers = 1     # uniform: layers per checkpointed group; block: layers
 from labkit.diagrams import show
 from labkit.estimate.recompute import against_measured, recompute_table
 from labkit.answer_key import check
+from labkit.exercises import prediction_table
 from labkit.jobs import backend_named
 from labkit.jobs.sweep import Sweep, profiled
 from labkit.paths import example
@@ -66,7 +67,18 @@ show("activation_checkpointing")
 # %% [markdown]
 # ## 3.2 Predict
 #
-# The tiny model has 2 layers. For one micro-batch, each layer is sized by what it keeps (Korthikanti et al.'s
+# First your own guess, before any number: order the four runs (`none`, `selective`, `full/uniform`, `full/block`)
+# from the least activation memory kept to the most, and from the fastest iteration to the slowest. 3.4 sets your
+# orders beside the estimate's and the measured ones.
+
+# %% tags=["prediction"]
+my_prediction = {
+    "least memory first": ...,   # e.g. ["full/uniform", "full/block", "selective", "none"]
+    "fastest first": ...,
+}
+
+# %% [markdown]
+# Now the estimate. The tiny model has 2 layers. For one micro-batch, each layer is sized by what it keeps (Korthikanti et al.'s
 # per-layer formula; the embedding output and the fp32 logits are kept in every mode), and the extra compute is the
 # recomputed forward work as a share of a step's.
 
@@ -85,8 +97,6 @@ predicted = recompute_table(specs)
 predicted.round(3)
 
 # %% [markdown]
-# Write down your prediction: order the four runs by the memory they keep, and by their time per iteration.
-#
 # ## 3.3 Run the four modes
 #
 # One process each, all four together, each profiled for one iteration.
@@ -128,6 +138,19 @@ measured[["saved_mb", "peak_growth_mb", "step_ms"]].round(3)
 # %%
 steady_ms = comparison_table(sweep.logs)["iteration_ms"]
 against_measured(predicted, measured["saved_mb"], steady_ms).round(3)
+
+# %% [markdown]
+# Your orders beside the estimate's and the measured ones (memory: activations kept; time: per iteration):
+
+# %%
+def order(values) -> list[str]:
+    return [name for name, _ in sorted(dict(values).items(), key=lambda item: item[1])]
+
+
+prediction_table(my_prediction,
+                 estimated={"least memory first": order(predicted["activations_mib"]),
+                            "fastest first": order(predicted["extra_compute"])},
+                 measured={"least memory first": order(measured["saved_mb"]), "fastest first": order(steady_ms)})
 
 # %% [markdown]
 # The memory agrees with the per-layer prediction to within the handful of small tensors the formula leaves out.
