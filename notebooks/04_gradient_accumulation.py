@@ -114,6 +114,10 @@ iteration_time_figure(sweep.logs).show()
 # their training loops at different moments, so expect noise on top of the trend; on a cluster each run has its own
 # GPUs.
 #
+# On a GPU one micro-batch of 8 is faster than four of 2: larger matrices keep the tensor cores busier. On this CPU
+# it can come out slower: a CPU gains little from larger matrices, and the larger micro-batch's activations no longer
+# fit its caches. That is a property of the hardware, not of accumulation: compare on the GPU you will train on.
+#
 # ## 4.5 Memory: one micro-batch at a time
 #
 # The workshop's memory trace showed four rises and falls per step with four accumulated micro-batches. The same in the
