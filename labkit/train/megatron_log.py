@@ -14,7 +14,6 @@ from datetime import datetime
 
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state
 
 MB = 1024.0 * 1024.0
 
@@ -30,10 +29,10 @@ def print_rank_0(message: str) -> None:
 
 
 def is_logging_rank() -> bool:
-    """The one rank that prints iteration and validation lines: last pipeline stage, tensor and data rank 0."""
-    return (parallel_state.is_pipeline_last_stage(ignore_virtual=True)
-            and parallel_state.get_tensor_model_parallel_rank() == 0
-            and parallel_state.get_data_parallel_rank() == 0)
+    """The one rank that prints iteration and validation lines: the last rank, as Megatron-LM's `print_rank_last`
+    (it holds the loss: the last rank is on the last pipeline stage). The timers print there too, so a log's timer
+    block follows the iteration line it belongs to in the same rank's stream."""
+    return dist.get_rank() == dist.get_world_size() - 1
 
 
 def print_logging_rank(message: str) -> None:
