@@ -150,3 +150,12 @@ def test_cli_uses_the_spec_for_mfu(capsys):
     assert summary["tflops_source"] == "model FLOPs" and 0 < summary["mfu"] < 1
     assert main(["logs", "parse", str(log)]) == 0
     assert "MFU" not in capsys.readouterr().out  # no GPU known without the spec
+
+
+def test_a_profiled_iteration_does_not_squash_the_steady_ones_and_is_named():
+    spiky = parse_text(megatron_log(times=(900.0, 500.0, 500.0, 6000.0, 500.0, 500.0)))
+    fig = iteration_time_figure({"profiled": spiky})
+    assert fig.layout.yaxis.range[1] < 6000.0
+    assert "off the scale: profiled" in fig.layout.title.text and "6,000 ms" in fig.layout.title.text
+    plain = iteration_time_figure({"plain": parse_text(megatron_log(times=(500.0, 500.0, 510.0, 505.0)))})
+    assert "off the scale" not in plain.layout.title.text

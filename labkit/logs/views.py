@@ -111,6 +111,7 @@ def iteration_time_figure(runs) -> go.Figure:
     """
     runs = _runs(runs)
     fig = go.Figure()
+    kept_ms, off_scale = [], []
     for k, (name, parsed) in enumerate(runs.items()):
         color = COLORS[k % len(COLORS)]
         its = parsed.iterations.dropna(subset=["elapsed_ms"])
@@ -119,12 +120,24 @@ def iteration_time_figure(runs) -> go.Figure:
         symbols = ["x" if i in left_out else "circle" for i in its["iteration"]]
         fig.add_trace(go.Scatter(x=its["iteration"], y=its["elapsed_ms"], mode="lines+markers", name=name,
                                  line={"color": color}, marker={"symbol": symbols, "size": 7}))
+        kept_ms += [ms for i, ms in zip(its["iteration"], its["elapsed_ms"]) if i not in left_out]
+        off_scale += [(name, i, ms) for i, ms in zip(its["iteration"], its["elapsed_ms"]) if i in left_out]
         if steady.iteration_ms is not None and len(its):
             fig.add_trace(go.Scatter(x=[its["iteration"].min(), its["iteration"].max()],
                                      y=[steady.iteration_ms] * 2, mode="lines", name=f"{name} steady",
                                      line={"color": color, "dash": "dot"}))
-    fig.update_layout(title="Time per iteration (x: warm-up and spikes left out of the steady mean)",
-                      xaxis_title="iteration", yaxis_title="ms", template="plotly_white")
+    title = "Time per iteration (x: warm-up and spikes left out of the steady mean)"
+    if kept_ms:
+        # A profiled or warm-up iteration can take seconds where the steady ones take milliseconds: scale the axis
+        # to the steady ones and name those that run off it.
+        top = 1.5 * max(kept_ms)
+        beyond = [f"{name} {i}: {ms:,.0f} ms" for name, i, ms in off_scale if ms > top]
+        fig.update_yaxes(range=[0, top])
+        if beyond:
+            title += "<br><sup>off the scale: " + "; ".join(beyond[:4]) + ("; ..." if len(beyond) > 4 else "") + \
+                "</sup>"
+    fig.update_layout(title=title, xaxis_title="iteration", yaxis_title="time per iteration (ms)",
+                      template="plotly_white")
     return fig
 
 
