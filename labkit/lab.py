@@ -282,8 +282,27 @@ def plotly_outputs_to_html(nb) -> int:
     return figures
 
 
-def notebook_to_html(path: Path, resources_dir: Path) -> str:
-    """An executed notebook as a self-contained HTML page."""
+MATHJAX = "mathjax"
+"""The folder beside the lab runs (runs/mathjax/) that holds MathJax for every run's HTML pages."""
+
+
+def offline_mathjax(runs_root: Path) -> str:
+    """Copy MathJax (the jupyter-server-mathjax package's MathJax 2.7) under `runs_root` once, and return the URL of
+    it that a page in runs_root/lab-*/ loads, so that formulas render with no network."""
+    import importlib.resources
+    import shutil
+
+    target = runs_root / MATHJAX
+    if not (target / "MathJax.js").exists():
+        source = importlib.resources.files("jupyter_server_mathjax") / "static"
+        with importlib.resources.as_file(source) as folder:
+            shutil.copytree(folder, target, dirs_exist_ok=True)
+    return f"../{MATHJAX}/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"
+
+
+def notebook_to_html(path: Path, resources_dir: Path, mathjax_url: str | None = None) -> str:
+    """An executed notebook as an HTML page that needs no network: plotly.js inlined, MathJax from `mathjax_url`
+    (see offline_mathjax)."""
     import nbformat
     from nbconvert import HTMLExporter
 
@@ -291,6 +310,8 @@ def notebook_to_html(path: Path, resources_dir: Path) -> str:
     nb.metadata.pop("widgets", None)  # widget views fall back to their text form; no widget JS exists offline
     plotly_outputs_to_html(nb)
     exporter = HTMLExporter(embed_images=True)
+    if mathjax_url:
+        exporter.mathjax_url = mathjax_url
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(resources_dir)}})
     # With require.js on the page, plotly.js registers as an AMD module instead of window.Plotly and no figure draws.
     return re.sub(r'<script src="[^"]*require\.min\.js"></script>\s*', "", body)
@@ -298,11 +319,12 @@ def notebook_to_html(path: Path, resources_dir: Path) -> str:
 
 def write_html_index(run: LabRun, notebook_dir: Path | str) -> Path:
     """index.html linking each executed notebook's HTML page, with its status and run time."""
+    mathjax_url = offline_mathjax(run.directory.parent)
     for result in run.results:
         source = run.directory / result.output
         if source.exists():
             page = source.with_suffix(".html")
-            page.write_text(notebook_to_html(source, Path(notebook_dir)), encoding="utf-8")
+            page.write_text(notebook_to_html(source, Path(notebook_dir), mathjax_url), encoding="utf-8")
             result.html = page.name
     rows = []
     for r in run.results:

@@ -85,7 +85,10 @@ def test_html_index_opens_offline_with_plotly_inlined(series):
     assert "Plotly.newPlot" in page and 'id="labkit-figure-0"' in page
     assert "plotly.js v" in page  # the library itself, not a link to it
     external_scripts = re.findall(r'<script[^>]*src="([^"]+)"', page)
-    assert all("mathjax" in src for src in external_scripts), external_scripts  # only TeX needs the network
+    # MathJax is the only script loaded, from the copy beside the runs: formulas render with no network
+    assert external_scripts == ["../mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"], external_scripts
+    assert (run.directory.parent / "mathjax" / "MathJax.js").is_file()
+    assert (run.directory.parent / "mathjax" / "config" / "TeX-AMS-MML_HTMLorMML-full.js").is_file()
 
 
 def test_a_second_run_never_overwrites_the_first(tmp_path):
