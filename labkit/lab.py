@@ -289,14 +289,13 @@ MATHJAX = "mathjax"
 def offline_mathjax(runs_root: Path) -> str:
     """Copy MathJax (the jupyter-server-mathjax package's MathJax 2.7) under `runs_root` once, and return the URL of
     it that a page in runs_root/lab-*/ loads, so that formulas render with no network."""
-    import importlib.resources
     import shutil
+
+    from labkit.paths import mathjax_dir
 
     target = runs_root / MATHJAX
     if not (target / "MathJax.js").exists():
-        source = importlib.resources.files("jupyter_server_mathjax") / "static"
-        with importlib.resources.as_file(source) as folder:
-            shutil.copytree(folder, target, dirs_exist_ok=True)
+        shutil.copytree(mathjax_dir(), target, dirs_exist_ok=True)
     return f"../{MATHJAX}/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"
 
 

@@ -25,6 +25,11 @@ def data_file(*parts: str) -> Path:
     return DATA_DIR.joinpath(*parts)
 
 
+def mathjax_dir() -> Path:
+    """MathJax 2.7 as the jupyter-server-mathjax package ships it (MathJax.js, config/, jax/, fonts/)."""
+    return Path(str(resources.files("jupyter_server_mathjax"))) / "static"
+
+
 def source_tree() -> Path | None:
     """The checkout labkit runs from (an editable install), or None for an installed wheel."""
     root = _PACKAGE.parent
