@@ -1,9 +1,10 @@
 """SlurmBackend: sbatch the rendered scripts, follow the jobs, cancel them.
 
-State: `squeue -h -t all -O` while the controller knows the job (with its restart count); once it ended, `sacct -P -o JobID,State,ExitCode`
-when accounting exists, `scontrol -o show job` for what accounting lacks or has not recorded yet, and finally the
-jobcomp file (a local Slurm may run without slurmdbd). One call of each serves every job being polled. Plain `-o`/`-P`
-formats only: their JSON differs between Slurm versions.
+State: `squeue -h -t all -O` while the controller knows the job (with its restart count); once it ended,
+`sacct -P -o JobID,State,ExitCode` when accounting exists, `scontrol -o show job` for what accounting lacks or has not
+recorded yet, and finally the jobcomp file (a local Slurm may run without slurmdbd). One call of each serves every job
+being polled. A requeued job's earlier attempts come from `sacct --duplicates` (or the jobcomp file), asked once per
+requeue. Plain `-o`/`-O`/`-P` formats only: their JSON differs between Slurm versions.
 """
 from __future__ import annotations
 

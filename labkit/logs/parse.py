@@ -188,7 +188,8 @@ _STOPPED_ON_SIGNAL = re.compile(r"exiting program after receiving (\S+?)\.")
 
 def checkpoint_events(text: str) -> dict[str, int | str | None]:
     """What a Megatron log says of checkpoints: the iteration it resumed from (`loaded`), the last it saved
-    (`saved`), and the signal it stopped on (`stopped_on`, with --exit-signal-handler); None for what it does not say."""
+    (`saved`), and the signal it stopped on (`stopped_on`, with --exit-signal-handler); None for what it does not
+    say."""
     def last(pattern: re.Pattern):
         found = pattern.findall(text)
         return found[-1] if found else None

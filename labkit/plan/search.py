@@ -6,9 +6,9 @@ selective, full), the distributed optimizer, and the node order (placement.py: o
 apart). Fields the input spec wrote are kept (inputs.Constraints). Each point gets the exact min-max layer partition
 (partition.py) under the estimator's own per-stage costs, then `labkit.estimate.estimate` of the resulting run spec
 gives its row. Sequence parallelism is on wherever tensor parallelism is, on GPUs (smaller pipeline messages and
-activations, the same GEMMs); recompute and the distributed optimizer never make a step faster, they only save memory, so they are
-tried only on layouts that do not fit without them, cheapest first; layouts that fit nowhere stay in the table,
-marked oom.
+activations, the same GEMMs); recompute and the distributed optimizer never make a step faster, they only save
+memory, so they are tried only on layouts that do not fit without them, cheapest first; layouts that fit nowhere stay
+in the table, marked oom.
 """
 from __future__ import annotations
 
@@ -290,8 +290,8 @@ def _balanced_partition(spec: RunSpec, shape: Shape, costs: _StageCosts, links: 
     par = spec.parallel
     layers, _ = _split_and_bound(shape, spec.precision, par.tensor, par.pipeline, spec.data_parallel, spec.batch.micro,
                                  par.virtual_stages, spec.recompute.granularity if spec.recompute else None, links,
-                                 costs, _memory_caps(spec, shape, links, costs.kernels["flash_attention"]) if caps else None,
-                                 par.sequence_parallel, par.context)
+                                 costs, _memory_caps(spec, shape, links, costs.kernels["flash_attention"]) if caps
+                                 else None, par.sequence_parallel, par.context)
     return layers
 
 
