@@ -41,6 +41,7 @@ large_micro_batch = 8         # one micro-batch holding the same samples as glob
 # %%
 from labkit.estimate.compare import compare
 from labkit.answer_key import check
+from labkit.exercises import prediction_table
 from labkit.jobs import backend_named
 from labkit.jobs.sweep import NO_DROPOUT, Sweep, profiled, with_flags
 from labkit.paths import example
@@ -72,6 +73,17 @@ for name, spec in specs.items():
 # %% [markdown]
 # ## 4.2 Predict
 #
+# Your guesses first, before the estimate: how many times longer is an iteration of the most micro-batches than one
+# of a single micro-batch, and which of the two runs that see the same samples per iteration (several small
+# micro-batches, or one large one) processes more samples per second *on this machine*?
+
+# %% tags=["prediction"]
+my_prediction = {
+    "time, most micro-batches / one": ...,  # a number, e.g. 3.5
+    "more samples per second here": ...,    # one of the run names printed above
+}
+
+# %% [markdown]
 # The estimate: time grows with the number of micro-batches, samples per second grows a little (one optimizer step
 # for more samples), and activation memory does not grow at all: each micro-batch's activations are freed by its
 # backward pass before the next one starts. Only the one large micro-batch needs more.
@@ -104,6 +116,19 @@ print({name: str(state) for name, state in states.items()})
 # %%
 comparison_table(sweep.logs, specs=sweep.specs)[
     ["global_batch_size", "num_micro_batches", "iteration_ms", "samples_per_s", "speedup"]]
+
+# %% [markdown]
+# Your guesses beside the estimate and the measurement:
+
+# %%
+fewest, most = (f"micro {micro_batch} x {g // micro_batch}" for g in (global_batches[0], global_batches[-1]))
+estimated, measured = compare(specs), comparison_table(sweep.logs, specs=sweep.specs)
+pair = [equivalent, f"micro {large_micro_batch} x 1"]
+prediction_table(my_prediction, estimated={
+    "time, most micro-batches / one": estimated.loc[most, "iteration_ms"] / estimated.loc[fewest, "iteration_ms"],
+    "more samples per second here": max(pair, key=lambda name: estimated.loc[name, "samples_per_s"])}, measured={
+    "time, most micro-batches / one": measured.loc[most, "iteration_ms"] / measured.loc[fewest, "iteration_ms"],
+    "more samples per second here": max(pair, key=lambda name: measured.loc[name, "samples_per_s"])})
 
 # %%
 iteration_time_figure(sweep.logs).show()
