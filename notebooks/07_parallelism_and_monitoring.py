@@ -42,6 +42,7 @@ from labkit.diagrams import bubble_fraction, pipeline_schedule, show
 from labkit.estimate import estimate
 from labkit.estimate.compare import compare
 from labkit.answer_key import check
+from labkit.exercises import prediction_table
 from labkit.jobs import backend_named
 from labkit.jobs.report import format_report, report, widget
 from labkit.jobs.sweep import Sweep, profiled
@@ -62,6 +63,15 @@ from labkit.spec import load_spec
 #   every layer, twice forward and twice backward;
 # - **pp2** (pipeline parallel): each rank holds one of the two layers (plus the embedding or the output);
 #   activations go forward and gradients backward between the stages, micro-batch by micro-batch.
+#
+# Before the estimate, your guesses: which layout keeps the fewest weight bytes per rank, and which runs fastest
+# here?
+
+# %% tags=["prediction"]
+my_prediction = {
+    "fewest weights per rank": ...,  # "dp2", "tp2" or "pp2"
+    "fastest here": ...,
+}
 
 # %%
 base = load_spec(example(spec_file)).replace(**{
@@ -145,6 +155,16 @@ print(format_report(report(sweep.jobs["pp2"], lines=3), color=False))
 # %%
 comparison_table(sweep.logs, baseline="dp2", specs=sweep.specs)[
     ["iteration_ms", "speedup", "num_micro_batches", "max_allocated_mb"]]
+
+# %% [markdown]
+# Your guesses beside the estimate and the measurement (the log's memory line on a CPU is the whole process, so the
+# weights per rank come from the estimate alone):
+
+# %%
+estimated, measured = compare(specs), comparison_table(sweep.logs, specs=sweep.specs)
+prediction_table(my_prediction, estimated={
+    "fewest weights per rank": " or ".join(estimated.index[estimated["weights_mib"] == estimated["weights_mib"].min()]),
+    "fastest here": estimated["iteration_ms"].idxmin()}, measured={"fastest here": measured["iteration_ms"].idxmin()})
 
 # %%
 timer_breakdown_figure(sweep.logs).show()
