@@ -34,10 +34,13 @@ log_interval = 2
 
 # %%
 from labkit.answer_key import check
+from labkit.estimate import estimate
+from labkit.exercises import prediction_table
 from labkit.jobs import backend_named
 from labkit.jobs.report import format_report, report, widget
 from labkit.jobs.render import render
 from labkit.paths import example, runs_dir
+from labkit.logs.derive import steady_state
 from labkit.logs.views import comparison_table, loss_figure
 from labkit.spec import load_spec
 
@@ -64,6 +67,13 @@ print(f"world size {spec.world_size}, data parallel {spec.data_parallel}, "
 script = render(spec, runs_dir() / "RUN_ID" / "logs", layout="multinode")
 for name, text in script.scripts.items():
     print(f"# ===== {name} =====\n{text}")
+
+# %% [markdown]
+# Before it runs: how long do you expect one training iteration of this tiny GPT to take here, in milliseconds? 1.4
+# sets your guess beside labkit's estimate and the measurement.
+
+# %% tags=["prediction"]
+my_prediction = {"time per iteration (ms)": ...}  # a number
 
 # %% [markdown]
 # ## 1.3 Submit and watch
@@ -105,6 +115,10 @@ loss_figure({"baseline": log}).show()
 
 # %%
 comparison_table({"baseline": log}, specs={"baseline": spec})
+
+# %%
+prediction_table(my_prediction, estimated={"time per iteration (ms)": estimate(spec).iteration_time_s * 1e3},
+                 measured={"time per iteration (ms)": steady_state(log.iterations).iteration_ms})
 
 # %%
 print(format_report(report(job), color=False))

@@ -46,6 +46,7 @@ from labkit.estimate import (achieved_tflops, estimate, flops_72, flops_96, gpt_
 from labkit.estimate.views import (breakdown_table, days_per_epoch, memory_bars, model_size_table, sizing_table,
                                    time_breakdown)
 from labkit.answer_key import check
+from labkit.exercises import prediction_table
 from labkit.paths import example
 from labkit.spec import load_spec
 
@@ -139,6 +140,14 @@ _ = interact(training_days, tokens=fixed(dataset_tokens), params=fixed(params), 
 # [FASOP's Megatron-LM scripts](https://github.com/AvatarHwang/FASOP) on FASOP's heterogeneous cluster of one A100
 # node and seven A10 nodes, with the scripts' uneven partition `0-11-8-8-8-8-5-0`.
 
+# %% [markdown]
+# Before the estimate: FASOP's scripts ran this GPT-2 XL layout (pipeline 8, data parallel 4, fp16, global batch 64)
+# on 8 nodes of 4 A10s. How many seconds per iteration do you expect? The end of 5.4 sets your guess beside labkit's
+# estimate of that run and the time FASOP's logs measured.
+
+# %% tags=["prediction"]
+my_prediction = {"GPT-2 XL on 32 A10, s per iteration": ...}  # a number
+
 # %%
 from labkit.diagrams import show
 show("heterogeneous_pipeline")
@@ -168,6 +177,12 @@ memory_bars(est).show()
 from labkit.estimate.published import published_table
 published_table().round(3)
 
+# %%
+# the run as FASOP's scripts made it: 8 nodes x 4 A10, no recompute, the 2022 stack's unfused attention
+on_a10 = estimate(spec.replace(cluster="a10x8", recompute=None, kernels={"attention_backend": "unfused"}))
+prediction_table(my_prediction, estimated={"GPT-2 XL on 32 A10, s per iteration": on_a10.iteration_time_s},
+                 measured={"GPT-2 XL on 32 A10, s per iteration": 1.4})  # FASOP's Megatron-LM logs
+
 # %% [markdown]
 # ## 5.5 Today's decoder models: Llama on the GPUs you pick
 #
@@ -176,8 +191,8 @@ published_table().round(3)
 # presets count them as Megatron-LM builds them: Llama-2 7B has 6,738,415,616 parameters, exactly the published
 # figure. Below, each model on `llama_nodes` nodes of 8 `llama_gpu`s, in bf16 with the distributed optimizer and
 # selective recompute, at a layout a Megatron user would start from. Llama-3's 8,192-token sequences hold four times
-# Llama-2's attention scores per sequence (they grow with the square of the length); labkit still counts the scores
-# that flash attention never stores, so read its memory column as an upper bound for long sequences.
+# Llama-2's attention scores per sequence (they grow with the square of the length), but flash attention, what
+# megatron-core runs on these GPUs, never stores them: labkit counts its per-head statistics instead.
 
 # %% tags=["nbval-ignore-output"]
 sizing_table(llama_gpu, llama_nodes)

@@ -38,6 +38,7 @@ from labkit.diagrams import show
 from labkit.estimate import estimate
 from labkit.estimate.views import compare_measured
 from labkit.answer_key import check
+from labkit.exercises import prediction_table
 from labkit.jobs import backend_named
 from labkit.logs.derive import steady_state
 from labkit.plan.inputs import Constraints
@@ -104,6 +105,13 @@ show("pipeline_schedules")
 # what a spec fixes (here two pipeline stages) and searches the rest, as `labkit plan SPEC` does with the fields a
 # spec file writes.
 
+# %% [markdown]
+# Your guess first: the two-stage pipeline of the tiny model below runs on this machine's CPU as two processes. How
+# many seconds per iteration? The end of 6.4 sets it beside the estimate and the measurement.
+
+# %% tags=["prediction"]
+my_prediction = {"tiny pipeline here, s per iteration": ...}  # a number
+
 # %%
 tiny = load_spec({"name": "planned-tiny", "model": {"preset": "tiny"}, "batch": {"micro": 1, "global": 8},
                   "recompute": "none", "train": {"iters": launch_iterations, "log_interval": 1},
@@ -128,6 +136,10 @@ assert str(state) == "COMPLETED", job.cause()
 measured = steady_state(job.result().iterations).iteration_ms / 1000
 on_cpu = estimate(spec.replace(cluster={"nodes": [{"gpu": "cpu", "count": 1, "gpus_per_node": 2}]}))
 compare_measured(on_cpu.iteration_time_s, measured)
+
+# %%
+prediction_table(my_prediction, estimated={"tiny pipeline here, s per iteration": on_cpu.iteration_time_s},
+                 measured={"tiny pipeline here, s per iteration": measured})
 
 # %% [markdown]
 # ## Exercise

@@ -74,3 +74,17 @@ def test_the_answer_key_accepts_the_answer_and_refuses_another():
         check("07.2", "tp")
     with pytest.raises(KeyError, match="no exercise '09.9'"):
         check("09.9", 1)
+
+
+def test_every_lab_that_measures_asks_for_a_prediction_before_its_estimate():
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "notebooks"
+    for lab in ("01", "02", "03", "04", "05", "06", "07"):
+        [path] = root.glob(f"{lab}_*.ipynb")
+        cells = json.loads(path.read_text())["cells"]
+        tagged = [i for i, c in enumerate(cells) if "prediction" in c.get("metadata", {}).get("tags", [])]
+        assert tagged, f"{path.name} has no cell tagged prediction"
+        shown = [i for i, c in enumerate(cells) if "prediction_table(my_prediction" in "".join(c["source"])]
+        assert shown and min(shown) > tagged[0], f"{path.name} never sets the prediction beside the measurement"
