@@ -43,6 +43,7 @@ import pandas as pd
 from labkit.estimate.compare import compare
 from labkit.estimate.memory import bytes_per_param
 from labkit.answer_key import check
+from labkit.diagrams import show
 from labkit.exercises import prediction_table
 from labkit.jobs import backend_named
 from labkit.jobs.sweep import Sweep, profiled
@@ -213,6 +214,38 @@ profile_views.memory_figure(traces).show()
 print(tensorboard.tensorboard_command(sweep.run_dirs["fp16"]))
 
 # %% [markdown]
+# ## 2.6 Sharding the model state: ZeRO and Megatron's distributed optimizer
+#
+# Mixed precision makes the model state 16 to 20 bytes per parameter, and plain data parallelism keeps all of it on
+# every GPU. ZeRO (Rajbhandari et al., [arXiv:1910.02054](https://arxiv.org/abs/1910.02054)) splits it over the $N$
+# data-parallel GPUs in three stages: the optimizer state (stage 1), then the gradients (2), then the parameters (3).
+# Megatron's distributed optimizer (`optimizer.distributed: true`, `--use-distributed-optimizer`) is stage 1: each
+# rank keeps the fp32 master weights and Adam moments of its 1/N shard. Its communication is the same volume as the
+# all-reduce it replaces: a reduce-scatter of the gradients before the step and an all-gather of the updated
+# parameters after it. Stage 3 (PyTorch FSDP, DeepSpeed) gathers each layer's parameters again in the forward and the
+# backward: about 1.5 times the traffic, for the least memory.
+
+# %%
+show("zero_stages")
+
+# %%
+gpus = 8
+print(f"bf16 with Adam, bytes per parameter on each of {gpus} data-parallel GPUs:")
+print(f"  replicated:                    {sum(bytes_per_param('bf16', gpus)):5.2f}")
+print(f"  distributed optimizer (ZeRO-1): {sum(bytes_per_param('bf16', gpus, distributed_optimizer=True)):5.2f}")
+for stage in (2, 3):
+    print(f"  ZeRO-{stage}:                       {sum(bytes_per_param('bf16', gpus, zero_stage=stage)):5.2f}")
+
+# %% [markdown]
+# ZeRO's own accounting keeps 16-bit gradients; Megatron's bf16 keeps them in fp32 (4 bytes) beside the bf16 weights,
+# which is why its replicated figure is 18 and its distributed optimizer leaves 2 + 4 bytes on every GPU.
+#
+# Sequence parallelism (Korthikanti et al., [arXiv:2205.05198](https://arxiv.org/abs/2205.05198)) shards the other
+# large term, the activations, over the tensor-parallel GPUs: the LayerNorms and dropouts, which tensor parallelism
+# leaves replicated, work on 1/t of the sequence each, and each of tensor parallelism's all-reduces becomes an
+# all-gather plus a reduce-scatter of the same volume. Lab 07 splits a model over tensor-parallel ranks; the planner of
+# lab 06 turns sequence parallelism on wherever tensor parallelism is, on GPUs.
+#
 # ## Exercises
 #
 # **Exercise 1.** The fp16 run of the NVIDIA DLI workshop "Model Parallelism" logged a loss scale of 131072 at
