@@ -38,6 +38,8 @@ log_interval = 1
 predict_on = "A100-80GB"  # a GPU with tensor cores, for the predictions
 
 # %%
+import math
+
 import pandas as pd
 
 from labkit.estimate.compare import compare
@@ -176,6 +178,49 @@ print(f"fp16: the scale fell from 2^32 to {final_scale:.0f}; predicted skipped i
       f"{skipped_until(base.optimizer.initial_loss_scale, final_scale)}, logged: {history['skipped_total'].iloc[-1]}")
 print(f"bf16: loss scale {loss_scale_history(sweep.logs['bf16'])['loss_scale'].iloc[-1]:g}, skipped "
       f"{loss_scale_history(sweep.logs['bf16'])['skipped_total'].iloc[-1]}: bf16 has fp32's exponent range")
+
+# %% [markdown]
+# **From scratch.** The whole dynamic loss scaler is a few lines: count overflows against the hysteresis, halve once
+# it is used up, and double after `growth_interval` clean steps (restoring the hysteresis).
+
+# %%
+def my_loss_scales(overflows, scale=2.0 ** 32, hysteresis=2, growth_interval=1000, min_scale=1.0):
+    """The scale after each step, given whether that step's gradients overflowed."""
+    left, clean, scales = hysteresis, 0, []
+    for overflow in overflows:
+        if overflow:
+            clean, left = 0, left - 1
+            if left <= 0:
+                scale = max(scale / 2, min_scale)
+        else:
+            clean += 1
+            if clean == growth_interval:
+                clean, left, scale = 0, hysteresis, scale * 2
+        scales.append(scale)
+    return scales
+
+
+# %% [markdown]
+# Checked against megatron-core's own `DynamicGradScaler` (the one the fp16 run used), on a sequence with overflows,
+# clean steps and a regrowth (growth interval 3 here, to see one):
+
+# %%
+import torch
+from labkit.train import cpu_compat
+
+if not torch.cuda.is_available():
+    cpu_compat.apply()  # megatron-core keeps its scale on the GPU; labkit's compatibility layer puts it on the CPU
+from megatron.core.optimizer.grad_scaler import DynamicGradScaler
+
+overflows = [True] * 5 + [False] * 3 + [True, False, True, True]
+reference = DynamicGradScaler(initial_scale=2.0 ** 32, min_scale=1.0, growth_factor=2.0, backoff_factor=0.5,
+                              growth_interval=3, hysteresis=2)
+megatron_scales = []
+for overflow in overflows:
+    reference.update(torch.tensor(overflow))
+    megatron_scales.append(float(reference.scale))
+assert my_loss_scales(overflows, growth_interval=3) == megatron_scales
+print([f"2^{math.log2(s):g}" for s in megatron_scales])
 
 # %% [markdown]
 # The same history as TensorBoard scalars, read back from the run's event files:
