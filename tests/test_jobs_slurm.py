@@ -299,9 +299,11 @@ def test_local_backend_gives_an_equivalent_run_record(early, runs):
 
 
 def _requeue_spec(runs, name, **job):
-    return spec_for([A10], name, **{"job.requeue": True, "train.iters": 40, "train.log_interval": 1,
-                                    "train.save": str(runs / f"{name}-checkpoints"), "train.save_interval": 1000,
-                                    **{f"job.{k}": v for k, v in job.items()}})
+    """A job that can be requeued, with the port derived from its id and attempt: the emulated nodes share this host,
+    where a lost node's processes may still hold the first attempt's port when the next one starts."""
+    return spec_for([A10], name, **{"job.requeue": True, "job.master_port": None, "train.iters": 40,
+                                    "train.log_interval": 1, "train.save": str(runs / f"{name}-checkpoints"),
+                                    "train.save_interval": 1000, **{f"job.{k}": v for k, v in job.items()}})
 
 
 def _run_to(job, iteration: int, timeout: float = 180) -> None:

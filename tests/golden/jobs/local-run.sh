@@ -61,8 +61,9 @@ node_main() {
     # A requeued job's later attempts (SLURM_RESTART_COUNT 1, 2, ...) log beside the first one's, never over them.
     [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && logs="$logs/attempt-$SLURM_RESTART_COUNT"
     # Every node of a job (all hetjob components, master and slave alike) shares JOB_ID, so they agree on the port,
-    # while two jobs placed on the same node get different ones.
-    export MASTER_PORT=${MASTER_PORT:-$((20000 + JOB_ID % 20000))}
+    # while two jobs placed on the same node get different ones; a requeued attempt moves on, in case the last one's
+    # processes still hold the port.
+    export MASTER_PORT=${MASTER_PORT:-$((20000 + (JOB_ID + 997 * ${SLURM_RESTART_COUNT:-0}) % 20000))}
     # torchrun limits threads only when it starts several processes; share the task's CPUs among them ourselves,
     # so one-process jobs placed side by side do not each spin a thread per core.
     local cpus=${SLURM_CPUS_PER_TASK:-$(getconf _NPROCESSORS_ONLN)}
