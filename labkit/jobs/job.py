@@ -152,6 +152,8 @@ class Job:
     def _record_attempts(self, status: Status) -> None:
         """Record each attempt the scheduler reports ended that the run record does not hold yet, with its cause,
         once that attempt has stopped (the job waits again, the next attempt has started, or the job ended)."""
+        if not status.ended_attempts:  # most polls: no requeue, so no need to read events.jsonl
+            return
         recorded = {a.get("attempt") for a in self.record.attempts()}
         dirs = self.attempt_log_dirs()
         for attempt in status.ended_attempts:
