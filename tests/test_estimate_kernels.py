@@ -109,3 +109,29 @@ def test_sequence_parallelism_shrinks_the_layernorm_and_dropout_passes_not_the_t
     assert memory_after < memory_before and split.forward_s < plain.forward_s
     assert stage_time("A100-80GB", 4, 1, 1, sequence_parallel=True, **kw).forward_s == \
         stage_time("A100-80GB", 4, 1, 1, **kw).forward_s  # nothing to split without tensor parallelism
+
+
+def test_attention_core_runs_at_its_head_dimension_share_and_flash_skips_the_masked_half():
+    """By hand, one layer of llama2-7b (head dimension 128) on an H100 with no memory passes: the linear layers' FLOPs
+    at peak x efficiency, attention's core (4 s^2 h per sequence) at d / (d + d_half) of that rate, and a flash
+    kernel does half of the core's work (the causal mask's upper half is skipped)."""
+    import dataclasses
+
+    from labkit import catalog
+    from labkit.estimate import default_calibration
+    from labkit.estimate.flops import attention_core_forward_flops, layer_forward_flops
+    from labkit.estimate.timing import stage_time
+
+    cal = default_calibration()
+    cal = dataclasses.replace(cal, stacks={**cal.stacks, "none": dataclasses.replace(cal.stack(), memory_passes=0.0)},
+                              attention_head_dim_half={"unfused": 384.0, "flash": 128.0})
+    shape = Shape.of(load_spec({"model": {"preset": "llama2-7b"}}).model)
+    s, rate = shape.seq_length, catalog.gpu("H100-SXM").peak("bf16") * 1e12 * cal.gpu_efficiency("H100-SXM")
+    core = 4 * s * s * shape.hidden
+    assert attention_core_forward_flops(shape, s) == core
+    linear_s = (layer_forward_flops(shape, s) - core) / rate
+    kw = dict(shape=shape, precision="bf16", stack="none", calibration=cal)
+    unfused = stage_time("H100-SXM", 1, 1, **kw).forward_s
+    flash = stage_time("H100-SXM", 1, 1, flash_attention=True, **kw).forward_s
+    assert unfused == pytest.approx(linear_s + core / (rate * 128 / (128 + 384)))  # a quarter of the rate
+    assert flash == pytest.approx(linear_s + core / 2 / (rate * 128 / (128 + 128)))  # half the work at half the rate

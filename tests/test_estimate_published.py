@@ -12,7 +12,8 @@ def table():
 
 def test_every_published_run_becomes_a_valid_spec_of_its_paper():
     runs = published_runs()
-    assert {r.set for r in runs} == {"sc21", "korthikanti2022"}
+    assert {r.set for r in runs} == {"sc21", "korthikanti2022", "megatron-core-h100"}
+    assert {r.set for r in runs if r.held_out} == {"korthikanti2022"}
     trillion = next(r for r in runs if r.label.startswith("1008B"))
     assert (trillion.spec.parallel.tensor, trillion.spec.parallel.pipeline, trillion.spec.data_parallel) == (8, 64, 6)
     assert trillion.spec.num_micro_batches == 3072 // 6
@@ -41,3 +42,13 @@ def test_a_calibration_moves_the_published_predictions():
     assert (halved["predicted"][default["figure"] == "tflops_per_gpu"]
             < 0.8 * default["predicted"][default["figure"] == "tflops_per_gpu"]).all()
     assert published_table()["predicted"].tolist() == default["predicted"].tolist()
+
+
+def test_megatron_core_h100_runs_are_predicted_within_ten_percent_median(table):
+    """The FP8 runs of NVIDIA's performance summaries: tokens per second per GPU turned into seconds per iteration."""
+    h100 = table[table["set"] == "megatron-core-h100"]
+    assert len(h100) == 15 and (h100["figure"] == "iteration_time_s").all()
+    llama3_70b = next(r for r in published_runs() if r.label == "Bridge 25.11 Llama 3 70B")
+    assert llama3_70b.measured == pytest.approx(128 * 8192 / (1602 * 64))
+    assert llama3_70b.spec.precision == "fp8" and llama3_70b.spec.parallel.virtual_stages == 5
+    assert h100["error"].abs().median() < 0.10 and h100["error"].abs().max() < 0.20

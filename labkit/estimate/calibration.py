@@ -49,6 +49,11 @@ class Calibration:
     intra_node_gbps: GPU catalog name -> fitted intra-node link rate (Gbit/s), in place of the catalog's.
     nvlink_bus_fraction, pcie_bus_fraction, network_bus_fraction: NCCL bus bandwidth / link rate, by link class.
     link_latency_s: least cost of one ring step or one p2p message.
+    fp8_efficiency: GPU catalog name -> fraction of the FP8 peak the linear layers' FP8 GEMMs reach (with their
+    casts and scaling); `efficiency` where a GPU has none.
+    attention_head_dim_half: attention kernel ("unfused", "flash") -> the head dimension d_half at which attention's
+    core (QK^T and attention x V, whose inner or outer size is the head dimension d) runs at half the layer GEMMs'
+    efficiency; it runs at d / (d + d_half) of it.
     stacks: stack name -> Stack; default_stack: the one `estimate` charges when none is named.
     sources: constant ("efficiency.A100-40GB", "network_bus_fraction", "stacks.megatron-core") -> what it was fitted
     to or taken from; documentation, not compared.
@@ -60,12 +65,14 @@ class Calibration:
     network_bus_fraction: float
     link_latency_s: float
     stacks: Mapping[str, Stack]
+    fp8_efficiency: Mapping[str, float] = field(default_factory=dict)
+    attention_head_dim_half: Mapping[str, float] = field(default_factory=lambda: {"unfused": 0.0, "flash": 0.0})
     default_stack: str = "megatron-core"
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):
         # read-only views, so that a Calibration cannot be changed through its mappings either
-        for name in ("efficiency", "intra_node_gbps", "stacks", "sources"):
+        for name in ("efficiency", "fp8_efficiency", "attention_head_dim_half", "intra_node_gbps", "stacks", "sources"):
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
         if self.default_stack not in self.stacks:
             raise ValueError(f"default_stack: {self.default_stack!r} is not one of {', '.join(self.stacks)}")
@@ -75,6 +82,17 @@ class Calibration:
             raise KeyError(f"no matrix-multiply efficiency for GPU {gpu!r} in the calibration "
                            f"(known: {', '.join(self.efficiency)})")
         return self.efficiency[gpu]
+
+    def gemm_efficiency(self, gpu: str, precision: str) -> float:
+        """Fraction of the GPU's peak at `precision` that the linear layers' GEMMs reach."""
+        if precision == "fp8" and gpu in self.fp8_efficiency:
+            return self.fp8_efficiency[gpu]
+        return self.gpu_efficiency(gpu)
+
+    def attention_core_share(self, kernel: str, head_dim: float) -> float:
+        """Attention's core runs at this fraction of the layer GEMMs' efficiency: d / (d + d_half)."""
+        half = self.attention_head_dim_half[kernel]
+        return head_dim / (head_dim + half)
 
     def intra_node_link(self, gpu) -> float:
         """The intra-node link rate of a catalog GPU's nodes: the fitted rate where there is one, else the catalog's."""
@@ -121,6 +139,9 @@ def calibration_from_dict(data: Mapping) -> Calibration:
                              p2p_messages=int(entry["p2p_messages"]), description=entry.get("description", ""))
     return Calibration(
         efficiency={gpu: value(f"efficiency.{gpu}", e) for gpu, e in data["efficiency"].items()},
+        fp8_efficiency={gpu: value(f"fp8_efficiency.{gpu}", e) for gpu, e in data.get("fp8_efficiency", {}).items()},
+        attention_head_dim_half={kernel: value(f"attention_head_dim_half.{kernel}", e)
+                                 for kernel, e in data["attention_head_dim_half"].items()},
         intra_node_gbps={gpu: value(f"intra_node_gbps.{gpu}", e) for gpu, e in data["intra_node_gbps"].items()},
         nvlink_bus_fraction=value("nvlink_bus_fraction", data["nvlink_bus_fraction"]),
         pcie_bus_fraction=value("pcie_bus_fraction", data["pcie_bus_fraction"]),

@@ -1,4 +1,5 @@
-"""Published Megatron-LM runs (labkit/data/published_runs.yaml) as run specs, and the estimator's predictions beside them.
+"""Published measured runs (labkit/data/published_runs.yaml: Megatron-LM on A100, megatron-core and Llama 3 on H100)
+as run specs, and the estimator's predictions beside them.
 
     published_table()      # one row per run: measured, predicted, error
 """
@@ -20,38 +21,70 @@ PUBLISHED_RUNS = data_file("published_runs.yaml")
 
 @dataclass
 class PublishedRun:
-    set: str            # which paper's table
+    set: str            # which source's table (a key of published_runs.yaml's `sets`)
     label: str
     spec: RunSpec
-    measured_key: str   # "tflops_per_gpu" or "iteration_time_s": the figure the paper prints
+    measured_key: str   # "tflops_per_gpu" or "iteration_time_s": the figure compared
     measured: float
+    held_out: bool      # no calibration constant was fitted to this set
+
+
+# SC21's and Korthikanti's tables: [billions of parameters, heads, hidden, layers, tensor, pipeline, GPUs, global
+# batch, measured]
+MEGATRON_2021_COLUMNS = ["billions", "heads", "hidden", "layers", "tensor", "pipeline", "gpus", "global", "measured"]
 
 
 def published_runs(path=PUBLISHED_RUNS) -> list[PublishedRun]:
     data = yaml.safe_load(Path(path).read_text())
-    cluster, model = data["cluster"], data["model"]
-    per_node = cluster["gpus_per_node"]
     runs = []
     for name, group in data["sets"].items():
+        columns = group.get("columns", MEGATRON_2021_COLUMNS)
+        for row in group["runs"]:
+            run = dict(zip(columns, row))
+            spec, label = _spec(name, group, run, data)
+            measured, key = run["measured"], group["measured"]
+            if key == "tokens_per_s_per_gpu":
+                measured, key = run["global"] * spec.model.seq_length / (measured * run["gpus"]), "iteration_time_s"
+            runs.append(PublishedRun(name, label, spec, key, measured, bool(group["held_out"])))
+    return runs
+
+
+def _spec(name: str, group: dict, run: dict, data: dict) -> tuple[RunSpec, str]:
+    """One row as a run spec, and its label."""
+    cluster = {**data["cluster"], **group.get("cluster", {})}
+    per_node, gpus = cluster["gpus_per_node"], run["gpus"]
+    t, p, c = run["tensor"], run["pipeline"], run.get("context", 1)
+    if "model" in run:  # a preset, or a shape the set spells out
+        model = dict(group.get("models", {}).get(run["model"], {"preset": run["model"]}), seq_length=run["seq"])
+        label = str(run["label"])
+    else:
+        model = {"num_layers": run["layers"], "hidden_size": run["hidden"], "num_attention_heads": run["heads"],
+                 **data["model"]}
+        label = f"{run['billions']:g}B t{t} p{p} {gpus} GPUs"
+    parallel = {"tensor": t, "pipeline": p, "context": c, "data": gpus // (t * p * c),
+                "sequence_parallel": group.get("sequence_parallel", t > 1), **group.get("parallel", {})}
+    if run.get("virtual", 1) > 1:
+        parallel["virtual_stages"] = run["virtual"]
+    recompute = None
+    if group.get("recompute"):
         recompute = {"granularity": group["recompute"]}
         if group["recompute"] == "full":
             recompute.update(method="uniform", num_layers=1)
-        for billions, heads, hidden, layers, t, p, gpus, batch, measured in group["runs"]:
-            spec = load_spec({
-                "name": f"{name}-{billions:g}B",
-                "model": {"num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads, **model},
-                "parallel": {"tensor": t, "pipeline": p, "data": gpus // (t * p),
-                             "sequence_parallel": group["sequence_parallel"]},
-                "batch": {"micro": 1, "global": batch}, "precision": "fp16", "recompute": recompute,
-                # Megatron-LM of 2021-22: its fused softmax still writes the s x s scores (no flash attention)
-                "kernels": {"attention_backend": "unfused"},
-                "cluster": {"nodes": [{"gpu": cluster["gpu"], "count": max(1, gpus // per_node),
-                                       "gpus_per_node": min(gpus, per_node),
-                                       "inter_node_gbps": cluster["inter_node_gbps"]}]},
-            })
-            runs.append(PublishedRun(name, f"{billions:g}B t{t} p{p} {gpus} GPUs", spec, group["measured"],
-                                     measured))
-    return runs
+    # Megatron-LM of 2021-22: its fused softmax still writes the s x s scores (no flash attention)
+    kernels = dict(group.get("kernels", {"attention_backend": "unfused"}))
+    if "kernels" in group:  # Transformer Engine's overlap of the tensor-parallel transfers, where there are any
+        kernels["tp_comm_overlap"] = t > 1
+    spec = load_spec({
+        "name": f"{name}-{label}".replace(" ", "-"),
+        "model": model, "parallel": parallel,
+        "batch": {"micro": run.get("micro", 1), "global": run["global"]},
+        "precision": group.get("precision", "fp16"), "recompute": recompute,
+        "optimizer": group.get("optimizer", {}), "kernels": kernels,
+        "cluster": {"nodes": [{"gpu": cluster["gpu"], "count": max(1, gpus // per_node),
+                               "gpus_per_node": min(gpus, per_node),
+                               "inter_node_gbps": cluster["inter_node_gbps"]}]},
+    })
+    return spec, label
 
 
 def published_table(path=PUBLISHED_RUNS, calibration: Calibration | None = None) -> pd.DataFrame:
@@ -65,5 +98,6 @@ def published_table(path=PUBLISHED_RUNS, calibration: Calibration | None = None)
         est = estimate(run.spec, calibration=calibration)
         predicted = est.tflops_per_gpu if run.measured_key == "tflops_per_gpu" else est.iteration_time_s
         rows.append({"set": run.set, "run": run.label, "figure": run.measured_key, "measured": run.measured,
-                     "predicted": predicted, "error": predicted / run.measured - 1, "mfu": est.mfu})
+                     "predicted": predicted, "error": predicted / run.measured - 1, "mfu": est.mfu,
+                     "held_out": run.held_out})
     return pd.DataFrame(rows)

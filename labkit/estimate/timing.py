@@ -105,10 +105,11 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
     stack = cal.stack(stack)
     tokens = micro_batch * shape.seq_length
     layer_flops = layer_forward_flops(shape, tokens)
+    core = attention_core_forward_flops(shape, tokens)
     if recompute == "full":
         recompute_fraction = 1.0
     elif recompute == "selective":
-        recompute_fraction = attention_core_forward_flops(shape, tokens) / layer_flops
+        recompute_fraction = core / layer_flops
     else:
         recompute_fraction = 0.0
 
@@ -128,14 +129,21 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
     from labkit import catalog
 
     gpu = source if isinstance(source, catalog.GPU) else catalog.gpu(source)
-    rate = gpu.peak(precision) * 1e12 * cal.gpu_efficiency(gpu.name)
+    rate = gpu.peak(precision) * 1e12 * cal.gemm_efficiency(gpu.name, precision)
     core_rate = gpu.peak("bf16" if precision == "fp8" else precision) * 1e12 * cal.gpu_efficiency(gpu.name)
     bandwidth = gpu.memory_bw_gb_s * 1e9
     activations = activation_bytes_per_layer(shape, micro_batch, tensor, sequence_parallel and tensor > 1,
                                              precision=precision, flash_attention=flash_attention, context=context)
     memory_s = stack.memory_passes * activations / bandwidth
-    core = attention_core_forward_flops(shape, tokens)
-    layer_gemm_s = ((layer_flops - core) / rate + core / core_rate) / tensor / context
+    # Attention's core: its GEMMs are as thin as a head (d wide), so they run below the layer GEMMs' efficiency; the
+    # unfused kernels compute every score, a flash kernel skips the causal mask's upper half.
+    head_dim = shape.hidden / shape.heads
+    kernel = "flash" if flash_attention else "unfused"
+    core_s = core * (0.5 if flash_attention else 1.0) / (core_rate * cal.attention_core_share(kernel, head_dim))
+    linear_s = (layer_flops - core) / rate
+    layer_gemm_s = (linear_s + core_s) / tensor / context
+    if recompute == "selective":
+        recompute_fraction = core_s / (linear_s + core_s)
     layer_s = layers * (layer_gemm_s + memory_s / 3)
     ends_s = 0.0
     if last:
