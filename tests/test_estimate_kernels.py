@@ -135,3 +135,19 @@ def test_attention_core_runs_at_its_head_dimension_share_and_flash_skips_the_mas
     flash = stage_time("H100-SXM", 1, 1, flash_attention=True, **kw).forward_s
     assert unfused == pytest.approx(linear_s + core / (rate * 128 / (128 + 384)))  # a quarter of the rate
     assert flash == pytest.approx(linear_s + core / 2 / (rate * 128 / (128 + 128)))  # half the work at half the rate
+
+
+def test_the_distributed_optimizer_hides_its_reduce_scatter_and_its_parameter_gather_separately():
+    """By hand: the distributed optimizer's traffic is a reduce-scatter and an all-gather, half the all-reduce's ring
+    each; overlap_grad_reduce hides the first behind the backward, overlap_param_gather the second behind the next
+    forward. What is hidden and what stays exposed add up to the whole."""
+    dist = {"distributed": True}
+    plain = estimate(h100_spec(optimizer=dist))
+    scatter_only = estimate(h100_spec(optimizer=dist, kernels={"overlap_grad_reduce": True}))
+    both = estimate(h100_spec(optimizer=dist, kernels={"overlap_grad_reduce": True, "overlap_param_gather": True}))
+    whole = plain.exposed_comm_s["dp"]
+    assert whole > 0 and plain.hidden_comm_s["dp"] == 0
+    assert scatter_only.exposed_comm_s["dp"] == pytest.approx(whole / 2)
+    assert scatter_only.hidden_comm_s["dp"] == pytest.approx(whole / 2)
+    assert both.exposed_comm_s["dp"] == 0 and both.hidden_comm_s["dp"] == pytest.approx(whole)
+    assert "hidden_comm_s" in both.to_dict()["breakdown"]

@@ -48,6 +48,7 @@ class Estimate:
     megatron_logged_tflops_per_gpu: float = 0.0  # what Megatron-LM's log prints: causal model FLOPs per GPU-second
     flash_attention: bool = False       # the attention kernel keeps no s x s scores (kernels.attention_backend)
     exposed_comm_s: dict[str, float] = field(default_factory=dict)  # per kind, what computation does not hide
+    hidden_comm_s: dict[str, float] = field(default_factory=dict)   # per kind, what overlap hides behind computation
 
     def to_dict(self) -> dict:
         out = {
@@ -66,7 +67,8 @@ class Estimate:
             "fits_in_memory": self.fits_in_memory,
             "memory_margin": MEMORY_MARGIN,
             "memory_limit_gb_per_stage": self.memory_limit_gb_per_stage,
-            "breakdown": {**self.breakdown, "exposed_comm_s": dict(self.exposed_comm_s)},
+            "breakdown": {**self.breakdown, "exposed_comm_s": dict(self.exposed_comm_s),
+                          "hidden_comm_s": dict(self.hidden_comm_s)},
             "stage_times_s": self.stage_times_s,
             "stage_gpus": self.stage_gpus,
             "stage_sources": self.stage_sources,
@@ -184,12 +186,21 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     # After the last backward: gradient all-reduce per stage, tied-embedding all-reduce, optimizer step.
     per_stage_params = stage_params(shape, partition, t)
     grad_bytes = grad_reduce_bytes or GRAD_REDUCE_BYTES.get(precision, 4)
-    dp_exposed = []
+    dp_exposed, dp_total = [], []
     for i, params in enumerate(per_stage_params):
         reduce_s = allreduce_time(params * grad_bytes, d, topo.dp_gbps(i), latency)
-        if overlap_dp:
-            reduce_s = max(0.0, reduce_s - stages[i].backward_s)
-        dp_exposed.append(reduce_s)
+        if spec.optimizer.distributed:
+            # a reduce-scatter of the gradients, then an all-gather of the updated parameters: half the ring each
+            scatter_s = gather_s = reduce_s / 2
+            if overlap_dp:
+                scatter_s = max(0.0, scatter_s - stages[i].backward_s)
+            if spec.kernels.overlap_param_gather:  # gathered bucket by bucket as the next forward reaches them
+                gather_s = max(0.0, gather_s - stages[i].forward_s)
+            exposed_s = scatter_s + gather_s
+        else:
+            exposed_s = max(0.0, reduce_s - stages[i].backward_s) if overlap_dp else reduce_s
+        dp_exposed.append(exposed_s)
+        dp_total.append(reduce_s)
     dp_comm = max(dp_exposed)
     embedding_comm = 0.0
     if p > 1 and shape.tied:
@@ -215,6 +226,13 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     }
     # communication the computation does not hide, per kind (the TP share is on the bottleneck stage's path)
     exposed = {"tp": breakdown["tp_comm"], "pp": pipe.pp_comm_s, "dp": dp_comm, "embedding": embedding_comm}
+    # and what it hides: the bottleneck stage's tensor-parallel transfers before overlap, its pipeline sends beyond
+    # those on the critical path, the data-parallel traffic of the stage that exposes the most
+    tp_all = bottleneck.tp_comm_before_overlap_s * m
+    sends = 2 * m * v * sum(boundaries[max(0, k - 1):k + 1]) if p > 1 else 0.0
+    worst = dp_exposed.index(dp_comm)
+    hidden = {"tp": max(0.0, tp_all - exposed["tp"]), "pp": max(0.0, sends - pipe.pp_comm_s),
+              "dp": max(0.0, dp_total[worst] - dp_comm), "embedding": 0.0}
 
     # FLOPs and utilisation.
     num_gpus = t * c * p * d
@@ -263,6 +281,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         megatron_logged_tflops_per_gpu=logged,
         flash_attention=flash,
         exposed_comm_s=exposed,
+        hidden_comm_s=hidden,
     )
 
 

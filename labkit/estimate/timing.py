@@ -66,6 +66,7 @@ class StageTime:
     backward_s: float     # compute, including any recomputed forward
     tp_comm_s: float      # tensor-parallel all-reduces (forward and backward) not already inside a measured profile
     source: str = "analytic"
+    tp_comm_before_overlap_s: float = 0.0  # the same transfers in full, before tp_comm_overlap hides some
 
     @property
     def total_s(self) -> float:
@@ -124,7 +125,8 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
                             cal.link_latency_s)
         forward = layer_s + ends_s
         backward = source.backward_factor * forward + recompute_fraction * layer_s
-        return StageTime(forward, backward, comm, source=f"profile {source.model}/{source.gpu}/tp{source.tensor}")
+        return StageTime(forward, backward, comm, source=f"profile {source.model}/{source.gpu}/tp{source.tensor}",
+                         tp_comm_before_overlap_s=comm)
 
     from labkit import catalog
 
@@ -156,6 +158,7 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
         tp_gbps = cal.bus_gbps(cal.intra_node_link(gpu), inter_node=False)
     comm = _tp_comm(layers, tokens // context, shape, tensor, precision, recompute, tp_gbps, stack,
                     cal.link_latency_s)
+    full = comm
     if tp_comm_overlap:
         comm = max(0.0, comm - 3 * layers * layer_gemm_s)  # forward and backward GEMMs hide the chunks in flight
     if context > 1:
@@ -163,7 +166,8 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
         kv = 2 * (tokens / context) * shape.hidden * shape.groups / shape.heads / tensor
         ring = (context - 1) * p2p_time(kv * ACTIVATION_BYTES.get(precision, 2), cp_gbps or tp_gbps, cal.link_latency_s)
         comm += layers * 3 * ring
-    return StageTime(forward, backward, comm, source=f"analytic {gpu.name}")
+        full += layers * 3 * ring
+    return StageTime(forward, backward, comm, source=f"analytic {gpu.name}", tp_comm_before_overlap_s=full)
 
 
 def _tp_comm(layers: int, tokens: int, shape: Shape, tensor: int, precision: str, recompute: str | None,
