@@ -151,3 +151,22 @@ def test_the_distributed_optimizer_hides_its_reduce_scatter_and_its_parameter_ga
     assert scatter_only.hidden_comm_s["dp"] == pytest.approx(whole / 2)
     assert both.exposed_comm_s["dp"] == 0 and both.hidden_comm_s["dp"] == pytest.approx(whole)
     assert "hidden_comm_s" in both.to_dict()["breakdown"]
+
+
+@pytest.mark.parametrize("virtual", [1, 2])
+def test_a_long_steps_span_is_extrapolated_exactly_from_its_steady_state(virtual):
+    """The span of a long step from a few short ones equals playing out every micro-batch, for unequal stages and
+    sends (the planner relies on it for steps of hundreds of micro-batches)."""
+    import random
+
+    from labkit.estimate.timing import schedule_1f1b, schedule_span
+
+    rng = random.Random(7)
+    for _ in range(20):
+        p = rng.randint(2, 6)
+        stages = [rng.uniform(0.5, 2.0) for _ in range(p)]
+        sends = [rng.uniform(0.0, 0.3) for _ in range(p - 1)]
+        m = p * rng.randint(6, 20) + (0 if virtual > 1 else rng.randint(0, p - 1))
+        messages = rng.choice([1, 2])
+        full = schedule_1f1b(stages, sends, m, messages, None, virtual, 0.1)[-1].end_s
+        assert schedule_span(stages, sends, m, messages, None, virtual, 0.1) == pytest.approx(full, rel=1e-9)

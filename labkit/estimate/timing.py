@@ -222,16 +222,44 @@ def pipeline_time(stage_times: list[float], boundary_times: list[float], num_mic
     module's formula); `backward_shares`: each stage's backward as a share of its time (BACKWARD_SHARE where not
     given); `wrap_time`: interleaved only, the send from the last stage back to the first between model chunks."""
     p, m, v = len(stage_times), num_micro_batches, max(1, virtual_stages)
-    events = schedule_1f1b(stage_times, boundary_times, m, messages, backward_shares, v, wrap_time)
+    total = schedule_span(stage_times, boundary_times, m, messages, backward_shares, v, wrap_time)
     wrap = wrap_time if v > 1 else 0.0
     edges = [wrap, *boundary_times, wrap]
     steady = [t + messages * v * (edges[i] + edges[i + 1]) for i, t in enumerate(stage_times)]
     k = max(range(p), key=lambda i: steady[i])
-    total = events[-1].end_s
     busy = m * stage_times[k]
     pp_comm = min((m - 1) * (steady[k] - stage_times[k]) + 2 * sum(boundary_times), total - busy)
     return PipelineTime(total_s=total, busy_s=busy, bubble_s=total - busy - pp_comm, pp_comm_s=pp_comm,
                         bottleneck_stage=k)
+
+
+def schedule_span(stage_times: list[float], boundary_times: list[float], num_micro_batches: int, messages: int = 1,
+                  backward_shares: list[float] | None = None, virtual_stages: int = 1, wrap_time: float = 0.0) -> float:
+    """First start to last end of `schedule_1f1b`, without playing out every micro-batch of a long step.
+
+    Every operation starts at the max of its inputs' ends plus fixed times, so the schedule is a max-plus linear
+    system: once its transient is over, each further micro-batch adds the system's cycle time, here the slowest
+    stage's steady time per micro-batch (its work and its transfers) (Heidergott, Olsder and van der Woude, Max Plus
+    at Work, 2006, ch. 3). The span is played out for two micro-batch counts p apart that share m's remainder
+    modulo p; where they already differ by p cycle times, the rest of the step adds a cycle time per micro-batch,
+    else (the transient lasts longer, or the cycle time is another) the whole step is played out.
+    """
+    p, m, v = len(stage_times), num_micro_batches, max(1, virtual_stages)
+    args = (messages, backward_shares, virtual_stages, wrap_time)
+
+    def span(micro_batches: int) -> float:
+        return schedule_1f1b(stage_times, boundary_times, micro_batches, *args)[-1].end_s
+
+    start = 2 * p + (m - 2 * p) % p  # at least two groups of warm-up, and m's remainder
+    if m <= start + p:
+        return span(m)
+    wrap = wrap_time if v > 1 else 0.0
+    edges = [wrap, *boundary_times, wrap]
+    cycle = max(t + messages * v * (edges[i] + edges[i + 1]) for i, t in enumerate(stage_times))
+    first, second = span(start), span(start + p)
+    if abs(second - first - p * cycle) > 1e-9 * second:
+        return span(m)
+    return first + (m - start) * cycle
 
 
 def bubble_fraction(events: list[Event]) -> float:
