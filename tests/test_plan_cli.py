@@ -185,3 +185,37 @@ def test_explain_compares_the_top_row_with_the_runner_up_and_each_other_family(c
     assert rows["best, no pipeline"]["bubble vs top"] < 0  # no pipeline, no bubble: it loses elsewhere
     assert main(["plan", "a100-a10-hetero", "--model", "gpt2-xl", "--global-batch", "64", "--explain"]) == 0
     assert "best, no pipeline: tp1 pp1 dp32" in capsys.readouterr().out
+
+
+def test_context_parallelism_is_searched_for_long_sequences_on_gpus_and_kept_where_written(tmp_path, capsys):
+    """Llama 3 8B's 8K-token sequences on two H100 nodes: the planner tries context-parallel sizes 1, 2 and 4 (4 leaves
+    2K tokens per rank); a spec that writes parallel.context keeps it; 2K-token GPT-2 XL never tries it."""
+    spec = {"model": {"preset": "llama3-8b"}, "batch": {"global": 128}, "precision": "bf16",
+            "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 2, "gpus_per_node": 8}]}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    rows = run_json(capsys, str(path), "--top", "200")["rows"]
+    assert {r["cp"] for r in rows} == {1, 2, 4}
+    assert all(r["tp"] * r["cp"] * r["pp"] * r["dp"] == 16 for r in rows)
+    path.write_text(yaml.safe_dump({**spec, "parallel": {"context": 2}}))
+    assert {r["cp"] for r in run_json(capsys, str(path), "--top", "50")["rows"]} == {2}
+    short = run_json(capsys, "a100-a10-hetero", "--model", "gpt2-xl", "--global-batch", "64", "--top", "50")
+    assert {r["cp"] for r in short["rows"]} == {1}
+
+
+def test_a_written_sequence_parallel_or_context_is_kept_and_checked_on_the_clusters_gpus(tmp_path, capsys):
+    spec = {"model": {"preset": "llama3-8b"}, "batch": {"global": 128}, "precision": "bf16",
+            "parallel": {"sequence_parallel": True},
+            "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 2, "gpus_per_node": 8}]}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    rows = run_json(capsys, str(path), "--top", "20")["rows"]
+    assert rows and all(r["sequence_parallel"] and r["tp"] > 1 for r in rows)
+    path.write_text(yaml.safe_dump({**spec, "parallel": {"context": 3}}))
+    assert main(["plan", str(path)]) == 2
+    assert "parallel.context: model.seq_length 8192 must be a multiple of 2 x 3" in capsys.readouterr().err
+    on_cpu = {**spec, "model": {"preset": "tiny"}, "batch": {"global": 8}, "precision": "fp32",
+              "cluster": "laptop"}
+    path.write_text(yaml.safe_dump(on_cpu))
+    assert main(["plan", str(path)]) == 2
+    assert "parallel.sequence_parallel: needs Transformer Engine on GPUs" in capsys.readouterr().err

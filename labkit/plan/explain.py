@@ -41,7 +41,8 @@ def _layout(row) -> str:
         ([f"{row.recompute_granularity} recompute"] if row.recompute_granularity else []) + \
         (["dist opt"] if row.distributed_optimizer else []) + ([f"vp{row.virtual_stages}"]
                                                                if row.virtual_stages > 1 else [])
-    return f"tp{row.tp} pp{row.pp} dp{row.dp} ({', '.join(extras)})"
+    cp = f" cp{row.cp}" if row.cp > 1 else ""
+    return f"tp{row.tp}{cp} pp{row.pp} dp{row.dp} ({', '.join(extras)})"
 
 
 def comparisons(plan, base=None, constraints: Constraints | None = None, **search_options) -> list[tuple[str, object]]:

@@ -28,7 +28,7 @@ class Constraints:
     data: object = SEARCHED
     """parallel.data."""
     context: object = SEARCHED
-    """parallel.context (not searched: 1 unless written)."""
+    """parallel.context (searched on GPUs with flash attention for long sequences; see plan.search.context_sizes)."""
     virtual_stages: object = SEARCHED
     """parallel.virtual_stages."""
     partition: object = SEARCHED
@@ -72,6 +72,7 @@ def planning_input(target: str, model: str | None = None, global_batch: int | No
     """The spec the planner varies and the constraints it keeps: from a named cluster, a cluster YAML or a run spec,
     plus the model preset, global batch and precision (each over the spec's). Raises SpecError naming what is wrong."""
     spec_data: dict = {}
+    pending: dict = {}
     constraints = Constraints()
     cluster = None
     if target in catalog.clusters():
@@ -86,8 +87,15 @@ def planning_input(target: str, model: str | None = None, global_batch: int | No
         if "nodes" in data and "model" not in data:
             cluster = data
         else:
-            # The layout is checked against the cluster only once the planner has chosen one: read without it.
-            written = load_spec({**data, "cluster": None})
+            # The layout is checked against the cluster only once the planner has chosen one: read without it, and
+            # without the two fields whose checks need the cluster and the tensor size (checked below, on the cluster).
+            without = {**data, "cluster": None}
+            if isinstance(data.get("parallel"), dict):
+                without["parallel"] = parallel = dict(data["parallel"])
+                pending = {key: parallel.pop(key) for key in LAYOUT_PENDING if parallel.get(key) is not None}
+            written = load_spec(without)
+            for key, value in pending.items():
+                setattr(written.parallel, key, value)
             spec_data = written.to_dict()
             cluster = data.get("cluster")
             if isinstance(cluster, str):
@@ -113,6 +121,7 @@ def planning_input(target: str, model: str | None = None, global_batch: int | No
                   "batch": {"micro": 1, "global": _world(cluster["nodes"])}}
     checked = load_spec(on_cluster)
     groups = checked.cluster.nodes
+    _check_pending(pending, checked, spec_data)
     if precision is None and "precision" not in spec_data:
         has_bf16 = all(catalog.gpu(g.gpu).bf16 for g in groups if catalog.resolve_gpu_name(g.gpu))
         precision = "bf16" if has_bf16 else "fp16"
@@ -130,6 +139,31 @@ def planning_input(target: str, model: str | None = None, global_batch: int | No
     base = replace(base, cluster=checked.cluster, kernels=replace(base.kernels,
                                                                   tp_comm_overlap=bool(kernels.get("tp_comm_overlap"))))
     return base, constraints
+
+
+# parallel fields a spec may write for the planner to keep whose checks need the cluster or the tensor size it picks
+LAYOUT_PENDING = ("context", "sequence_parallel")
+
+
+def _check_pending(pending: dict, on_cluster: RunSpec, spec_data: dict) -> None:
+    """The checks `load_spec` makes of parallel.context and parallel.sequence_parallel, on the planner's cluster."""
+    errors = []
+    context, sp = pending.get("context", 1), pending.get("sequence_parallel", False)
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        errors.append(f"parallel.context: {context!r} is not a whole number of 1 or more; give the context-parallel "
+                      "size, e.g. 2, or leave it out for the planner to choose")
+    elif context > 1 and spec_data.get("model", {}).get("seq_length", 0) % (2 * context):
+        errors.append(f"parallel.context: model.seq_length {spec_data['model']['seq_length']} must be a multiple of "
+                      f"2 x {context} (megatron-core splits each sequence into 2 x context chunks)")
+    if not isinstance(sp, bool):
+        errors.append(f"parallel.sequence_parallel: {sp!r} is not true or false")
+    on_cpu = any(catalog.gpu(g.gpu).name == "cpu" for g in on_cluster.cluster.nodes)
+    for key, used in (("parallel.context", context != 1), ("parallel.sequence_parallel", sp is True)):
+        if used and on_cpu and not errors:
+            errors.append(f"{key}: needs Transformer Engine on GPUs; the CPU driver runs megatron-core's local layers, "
+                          "so leave it out for a CPU run")
+    if errors:
+        raise SpecError(errors)
 
 
 def _world(nodes) -> int:

@@ -47,6 +47,7 @@ class Row:
     distributed_optimizer: bool
     sequence_parallel: bool
     recompute_granularity: str | None  # selective or full; None without recompute
+    cp: int                         # context-parallel size
     placement: list[str]            # GPU type of each node, in pipeline order
     partition: list[int]            # transformer layers per pipeline stage
     estimated_s: float
@@ -109,20 +110,37 @@ def price_per_second(cluster: ClusterSpec, prices: dict[str, float] | None = Non
     return total / 3600
 
 
-def splits(base: RunSpec, world: int, gpus_per_node: int, constraints: Constraints = Constraints()):
-    """(tensor, pipeline, data) sizes that use every GPU (with the spec's context-parallel size), split the heads and
-    the batch, keep tensor groups in a node, and agree with the constraints."""
-    m, c = base.model, base.parallel.context
-    for t in divisors(gpus_per_node):
-        if m.num_attention_heads % t or m.query_groups % t or world % (t * c) or not constraints.allows("tensor", t):
-            continue
-        if constraints.sequence_parallel is True and t == 1:  # sequence parallelism splits over tensor ranks
-            continue
-        for p in divisors(world // (t * c)):
-            d = world // (t * c * p)
-            if p <= m.num_layers and base.batch.global_ % d == 0 and constraints.allows("pipeline", p) \
-                    and constraints.allows("data", d):
-                yield t, p, d
+# Context parallelism is searched only where each rank keeps at least this many tokens of a sequence: below it the
+# ring's transfers outweigh the attention they split (Megatron-Core's own recipes start it at 8K-token sequences).
+MIN_CONTEXT_TOKENS = 2048
+
+
+def context_sizes(base: RunSpec, on_gpus: bool, flash: bool, constraints: Constraints = Constraints()) -> list[int]:
+    """Context-parallel sizes to try: the spec's where it wrote one; else 1 and, on GPUs with flash or fused attention
+    (context parallelism needs Transformer Engine), each power of two that leaves every rank MIN_CONTEXT_TOKENS or
+    more and splits the sequence into 2 x size chunks (Megatron's load-balanced causal split)."""
+    if constraints.context is not SEARCHED:
+        return [constraints.context]
+    s = base.model.seq_length
+    return [1] + [c for c in (2, 4, 8, 16) if on_gpus and flash and s % (2 * c) == 0 and s // c >= MIN_CONTEXT_TOKENS]
+
+
+def splits(base: RunSpec, world: int, gpus_per_node: int, constraints: Constraints = Constraints(),
+           contexts: list[int] | None = None):
+    """(tensor, pipeline, data, context) sizes that use every GPU, split the heads and the batch, keep tensor groups
+    in a node, and agree with the constraints; `contexts`: the context-parallel sizes to try (the spec's if None)."""
+    m = base.model
+    for c in contexts or [base.parallel.context]:
+        for t in divisors(gpus_per_node):
+            if m.num_attention_heads % t or m.query_groups % t or world % (t * c) or not constraints.allows("tensor", t):
+                continue
+            if constraints.sequence_parallel is True and t == 1:  # sequence parallelism splits over tensor ranks
+                continue
+            for p in divisors(world // (t * c)):
+                d = world // (t * c * p)
+                if p <= m.num_layers and base.batch.global_ % d == 0 and constraints.allows("pipeline", p) \
+                        and constraints.allows("data", d):
+                    yield t, p, d, c
 
 
 def schedules(base: RunSpec, pipeline: int, data: int, virtual_stages=(1, 2, 4),
@@ -160,12 +178,14 @@ class _StageCosts:
         prof = self.lookup(gpu, tensor)
         return prof if profile_fits(prof, self.shape) else catalog.gpu(gpu)
 
-    def per_layer(self, gpu: str, tensor: int, micro: int, recompute: str | None, tp_gbps: float) -> list[float]:
-        key = ("layer", gpu, tensor, micro, recompute, tp_gbps)
+    def per_layer(self, gpu: str, tensor: int, micro: int, recompute: str | None, tp_gbps: float,
+                  context: int = 1) -> list[float]:
+        key = ("layer", gpu, tensor, micro, recompute, tp_gbps, context)
         if key not in self._cache:
             source = self.source(gpu, tensor)
             kw = dict(shape=self.shape, precision=self.precision, recompute=recompute, tp_gbps=tp_gbps,
-                      calibration=self.calibration, sequence_parallel=self.sequence_parallel, **self.kernels)
+                      calibration=self.calibration, sequence_parallel=self.sequence_parallel, context=context,
+                      cp_gbps=tp_gbps, **self.kernels)
             zero = stage_time(source, 0, micro, tensor, **kw).total_s
             layers = self.shape.num_layers
             measured = getattr(source, "layers_s", None)
@@ -177,13 +197,14 @@ class _StageCosts:
         return self._cache[key]
 
     def ends(self, gpu: str, tensor: int, micro: int, recompute: str | None, tp_gbps: float, first: bool,
-             last: bool) -> float:
-        key = ("ends", gpu, tensor, micro, recompute, tp_gbps, first, last)
+             last: bool, context: int = 1) -> float:
+        key = ("ends", gpu, tensor, micro, recompute, tp_gbps, first, last, context)
         if key not in self._cache:
             self._cache[key] = stage_time(self.source(gpu, tensor), 0, micro, tensor, shape=self.shape,
                                           precision=self.precision, recompute=recompute, tp_gbps=tp_gbps,
                                           first=first, last=last, calibration=self.calibration,
-                                          sequence_parallel=self.sequence_parallel, **self.kernels).total_s
+                                          sequence_parallel=self.sequence_parallel, context=context,
+                                          cp_gbps=tp_gbps, **self.kernels).total_s
         return self._cache[key]
 
 
@@ -247,8 +268,8 @@ def _split_and_bound(shape: Shape, precision: str, t: int, p: int, d: int, b: in
     per_layer, ends = [], []
     for i in range(p):
         gpu, tp_gbps = links.stage_gpus[i], links.tp_gbps[i]
-        per_layer.append(costs.per_layer(gpu, t, b, recompute, tp_gbps))
-        ends.append(costs.ends(gpu, t, b, recompute, tp_gbps, i == 0, i == p - 1))
+        per_layer.append(costs.per_layer(gpu, t, b, recompute, tp_gbps, context))
+        ends.append(costs.ends(gpu, t, b, recompute, tp_gbps, i == 0, i == p - 1, context))
     if v > 1 or p == 1:
         return _bound(shape, precision, t, d, b, v, links, costs, per_layer, ends, boundaries,
                       [shape.num_layers // p] * p)  # the interleaved schedule needs the even split
@@ -315,7 +336,7 @@ def _row(spec: RunSpec, est, order_names: list[str], price_s: float) -> Row:
     par, bd = spec.parallel, est.breakdown
     layers_per_stage = spec.layer_partition
     idle = sum(1 for n in layers_per_stage if n == 0) * par.tensor * par.context * spec.data_parallel
-    return Row(mbs=spec.batch.micro, tp=par.tensor, dp=spec.data_parallel, pp=par.pipeline,
+    return Row(mbs=spec.batch.micro, tp=par.tensor, dp=spec.data_parallel, pp=par.pipeline, cp=par.context,
                virtual_stages=par.virtual_stages, recompute=spec.recompute is not None,
                distributed_optimizer=spec.optimizer.distributed, sequence_parallel=par.sequence_parallel,
                recompute_granularity=spec.recompute.granularity if spec.recompute else None,
@@ -371,15 +392,16 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
                         flash=flash_attention(base.kernels.attention_backend, [g.gpu for g in cluster.nodes]),
                         overlap_dp=base.kernels.overlap_grad_reduce, overlap_tp=base.kernels.tp_comm_overlap,
                         sequence_parallel=sequence_parallel)
-    layout_splits = list(splits(base, world, min(k.gpus_per_node for k in kinds), constraints))
+    flash = costs.kernels["flash_attention"]
+    layout_splits = list(splits(base, world, min(k.gpus_per_node for k in kinds), constraints,
+                                context_sizes(base, on_gpus, flash, constraints)))
     cluster_price_s = price_per_second(cluster, prices)  # every layout uses every GPU: one price for all
-    c = base.parallel.context
     bar = None
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=len(layout_splits), desc="plan", unit="split", file=sys.stderr, leave=False)
 
-    def parallel(t: int, p: int, d: int, v: int = 1, partition=None) -> ParallelSpec:
+    def parallel(t: int, p: int, d: int, c: int, v: int = 1, partition=None) -> ParallelSpec:
         sp = sequence_parallel and t > 1
         return ParallelSpec(tensor=t, pipeline=p, data=d, context=c, virtual_stages=v, partition=partition,
                             sequence_parallel=sp)
@@ -387,17 +409,18 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
     # First a lower bound on every layout's step time under its exact split: cheap, most layouts stop here. Only
     # what identifies a candidate is kept (its node order is rebuilt if it is estimated).
     bounded = []
-    for t, p, d in layout_splits:
-        sp = parallel(t, p, d).sequence_parallel
-        for order in (placements(cluster, t, d, p) if orders == "all" else grouped_orders(kinds, counts)):
-            links = _Links.of(replace(base, cluster=as_cluster(order, kinds, cluster), parallel=parallel(t, p, d)), cal)
+    for t, p, d, c in layout_splits:
+        sp = parallel(t, p, d, c).sequence_parallel
+        for order in (placements(cluster, t, d * c, p) if orders == "all" else grouped_orders(kinds, counts)):
+            links = _Links.of(replace(base, cluster=as_cluster(order, kinds, cluster), parallel=parallel(t, p, d, c)),
+                              cal)
             for b, v in schedules(base, p, d, virtual_stages, constraints):
                 layers, step_s = _split_and_bound(shape, base.precision, t, p, d, b, v, None, links, costs,
                                                   sequence_parallel=sp, context=c)
                 if constraints.partition is not SEARCHED:
                     layers = list(constraints.partition)
                 bound = step_s if objective == "time" else step_s * cluster_price_s
-                bounded.append((bound, order, (t, p, d, b, v, layers)))
+                bounded.append((bound, order, (t, p, d, c, b, v, layers)))
         if bar is not None:
             bar.update()
     bounded.sort(key=lambda c: c[0])
@@ -407,13 +430,13 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
     kept: list[float] = []  # objective values of fitting, within-budget rows, ascending
     evaluated = pruned = 0
     fixed_partition = constraints.partition is not SEARCHED
-    for i, (bound, order, (t, p, d, b, v, layers)) in enumerate(bounded):
+    for i, (bound, order, (t, p, d, c, b, v, layers)) in enumerate(bounded):
         if top and len(kept) >= top and bound > kept[top - 1]:
             pruned = len(bounded) - i
             break
         placed = as_cluster(order, kinds, cluster)
         spec = replace(base, cluster=placed, batch=replace(base.batch, micro=b), recompute=None,
-                       parallel=parallel(t, p, d, v, layers if v == 1 and p > 1 else None),
+                       parallel=parallel(t, p, d, c, v, layers if v == 1 and p > 1 else None),
                        optimizer=replace(base.optimizer, distributed=False))
         links = _Links.of(spec, cal)
         names = [kinds[k].gpu for k in order]
@@ -453,7 +476,7 @@ def _distinct(rows: list[Row]) -> list[Row]:
     layers and the same time are one row (the first, as ranked)."""
     seen, out = set(), []
     for row in rows:
-        key = (row.tp, row.pp, row.dp, row.mbs, row.virtual_stages, row.sequence_parallel, row.recompute_granularity,
+        key = (row.tp, row.pp, row.dp, row.cp, row.mbs, row.virtual_stages, row.sequence_parallel, row.recompute_granularity,
                row.distributed_optimizer, tuple(row.spec.stage_gpus), tuple(row.partition), round(row.estimated_s, 9))
         if key not in seen:
             seen.add(key)

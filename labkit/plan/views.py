@@ -7,7 +7,7 @@ import pandas as pd
 from labkit.estimate.timing import Event, Pipeline
 
 TABLE_COLUMNS = {
-    "mbs": "micro", "tp": "tp", "dp": "dp", "pp": "pp", "virtual_stages": "vp", "sequence_parallel": "sp",
+    "mbs": "micro", "tp": "tp", "cp": "cp", "dp": "dp", "pp": "pp", "virtual_stages": "vp", "sequence_parallel": "sp",
     "recompute_granularity": "recompute", "distributed_optimizer": "dist opt", "placement": "placement",
     "partition": "partition", "idle_gpus": "idle GPUs",
     "estimated_s": "s/step", "pipeline_s": "pipeline s", "dp_allreduce_s": "DP all-reduce s",
