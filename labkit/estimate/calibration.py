@@ -89,8 +89,11 @@ class Calibration:
             return self.fp8_efficiency[gpu]
         return self.gpu_efficiency(gpu)
 
-    def attention_core_share(self, kernel: str, head_dim: float) -> float:
-        """Attention's core runs at this fraction of the layer GEMMs' efficiency: d / (d + d_half)."""
+    def attention_core_share(self, kernel: str, head_dim: float, gpu: str) -> float:
+        """Attention's core runs at this fraction of the layer GEMMs' efficiency: d / (d + d_half) on GPUs, whose
+        tensor cores lose efficiency on head-wide GEMMs; 1 on a CPU, whose core is timed like its other GEMMs."""
+        if gpu == "cpu":
+            return 1.0
         half = self.attention_head_dim_half[kernel]
         return head_dim / (head_dim + half)
 
