@@ -171,6 +171,70 @@ iteration_time_figure(sweep.logs).show()
 loss_table(sweep.logs)
 
 # %% [markdown]
+# ## 3.6 Recomputation from scratch
+#
+# What full recomputation does to a layer, in a dozen lines: a `torch.autograd.Function` whose forward keeps only the
+# layer's input, and whose backward runs the forward again (this time keeping its activations) and backpropagates
+# through it. Megatron's `tensor_parallel.checkpoint` does the same, and also saves the random state with the input,
+# so that a replayed dropout draws the same mask (the layer below has no dropout, so this one can skip that).
+
+# %%
+import torch
+
+
+class Recomputed(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, layer, x):
+        ctx.layer = layer
+        ctx.save_for_backward(x)  # the input only: nothing the layer computes is kept
+        with torch.no_grad():
+            return layer(x)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = x.detach().requires_grad_()
+            out = ctx.layer(x)  # the forward again, keeping its activations this time
+        torch.autograd.backward(out, grad_out)  # fills the layer's weight gradients and x.grad
+        return None, x.grad
+
+
+# %% [markdown]
+# Checked against megatron-core's `tensor_parallel.checkpoint` and against keeping everything: the same gradients,
+# and the bytes autograd saved for the backward (counted with a saved-tensors hook).
+
+# %%
+from labkit.train import cpu_compat
+
+if not torch.cuda.is_available():
+    cpu_compat.apply()  # megatron-core saves the GPU's random state; the compatibility layer saves the CPU's
+from megatron.core.tensor_parallel import checkpoint as megatron_checkpoint
+
+torch.manual_seed(0)
+layer = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+x = torch.randn(32, 64, requires_grad=True)
+
+
+def saved_bytes_and_grads(forward):
+    saved = []
+    layer.zero_grad()
+    x.grad = None
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
+                                                  lambda t: t):
+        out = forward()
+    out.square().sum().backward()
+    return sum(saved), [p.grad for p in layer.parameters()] + [x.grad]
+
+
+kept, kept_grads = saved_bytes_and_grads(lambda: layer(x))
+mine, my_grads = saved_bytes_and_grads(lambda: Recomputed.apply(layer, x))
+megatron, megatron_grads = saved_bytes_and_grads(lambda: megatron_checkpoint(layer, False, x))
+assert all(torch.allclose(a, b) and torch.allclose(a, c) for a, b, c in zip(my_grads, megatron_grads, kept_grads))
+assert mine == megatron == x.numel() * x.element_size() < kept
+print(f"saved for the backward: {kept:,} bytes kept, {mine:,} recomputed from scratch, {megatron:,} by megatron-core")
+
+# %% [markdown]
 # ## Exercises
 #
 # **Exercise 1.** GPT-2 small has 12 layers. With `full` recomputation, method `block` and `num_layers` 4 on one

@@ -171,6 +171,96 @@ print(f"largest difference over {len(losses)} iterations: {losses['spread'].max(
 loss_figure({name: sweep.logs[name] for name in to_profile}).show()
 
 # %% [markdown]
+# ## 4.7 Accumulation from scratch
+#
+# The loop behind `batch.global` / `batch.micro`, in a dozen lines: each micro-batch's loss is divided by their
+# count and its gradient added to the last; with data parallelism, the all-reduce of the gradients is skipped
+# (`no_sync`) for every micro-batch but the last, so a step pays for one all-reduce however many micro-batches it
+# accumulates. A hook on the weight records, for each backward, whether it ran inside `no_sync`.
+
+# %%
+import contextlib
+
+import torch
+
+inside_no_sync, synced = [False], []
+
+
+@contextlib.contextmanager
+def no_sync():  # what DistributedDataParallel.no_sync does: hold the all-reduce back while inside
+    inside_no_sync[0] = True
+    yield
+    inside_no_sync[0] = False
+
+
+def accumulate(model, micro_batches):
+    model.zero_grad()
+    for i, (xs, ys) in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        with contextlib.nullcontext() if last else no_sync():
+            loss = torch.nn.functional.mse_loss(model(xs), ys) / len(micro_batches)
+            loss.backward()
+
+
+# %% [markdown]
+# Checked against megatron-core's own schedule for one pipeline stage (`forward_backward_no_pipelining`, what the
+# driver runs at pipeline size 1), given the same `no_sync`, and against one backward over the whole batch.
+
+# %%
+import tempfile
+
+import torch.distributed as dist
+from labkit.train import cpu_compat
+
+if not torch.cuda.is_available():
+    cpu_compat.apply()
+from megatron.core import parallel_state
+from megatron.core.enums import ModelType
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.transformer import TransformerConfig
+
+if not dist.is_initialized():  # a group of one process, so that megatron-core's schedule can run in this notebook
+    dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/group", rank=0, world_size=1)
+if not parallel_state.model_parallel_is_initialized():
+    parallel_state.initialize_model_parallel(1, 1)
+
+
+class Regression(torch.nn.Linear):  # the attributes megatron-core's schedule asks a model for
+    model_type = ModelType.encoder_or_decoder
+    config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=1, no_sync_func=no_sync,
+                               cuda_graph_scope=[])  # no CUDA graphs (0.16's default names a deprecated scope)
+
+    def set_input_tensor(self, tensor):  # a first pipeline stage receives no activations
+        pass
+
+
+torch.manual_seed(0)
+model = Regression(16, 1)
+model.weight.register_hook(lambda grad: synced.append(not inside_no_sync[0]))
+inputs, targets = torch.randn(8, 16), torch.randn(8, 1)
+micro_batches = list(zip(inputs.split(2), targets.split(2)))
+
+accumulate(model, micro_batches)
+mine, my_syncs = [p.grad.clone() for p in model.parameters()], synced[:]
+synced.clear()
+model.zero_grad()
+
+
+def forward_step(data_iterator, model):
+    xs, ys = next(data_iterator)
+    return model(xs), lambda out: (torch.nn.functional.mse_loss(out, ys), {})
+
+
+get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[model],
+                            num_microbatches=len(micro_batches), seq_length=1, micro_batch_size=2, forward_only=False)
+megatron = [p.grad.clone() for p in model.parameters()]
+model.zero_grad()
+torch.nn.functional.mse_loss(model(inputs), targets).backward()
+assert all(torch.allclose(a, b) and torch.allclose(a, p.grad) for a, b, p in zip(mine, megatron, model.parameters()))
+assert my_syncs == synced[:len(micro_batches)] == [False, False, False, True]
+print("all-reduce after micro-batch:", my_syncs, "(from scratch);", synced[:len(micro_batches)], "(megatron-core)")
+
+# %% [markdown]
 # ## Exercises
 #
 # **Exercise 1.** The workshop's run in section 4.3: 2 nodes with 2 GPUs each, data parallel only, micro-batch 4 and
