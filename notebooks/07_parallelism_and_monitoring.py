@@ -218,6 +218,136 @@ board = dashboard.Dashboard(root=runs_dir()).show()
 board.runs.value = tuple(chosen)
 
 # %% [markdown]
+# ## 7.9 Tensor and pipeline parallelism from scratch
+#
+# Two ideas behind the layouts above, each in about ten lines, run as two processes on this machine's gloo (as the
+# driver's ranks do), and each checked against megatron-core doing the same in the same processes.
+#
+# **Column- then row-parallel linear** (Megatron's MLP, Shoeybi et al. arXiv:1909.08053): the first weight is split
+# by its output rows, so each rank computes its own slice of the hidden activations with no communication; the
+# second is split by its input columns to match, so each rank computes a partial output, and one all-reduce sums
+# them. One all-reduce per forward, whatever the width.
+
+# %%
+import multiprocessing
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+
+
+def mlp_from_scratch(rank, world, x, w1, w2):
+    w1_mine = w1.chunk(world, dim=0)[rank]  # column-parallel: my share of the hidden units
+    w2_mine = w2.chunk(world, dim=1)[rank]  # row-parallel: the same share of the inputs
+    hidden_mine = x @ w1_mine.t()           # no communication
+    partial = hidden_mine @ w2_mine.t()     # my hidden units' contribution to every output
+    dist.all_reduce(partial)                # the one all-reduce: the sum over ranks
+    return partial, (w1_mine, w2_mine)
+
+
+# %% [markdown]
+# **1F1B** (Narayanan et al. SC21, arXiv:2104.04473): stage $i$ of $p$ runs $p - i - 1$ forwards to fill the pipeline,
+# then alternates one forward and one backward, then drains the backwards it still owes.
+
+
+# %%
+def one_f_one_b(stage, stages, micro_batches):
+    warmup = min(stages - stage - 1, micro_batches)
+    order = [("F", k) for k in range(warmup)]
+    for k in range(micro_batches - warmup):
+        order += [("F", warmup + k), ("B", k)]
+    return order + [("B", k) for k in range(micro_batches - warmup, micro_batches)]
+
+
+print(one_f_one_b(0, 2, 4))
+
+
+# %% [markdown]
+# The check: two processes join one gloo group. Each runs the MLP from scratch, then megatron-core's
+# `ColumnParallelLinear` and `RowParallelLinear` holding the same shards; then megatron-core's 1F1B schedule over
+# two pipeline stages, noting each forward as it starts and each backward as it passes through the stage.
+
+# %%
+def check_against_megatron(rank, world, store, micro_batches, results):
+    os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # as labkit's tensor-parallel jobs set it (megatron-core asks)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    from labkit.train import cpu_compat
+
+    cpu_compat.apply()
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.enums import ModelType
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.transformer import TransformerConfig
+
+    torch.manual_seed(0)  # every rank draws the same full weights and input
+    x, w1, w2 = torch.randn(4, 8), torch.randn(16, 8), torch.randn(8, 16)
+    mine, (w1_mine, w2_mine) = mlp_from_scratch(rank, world, x, w1, w2)
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
+    tensor_parallel.model_parallel_cuda_manual_seed(0)  # the random stream megatron-core initialises shards from
+    config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=world, tensor_model_parallel_size=world,
+                               cuda_graph_scope=[])
+    column = tensor_parallel.ColumnParallelLinear(8, 16, config=config, init_method=lambda w: None, bias=False,
+                                                  gather_output=False)
+    row = tensor_parallel.RowParallelLinear(16, 8, config=config, init_method=lambda w: None, bias=False,
+                                            input_is_parallel=True, skip_bias_add=False)
+    with torch.no_grad():
+        column.weight.copy_(w1_mine)
+        row.weight.copy_(w2_mine)
+    megatron, _ = row(column(x)[0])
+    tensor_ok = torch.allclose(mine, megatron) and torch.allclose(mine, x @ w1.t() @ w2.t(), atol=1e-5)
+
+    parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(pipeline_model_parallel_size=world)
+    order = []
+
+    class NoteBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, out, k):
+            ctx.k = k
+            return out.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            order.append(("B", ctx.k))
+            return grad, None
+
+    class Stage(torch.nn.Linear):  # what megatron-core's schedule asks of a model chunk
+        model_type = ModelType.encoder_or_decoder
+        config = TransformerConfig(num_layers=world, hidden_size=4, num_attention_heads=1, cuda_graph_scope=[],
+                                   pipeline_model_parallel_size=world, pipeline_dtype=torch.float32)
+
+        def set_input_tensor(self, tensor):  # the activations the previous stage sent
+            self.received = tensor[0] if isinstance(tensor, list) else tensor
+
+    stage, started = Stage(4, 4), iter(range(micro_batches))
+
+    def forward_step(data_iterator, model):
+        k = next(started)
+        order.append(("F", k))
+        out = model(torch.randn(1, 1, 4) if rank == 0 else model.received)
+        return NoteBackward.apply(out, k), lambda out: (out.square().mean(), {})
+
+    get_forward_backward_func()(forward_step_func=forward_step, data_iterator=None, model=[stage],
+                                num_microbatches=micro_batches, seq_length=1, micro_batch_size=1, forward_only=False)
+    results.put((rank, tensor_ok, order))
+    dist.destroy_process_group()
+
+
+fork = multiprocessing.get_context("fork")  # the ranks start as copies of this notebook's process
+results, store = fork.Queue(), tempfile.mkdtemp() + "/group"
+ranks = [fork.Process(target=check_against_megatron, args=(rank, 2, store, 4, results)) for rank in range(2)]
+for process in ranks:
+    process.start()
+checked = {rank: (tensor_ok, order) for rank, tensor_ok, order in (results.get(timeout=120) for _ in ranks)}
+for process in ranks:
+    process.join()
+for rank, (tensor_ok, order) in sorted(checked.items()):
+    assert tensor_ok and order == one_f_one_b(rank, 2, 4), (rank, order)
+    print(f"rank {rank}: MLP as megatron-core's; its 1F1B order, as megatron-core ran it: {order}")
+
+# %% [markdown]
 # ## Exercises
 #
 # **Exercise 1.** On 2 nodes of 4 GPUs with tensor parallel 2 and pipeline parallel 2, what is the data-parallel
