@@ -60,13 +60,21 @@ print(f"default backend here: {default_backend().name}; this lab uses: {backend}
 # ## 0.3 The cluster's nodes and GPUs
 #
 # `sinfo` lists Slurm's nodes with their generic resources (`gpu:TYPE:N`). labkit's local Slurm (`make slurm-up`)
-# emulates one a100 node and three a10 nodes on this machine; without Slurm the command is simply not found.
+# emulates one a100 node and three a10 nodes on this machine. Without Slurm, or with its controller stopped, jobs run
+# with the local backend.
 
 # %%
-if shutil.which("sinfo"):
-    get_ipython().system('sinfo -N -o "%N %P %c %G %T"')
-else:
+import subprocess
+
+nodes = subprocess.run(["sinfo", "-N", "-o", "%N %P %c %G %T"], capture_output=True, text=True) \
+    if shutil.which("sinfo") else None
+if nodes is None:
     print("no Slurm on this machine: jobs run with the local backend")
+elif nodes.returncode != 0:
+    print("Slurm is installed but its controller does not answer (start labkit's with `sudo make slurm-up`): "
+          "jobs run with the local backend")
+else:
+    print(nodes.stdout)
 
 # %% [markdown]
 # ## 0.4 A first tiny job

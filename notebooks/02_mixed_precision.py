@@ -253,10 +253,16 @@ profile_views.memory_figure(traces).show()
 # with the other runs; the matmul share is of what is left. On a GPU, `tensor_core_share` would show how much
 # kernel time ran on tensor cores; a CPU trace has no kernels.
 #
-# To browse the traces and scalars interactively (the workshop's "PYTORCH_PROFILER" tab), open the run in TensorBoard:
+# To browse the scalars interactively, open the run in TensorBoard. The workshop browsed its traces in TensorBoard's
+# "PYTORCH_PROFILER" tab, which needs the `torch-tb-profiler` plugin that PyTorch has deprecated; open a trace file
+# in [Perfetto](https://ui.perfetto.dev) instead (it reads the file in the browser; nothing is uploaded), or in
+# Chrome's `chrome://tracing`.
 
 # %%
+from labkit.profiling import trace as traces_of
+
 print(tensorboard.tensorboard_command(sweep.run_dirs["fp16"]))
+print("\n".join(str(path) for path in traces_of.find_traces(sweep.run_dirs["fp16"])))
 
 # %% [markdown]
 # ## 2.6 Sharding the model state: ZeRO and Megatron's distributed optimizer

@@ -79,7 +79,12 @@ model_size_table()
 # mostly decided by its depth and width.
 
 # %% tags=["nbval-ignore-output", "widgets"]
-_ = interact(gpt_params, l=(2, 96, 2), h=(256, 12288, 256), s=fixed(2048), V=fixed(50257))
+def show_params(l, h, s, V):
+    count = gpt_params(l, h, s, V)
+    print(f"{count:,} parameters ({count / 1e9:,.2f} billion)")
+
+
+_ = interact(show_params, l=(2, 96, 2), h=(256, 12288, 256), s=fixed(2048), V=fixed(50257))
 
 # %% [markdown]
 # ## 5.2 From an iteration time to TFLOP/s per GPU and utilisation
@@ -128,7 +133,12 @@ print(f"GPT-3: {training_days(tokens=300e9, params=175e9, num_gpus=1024, tflops_
 days_per_epoch(params=params, tokens=dataset_tokens, gpu_counts=[16, 64, 256, 1024], tflops_per_gpu=tflops).round(1)
 
 # %% tags=["nbval-ignore-output", "widgets"]
-_ = interact(training_days, tokens=fixed(dataset_tokens), params=fixed(params), num_gpus=(8, 2048, 8),
+def show_days(tokens, params, num_gpus, tflops_per_gpu, recompute):
+    days = training_days(tokens, params, num_gpus, tflops_per_gpu, recompute)
+    print(f"{days:,.1f} days ({days / 7:,.1f} weeks) on {num_gpus:,} GPUs at {tflops_per_gpu:g} TFLOP/s each")
+
+
+_ = interact(show_days, tokens=fixed(dataset_tokens), params=fixed(params), num_gpus=(8, 2048, 8),
              tflops_per_gpu=(50.0, 400.0, 10.0), recompute=True)
 
 # %% [markdown]

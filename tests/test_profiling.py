@@ -234,3 +234,18 @@ def test_views_compare_runs_and_ranks(runs, dp2, plain_and_recompute):
     timelines = tr.find_memory_timelines(runs["recompute"])
     if timelines:
         assert [d.name for d in views.memory_timeline_figure(timelines[0]).data] == list(tr.MEMORY_TIMELINE_CATEGORIES)
+
+
+def test_a_scalar_spanning_orders_of_magnitude_gets_a_log_axis_of_its_own():
+    import pandas as pd
+
+    from labkit.profiling import views
+
+    rows = [{"run": run, "tag": tag, "step": step, "value": value}
+            for run in ("fp16", "bf16") for step in range(10)
+            for tag, value in (("loss-scale", 2.0 ** (32 - 2 * step)), ("lm loss", 7 - 0.1 * step))]
+    fig = views.scalars_figure(pd.DataFrame(rows), ["lm loss", "loss-scale"])
+    axis_type = {trace.hovertemplate.split("tag=")[1].split("<br>")[0]: fig.layout["yaxis" + trace.yaxis[1:]].type
+                 for trace in fig.data}
+    assert axis_type == {"loss-scale": "log", "lm loss": None}
+    assert fig.layout.height >= 300 * 2

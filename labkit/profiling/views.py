@@ -154,8 +154,18 @@ def scalars_figure(scalars: pd.DataFrame, tags: list[str]) -> go.Figure:
     if missing:
         raise KeyError(f"no scalar tag {missing}; the runs have {sorted(scalars['tag'].unique())}")
     fig = px.line(frame, x="step", y="value", color="run", facet_row="tag", category_orders={"tag": tags},
-                  height=220 * len(tags), title="TensorBoard scalars")
-    return fig.update_yaxes(matches=None, title_text="")
+                  height=120 + 260 * len(tags), title="TensorBoard scalars")
+    fig.update_yaxes(matches=None, title_text="")
+    for trace in fig.data:  # a tag whose values span two orders of magnitude or more (a loss scale) gets a log axis
+        values = frame.loc[(frame["run"] == trace.legendgroup) & (frame["tag"] == _tag_of(trace)), "value"]
+        if len(values) and values.min() > 0 and values.max() >= 100 * values.min():
+            fig.layout["yaxis" + trace.yaxis[1:]].type = "log"
+    return fig
+
+
+def _tag_of(trace) -> str:
+    """The facet a plotly express trace was drawn in (its hover template names it)."""
+    return trace.hovertemplate.split("tag=", 1)[1].split("<br>", 1)[0]
 
 
 def _trace(run) -> tr.Trace:
