@@ -162,3 +162,13 @@ def test_a_llama_shape_is_read_back_from_the_arguments_block_the_driver_prints()
     shape = shape_from_arguments(parse_text(megatron_log.arguments_block(args)).arguments)
     assert dataclasses.astuple(shape) == dataclasses.astuple(Shape.of(spec.model))
     assert (shape.norm, shape.positions, shape.bias, shape.hidden_dropout) == ("RMSNorm", "rope", False, 0.0)
+
+
+def test_a_logged_throughput_that_rounds_to_zero_gives_way_to_the_model_flops():
+    """A tiny model on a CPU logs `throughput per GPU (TFLOP/s/GPU): 0.0`; with the model's shape known, the table
+    shows the model FLOPs per second instead, and says so."""
+    p = parse_log(FIXTURES / "04-mlm-core080-7b-2node-throughput.log")
+    p.iterations["tflops_per_gpu"] = 0.0
+    with_shape = throughput(p, spec=load_spec({"model": {"preset": "llama2-7b"}, "batch": {"global": 1024}}))
+    assert with_shape.tflops_source == "model FLOPs (the log rounds to 0.0)" and with_shape.tflops_per_gpu > 0
+    assert throughput(p).tflops_source == "log" and throughput(p).tflops_per_gpu == 0.0  # nothing better known

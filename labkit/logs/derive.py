@@ -178,11 +178,15 @@ def throughput(parsed, spec=None, gpu: str | None = None, warmup: int | None = N
     tokens_per_s = samples_per_s * seq if samples_per_s and seq else None
 
     logged = steady_rows["tflops_per_gpu"].dropna() if "tflops_per_gpu" in steady_rows else pd.Series(dtype=float)
-    if len(logged):
-        tflops, source = float(logged.mean()), "log"
-    elif t and gbs and world and shape is not None:
+    computed = None
+    if t and gbs and world and shape is not None:
         shape = Shape(**{**asdict(shape), "seq_length": seq or shape.seq_length})
-        tflops, source = model_flops(shape, gbs) / (t / 1000) / world / 1e12, "model FLOPs"
+        computed = model_flops(shape, gbs) / (t / 1000) / world / 1e12
+    if len(logged) and (logged.mean() > 0 or computed is None):
+        tflops, source = float(logged.mean()), "log"
+    elif computed is not None:
+        # a tiny model's logged figure rounds to 0.0 (Megatron prints one decimal): the model FLOPs say more
+        tflops, source = computed, "model FLOPs" if not len(logged) else "model FLOPs (the log rounds to 0.0)"
     else:
         tflops, source = None, None
 
