@@ -39,6 +39,7 @@ MEGATRON_MODULES = (
     "megatron.core.optimizer.grad_scaler",
     "megatron.core.optimizer.distrib_optimizer",
     "megatron.core.datasets.blended_megatron_dataset_builder",
+    "megatron.core.models.gpt.gpt_layer_specs",
 )
 
 _FACTORIES = ("empty", "zeros", "ones", "full", "tensor", "arange", "rand", "randn", "randint", "as_tensor")

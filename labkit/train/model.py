@@ -56,6 +56,7 @@ def transformer_config(args, timers=None) -> TransformerConfig:
         batch_p2p_comm=args.distributed_backend == "nccl",
         timers=timers,
         barrier_with_L1_time=True,
+        cuda_graph_scope=[],  # no CUDA graphs are captured; megatron-core 0.16's default names a deprecated scope
     )
 
 
