@@ -116,6 +116,11 @@ loss_figure({"baseline": log}).show()
 # see random tokens, and its loss would stay at ln 1024 = 6.93 however long it trained: mock data measures speed and
 # memory without a dataset, and nothing else.
 
+# %% [markdown]
+# The run in one row: steady iteration time, throughput and memory. `tflops_per_gpu` is the model's FLOPs per second
+# per process (the log's own figure rounds to 0.0 for a model this small, and `tflops_source` says which was used);
+# `mfu` stays empty on a CPU, which has no published peak to divide by. On a GPU both are filled in (lab 05).
+
 # %%
 comparison_table({"baseline": log}, specs={"baseline": spec})
 

@@ -172,3 +172,9 @@ def test_a_logged_throughput_that_rounds_to_zero_gives_way_to_the_model_flops():
     with_shape = throughput(p, spec=load_spec({"model": {"preset": "llama2-7b"}, "batch": {"global": 1024}}))
     assert with_shape.tflops_source == "model FLOPs (the log rounds to 0.0)" and with_shape.tflops_per_gpu > 0
     assert throughput(p).tflops_source == "log" and throughput(p).tflops_per_gpu == 0.0  # nothing better known
+
+
+def test_a_run_on_the_cpu_gets_no_mfu_against_the_catalogs_placeholder_peak():
+    p = parse_log(FIXTURES / "03-mlm2025-gpt2-fp16-autodl.log")
+    assert throughput(p, gpu="cpu").mfu is None and throughput(p, gpu="cpu").tflops_per_gpu > 0
+    assert throughput(p, gpu="A100-80GB").mfu > 0

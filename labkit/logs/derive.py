@@ -207,8 +207,11 @@ def _gpu_names(spec) -> list[str]:
 def _peaks(spec, gpu, world, precision) -> list[float]:
     """Peak TFLOP/s of every rank's GPU (a mixed cluster has several).
 
-    With the precision unknown, the 16-bit tensor-core peak is used, as published MFU figures do."""
+    With the precision unknown, the 16-bit tensor-core peak is used, as published MFU figures do. A CPU has none:
+    the catalog's `cpu` peak is a placeholder, so a run on it gets no MFU."""
     precision = precision or "bf16"
+    if gpu is not None and catalog.gpu(gpu).name == "cpu":
+        return []
     if gpu is not None:
         return [_peak(catalog.gpu(gpu), precision)] * (world or 1)
     if spec is None:
@@ -216,6 +219,8 @@ def _peaks(spec, gpu, world, precision) -> list[float]:
     peaks = []
     for name in _gpu_names(spec):
         try:
+            if catalog.gpu(name).name == "cpu":
+                return []
             peaks.append(_peak(catalog.gpu(name), precision))
         except KeyError:
             return []
