@@ -39,6 +39,11 @@ class GPU:
         return "fp8" in self.peak_tflops
 
     @property
+    def is_cpu(self) -> bool:
+        """The catalog's stand-in for a CPU host: no tensor cores, a placeholder peak, megatron-core's local layers."""
+        return self.name == "cpu"
+
+    @property
     def memory_limit_gb(self) -> float:
         return self.usable_memory_gb or self.memory_gb
 

@@ -89,10 +89,11 @@ class Calibration:
             return self.fp8_efficiency[gpu]
         return self.gpu_efficiency(gpu)
 
-    def attention_core_share(self, kernel: str, head_dim: float, gpu: str) -> float:
-        """Attention's core runs at this fraction of the layer GEMMs' efficiency: d / (d + d_half) on GPUs, whose
-        tensor cores lose efficiency on head-wide GEMMs; 1 on a CPU, whose core is timed like its other GEMMs."""
-        if gpu == "cpu":
+    def attention_core_share(self, kernel: str, head_dim: float, gpu) -> float:
+        """Attention's core runs at this fraction of the layer GEMMs' efficiency on `gpu` (a catalog.GPU):
+        d / (d + d_half) on GPUs, whose tensor cores lose efficiency on head-wide GEMMs; 1 on a CPU, whose core is
+        timed like its other GEMMs."""
+        if gpu.is_cpu:
             return 1.0
         half = self.attention_head_dim_half[kernel]
         return head_dim / (head_dim + half)

@@ -294,7 +294,7 @@ def flash_attention(backend: str, gpus: list[str]) -> bool:
     if backend != "auto":
         return False
     found = [catalog.gpu(g) for g in gpus]
-    return bool(found) and all(g.bf16 and g.name != "cpu" for g in found)
+    return bool(found) and all(g.bf16 and not g.is_cpu for g in found)
 
 
 __all__ = ["Estimate", "estimate", "MEMORY_MARGIN", "GIB"]

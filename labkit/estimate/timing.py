@@ -141,7 +141,7 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
     # unfused kernels compute every score, a flash kernel skips the causal mask's upper half.
     head_dim = shape.hidden / shape.heads
     kernel = "flash" if flash_attention else "unfused"
-    attention_rate = core_rate * cal.attention_core_share(kernel, head_dim, gpu.name)
+    attention_rate = core_rate * cal.attention_core_share(kernel, head_dim, gpu)
     core_s = core * (0.5 if flash_attention else 1.0) / attention_rate
     linear_s = (layer_flops - core) / rate
     layer_gemm_s = (linear_s + core_s) / tensor / context

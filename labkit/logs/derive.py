@@ -210,7 +210,7 @@ def _peaks(spec, gpu, world, precision) -> list[float]:
     With the precision unknown, the 16-bit tensor-core peak is used, as published MFU figures do. A CPU has none:
     the catalog's `cpu` peak is a placeholder, so a run on it gets no MFU."""
     precision = precision or "bf16"
-    if gpu is not None and catalog.gpu(gpu).name == "cpu":
+    if gpu is not None and catalog.gpu(gpu).is_cpu:
         return []
     if gpu is not None:
         return [_peak(catalog.gpu(gpu), precision)] * (world or 1)
@@ -219,7 +219,7 @@ def _peaks(spec, gpu, world, precision) -> list[float]:
     peaks = []
     for name in _gpu_names(spec):
         try:
-            if catalog.gpu(name).name == "cpu":
+            if catalog.gpu(name).is_cpu:
                 return []
             peaks.append(_peak(catalog.gpu(name), precision))
         except KeyError:

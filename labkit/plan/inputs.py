@@ -12,6 +12,7 @@ from pathlib import Path
 
 from labkit import catalog
 from labkit.spec import RunSpec, SpecError, load_spec
+from labkit.spec.checks import context_split_error, needs_gpus_error
 from labkit.spec.load import read_file
 
 SEARCHED = object()
@@ -153,15 +154,13 @@ def _check_pending(pending: dict, on_cluster: RunSpec, spec_data: dict) -> None:
         errors.append(f"parallel.context: {context!r} is not a whole number of 1 or more; give the context-parallel "
                       "size, e.g. 2, or leave it out for the planner to choose")
     elif context > 1 and spec_data.get("model", {}).get("seq_length", 0) % (2 * context):
-        errors.append(f"parallel.context: model.seq_length {spec_data['model']['seq_length']} must be a multiple of "
-                      f"2 x {context} (megatron-core splits each sequence into 2 x context chunks)")
+        errors.append(context_split_error(spec_data["model"]["seq_length"], context))
     if not isinstance(sp, bool):
         errors.append(f"parallel.sequence_parallel: {sp!r} is not true or false")
-    on_cpu = any(catalog.gpu(g.gpu).name == "cpu" for g in on_cluster.cluster.nodes)
+    on_cpu = any(catalog.gpu(g.gpu).is_cpu for g in on_cluster.cluster.nodes)
     for key, used in (("parallel.context", context != 1), ("parallel.sequence_parallel", sp is True)):
         if used and on_cpu and not errors:
-            errors.append(f"{key}: needs Transformer Engine on GPUs; the CPU driver runs megatron-core's local layers, "
-                          "so leave it out for a CPU run")
+            errors.append(needs_gpus_error(key))
     if errors:
         raise SpecError(errors)
 

@@ -386,7 +386,7 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
         return profile_table[(gpu, tensor)]
 
     cal = resolve(calibration)
-    on_gpus = all(catalog.gpu(k.gpu).name != "cpu" for k in kinds)  # the CPU driver has no sequence parallelism
+    on_gpus = not any(catalog.gpu(k.gpu).is_cpu for k in kinds)  # the CPU driver has no sequence parallelism
     sequence_parallel = on_gpus if constraints.sequence_parallel is SEARCHED else constraints.sequence_parallel
     costs = _StageCosts(shape, base.precision, base.batch.global_, cached_lookup, cal,
                         flash=flash_attention(base.kernels.attention_backend, [g.gpu for g in cluster.nodes]),

@@ -274,9 +274,7 @@ def _check_kernels(spec: RunSpec) -> list[str]:
         errors.append("kernels.tp_comm_overlap: overlaps sequence parallelism's all-gathers and reduce-scatters; set "
                       "parallel.sequence_parallel: true (with parallel.tensor > 1), or leave it out")
     if par.context > 1 and spec.model.seq_length and spec.model.seq_length % (2 * par.context):
-        errors.append(f"parallel.context: model.seq_length {spec.model.seq_length} must be a multiple of 2 x "
-                      f"{par.context} (megatron-core splits each sequence into 2 x context chunks to balance the "
-                      "causal mask)")
+        errors.append(context_split_error(spec.model.seq_length, par.context))
     gpus = {g.gpu for g in spec.cluster_or_default().nodes}
     known = {name: catalog.gpu(name) for name in gpus if catalog.resolve_gpu_name(name)}
     if spec.precision == "fp8":
@@ -284,14 +282,23 @@ def _check_kernels(spec: RunSpec) -> list[str]:
             if not gpu.fp8:
                 errors.append(f"precision: fp8 needs FP8 tensor cores (Ada, Hopper or later), and cluster GPU "
                               f"{name} has none; use bf16")
-    if "cpu" in {gpu.name for gpu in known.values()}:
+    if any(gpu.is_cpu for gpu in known.values()):
         for key, used in (("kernels.tp_comm_overlap", k.tp_comm_overlap), ("parallel.context", par.context > 1),
                           ("parallel.sequence_parallel", par.sequence_parallel),
                           ("kernels.attention_backend", k.attention_backend in ("flash", "fused"))):
             if used:
-                errors.append(f"{key}: needs Transformer Engine on GPUs; the CPU driver runs megatron-core's local "
-                              "layers, so leave it out for a CPU run")
+                errors.append(needs_gpus_error(key))
     return errors
+
+
+def context_split_error(seq_length: int, context: int) -> str:
+    return (f"parallel.context: model.seq_length {seq_length} must be a multiple of 2 x {context} (megatron-core "
+            "splits each sequence into 2 x context chunks to balance the causal mask)")
+
+
+def needs_gpus_error(key: str) -> str:
+    return (f"{key}: needs Transformer Engine on GPUs; the CPU driver runs megatron-core's local layers, so leave it "
+            "out for a CPU run")
 
 
 def _check_train(spec: RunSpec) -> list[str]:
