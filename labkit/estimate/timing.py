@@ -224,14 +224,22 @@ def pipeline_time(stage_times: list[float], boundary_times: list[float], num_mic
     given); `wrap_time`: interleaved only, the send from the last stage back to the first between model chunks."""
     p, m, v = len(stage_times), num_micro_batches, max(1, virtual_stages)
     total = schedule_span(stage_times, boundary_times, m, messages, backward_shares, v, wrap_time)
-    wrap = wrap_time if v > 1 else 0.0
-    edges = [wrap, *boundary_times, wrap]
-    steady = [t + messages * v * (edges[i] + edges[i + 1]) for i, t in enumerate(stage_times)]
+    steady = steady_times(stage_times, boundary_times, messages, v, wrap_time)
     k = max(range(p), key=lambda i: steady[i])
     busy = m * stage_times[k]
     pp_comm = min((m - 1) * (steady[k] - stage_times[k]) + 2 * sum(boundary_times), total - busy)
     return PipelineTime(total_s=total, busy_s=busy, bubble_s=total - busy - pp_comm, pp_comm_s=pp_comm,
                         bottleneck_stage=k)
+
+
+def steady_times(stage_times: list[float], boundary_times: list[float], messages: int = 1, virtual_stages: int = 1,
+                 wrap_time: float = 0.0) -> list[float]:
+    """Each stage's time per micro-batch once the pipeline is full: its work and its transfers to both neighbours
+    (each model chunk's, interleaved, the wrap-around send included)."""
+    v = max(1, virtual_stages)
+    wrap = wrap_time if v > 1 else 0.0
+    edges = [wrap, *boundary_times, wrap]
+    return [t + messages * v * (edges[i] + edges[i + 1]) for i, t in enumerate(stage_times)]
 
 
 def schedule_span(stage_times: list[float], boundary_times: list[float], num_micro_batches: int, messages: int = 1,
@@ -254,9 +262,7 @@ def schedule_span(stage_times: list[float], boundary_times: list[float], num_mic
     start = 2 * p + (m - 2 * p) % p  # at least two groups of warm-up, and m's remainder
     if m <= start + p:
         return span(m)
-    wrap = wrap_time if v > 1 else 0.0
-    edges = [wrap, *boundary_times, wrap]
-    cycle = max(t + messages * v * (edges[i] + edges[i + 1]) for i, t in enumerate(stage_times))
+    cycle = max(steady_times(stage_times, boundary_times, messages, v, wrap_time))
     first, second = span(start), span(start + p)
     if abs(second - first - p * cycle) > 1e-9 * second:
         return span(m)
