@@ -1,17 +1,20 @@
 """The planner against measurement on this machine (goals: Spearman >= 0.8; the pick within 10% of the measured best).
 
-    .venv/bin/python benchmarks/bench_plan_closed_loop.py [--iters 10] [--limit 12]
+    .venv/bin/python benchmarks/bench_plan_closed_loop.py [--iters 10] [--rounds 3] [--limit 14]
 
 Plans a small GPT (4 layers, hidden 256, 8 heads, 256 tokens, mock data, fp32) on this host's CPU as two training
-processes (`labkit plan`'s search with every row kept), runs every layout that fits with the local backend (one after
-another, so they do not share the cores), and compares each row's estimated step with the measured steady-state
-step (labkit.logs.derive.steady_state). Prints a table of both, Spearman's rank correlation, and how far the
-planner's pick is from the layout that measured fastest. The estimate uses this machine's measured profile where
-`labkit profile` wrote one, else the catalog's analytic CPU.
+processes, as a user would: first `labkit profile` at tensor sizes 1 and 2 and every micro-batch size the search
+tries (labkit.plan.profiler.profile_model), then `labkit plan`'s search with every row kept, ranked on those
+profiles. Then it runs every layout that fits with the local backend, one after another so that they do not share
+the cores, `--rounds` times in turn (a slow spell of this shared machine then hits every layout alike), and compares
+each row's estimated step with the median of its measured steady-state steps (labkit.logs.derive.steady_state).
+Prints both, each layout's spread over the rounds, Spearman's rank correlation, and how far the planner's pick is
+from the layout that measured fastest.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -24,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from labkit.jobs import LocalBackend  # noqa: E402
 from labkit.logs.derive import steady_state  # noqa: E402
+from labkit.plan.profiler import profile_model  # noqa: E402
 from labkit.plan.search import search  # noqa: E402
 from labkit.spec import load_spec  # noqa: E402
 
@@ -46,39 +50,55 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iters", type=int, default=10, help="training iterations per layout (default 10)")
-    parser.add_argument("--limit", type=int, default=12, help="most layouts to run (default 12, the best ranked)")
+    parser.add_argument("--iters", type=int, default=10, help="training iterations per run (default 10)")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of every layout, in turn (default 3)")
+    parser.add_argument("--limit", type=int, default=14, help="most layouts to run (default 14, the best ranked)")
     args = parser.parse_args()
     base = load_spec({"name": "closed-loop", "model": MODEL, "batch": {"micro": 1, "global": 8},
                       "precision": "fp32", "data": {"mock": True},
                       "train": {"iters": args.iters, "log_interval": 1},
                       "cluster": {"nodes": [{"gpu": "cpu", "count": 1, "gpus_per_node": 2}]}})
-    plan = search(base, top=None)
-    rows = [r for r in plan.rows if not r.oom][:args.limit]
-    print(f"{len(plan.rows)} layouts planned, running {len(rows)}", flush=True)
-    measured = []
-    with tempfile.TemporaryDirectory() as runs:
-        backend = LocalBackend(runs_dir=runs)
-        for row in rows:
-            spec = load_spec(row.spec.to_dict())
-            started = time.perf_counter()
-            job = backend.submit(spec)
-            state = job.wait(progress=False)
-            if str(state) != "COMPLETED":
-                print(f"tp{row.tp} pp{row.pp} dp{row.dp} micro {row.mbs}: {state}: {job.cause()}")
-                return 1
-            step_s = steady_state(job.result().iterations).iteration_ms / 1000
-            measured.append(step_s)
-            print(f"tp{row.tp} pp{row.pp} dp{row.dp} micro {row.mbs:<2d} vp{row.virtual_stages} "
-                  f"sp {str(row.sequence_parallel):5s} estimated {row.estimated_s:8.4f} s  measured {step_s:8.4f} s  "
-                  f"({time.perf_counter() - started:.0f} s wall)", flush=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        started = time.perf_counter()
+        profiles = {}
+        model_file = Path(scratch) / "model.yaml"
+        model_file.write_text(base.to_yaml())
+        for tensor in (1, 2):
+            micro_sizes = sorted({row.mbs for row in search(base, top=None).rows if row.tp == tensor})
+            _, profiles[("cpu", tensor)] = profile_model(str(model_file), tensor=tensor, micro_batch=micro_sizes,
+                                                         repeats=8, path=Path(scratch) / f"tp{tensor}.json")
+        print(f"profiled tp1 and tp2 in {time.perf_counter() - started:.0f} s", flush=True)
+        plan = search(base, top=None, profiles=profiles)
+        rows = [r for r in plan.rows if not r.oom][:args.limit]
+        print(f"{len(plan.rows)} layouts planned, running {len(rows)} x {args.rounds} rounds", flush=True)
+        runs: list[list[float]] = [[] for _ in rows]
+        backend = LocalBackend(runs_dir=str(Path(scratch) / "runs"))
+        for round_index in range(args.rounds):
+            for row, times in zip(rows, runs):
+                job = backend.submit(load_spec(row.spec.to_dict()))
+                state = job.wait(progress=False)
+                if str(state) != "COMPLETED":
+                    print(f"{_name(row)}: {state}: {job.cause()}")
+                    return 1
+                times.append(steady_state(job.result().iterations).iteration_ms / 1000)
+            print(f"round {round_index + 1} done at {time.perf_counter() - started:.0f} s", flush=True)
+    measured = [statistics.median(times) for times in runs]
+    for row, times, step_s in zip(rows, runs, measured):
+        print(f"{_name(row)} estimated {row.estimated_s:7.4f} s  measured {step_s:7.4f} s "
+              f"(rounds {min(times):.4f}-{max(times):.4f})  error {100 * (row.estimated_s / step_s - 1):+5.1f}%")
     estimated = [r.estimated_s for r in rows]
     best = min(measured)
     pick = measured[0]  # the planner's top row
+    errors = sorted(abs(e / m - 1) for e, m in zip(estimated, measured))
     print(f"\nSpearman (estimated vs measured step, {len(rows)} layouts): {spearman(estimated, measured):.3f}")
+    print(f"median error {100 * statistics.median(errors):.1f}%, max {100 * errors[-1]:.1f}%")
     print(f"planner's pick measured {pick:.4f} s; fastest measured {best:.4f} s: "
           f"the pick is {100 * (pick / best - 1):.1f}% slower")
     return 0
+
+
+def _name(row) -> str:
+    return f"tp{row.tp} pp{row.pp} dp{row.dp} micro {row.mbs:<2d} vp{row.virtual_stages}"
 
 
 if __name__ == "__main__":

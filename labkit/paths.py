@@ -25,6 +25,12 @@ def data_file(*parts: str) -> Path:
     return DATA_DIR.joinpath(*parts)
 
 
+def shipped_corpus() -> dict:
+    """A spec's `data` section that trains on the corpus labkit ships (labkit/data/corpus/, tokenised; lab 08 builds
+    it), for the labs whose lesson needs a loss that falls."""
+    return {"mock": False, "path": str(data_file("corpus", "corpus_text_document"))}
+
+
 def mathjax_dir() -> Path:
     """MathJax 2.7 as the jupyter-server-mathjax package ships it (MathJax.js, config/, jax/, fonts/)."""
     return Path(str(resources.files("jupyter_server_mathjax"))) / "static"

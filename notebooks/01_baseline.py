@@ -39,7 +39,7 @@ from labkit.exercises import prediction_table
 from labkit.jobs import backend_named
 from labkit.jobs.report import format_report, report, widget
 from labkit.jobs.render import render
-from labkit.paths import data_file, example, runs_dir
+from labkit.paths import example, runs_dir, shipped_corpus
 from labkit.logs.derive import steady_state
 from labkit.logs.views import comparison_table, loss_figure
 from labkit.spec import load_spec
@@ -53,7 +53,7 @@ from labkit.spec import load_spec
 # %%
 spec = load_spec(example(spec_file)).replace(
     **{"train.iters": iterations, "train.log_interval": log_interval},
-    data={"mock": False, "path": str(data_file("corpus", "corpus_text_document"))})  # the corpus labkit ships
+    data=shipped_corpus())  # the corpus labkit ships
 print(spec.to_yaml())
 print(f"world size {spec.world_size}, data parallel {spec.data_parallel}, "
       f"{spec.num_micro_batches} micro-batch(es) of {spec.batch.micro} per process and iteration")

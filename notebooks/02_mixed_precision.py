@@ -49,7 +49,7 @@ from labkit.diagrams import show
 from labkit.exercises import prediction_table
 from labkit.jobs import backend_named
 from labkit.jobs.sweep import Sweep, profiled
-from labkit.paths import example
+from labkit.paths import example, shipped_corpus
 from labkit.logs.loss_scale import loss_scale_history, skipped_until
 from labkit.logs.views import comparison_table, iteration_time_figure, loss_figure
 from labkit.profiling import tensorboard
@@ -91,7 +91,7 @@ my_prediction = {
 
 # %%
 base = load_spec(example(spec_file)).replace(
-    **{"train.iters": iterations, "train.log_interval": log_interval})
+    **{"train.iters": iterations, "train.log_interval": log_interval}, data=shipped_corpus())
 specs = {precision: base.replace(precision=precision) for precision in ("fp32", "fp16", "bf16")}
 compare(specs)[["gpu", "precision", "bytes_per_param", "weights_mib", "gradients_mib", "optimizer_mib",
                 "activations_mib", "total_mib", "iteration_ms"]].round(3)

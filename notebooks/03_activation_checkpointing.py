@@ -43,7 +43,7 @@ from labkit.answer_key import check
 from labkit.exercises import prediction_table
 from labkit.jobs import backend_named
 from labkit.jobs.sweep import Sweep, profiled
-from labkit.paths import example
+from labkit.paths import example, shipped_corpus
 from labkit.logs.losses import loss_table
 from labkit.logs.views import comparison_table, iteration_time_figure
 from labkit.profiling import views as profile_views
@@ -85,7 +85,7 @@ my_prediction = {
 # %%
 base = load_spec(example(spec_file)).replace(**{
     "train.iters": iterations, "train.log_interval": log_interval,
-    "cluster": {"nodes": [{"gpu": gpu, "count": 1, "gpus_per_node": 1}]}})
+    "cluster": {"nodes": [{"gpu": gpu, "count": 1, "gpus_per_node": 1}]}}, data=shipped_corpus())
 modes = {
     "none": None,
     "selective": {"granularity": "selective", "method": None},

@@ -44,7 +44,7 @@ from labkit.answer_key import check
 from labkit.exercises import prediction_table
 from labkit.jobs import backend_named
 from labkit.jobs.sweep import NO_DROPOUT, Sweep, profiled, with_flags
-from labkit.paths import example
+from labkit.paths import example, shipped_corpus
 from labkit.logs.losses import loss_table
 from labkit.logs.views import comparison_table, iteration_time_figure, loss_figure
 from labkit.profiling import views as profile_views
@@ -60,7 +60,7 @@ from labkit.spec import load_spec
 # %%
 base = with_flags(load_spec(example(spec_file)).replace(**{
     "train.iters": iterations, "train.log_interval": log_interval, "precision": "fp32", "batch.micro": micro_batch,
-    "cluster": {"nodes": [{"gpu": gpu, "count": 1, "gpus_per_node": 1}]}}), *NO_DROPOUT)
+    "cluster": {"nodes": [{"gpu": gpu, "count": 1, "gpus_per_node": 1}]}}, data=shipped_corpus()), *NO_DROPOUT)
 specs = {f"micro {micro_batch} x {global_batch // micro_batch}": base.replace(**{"batch.global": global_batch})
          for global_batch in global_batches}
 equivalent = f"micro {micro_batch} x {global_batches[1] // micro_batch}"

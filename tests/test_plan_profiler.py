@@ -1,16 +1,24 @@
+import os
+
 import pytest
 
 from labkit.cli import main
 from labkit.estimate import estimate, find_profile, load_profile
+from labkit.plan.profiler import cpu_threads
 from labkit.spec import load_spec
 
 
 @pytest.mark.slow
 def test_profile_tiny_model_on_this_machine(tmp_path, capsys):
     out = tmp_path / "tiny_cpu_tp1.json"
-    assert main(["profile", "--model", "tiny", "--repeats", "2", "--output", str(out)]) == 0
-    assert str(out) in capsys.readouterr().out
+    assert main(["profile", "--model", "tiny", "--repeats", "2", "--micro-batch", "1,4", "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert str(out) in printed and "micro-batch 4" in printed
     profile = load_profile(out)
+    assert list(profile.other_micro_batches) == [4]
+    assert profile.forward_s(0, 2, 4) == (sum(profile.other_micro_batches[4].layers_s), 0.0)  # measured, not scaled
+    # each worker had the threads one of training's processes gets here
+    assert f" {cpu_threads()} thread" in profile.measured_on and cpu_threads() == max(1, os.cpu_count() // 2)
     assert (profile.model, profile.gpu, profile.tensor, profile.micro_batch) == ("tiny", "cpu", 1, 1)
     assert len(profile.layers_s) == 2 and all(t > 0 for t in profile.layers_s)
     assert profile.embedding_s > 0 and profile.output_s > 0 and profile.backward_factor > 0

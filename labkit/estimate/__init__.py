@@ -34,8 +34,8 @@ Pieces to call in a hot loop without building a RunSpec (all times in seconds, l
   `gpt_params(l, h, s, V)`.
 - `model_flops(shape, B)`, `hardware_flops(shape, B, recompute)`, `megatron_logged_flops(shape, B, version)`,
   `flops_96`, `flops_72`, `achieved_tflops`, `utilization`, `training_days(tokens, params, n, tflops)`.
-- Profiles: `Profile`, `load_profile(path)` (labkit JSON or FASOP .npy), `save_profile(profile, path=None)`,
-  `find_profile(model, gpu, tensor)`, `available_profiles()`.
+- Profiles: `Profile` (with `MicroBatchTimes` at further micro-batch sizes), `load_profile(path)` (labkit JSON or
+  FASOP .npy), `save_profile(profile, path=None)`, `find_profile(model, gpu, tensor)`, `available_profiles()`.
 """
 from labkit.estimate.calibration import Calibration, Stack, default_calibration
 from labkit.estimate.estimator import MEMORY_MARGIN, Estimate, estimate
@@ -44,8 +44,8 @@ from labkit.estimate.flops import (achieved_tflops, flops_72, flops_96, hardware
 from labkit.estimate.memory import StageMemory, bytes_per_param, memory_per_stage
 from labkit.estimate.params import (Shape, gpt_params, layer_params, params_with_padding, rank_params, stage_params,
                                     total_params)
-from labkit.estimate.profiles import (Profile, ProfileError, available_profiles, find_profile, load_profile,
-                                      save_profile)
+from labkit.estimate.profiles import (MicroBatchTimes, Profile, ProfileError, available_profiles, find_profile,
+                                      load_profile, save_profile)
 from labkit.estimate.timing import (Event, Pipeline, PipelineTime, StageTime, allreduce_time, bubble_fraction,
                                     optimizer_step_time, p2p_time, pipeline_lower_bound, pipeline_time, schedule_1f1b,
                                     stage_time)
@@ -59,5 +59,5 @@ __all__ = [
     "stage_time", "pipeline_time", "pipeline_lower_bound", "schedule_1f1b", "bubble_fraction", "allreduce_time",
     "p2p_time", "optimizer_step_time", "StageTime", "Pipeline", "PipelineTime", "Event",
     "Calibration", "Stack", "default_calibration",
-    "Profile", "ProfileError", "load_profile", "save_profile", "find_profile", "available_profiles",
+    "Profile", "MicroBatchTimes", "ProfileError", "load_profile", "save_profile", "find_profile", "available_profiles",
 ]

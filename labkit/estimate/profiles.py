@@ -1,8 +1,10 @@
-"""Per-layer profiles: measured forward seconds of each layer at one micro-batch size, per GPU type and tensor size.
+"""Per-layer profiles: measured forward seconds of each layer at one or more micro-batch sizes, per GPU type and tensor
+size.
 
 Two formats load through `load_profile` (labkit/data/profiles/README.md documents both):
 - labkit's JSON: {"model", "gpu", "tensor", "micro_batch", "seq_length", "precision", "unit": "s",
-  "forward_s": {"embedding", "layers": [...], "output"}, "backward_factor", "source", "measured_on"};
+  "forward_s": {"embedding", "layers": [...], "output"}, "backward_factor", "source", "measured_on"}, and optionally
+  "other_micro_batches": [{"micro_batch", "forward_s", "backward_factor"}, ...] for more sizes;
 - FASOP's known_cost .npy, named <model>_<gpu>_<tensor>.npy, holding [embedding, layer..., output] forward seconds at
   micro-batch 1 (FASOP takes forward + backward as 3 x forward and scales linearly with the micro-batch).
 """
@@ -31,7 +33,23 @@ _FASOP_NAME = re.compile(r"^(?P<model>.+)_(?P<gpu>[^_]+)_(?P<tensor>\d+)$")
 
 
 @dataclass
+class MicroBatchTimes:
+    """What was measured at one further micro-batch size: forward seconds of the ends and each layer, and the
+    backward's factor."""
+    embedding_s: float
+    layers_s: list[float]
+    output_s: float
+    backward_factor: float
+
+
+@dataclass
 class Profile:
+    """Forward seconds at `micro_batch` (the fields below) and, in `other_micro_batches`, at more sizes.
+
+    A layer's time is not linear in the micro-batch where small ones leave the hardware idle or pay a fixed cost per
+    call (a CPU's gloo all-reduces inside a tensor-parallel profile, kernel launches on a GPU), so a size between two
+    measured ones is interpolated between them; outside the measured range the nearest size is scaled linearly.
+    """
     model: str
     gpu: str
     tensor: int
@@ -45,6 +63,32 @@ class Profile:
     source: str = ""
     measured_on: str = ""
     extra: dict = field(default_factory=dict)
+    other_micro_batches: dict[int, MicroBatchTimes] = field(default_factory=dict)
+
+    def _sizes(self) -> dict[int, MicroBatchTimes]:
+        own = MicroBatchTimes(self.embedding_s, self.layers_s, self.output_s, self.backward_factor)
+        return dict(sorted({**self.other_micro_batches, self.micro_batch: own}.items()))
+
+    def _weights(self, micro_batch: int) -> list[tuple[MicroBatchTimes, float]]:
+        """(measured size, weight) pairs whose weighted forward times give `micro_batch`'s."""
+        sizes = self._sizes()
+        below = [m for m in sizes if m <= micro_batch]
+        above = [m for m in sizes if m >= micro_batch]
+        if not below or not above:  # outside the measured range: scale the nearest size
+            nearest = above[0] if not below else below[-1]
+            return [(sizes[nearest], micro_batch / nearest)]
+        low, high = below[-1], above[0]
+        if low == high:
+            return [(sizes[low], 1.0)]
+        share = (micro_batch - low) / (high - low)
+        return [(sizes[low], 1 - share), (sizes[high], share)]
+
+    def backward_factor_at(self, micro_batch: int) -> float:
+        """backward = factor x forward at this micro-batch size (weighted as the forward times are)."""
+        pairs = self._weights(micro_batch)
+        forward = sum(w * (sum(t.layers_s) + t.embedding_s + t.output_s) for t, w in pairs)
+        backward = sum(w * t.backward_factor * (sum(t.layers_s) + t.embedding_s + t.output_s) for t, w in pairs)
+        return backward / forward if forward > 0 else self.backward_factor
 
     def forward_s(self, first_layer: int, num_layers: int, micro_batch: int, embedding: bool = False,
                   output: bool = False) -> tuple[float, float]:
@@ -52,18 +96,24 @@ class Profile:
 
         Layers past the end of the measured list (a deeper model than the profiled one) take the measured mean.
         """
-        scale = micro_batch / self.micro_batch
-        measured = self.layers_s[first_layer:first_layer + num_layers]
-        mean = sum(self.layers_s) / len(self.layers_s) if self.layers_s else 0.0
-        layers = sum(measured) + (num_layers - len(measured)) * mean
-        ends = (self.embedding_s if embedding else 0.0) + (self.output_s if output else 0.0)
-        return layers * scale, ends * scale
+        layers_total = ends_total = 0.0
+        for times, weight in self._weights(micro_batch):
+            measured = times.layers_s[first_layer:first_layer + num_layers]
+            mean = sum(times.layers_s) / len(times.layers_s) if times.layers_s else 0.0
+            layers_total += weight * (sum(measured) + (num_layers - len(measured)) * mean)
+            ends_total += weight * ((times.embedding_s if embedding else 0.0) + (times.output_s if output else 0.0))
+        return layers_total, ends_total
 
     def to_dict(self) -> dict:
         out = {"model": self.model, "gpu": self.gpu, "tensor": self.tensor, "micro_batch": self.micro_batch,
                "seq_length": self.seq_length, "precision": self.precision, "unit": "s",
                "forward_s": {"embedding": self.embedding_s, "layers": list(self.layers_s), "output": self.output_s},
                "backward_factor": self.backward_factor, "source": self.source, "measured_on": self.measured_on}
+        if self.other_micro_batches:
+            out["other_micro_batches"] = [
+                {"micro_batch": m, "forward_s": {"embedding": t.embedding_s, "layers": list(t.layers_s),
+                                                 "output": t.output_s}, "backward_factor": t.backward_factor}
+                for m, t in sorted(self.other_micro_batches.items())]
         out.update(self.extra)
         return out
 
@@ -73,7 +123,7 @@ class ProfileError(ValueError):
 
 
 _KNOWN_KEYS = {"model", "gpu", "tensor", "micro_batch", "seq_length", "precision", "unit", "forward_s",
-               "backward_factor", "source", "measured_on"}
+               "backward_factor", "source", "measured_on", "other_micro_batches"}
 
 
 def _from_json(path: Path) -> Profile:
@@ -89,13 +139,22 @@ def _from_json(path: Path) -> Profile:
     fwd = data["forward_s"]
     if not isinstance(fwd, dict) or not isinstance(fwd.get("layers"), list):
         raise ProfileError(f"{path}: forward_s must be {{\"embedding\": s, \"layers\": [s, ...], \"output\": s}}")
+    others = {}
+    for entry in data.get("other_micro_batches", []):
+        times = entry.get("forward_s") if isinstance(entry, dict) else None
+        if not isinstance(times, dict) or not isinstance(times.get("layers"), list) or "micro_batch" not in entry:
+            raise ProfileError(f"{path}: each other_micro_batches entry is {{\"micro_batch\": n, \"forward_s\": "
+                               f"{{\"embedding\": s, \"layers\": [s, ...], \"output\": s}}, \"backward_factor\": f}}")
+        others[int(entry["micro_batch"])] = MicroBatchTimes(
+            float(times.get("embedding", 0.0)), [float(x) for x in times["layers"]], float(times.get("output", 0.0)),
+            float(entry.get("backward_factor", data.get("backward_factor", 2.0))))
     return Profile(model=str(data["model"]), gpu=catalog.resolve_gpu_name(data["gpu"]) or str(data["gpu"]),
                    tensor=int(data["tensor"]), embedding_s=float(fwd.get("embedding", 0.0)),
                    layers_s=[float(x) for x in fwd["layers"]], output_s=float(fwd.get("output", 0.0)),
                    micro_batch=int(data.get("micro_batch", 1)), seq_length=data.get("seq_length"),
                    precision=data.get("precision"), backward_factor=float(data.get("backward_factor", 2.0)),
                    source=str(data.get("source", "")), measured_on=str(data.get("measured_on", "")),
-                   extra={k: v for k, v in data.items() if k not in _KNOWN_KEYS})
+                   extra={k: v for k, v in data.items() if k not in _KNOWN_KEYS}, other_micro_batches=others)
 
 
 def _from_npy(path: Path) -> Profile:

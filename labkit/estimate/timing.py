@@ -124,7 +124,7 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
             comm = _tp_comm(layers, tokens, shape, tensor, precision, recompute, tp_gbps or 100.0, stack,
                             cal.link_latency_s)
         forward = layer_s + ends_s
-        backward = source.backward_factor * forward + recompute_fraction * layer_s
+        backward = source.backward_factor_at(micro_batch) * forward + recompute_fraction * layer_s
         return StageTime(forward, backward, comm, source=f"profile {source.model}/{source.gpu}/tp{source.tensor}",
                          tp_comm_before_overlap_s=comm)
 

@@ -1,6 +1,7 @@
 """`labkit plan` (rank parallel layouts of a model on a cluster) and `labkit profile` (measure per-layer times here)."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -45,12 +46,24 @@ def register(sub) -> None:
                                        "~/.labkit/profiles/ ($LABKIT_HOME/profiles) for the estimator and the planner")
     p.add_argument("--model", required=True, metavar="PRESET|SPEC", help="model preset name or run spec file")
     p.add_argument("--tensor", type=int, default=1, help="tensor-parallel size the profile stands for (default 1)")
-    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--micro-batch", type=_sizes, default=(1,), metavar="N[,N...]",
+                   help="micro-batch sizes to measure (default 1); the estimate interpolates between them")
     p.add_argument("--repeats", type=int, default=5, help="timed forward passes per layer (median is kept)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="default: bf16 on a GPU, fp32 on CPU")
     p.add_argument("--output", "-o", help="profile path (default ~/.labkit/profiles/<model>_<gpu>_tp<t>.json)")
     p.set_defaults(func=_profile)
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    """`--micro-batch 1,2,4`: one or more positive sizes."""
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give sizes of at least 1 separated by commas, e.g. 1,2,4")
+    return sizes
 
 
 def _fail(message: str) -> int:
@@ -170,9 +183,11 @@ def _profile(args) -> int:
                                       repeats=args.repeats, precision=args.precision, path=args.output)
     except (SpecError, ValueError) as exc:
         return _fail(str(exc))
-    layers = profile.layers_s
-    print(f"{profile.model} on {profile.gpu} (tp{profile.tensor}, micro-batch {profile.micro_batch}, "
-          f"{profile.precision}): embedding {profile.embedding_s * 1e3:.3f} ms, "
-          f"layer {sum(layers) / len(layers) * 1e3:.3f} ms x {len(layers)}, output {profile.output_s * 1e3:.3f} ms")
+    for micro in args.micro_batch:
+        layers, ends = profile.forward_s(0, len(profile.layers_s), micro, embedding=True, output=True)
+        print(f"{profile.model} on {profile.gpu} (tp{profile.tensor}, micro-batch {micro}, {profile.precision}): "
+              f"layer {layers / len(profile.layers_s) * 1e3:.3f} ms x {len(profile.layers_s)}, "
+              f"embedding + output {ends * 1e3:.3f} ms, "
+              f"backward {profile.backward_factor_at(micro):.2f} x forward")
     print(f"wrote {path}")
     return 0

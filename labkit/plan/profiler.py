@@ -5,7 +5,14 @@ same layer spec, CPU compatibility layer when there is no GPU) in `tensor` worke
 rank, so that a layer's time includes its tensor-parallel all-reduces as it will in training. Forward hooks time the
 embedding, every transformer layer and the output (final norm, logits and loss) of each forward pass; a backward pass
 after each forward gives the backward/forward ratio. Medians over `repeats` timed passes after `warmup` untimed ones
-go to ~/.labkit/profiles/<model>_<gpu>_tp<t>.json in the format of labkit/data/profiles/README.md.
+go to ~/.labkit/profiles/<model>_<gpu>_tp<t>.json in the format of labkit/data/profiles/README.md, one entry per
+micro-batch size measured.
+
+On a CPU the profile is taken under training's load: as many workers as training runs processes on the host (the
+embedded laptop cluster's two; data-parallel replicas beside a tensor-parallel group that is smaller), each with the
+threads one training process gets (the cores divided among them, as the job script sets OMP_NUM_THREADS), all timing
+the same passes at once. Alone, one process would have every core, cache and memory channel to itself, and measure a
+layer up to twice as fast as training then runs it.
 """
 from __future__ import annotations
 
@@ -16,13 +23,17 @@ import time
 from pathlib import Path
 
 from labkit import catalog
-from labkit.estimate.profiles import Profile, save_profile
+from labkit.estimate.profiles import MicroBatchTimes, Profile, save_profile
 from labkit.net import free_port
 from labkit.spec import ParallelSpec, RunSpec, SpecError, load_spec
 
+TRAINING_PROCESSES_PER_HOST = catalog.clusters()["laptop"]["nodes"][0]["gpus_per_node"]
 
-def profiling_spec(model: str, tensor: int = 1, micro_batch: int = 1, precision: str | None = None) -> RunSpec:
-    """The run spec profiled: a model preset (or a run spec file's model) on `tensor` processes, one micro-batch."""
+
+def profiling_spec(model: str, tensor: int = 1, micro_batch: int = 1, precision: str | None = None,
+                   data: int = 1) -> RunSpec:
+    """The run spec profiled: a model preset (or a run spec file's model) on `tensor` x `data` processes, one
+    micro-batch each."""
     import torch
 
     if Path(model).exists():
@@ -36,8 +47,8 @@ def profiling_spec(model: str, tensor: int = 1, micro_batch: int = 1, precision:
     if precision is None:
         precision = "bf16" if torch.cuda.is_available() else "fp32"
     return load_spec({**spec.to_dict(), "cluster": None, "precision": precision, "recompute": None,
-                      "parallel": vars(ParallelSpec(tensor=tensor, pipeline=1, data=1)),
-                      "batch": {"micro": micro_batch, "global": micro_batch}})
+                      "parallel": vars(ParallelSpec(tensor=tensor, pipeline=1, data=data)),
+                      "batch": {"micro": micro_batch, "global": micro_batch * data}})
 
 
 def device_name() -> str:
@@ -50,22 +61,35 @@ def device_name() -> str:
     return catalog.resolve_gpu_name(raw) or raw
 
 
-def profile_model(model: str, tensor: int = 1, micro_batch: int = 1, repeats: int = 5, warmup: int = 2,
-                  precision: str | None = None, path=None) -> tuple[Path, Profile]:
-    """Measure and save the profile; returns where it was written and the profile."""
+def cpu_threads(processes_per_host: int = TRAINING_PROCESSES_PER_HOST) -> int:
+    """Threads of one training process on this CPU host: its cores shared by the processes that train on it."""
+    return max(1, (os.cpu_count() or 1) // processes_per_host)
+
+
+def profile_model(model: str, tensor: int = 1, micro_batch: int | tuple[int, ...] = 1, repeats: int = 5,
+                  warmup: int = 2, precision: str | None = None, path=None) -> tuple[Path, Profile]:
+    """Measure and save the profile at one micro-batch size or several; returns where it was written and the
+    profile."""
     import torch.multiprocessing as mp
 
+    sizes = sorted(set((micro_batch,) if isinstance(micro_batch, int) else micro_batch))
     if repeats < 1 or warmup < 0:
         raise ValueError("--repeats: time at least one forward pass")
-    spec = profiling_spec(model, tensor, micro_batch, precision)
+    if not sizes or sizes[0] < 1:
+        raise ValueError("--micro-batch: give one or more sizes of at least 1, e.g. 1 or 1,2,4")
+    on_cpu = device_name() == "cpu"
+    data = max(1, TRAINING_PROCESSES_PER_HOST // tensor) if on_cpu else 1
+    world = tensor * data
+    spec = profiling_spec(model, tensor, sizes[0], precision, data)
     from labkit.megatron_args import megatron_args
 
     argv = megatron_args(spec) + ["--distributed-backend", "nccl" if device_name() != "cpu" else "gloo"]
     port = free_port()
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
-    workers = [ctx.Process(target=_worker, args=(rank, tensor, argv, repeats, warmup, port, results))
-               for rank in range(tensor)]
+    threads = cpu_threads(max(world, TRAINING_PROCESSES_PER_HOST)) if on_cpu else None
+    workers = [ctx.Process(target=_worker, args=(rank, world, argv, sizes, repeats, warmup, port, threads, results))
+               for rank in range(world)]
     for w in workers:
         w.start()
     for w in workers:
@@ -77,22 +101,30 @@ def profile_model(model: str, tensor: int = 1, micro_batch: int = 1, repeats: in
     measured = results.get()
     import torch
 
+    first, *others = [MicroBatchTimes(m["embedding"], m["layers"], m["output"], m["backward_factor"])
+                      for m in measured]
+    on = f"{os.cpu_count()} CPUs, {threads} thread{'s' if threads != 1 else ''} per process" if threads else \
+        f"{os.cpu_count()} CPUs"
     profile = Profile(
         model=spec.model.preset or spec.name, gpu=device_name(), tensor=tensor,
-        embedding_s=measured["embedding"], layers_s=measured["layers"], output_s=measured["output"],
-        micro_batch=micro_batch, seq_length=spec.model.seq_length, precision=spec.precision,
-        backward_factor=measured["backward_factor"],
+        embedding_s=first.embedding_s, layers_s=first.layers_s, output_s=first.output_s,
+        micro_batch=sizes[0], seq_length=spec.model.seq_length, precision=spec.precision,
+        backward_factor=first.backward_factor, other_micro_batches=dict(zip(sizes[1:], others)),
         source=f"labkit profile: megatron-core GPTModel forward hooks, median of {repeats} passes",
-        measured_on=f"{platform.node()} ({device_name()}, torch {torch.__version__}, "
-                    f"{os.cpu_count()} CPUs) {time.strftime('%Y-%m-%d')}")
+        measured_on=f"{platform.node()} ({device_name()}, torch {torch.__version__}, {on}) "
+                    f"{time.strftime('%Y-%m-%d')}")
     return save_profile(profile, path), profile
 
 
-def _worker(rank: int, world: int, argv: list[str], repeats: int, warmup: int, port: int, results) -> None:
+def _worker(rank: int, world: int, argv: list[str], sizes: list[int], repeats: int, warmup: int, port: int,
+            threads: int | None, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     import torch
     import torch.distributed as dist
+
+    if threads:
+        torch.set_num_threads(threads)
 
     from labkit.train import cpu_compat
 
@@ -107,6 +139,8 @@ def _worker(rank: int, world: int, argv: list[str], repeats: int, warmup: int, p
     from labkit.train.training import initialize
 
     args = parse_args(argv, world_size=world, rank=rank)
+    if args.tensor_model_parallel_size > 1:  # as a tensor-parallel job script exports it
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     device = initialize(args)
     args.padded_vocab_size = padded_vocab_size(args.vocab_size, args.make_vocab_size_divisible_by,
                                                args.tensor_model_parallel_size)  # as the driver pads it
@@ -150,10 +184,24 @@ def _worker(rank: int, world: int, argv: list[str], repeats: int, warmup: int, p
 
     gpt.output_layer.register_forward_pre_hook(output_begins)
 
-    b, s = args.micro_batch_size, args.seq_length
+    measured = [_time_passes(model, output_start, spans, sync, device, args, micro, repeats, warmup)
+                for micro in sizes]
+    if rank == 0:
+        results.put(measured)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _time_passes(model, output_start, spans, sync, device, args, micro: int, repeats: int, warmup: int) -> dict:
+    """Forward and backward passes at one micro-batch size; the hooks' medians and the backward's factor."""
+    import torch
+
+    spans.clear()
+    output_start.clear()
+    s = args.seq_length
     generator = torch.Generator().manual_seed(1234)
-    tokens = torch.randint(0, args.padded_vocab_size, (b, s), generator=generator).to(device)
-    position_ids = torch.arange(s).unsqueeze(0).expand(b, s).to(device)
+    tokens = torch.randint(0, args.padded_vocab_size, (micro, s), generator=generator).to(device)
+    position_ids = torch.arange(s).unsqueeze(0).expand(micro, s).to(device)
     forward_s, step_s, output_s = [], [], []
     for i in range(warmup + repeats):
         sync()
@@ -169,15 +217,13 @@ def _worker(rank: int, world: int, argv: list[str], repeats: int, warmup: int, p
             forward_s.append(t1 - t0)
             step_s.append(t2 - t0)
             output_s.append(t1 - output_start[-1])
-    if rank == 0:
-        keep = slice(warmup, warmup + repeats)
-        median = lambda xs: statistics.median(xs[keep])  # noqa: E731
-        forward = statistics.median(forward_s)
-        results.put({
-            "embedding": median(spans["embedding"]),
-            "layers": [median(spans[f"layer{i}"]) for i in range(len(gpt.decoder.layers))],
-            "output": median(spans["final_norm"]) + statistics.median(output_s),
-            "backward_factor": (statistics.median(step_s) - forward) / forward,
-        })
-    dist.barrier()
-    dist.destroy_process_group()
+    keep = slice(warmup, warmup + repeats)
+    median = lambda xs: statistics.median(xs[keep])  # noqa: E731
+    forward = statistics.median(forward_s)
+    layers = sum(1 for name in spans if name.startswith("layer"))
+    return {
+        "embedding": median(spans["embedding"]),
+        "layers": [median(spans[f"layer{i}"]) for i in range(layers)],
+        "output": median(spans["final_norm"]) + statistics.median(output_s),
+        "backward_factor": (statistics.median(step_s) - forward) / forward,
+    }

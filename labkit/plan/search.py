@@ -12,6 +12,7 @@ in the table, marked oom.
 """
 from __future__ import annotations
 
+import heapq
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -427,11 +428,11 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
 
     # Then the estimator on the most promising first, until no remaining layout can enter the top `top`.
     rows: list[Row] = []
-    kept: list[float] = []  # objective values of fitting, within-budget rows, ascending
+    kept: list[float] = []  # a heap of the best `top` objective values of fitting, within-budget rows, negated
     evaluated = pruned = 0
     fixed_partition = constraints.partition is not SEARCHED
     for i, (bound, order, (t, p, d, c, b, v, layers)) in enumerate(bounded):
-        if top and len(kept) >= top and bound > kept[top - 1]:
+        if top and len(kept) >= top and bound > -kept[0]:
             pruned = len(bounded) - i
             break
         placed = as_cluster(order, kinds, cluster)
@@ -459,9 +460,12 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
                                  and (max_price_per_step is None or row.price_per_step <= max_price_per_step))
             rows.append(row)
             if est.fits_in_memory:
-                if row.within_budget:
-                    kept.append(row.estimated_s if objective == "time" else row.price_per_step)
-                    kept.sort()
+                if row.within_budget and top:
+                    value = row.estimated_s if objective == "time" else row.price_per_step
+                    if len(kept) < top:
+                        heapq.heappush(kept, -value)
+                    elif value < -kept[0]:
+                        heapq.heapreplace(kept, -value)
                 break
 
     primary = "estimated_s" if objective == "time" else "price_per_step"
