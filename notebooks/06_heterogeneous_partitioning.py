@@ -149,12 +149,17 @@ prediction_table(my_prediction, estimated={"tiny pipeline here, s per iteration"
                  measured={"tiny pipeline here, s per iteration": measured})
 
 # %% [markdown]
-# The measured step is several times the estimate, and the profile says why: the tiny model's layers take a couple of
-# milliseconds, so the step is mostly what surrounds them (each micro-batch's send and receive over gloo, the
-# schedule's Python, the optimizer, the log), which a per-layer profile does not see and which two shared cores
-# stretch. The estimator models the layers, the bubble and the transfers' bytes; it is built for models whose layers
-# dominate the step, as on a GPU cluster (see lab 05's comparison with published runs), and on this CPU it comes within
-# about 10-20% once the layers take most of the step (`benchmarks/bench_estimate_accuracy.py`, its CPU loop).
+# The measured step is above the estimate, by a third or more, and the profile says why: the tiny model's layers
+# take a couple of milliseconds, so a good part of the step is what surrounds them (each micro-batch's send and
+# receive over gloo, the schedule's Python, the optimizer, the log), which a per-layer profile does not see. The
+# estimator models the layers, the bubble and the transfers' bytes; it is built for models whose layers dominate the
+# step, as on a GPU cluster (see lab 05's comparison with published runs). With layers of 15 ms or more it ranks the
+# layouts of a small GPT on this CPU in the order they measure (Spearman 0.9, `benchmarks/bench_plan_closed_loop.py`).
+#
+# Both processes run on this one host, so they share its cores: the local backend gives each process its share
+# (`OMP_NUM_THREADS` = cores / processes), as a Slurm node shares its own among its processes. Give each process every
+# core instead (`spec.replace(**{"job.env": {"OMP_NUM_THREADS": "2"}})` on this two-core machine) and the threads
+# of both processes fight for the same cores: the step then takes several times as long.
 
 # %% [markdown]
 # ## Exercise

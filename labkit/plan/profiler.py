@@ -16,6 +16,8 @@ layer up to twice as fast as training then runs it.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import platform
 import statistics
@@ -141,7 +143,8 @@ def _worker(rank: int, world: int, argv: list[str], sizes: list[int], repeats: i
     args = parse_args(argv, world_size=world, rank=rank)
     if args.tensor_model_parallel_size > 1:  # as a tensor-parallel job script exports it
         os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-    device = initialize(args)
+    with contextlib.redirect_stdout(io.StringIO()):  # the driver's start-up lines say nothing about the profile
+        device = initialize(args)
     args.padded_vocab_size = padded_vocab_size(args.vocab_size, args.make_vocab_size_divisible_by,
                                                args.tensor_model_parallel_size)  # as the driver pads it
     config = transformer_config(args)

@@ -104,6 +104,10 @@ node_main() {
 export -f node_main
 
 export MASTER_ADDR=127.0.0.1
+# This host plays every node: its cores are shared among all the job's processes, as each Slurm node shares its own
+# among its processes; otherwise every node's processes would each spin a thread per core of the same host.
+host_cpus=$(getconf _NPROCESSORS_ONLN)
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((host_cpus / WORLD_SIZE > 0 ? host_cpus / WORLD_SIZE : 1))}
 if [ -n "${LABKIT_LAUNCH_GATE:-}" ]; then
     # labkit writes "start" once it has recorded this job; end of input means it stopped first: start nothing.
     unset LABKIT_LAUNCH_GATE
