@@ -376,42 +376,37 @@ class RunQueueWait:
 
 def measure_profile(tensor: int, processes: int, workdir: Path) -> tuple[Profile, float]:
     """`labkit profile` of the loop model at this tensor size, one thread per process, with as many processes busy as
-    the layout runs (`processes` profilers of `tensor` workers each, at once): the cores, caches and memory bandwidth
-    are shared as in training. The profiles are averaged layer by layer; also returns the share of their runnable
-    time the profilers had a CPU (RunQueueWait)."""
+    the layout runs (`--host-processes`: the profiler runs `processes` groups of `tensor` workers at once): the cores,
+    caches and memory bandwidth are shared as in training. Also returns the share of their runnable time the
+    profilers had a CPU (RunQueueWait)."""
     spec_path = workdir / "cpu-loop.yaml"
     spec_path.write_text(yaml.safe_dump(loop_spec(tensor).to_dict()))
-    outs = [workdir / f"cpu-loop_cpu_tp{tensor}_{i}.json" for i in range(processes)]
-    running = [subprocess.Popen([sys.executable, "-m", "labkit", "profile", "--model", str(spec_path), "--tensor",
-                                 str(tensor), "--micro-batch", str(LOOP_MICRO), "--precision", "fp32", "--repeats", "12",
-                                 "--output", str(out)], cwd=ROOT, env=_one_thread_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True) for out in outs]
-    samplers = [RunQueueWait(proc.pid) for proc in running]
-    for proc, sampler in zip(running, samplers):
-        output, _ = proc.communicate(timeout=900)
-        sampler.stop()
-        if proc.returncode != 0:
-            raise RuntimeError(f"labkit profile failed ({proc.returncode}):\n{output[-3000:]}")
-    profiles = [load_profile(out) for out in outs]
-    mean = profiles[0]
-    mean.layers_s = [statistics.fmean(x) for x in zip(*(p.layers_s for p in profiles))]
-    mean.embedding_s = statistics.fmean(p.embedding_s for p in profiles)
-    mean.output_s = statistics.fmean(p.output_s for p in profiles)
-    mean.backward_factor = statistics.fmean(p.backward_factor for p in profiles)
-    return mean, statistics.fmean(s.cpu_share() for s in samplers)
+    out = workdir / f"cpu-loop_cpu_tp{tensor}.json"
+    proc = subprocess.Popen([sys.executable, "-m", "labkit", "profile", "--model", str(spec_path), "--tensor",
+                             str(tensor), "--micro-batch", str(LOOP_MICRO), "--precision", "fp32", "--repeats", "12",
+                             "--host-processes", str(tensor * processes), "--output", str(out)],
+                            cwd=ROOT, env=_one_thread_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    sampler = RunQueueWait(proc.pid)
+    output, _ = proc.communicate(timeout=900)
+    sampler.stop()
+    if proc.returncode != 0:
+        raise RuntimeError(f"labkit profile failed ({proc.returncode}):\n{output[-3000:]}")
+    return load_profile(out), sampler.cpu_share()
 
 
 # A profiler process for `measure_cpu_time_profile`: labkit.plan.profiler's own worker, with its clock swapped for the
-# process's CPU time. argv: rank world port out.json megatron-args-json
+# process's CPU time. argv: rank world port out.json megatron-args-json micro-batch
 _CPU_TIME_WORKER = """
 import json, sys, time, types
 import labkit.plan.profiler as profiler
 profiler.time = types.SimpleNamespace(perf_counter=time.process_time)
 rank, world, port, out, argv = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
+LOOP_MICRO = int(sys.argv[6])
 class Results:
     def put(self, value):
-        open(out, "w").write(json.dumps(value))
-profiler._worker(rank, world, argv, 12, 2, port, Results())
+        open(out, "w").write(json.dumps(value[0]))
+profiler._worker(rank, world, argv, [LOOP_MICRO], 12, 2, port, None, Results())
 """
 
 
@@ -430,7 +425,7 @@ def measure_cpu_time_profile(tensor: int, processes: int, workdir: Path) -> Prof
     for g in range(processes):
         port, out = free_port(), workdir / f"cpu-time-profile-{g}.json"
         groups.append((out, [subprocess.Popen([sys.executable, "-c", _CPU_TIME_WORKER, str(rank), str(tensor), str(port),
-                                               str(out), json.dumps(argv)], cwd=ROOT, env=_one_thread_env(),
+                                               str(out), json.dumps(argv), str(LOOP_MICRO)], cwd=ROOT, env=_one_thread_env(),
                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                              for rank in range(tensor)]))
     measured = []

@@ -34,3 +34,19 @@ def test_profile_rejects_unknown_model(capsys):
     assert main(["profile", "--model", "tinyy"]) == 2
     err = capsys.readouterr().err
     assert "tinyy" in err and "tiny" in err
+
+
+def test_cpu_threads_share_the_cores_unless_omp_num_threads_is_set(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert cpu_threads(2) == 8 and cpu_threads(32) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # as in the job script, a value already set wins
+    assert cpu_threads(2) == 3
+
+
+def test_profile_rejects_bad_sizes_before_starting_workers(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["profile", "--model", "tiny", "--micro-batch", "2,0"])
+    assert exit_.value.code == 2 and "--micro-batch: '2,0': give sizes of at least 1" in capsys.readouterr().err
+    assert main(["profile", "--model", "tiny", "--host-processes", "0"]) == 2
+    assert "--host-processes" in capsys.readouterr().err

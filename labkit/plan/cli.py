@@ -49,6 +49,9 @@ def register(sub) -> None:
     p.add_argument("--micro-batch", type=_sizes, default=(1,), metavar="N[,N...]",
                    help="micro-batch sizes to measure (default 1); the estimate interpolates between them")
     p.add_argument("--repeats", type=int, default=5, help="timed forward passes per layer (median is kept)")
+    p.add_argument("--host-processes", type=int, default=None, metavar="N",
+                   help="on a CPU: the training processes that share this host, which the profile runs beside each "
+                        "other (default: the laptop cluster's 2)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="default: bf16 on a GPU, fp32 on CPU")
     p.add_argument("--output", "-o", help="profile path (default ~/.labkit/profiles/<model>_<gpu>_tp<t>.json)")
@@ -179,8 +182,9 @@ def _profile(args) -> int:
     from labkit.plan.profiler import profile_model
 
     try:
+        extra = {"host_processes": args.host_processes} if args.host_processes is not None else {}
         path, profile = profile_model(args.model, tensor=args.tensor, micro_batch=args.micro_batch,
-                                      repeats=args.repeats, precision=args.precision, path=args.output)
+                                      repeats=args.repeats, precision=args.precision, path=args.output, **extra)
     except (SpecError, ValueError) as exc:
         return _fail(str(exc))
     for micro in args.micro_batch:

@@ -9,8 +9,9 @@ go to ~/.labkit/profiles/<model>_<gpu>_tp<t>.json in the format of labkit/data/p
 micro-batch size measured.
 
 On a CPU the profile is taken under training's load: as many workers as training runs processes on the host (the
-embedded laptop cluster's two; data-parallel replicas beside a tensor-parallel group that is smaller), each with the
-threads one training process gets (the cores divided among them, as the job script sets OMP_NUM_THREADS), all timing
+embedded laptop cluster's two, or `host_processes`; data-parallel replicas beside a smaller tensor-parallel group),
+each with the threads one training process gets (the cores divided among them, as the job script sets
+OMP_NUM_THREADS, whose value wins where it is set), all timing
 the same passes at once. Alone, one process would have every core, cache and memory channel to itself, and measure a
 layer up to twice as fast as training then runs it.
 """
@@ -64,14 +65,20 @@ def device_name() -> str:
 
 
 def cpu_threads(processes_per_host: int = TRAINING_PROCESSES_PER_HOST) -> int:
-    """Threads of one training process on this CPU host: its cores shared by the processes that train on it."""
+    """Threads of one training process on this CPU host: its cores shared by the processes that train on it, unless
+    OMP_NUM_THREADS says otherwise (as in the job script, a value already set wins)."""
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
     return max(1, (os.cpu_count() or 1) // processes_per_host)
 
 
 def profile_model(model: str, tensor: int = 1, micro_batch: int | tuple[int, ...] = 1, repeats: int = 5,
-                  warmup: int = 2, precision: str | None = None, path=None) -> tuple[Path, Profile]:
+                  warmup: int = 2, precision: str | None = None, path=None,
+                  host_processes: int = TRAINING_PROCESSES_PER_HOST) -> tuple[Path, Profile]:
     """Measure and save the profile at one micro-batch size or several; returns where it was written and the
-    profile."""
+    profile. `host_processes`: how many training processes the profile stands for on a CPU host (the laptop
+    cluster's by default)."""
     import torch.multiprocessing as mp
 
     sizes = sorted(set((micro_batch,) if isinstance(micro_batch, int) else micro_batch))
@@ -80,7 +87,9 @@ def profile_model(model: str, tensor: int = 1, micro_batch: int | tuple[int, ...
     if not sizes or sizes[0] < 1:
         raise ValueError("--micro-batch: give one or more sizes of at least 1, e.g. 1 or 1,2,4")
     on_cpu = device_name() == "cpu"
-    data = max(1, TRAINING_PROCESSES_PER_HOST // tensor) if on_cpu else 1
+    if host_processes < 1:
+        raise ValueError("--host-processes: at least 1")
+    data = max(1, host_processes // tensor) if on_cpu else 1
     world = tensor * data
     spec = profiling_spec(model, tensor, sizes[0], precision, data)
     from labkit.megatron_args import megatron_args
@@ -89,7 +98,7 @@ def profile_model(model: str, tensor: int = 1, micro_batch: int | tuple[int, ...
     port = free_port()
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
-    threads = cpu_threads(max(world, TRAINING_PROCESSES_PER_HOST)) if on_cpu else None
+    threads = cpu_threads(max(world, host_processes)) if on_cpu else None
     workers = [ctx.Process(target=_worker, args=(rank, world, argv, sizes, repeats, warmup, port, threads, results))
                for rank in range(world)]
     for w in workers:
