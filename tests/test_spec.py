@@ -238,3 +238,10 @@ def test_star_import_gives_every_public_name():
     exec("from labkit.spec import *", namespace)
     assert {"RunSpec", "load_spec", "SpecError", "validate", "resolved_summary", "with_changes"} <= set(namespace)
     assert all(namespace[name] is getattr(labkit.spec, name) for name in labkit.spec.__all__)
+
+
+def test_an_unknown_preset_is_one_error_not_five_missing_fields():
+    with pytest.raises(SpecError) as refused:
+        load_spec({"name": "x", "model": {"preset": "gpt2-smal"}})
+    assert len(refused.value.errors) == 1
+    assert refused.value.errors[0].startswith("model.preset: unknown preset 'gpt2-smal'; closest: gpt2-small")

@@ -76,8 +76,11 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
     errors: list[str] = check_job(spec)
     m, par, b = spec.model, spec.parallel, spec.batch
 
+    unknown_preset = m.preset is not None and m.preset not in catalog.models()  # reported where it is read
     for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
         value = getattr(m, name)
+        if value is None and unknown_preset:
+            continue  # the one fix is the preset's name, not five fields
         if value is None:
             errors.append(f"model.{name}: missing; set it or pick a model.preset ({', '.join(catalog.models())})")
         elif value <= 0:
@@ -107,7 +110,7 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
     errors += _check_tokenizer_file(spec)
     errors += _check_recompute(spec)
     errors += _check_cluster(spec)
-    if errors and any(e.startswith(("model.", "parallel.", "batch.", "cluster.")) for e in errors):
+    if unknown_preset or any(e.startswith(("model.", "parallel.", "batch.", "cluster.")) for e in errors):
         return _finish(errors, raise_errors)  # the layout checks below need sane sizes
 
     t, p = par.tensor, par.pipeline
