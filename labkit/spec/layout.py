@@ -42,7 +42,8 @@ class Layout:
     pipeline: int = 1
     """Pipeline-parallel size (Megatron --pipeline-model-parallel-size): the slowest-varying dimension."""
     context: int = 1
-    """Context-parallel size (Megatron --context-parallel-size); 1 in every run labkit launches today."""
+    """Context-parallel size (Megatron --context-parallel-size): ranks that share each sequence; on GPUs only (the CPU
+    driver refuses more than 1)."""
 
     @property
     def world_size(self) -> int:
