@@ -80,5 +80,9 @@ def test_bad_files_name_the_problem(tmp_path):
                                "other_micro_batches": [{"micro_batch": 2}]}))
     with pytest.raises(ProfileError, match="other_micro_batches"):
         load_profile(bad)
+    bad.write_text(json.dumps({"model": "m", "gpu": "cpu", "tensor": 1, "forward_s": {"layers": [1.0]},
+                               "other_micro_batches": [{"micro_batch": 0, "forward_s": {"layers": [1.0]}}]}))
+    with pytest.raises(ProfileError, match="other_micro_batches"):
+        load_profile(bad)
     with pytest.raises(ProfileError, match="no such"):
         load_profile(tmp_path / "missing.json")

@@ -142,10 +142,12 @@ def _from_json(path: Path) -> Profile:
     others = {}
     for entry in data.get("other_micro_batches", []):
         times = entry.get("forward_s") if isinstance(entry, dict) else None
-        if not isinstance(times, dict) or not isinstance(times.get("layers"), list) or "micro_batch" not in entry:
+        size = entry.get("micro_batch") if isinstance(entry, dict) else None
+        if (not isinstance(times, dict) or not isinstance(times.get("layers"), list) or not isinstance(size, int)
+                or size < 1):
             raise ProfileError(f"{path}: each other_micro_batches entry is {{\"micro_batch\": n, \"forward_s\": "
                                f"{{\"embedding\": s, \"layers\": [s, ...], \"output\": s}}, \"backward_factor\": f}}")
-        others[int(entry["micro_batch"])] = MicroBatchTimes(
+        others[size] = MicroBatchTimes(
             float(times.get("embedding", 0.0)), [float(x) for x in times["layers"]], float(times.get("output", 0.0)),
             float(entry.get("backward_factor", data.get("backward_factor", 2.0))))
     return Profile(model=str(data["model"]), gpu=catalog.resolve_gpu_name(data["gpu"]) or str(data["gpu"]),

@@ -33,13 +33,15 @@ from labkit.spec import ParallelSpec, RunSpec, SpecError, load_spec
 TRAINING_PROCESSES_PER_HOST = catalog.clusters()["laptop"]["nodes"][0]["gpus_per_node"]
 
 
-def profiling_spec(model: str, tensor: int = 1, micro_batch: int = 1, precision: str | None = None,
+def profiling_spec(model: str | RunSpec, tensor: int = 1, micro_batch: int = 1, precision: str | None = None,
                    data: int = 1) -> RunSpec:
-    """The run spec profiled: a model preset (or a run spec file's model) on `tensor` x `data` processes, one
-    micro-batch each."""
+    """The run spec profiled: a model preset (or a run spec's model, or a run spec file's) on `tensor` x `data`
+    processes, one micro-batch each."""
     import torch
 
-    if Path(model).exists():
+    if isinstance(model, RunSpec):
+        spec = model
+    elif Path(model).exists():
         spec = load_spec(model)
     elif model in catalog.models():
         spec = load_spec({"name": f"profile-{model}", "model": {"preset": model}})
@@ -73,7 +75,7 @@ def cpu_threads(processes_per_host: int = TRAINING_PROCESSES_PER_HOST) -> int:
     return max(1, (os.cpu_count() or 1) // processes_per_host)
 
 
-def profile_model(model: str, tensor: int = 1, micro_batch: int | tuple[int, ...] = 1, repeats: int = 5,
+def profile_model(model: str | RunSpec, tensor: int = 1, micro_batch: int | tuple[int, ...] = 1, repeats: int = 5,
                   warmup: int = 2, precision: str | None = None, path=None,
                   host_processes: int = TRAINING_PROCESSES_PER_HOST) -> tuple[Path, Profile]:
     """Measure and save the profile at one micro-batch size or several; returns where it was written and the
