@@ -30,6 +30,7 @@ arXiv:2104.04473, section 2.2): stage i holds the model chunks i, p + i, 2p + i,
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -257,7 +258,7 @@ def schedule_span(stage_times: list[float], boundary_times: list[float], num_mic
     args = (messages, backward_shares, virtual_stages, wrap_time)
 
     def span(micro_batches: int) -> float:
-        return schedule_1f1b(stage_times, boundary_times, micro_batches, *args)[-1].end_s
+        return _play_1f1b(stage_times, boundary_times, micro_batches, *args, events=None)
 
     start = 2 * p + (m - 2 * p) % p  # at least two groups of warm-up, and m's remainder
     if m <= start + p:
@@ -333,26 +334,28 @@ def pipeline_lower_bound(stage_times: list[float], boundary_times: list[float], 
     return best
 
 
-def _stage_order(stage: int, stages: int, micro_batches: int, chunks: int) -> list[tuple[str, int, int]]:
-    """(op, micro_batch, chunk) in the order Megatron's 1F1B (chunks 1) or interleaved 1F1B runs them on a stage
-    (megatron.core.pipeline_parallel.schedules): warm-up forwards, then one forward and one backward, then the
+@functools.lru_cache(maxsize=4096)
+def _stage_order(stage: int, stages: int, micro_batches: int, chunks: int) -> tuple[tuple[bool, int, int], ...]:
+    """(is_forward, micro_batch, chunk) in the order Megatron's 1F1B (chunks 1) or interleaved 1F1B runs them on a
+    stage (megatron.core.pipeline_parallel.schedules): warm-up forwards, then one forward and one backward, then the
     remaining backwards. Interleaved, micro-batches go through the chunks in groups of `stages`, forwards from the
-    first chunk to the last and backwards from the last to the first."""
+    first chunk to the last and backwards from the last to the first. Cached: a plan plays the same orders out for
+    many layouts."""
     total = micro_batches * chunks
 
-    def op(name: str, k: int) -> tuple[str, int, int]:
+    def op(forward: bool, k: int) -> tuple[bool, int, int]:
         chunk = (k // stages) % chunks
-        return name, (k // (stages * chunks)) * stages + k % stages, chunk if name == "forward" else chunks - 1 - chunk
+        return forward, (k // (stages * chunks)) * stages + k % stages, chunk if forward else chunks - 1 - chunk
 
     if chunks == 1:
         warmup = min(stages - stage - 1, micro_batches)
     else:
         warmup = min((stages - stage - 1) * 2 + (chunks - 1) * stages, total)
-    order = [op("forward", k) for k in range(warmup)]
+    order = [op(True, k) for k in range(warmup)]
     for k in range(total - warmup):
-        order += [op("forward", warmup + k), op("backward", k)]
-    order += [op("backward", k) for k in range(total - warmup, total)]
-    return order
+        order += [op(True, warmup + k), op(False, k)]
+    order += [op(False, k) for k in range(total - warmup, total)]
+    return tuple(order)
 
 
 def schedule_1f1b(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
@@ -366,6 +369,17 @@ def schedule_1f1b(stage_times: list[float], boundary_times: list[float], num_mic
     a backward the next chunk's backward (or, on the model's last chunk, its own forward). A chunk's work is 1/v of
     its stage's; its time includes the send that follows it (see the module docstring).
     """
+    events: list[Event] = []
+    _play_1f1b(stage_times, boundary_times, num_micro_batches, messages, backward_shares, virtual_stages, wrap_time,
+               events)
+    events.sort(key=lambda e: e.end_s)
+    return events
+
+
+def _play_1f1b(stage_times: list[float], boundary_times: list[float], num_micro_batches: int, messages: int,
+               backward_shares: list[float] | None, virtual_stages: int, wrap_time: float,
+               events: list[Event] | None) -> float:
+    """Play `schedule_1f1b` out; appends each operation to `events` unless it is None. Returns the last end."""
     p, m, v = len(stage_times), num_micro_batches, max(1, virtual_stages)
     if len(boundary_times) != max(0, p - 1):
         raise ValueError(f"boundary_times: need {max(0, p - 1)} values (one per stage boundary), got {len(boundary_times)}")
@@ -376,14 +390,13 @@ def schedule_1f1b(stage_times: list[float], boundary_times: list[float], num_mic
     send = [0.0, *boundary_times, 0.0]  # send[i]: the link between stage i - 1 and stage i
     last = p * v - 1                    # the model's last chunk, as a virtual stage u = chunk x p + stage
     hold = messages - 1                 # receives beyond the first that hold a busy receiver
-
-    def link(u: int) -> float:
-        """The send between virtual stage u and u + 1."""
-        return send[u % p + 1] if u % p < p - 1 else (wrap_time if u < last else 0.0)
-
+    # link[u]: the send between virtual stage u and u + 1 (none after the model's last chunk)
+    link = [send[u % p + 1] if u % p < p - 1 else (wrap_time if u < last else 0.0) for u in range(p * v)]
+    forward_work = [t * (1 - share) / v for t, share in zip(stage_times, shares)]
+    backward_work = [t * share / v for t, share in zip(stage_times, shares)]
+    forward_done = [[None] * m for _ in range(p * v)]   # [u][j]: when virtual stage u's forward of j ended
+    backward_done = [[None] * m for _ in range(p * v)]
     orders = [_stage_order(i, p, m, v) for i in range(p)]
-    done: dict[tuple, float] = {}
-    events = []
     position, free = [0] * p, [0.0] * p
     remaining = 2 * p * m * v
     while remaining:
@@ -391,29 +404,28 @@ def schedule_1f1b(stage_times: list[float], boundary_times: list[float], num_mic
         for i in range(p):
             order = orders[i]
             while position[i] < len(order):
-                op, j, c = order[position[i]]
+                forward, j, c = order[position[i]]
                 u = c * p + i
-                if op == "forward":
-                    arrived, into = (0.0, 0.0) if u == 0 else (done.get(("forward", u - 1, j)), link(u - 1))
-                    work, out = stage_times[i] * (1 - shares[i]) / v, link(u)
+                if forward:
+                    arrived, into = (0.0, 0.0) if u == 0 else (forward_done[u - 1][j], link[u - 1])
+                    work, out = forward_work[i], link[u]
                 else:
-                    arrived, into = ((done.get(("forward", u, j)), 0.0) if u == last
-                                     else (done.get(("backward", u + 1, j)), link(u)))
-                    work, out = stage_times[i] * shares[i] / v, link(u - 1) if u > 0 else 0.0
+                    arrived, into = ((forward_done[u][j], 0.0) if u == last else (backward_done[u + 1][j], link[u]))
+                    work, out = backward_work[i], link[u - 1] if u > 0 else 0.0
                 if arrived is None:
                     break
                 start = max(free[i], arrived - hold * into) + hold * into
                 end = start + work + out
-                done[(op, u, j)] = end
+                (forward_done if forward else backward_done)[u][j] = end
                 free[i] = end
-                events.append(Event(i, c, j, op, start, end))
+                if events is not None:
+                    events.append(Event(i, c, j, "forward" if forward else "backward", start, end))
                 position[i] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
             raise RuntimeError("1F1B schedule deadlocked; stage orders are inconsistent")
-    events.sort(key=lambda e: e.end_s)
-    return events
+    return max(free)
 
 
 def optimizer_step_time(params: float, memory_bw_gb_s: float, precision: str = "bf16") -> float:
