@@ -11,9 +11,8 @@ micro-batch size measured.
 On a CPU the profile is taken under training's load: as many workers as training runs processes on the host (the
 embedded laptop cluster's two, or `host_processes`; data-parallel replicas beside a smaller tensor-parallel group),
 each with the threads one training process gets (the cores divided among them, as the job script sets
-OMP_NUM_THREADS, whose value wins where it is set), all timing
-the same passes at once. Alone, one process would have every core, cache and memory channel to itself, and measure a
-layer up to twice as fast as training then runs it.
+OMP_NUM_THREADS, whose value wins where it is set), all timing the same passes at once. Alone, one process would have
+every core, cache and memory channel to itself, and measure a layer up to twice as fast as training then runs it.
 """
 from __future__ import annotations
 
@@ -96,7 +95,7 @@ def profile_model(model: str | RunSpec, tensor: int = 1, micro_batch: int | tupl
     spec = profiling_spec(model, tensor, sizes[0], precision, data)
     from labkit.megatron_args import megatron_args
 
-    argv = megatron_args(spec) + ["--distributed-backend", "nccl" if device_name() != "cpu" else "gloo"]
+    argv = megatron_args(spec) + ["--distributed-backend", "gloo" if on_cpu else "nccl"]
     port = free_port()
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
