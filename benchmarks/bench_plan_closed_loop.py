@@ -61,12 +61,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         started = time.perf_counter()
         profiles = {}
-        model_file = Path(scratch) / "model.yaml"
-        model_file.write_text(base.to_yaml())
         layouts = search(base, top=None).rows  # what the search will try, to profile every micro-batch size it uses
         for tensor in (1, 2):
             micro_sizes = sorted({row.mbs for row in layouts if row.tp == tensor})
-            _, profiles[("cpu", tensor)] = profile_model(str(model_file), tensor=tensor, micro_batch=micro_sizes,
+            _, profiles[("cpu", tensor)] = profile_model(base, tensor=tensor, micro_batch=micro_sizes,
                                                          repeats=8, path=Path(scratch) / f"tp{tensor}.json")
         print(f"profiled tp1 and tp2 in {time.perf_counter() - started:.0f} s", flush=True)
         plan = search(base, top=None, profiles=profiles)

@@ -101,10 +101,10 @@ show("pipeline_schedules")
 # ## 6.4 Launch a planned layout and measure it
 #
 # A real GPT-2 XL needs real GPUs. To see the whole loop here, plan a small GPT (4 layers of width 256, 256 tokens)
-# on a two-node slice of the same kind of cluster (one A100 node, one A10 node, one process each), take the best two-stage pipeline, and launch it: on the
-# local Slurm's emulated a100 and a10 nodes with `backend = "slurm"`, or as two local processes. `Constraints` keeps
-# what a spec fixes (here two pipeline stages) and searches the rest, as `labkit plan SPEC` does with the fields a
-# spec file writes.
+# on a two-node slice of the same kind of cluster (one A100 node, one A10 node, one process each), take the best
+# two-stage pipeline, and launch it: on the local Slurm's emulated a100 and a10 nodes with `backend = "slurm"`, or as
+# two local processes. `Constraints` keeps what a spec fixes (here two pipeline stages) and searches the rest, as
+# `labkit plan SPEC` does with the fields a spec file writes.
 
 # %% [markdown]
 # Your guess first: the two-stage pipeline of the small model below runs on this machine's CPU as two processes. How
@@ -133,7 +133,8 @@ assert str(state) == "COMPLETED", job.cause()
 # The emulated nodes train on CPU processes, so the comparison that means something here is with the estimate of the
 # same layout on this machine's CPU. The catalog's CPU speed is a placeholder, so first measure it: `profile_model`
 # (what `labkit profile --model SPEC` runs) times each layer of the model's forward pass here, beside a second
-# process as in training, and the estimate builds the pipeline from those times. On a real cluster, compare with `row.estimated_s` directly.
+# process as in training, and the estimate builds the pipeline from those times. On a real cluster, compare with
+# `row.estimated_s` directly.
 
 # %%
 from labkit.plan.profiler import profile_model
