@@ -2,6 +2,7 @@ import math
 from dataclasses import replace
 
 import pytest
+import yaml
 
 from labkit import catalog
 from labkit.estimate import estimate, find_profile
@@ -151,3 +152,38 @@ def test_placed_cluster_keeps_node_order_and_links():
     assert placed.inter_node_gbps == 40
     links = _Links.of(replace(base, cluster=placed, parallel=ParallelSpec(tensor=1, pipeline=8, data=4)))
     assert links.stage_gpus == ("A10", "A10", "A100-40GB", "A10", "A10", "A10", "A10", "A10")
+
+
+@pytest.mark.parametrize("model, gpu, nodes, global_batch", [
+    ("llama2-70b", "H100-SXM", 8, 512),      # 64 H100: a tp4 pp4 layout with SP and selective recompute once won
+    ("gpt-145.6b", "A100-80GB", 128, 1536),  # 1024 A100: as did tp8 pp16 with SP and selective recompute
+])
+def test_the_top_row_is_never_slower_than_a_hand_written_layout(tmp_path, model, gpu, nodes, global_batch):
+    from labkit.plan.inputs import planning_input
+
+    data = {"name": "hand", "model": {"preset": model}, "batch": {"global": global_batch},
+            "cluster": {"nodes": [{"gpu": gpu, "count": nodes, "gpus_per_node": 8}]}}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
+    base, constraints = planning_input(str(tmp_path / "spec.yaml"))
+    top = search(base, top=1, constraints=constraints).rows[0]
+    hand_written = 0
+    for tensor, pipeline in ((4, 4), (8, 2), (8, 4), (8, 16), (2, 8)):
+        for sequence_parallel in (False, True):
+            for recompute in (None, {"granularity": "selective"}, {"granularity": "full", "method": "uniform"}):
+                for micro in (1, 2):
+                    data_parallel = 8 * nodes // (tensor * pipeline)
+                    if not data_parallel or global_batch % (micro * data_parallel):
+                        continue
+                    if global_batch // (micro * data_parallel) < pipeline:  # 1F1B needs a micro-batch per stage
+                        continue
+                    spec = load_spec({**data, "batch": {"micro": micro, "global": global_batch},
+                                      "recompute": recompute,
+                                      "parallel": {"tensor": tensor, "pipeline": pipeline, "data": data_parallel,
+                                                   "sequence_parallel": sequence_parallel}})
+                    est = estimate(spec)
+                    if est.fits_in_memory:
+                        hand_written += 1
+                        assert top.estimated_s <= est.iteration_time_s * (1 + 1e-9), (
+                            f"tp{tensor} pp{pipeline} sp {sequence_parallel} {recompute} micro {micro}: "
+                            f"{est.iteration_time_s} s beats the top row's {top.estimated_s} s")
+    assert hand_written >= 10
