@@ -38,7 +38,6 @@ sys.path.insert(0, str(ROOT))
 
 from labkit.estimate import Calibration, Profile, default_calibration, estimate, load_profile  # noqa: E402
 from labkit.estimate.published import published_table  # noqa: E402
-from labkit.logs.derive import steady_state  # noqa: E402
 from labkit.logs.parse import parse_text  # noqa: E402
 from labkit.megatron_args import megatron_args  # noqa: E402
 from labkit.spec import load_spec  # noqa: E402
