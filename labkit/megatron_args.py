@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+from labkit.megatron import sizes
 from labkit.spec import RunSpec
 from labkit.train.arguments import DEFAULT_MERGES, DEFAULT_VOCAB
 
@@ -98,8 +99,17 @@ def megatron_args(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLi
             args += [flag, value]
 
     args += ["--tensor-model-parallel-size", par.tensor, "--pipeline-model-parallel-size", par.pipeline]
-    if par.virtual_stages > 1:
-        args += ["--num-layers-per-virtual-pipeline-stage", m.num_layers // par.pipeline // par.virtual_stages]
+    if par.account_for_embedding_in_pipeline_split:
+        args += ["--account-for-embedding-in-pipeline-split"]
+    if par.account_for_loss_in_pipeline_split:
+        args += ["--account-for-loss-in-pipeline-split"]
+    if par.pipeline_layout is not None:  # it sets the virtual stages itself: Megatron-LM refuses both flags
+        args += ["--pipeline-model-parallel-layout", par.pipeline_layout]
+    elif par.virtual_stages > 1:
+        counted = sizes.split_layers(m.num_layers, par.account_for_embedding_in_pipeline_split,
+                                     par.account_for_loss_in_pipeline_split)
+        args += ["--num-layers-per-virtual-pipeline-stage",
+                 sizes.layers_per_virtual_stage(counted, par.pipeline, par.virtual_stages)]
     if par.partition:
         args += ["--pipeline-model-parallel-layout", pipeline_layout(par.partition)]
     if par.context > 1:

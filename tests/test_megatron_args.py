@@ -29,6 +29,11 @@ CASES = {
                                "precision": "bf16", "optimizer": {"distributed": True},
                                "batch": {"micro": 1, "global": 32},
                                "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 2, "gpus_per_node": 8}]}}, False),
+    # Llama 3.1 405B's interleaved pipeline: the embedding and loss counted as layers, then the same as a layout
+    "llama3.1-405b-account-for": (ROOT / "examples" / "llama3.1-405b-interleaved.yaml", {}, False),
+    "llama3.1-405b-layout": (ROOT / "examples" / "llama3.1-405b-interleaved.yaml",
+                             {"parallel": {"tensor": 8, "pipeline": 16, "virtual_stages": 8, "sequence_parallel": True,
+                                           "pipeline_layout": "E|(t|)*126,L"}}, False),
     "tiny-llama-hf-tokenizer": (ROOT / "examples" / "tiny-cpu.yaml",
                                 {"model": {"preset": "tiny-llama"},
                                  "data": {"path": "/data/corpus-llama_text_document", "mock": False, "tokenizer":

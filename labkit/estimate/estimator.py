@@ -10,7 +10,7 @@ from labkit.estimate.calibration import Calibration, resolve
 from labkit.estimate.memory import GIB, memory_per_stage
 from labkit.estimate.params import Shape, params_with_padding, stage_params, total_params
 from labkit.estimate.profiles import Profile, find_profile
-from labkit.estimate.timing import (ACTIVATION_BYTES, GRAD_REDUCE_BYTES, Pipeline, allreduce_time,
+from labkit.estimate.timing import (ACTIVATION_BYTES, GRAD_REDUCE_BYTES, Pipeline, allreduce_time, combined,
                                     optimizer_step_time, p2p_time, stage_time)
 from labkit.estimate.topology import Topology
 from labkit.spec import load_spec
@@ -154,23 +154,35 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     lookup = profile_lookup(profiles, profiled_model(shape))
     flash = flash_attention(spec.kernels.attention_backend, [topo.stage_gpu(i) for i in range(p)])
 
-    # Per-stage compute of one micro-batch.
-    stages, gpus, sources = [], [], []
-    first_layer = 0
-    for i, layers in enumerate(partition):
+    # Per-stage compute of one micro-batch: each model chunk's layers (the model's first chunk with the embedding, its
+    # last with the loss), in layer order: chunk c of stage i is virtual stage c x p + i.
+    chunks = spec.chunk_partition
+    sources_by_stage, gpus = [], []
+    for i in range(p):
         name = topo.stage_gpu(i)
         prof = lookup(name, t)
         if not profile_fits(prof, shape) and t > 1:
             prof = lookup(name, 1)  # a single-GPU profile, split over the tensor ranks
-        source = prof if profile_fits(prof, shape) else catalog.gpu(name)
-        st = stage_time(source, layers, b.micro, t, shape=shape, precision=precision, first=i == 0, last=i == p - 1,
-                        recompute=recompute, first_layer=first_layer, tp_gbps=topo.tp_gbps(i), stack=stack,
-                        calibration=cal, flash_attention=flash, context=c,
-                        tp_comm_overlap=spec.kernels.tp_comm_overlap, sequence_parallel=par.sequence_parallel)
-        stages.append(st)
+        sources_by_stage.append(prof if profile_fits(prof, shape) else catalog.gpu(name))
         gpus.append(name)
-        sources.append(st.source)
+    chunk_times = [[None] * v for _ in range(p)]
+    first_layer = 0
+    for u in range(p * v):
+        i, k = u % p, u // p
+        layers = chunks[i][k]
+        chunk_times[i][k] = stage_time(sources_by_stage[i], layers, b.micro, t, shape=shape, precision=precision,
+                                       first=u == 0, last=u == p * v - 1, recompute=recompute,
+                                       first_layer=first_layer, tp_gbps=topo.tp_gbps(i), stack=stack,
+                                       calibration=cal, flash_attention=flash, context=c,
+                                       tp_comm_overlap=spec.kernels.tp_comm_overlap,
+                                       sequence_parallel=par.sequence_parallel)
         first_layer += layers
+    stages = [combined(row) for row in chunk_times]
+    sources = [st.source for st in stages]
+    shares = None
+    if v > 1:
+        shares = tuple(tuple(ct.total_s / st.total_s if st.total_s else 1 / v for ct in row)
+                       for row, st in zip(chunk_times, stages))
 
     # Pipeline boundaries: each micro-batch's activations forward and their gradients back.
     message = b.micro * shape.seq_length / c * shape.hidden * ACTIVATION_BYTES.get(precision, 2)
@@ -180,7 +192,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     # interleaved, the last stage's chunk c feeds the first stage's chunk c + 1
     wrap = p2p_time(message, topo.pair_gbps(p - 1, 0), latency + stack.p2p_message_s) if v > 1 and p > 1 else 0.0
     pipeline = Pipeline(tuple(s.total_s for s in stages), tuple(boundaries), m, v, messages=stack.p2p_messages,
-                        backward_shares=tuple(s.backward_share for s in stages), wrap_time_s=wrap)
+                        backward_shares=tuple(s.backward_share for s in stages), wrap_time_s=wrap,
+                        chunk_shares=shares)
     pipe = pipeline.time()
 
     # After the last backward: gradient all-reduce per stage, tied-embedding all-reduce, optimizer step.

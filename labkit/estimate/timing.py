@@ -27,6 +27,11 @@ With v > 1 model chunks per stage the same player runs Megatron's interleaved 1F
 arXiv:2104.04473, section 2.2): stage i holds the model chunks i, p + i, 2p + i, ..., each 1/v of its work, and runs
 (p - i - 1) x 2 + (v - 1) p warm-up forwards. The fill and drain shrink by v (for equal stages the bubble is
 (p - 1)/v stage times against m, SC21's (p - 1)/(v m)) while every micro-batch crosses v times as many boundaries.
+Chunks need not be equal: where the layers do not split evenly over p x v chunks, Megatron-LM's
+--account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split give the first chunk of the first
+stage and the last chunk of the last one a layer fewer, and --pipeline-model-parallel-layout places any count in each
+chunk (labkit.megatron.sizes.chunk_layers); the player then gives each chunk its own share of its stage's time
+(`chunk_shares`), the embedding's and the loss's time on the chunks that hold them.
 """
 from __future__ import annotations
 
@@ -172,6 +177,13 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
     return StageTime(forward, backward, comm, source=f"analytic {gpu.name}", tp_comm_before_overlap_s=full)
 
 
+def combined(chunks: list[StageTime]) -> StageTime:
+    """One pipeline stage's time from its model chunks' (each chunk's layers, the embedding or the loss with them)."""
+    return StageTime(sum(c.forward_s for c in chunks), sum(c.backward_s for c in chunks),
+                     sum(c.tp_comm_s for c in chunks), source=chunks[0].source,
+                     tp_comm_before_overlap_s=sum(c.tp_comm_before_overlap_s for c in chunks))
+
+
 def _tp_comm(layers: int, tokens: int, shape: Shape, tensor: int, precision: str, recompute: str | None,
              gbps: float, stack: Stack, latency_s: float) -> float:
     """Megatron's 2 forward + 2 backward all-reduces of b s h activations per layer (2 more for a recomputed forward)."""
@@ -217,14 +229,15 @@ class Event(NamedTuple):
 
 def pipeline_time(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
                   virtual_stages: int = 1, messages: int = 1, backward_shares: list[float] | None = None,
-                  wrap_time: float = 0.0) -> PipelineTime:
+                  wrap_time: float = 0.0, chunk_shares: list[list[float]] | None = None) -> PipelineTime:
     """1F1B (interleaved when virtual_stages > 1) over stages with per-micro-batch times `stage_times` (forward +
     backward) and per-micro-batch, one-way send times `boundary_times` (one per boundary, len = stages - 1), played
     out by `schedule_1f1b`; `messages`: transfers per neighbour per micro-batch in the steady state (k in the
     module's formula); `backward_shares`: each stage's backward as a share of its time (BACKWARD_SHARE where not
-    given); `wrap_time`: interleaved only, the send from the last stage back to the first between model chunks."""
+    given); `wrap_time`: interleaved only, the send from the last stage back to the first between model chunks;
+    `chunk_shares`: interleaved only, each stage's chunks' shares of its time (1/v each where None)."""
     p, m, v = len(stage_times), num_micro_batches, max(1, virtual_stages)
-    total = schedule_span(stage_times, boundary_times, m, messages, backward_shares, v, wrap_time)
+    total = schedule_span(stage_times, boundary_times, m, messages, backward_shares, v, wrap_time, chunk_shares)
     steady = steady_times(stage_times, boundary_times, messages, v, wrap_time)
     k = max(range(p), key=lambda i: steady[i])
     busy = m * stage_times[k]
@@ -244,7 +257,8 @@ def steady_times(stage_times: list[float], boundary_times: list[float], messages
 
 
 def schedule_span(stage_times: list[float], boundary_times: list[float], num_micro_batches: int, messages: int = 1,
-                  backward_shares: list[float] | None = None, virtual_stages: int = 1, wrap_time: float = 0.0) -> float:
+                  backward_shares: list[float] | None = None, virtual_stages: int = 1, wrap_time: float = 0.0,
+                  chunk_shares: list[list[float]] | None = None) -> float:
     """First start to last end of `schedule_1f1b`, without playing out every micro-batch of a long step.
 
     Every operation starts at the max of its inputs' ends plus fixed times, so the schedule is a max-plus linear
@@ -258,7 +272,7 @@ def schedule_span(stage_times: list[float], boundary_times: list[float], num_mic
     args = (messages, backward_shares, virtual_stages, wrap_time)
 
     def span(micro_batches: int) -> float:
-        return _play_1f1b(stage_times, boundary_times, micro_batches, *args, events=None)
+        return _play_1f1b(stage_times, boundary_times, micro_batches, *args, events=None, chunk_shares=chunk_shares)
 
     start = 2 * p + (m - 2 * p) % p  # at least two groups of warm-up, and m's remainder
     if m <= start + p:
@@ -297,6 +311,8 @@ class Pipeline:
     messages: blocking transfers per neighbour per micro-batch (k in the module docstring).
     backward_shares: each stage's backward as a share of its time; BACKWARD_SHARE where None.
     wrap_time_s: interleaved only, one send from the last stage to the first (chunk c to chunk c + 1).
+    chunk_shares: interleaved only, each stage's model chunks' shares of its time, [stage][chunk] (chunk c of stage i
+        is virtual stage c x p + i); None: 1/v each, the even split.
     """
     stage_times_s: tuple[float, ...]
     boundary_times_s: tuple[float, ...]
@@ -305,32 +321,39 @@ class Pipeline:
     messages: int = 1
     backward_shares: tuple[float, ...] | None = None
     wrap_time_s: float = 0.0
+    chunk_shares: tuple[tuple[float, ...], ...] | None = None
 
     def time(self) -> PipelineTime:
         return pipeline_time(list(self.stage_times_s), list(self.boundary_times_s), self.num_micro_batches,
                              self.virtual_stages, self.messages,
-                             list(self.backward_shares) if self.backward_shares else None, self.wrap_time_s)
+                             list(self.backward_shares) if self.backward_shares else None, self.wrap_time_s,
+                             self._shares())
 
     def events(self) -> list[Event]:
         """Every forward and backward of every model chunk, ordered by end time; see `schedule_1f1b`."""
         return schedule_1f1b(list(self.stage_times_s), list(self.boundary_times_s), self.num_micro_batches,
                              self.messages, list(self.backward_shares) if self.backward_shares else None,
-                             self.virtual_stages, self.wrap_time_s)
+                             self.virtual_stages, self.wrap_time_s, self._shares())
+
+    def _shares(self) -> list[list[float]] | None:
+        return [list(row) for row in self.chunk_shares] if self.chunk_shares else None
 
 
 def pipeline_lower_bound(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
-                         virtual_stages: int = 1, messages: int = 1) -> float:
+                         virtual_stages: int = 1, messages: int = 1,
+                         chunk_shares: list[list[float]] | None = None) -> float:
     """A bound that pipeline_time never goes below, in O(stages): some stage k cannot start before the first
     micro-batch's first-chunk forwards (and sends) before it are done, then does m forwards and backwards of all its
     chunks with their sends, and its last gradient (a first-chunk backward) still has to go back through the stages
     before it. `messages` and the interleaved wrap-around send only lengthen the schedule, so the bound leaves them
-    out."""
+    out. `chunk_shares` as in `pipeline_time`."""
     m, v = num_micro_batches, max(1, virtual_stages)
     send = [0.0, *boundary_times, 0.0]
     best = upstream = 0.0
     for k, t in enumerate(stage_times):
         best = max(best, upstream + m * (t + v * (send[k] + send[k + 1])))
-        upstream += t / v + send[k + 1] + send[k]  # a chunk's forward with its send, later its backward with its send
+        first_chunk = t * chunk_shares[k][0] if chunk_shares else t / v
+        upstream += first_chunk + send[k + 1] + send[k]  # a first-chunk forward with its send, later its backward
     return best
 
 
@@ -360,25 +383,26 @@ def _stage_order(stage: int, stages: int, micro_batches: int, chunks: int) -> tu
 
 def schedule_1f1b(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
                   messages: int = 1, backward_shares: list[float] | None = None, virtual_stages: int = 1,
-                  wrap_time: float = 0.0) -> list[Event]:
+                  wrap_time: float = 0.0, chunk_shares: list[list[float]] | None = None) -> list[Event]:
     """Every forward and backward of one 1F1B step (interleaved when virtual_stages > 1), ordered by end time.
 
     Each stage runs its operations in Megatron's order (`_stage_order`); an operation starts when its stage is free
     and its input has arrived: a forward needs the previous model chunk's forward of the micro-batch (chunk c on stage
     i follows chunk c on stage i - 1, and chunk c on the last stage feeds chunk c + 1 on the first over `wrap_time`),
-    a backward the next chunk's backward (or, on the model's last chunk, its own forward). A chunk's work is 1/v of
-    its stage's; its time includes the send that follows it (see the module docstring).
+    a backward the next chunk's backward (or, on the model's last chunk, its own forward). A chunk's work is its
+    share of its stage's (`chunk_shares[stage][chunk]`, 1/v each where None); its time includes the send that follows
+    it (see the module docstring).
     """
     events: list[Event] = []
     _play_1f1b(stage_times, boundary_times, num_micro_batches, messages, backward_shares, virtual_stages, wrap_time,
-               events)
+               events, chunk_shares)
     events.sort(key=lambda e: e.end_s)
     return events
 
 
 def _play_1f1b(stage_times: list[float], boundary_times: list[float], num_micro_batches: int, messages: int,
                backward_shares: list[float] | None, virtual_stages: int, wrap_time: float,
-               events: list[Event] | None) -> float:
+               events: list[Event] | None, chunk_shares: list[list[float]] | None = None) -> float:
     """Play `schedule_1f1b` out; appends each operation to `events` unless it is None. Returns the last end."""
     p, m, v = len(stage_times), num_micro_batches, max(1, virtual_stages)
     if len(boundary_times) != max(0, p - 1):
@@ -387,13 +411,17 @@ def _play_1f1b(stage_times: list[float], boundary_times: list[float], num_micro_
         raise ValueError(f"the interleaved schedule needs the micro-batch count ({m}) to be a multiple of stages in "
                          f"the pipeline ({p})")
     shares = backward_shares or [BACKWARD_SHARE] * p
+    if chunk_shares is not None and (len(chunk_shares) != p or any(len(row) != v for row in chunk_shares)):
+        raise ValueError(f"chunk_shares: need {p} rows (one per stage) of {v} shares (one per model chunk)")
+    split = chunk_shares or [[1 / v] * v] * p
     send = [0.0, *boundary_times, 0.0]  # send[i]: the link between stage i - 1 and stage i
     last = p * v - 1                    # the model's last chunk, as a virtual stage u = chunk x p + stage
     hold = messages - 1                 # receives beyond the first that hold a busy receiver
     # link[u]: the send between virtual stage u and u + 1 (none after the model's last chunk)
     link = [send[u % p + 1] if u % p < p - 1 else (wrap_time if u < last else 0.0) for u in range(p * v)]
-    forward_work = [t * (1 - share) / v for t, share in zip(stage_times, shares)]
-    backward_work = [t * share / v for t, share in zip(stage_times, shares)]
+    # [u]: one forward (backward) of virtual stage u = chunk x p + stage, its chunk's share of the stage's work
+    forward_work = [stage_times[u % p] * (1 - shares[u % p]) * split[u % p][u // p] for u in range(p * v)]
+    backward_work = [stage_times[u % p] * shares[u % p] * split[u % p][u // p] for u in range(p * v)]
     forward_done = [[None] * m for _ in range(p * v)]   # [u][j]: when virtual stage u's forward of j ended
     backward_done = [[None] * m for _ in range(p * v)]
     orders = [_stage_order(i, p, m, v) for i in range(p)]
@@ -408,10 +436,10 @@ def _play_1f1b(stage_times: list[float], boundary_times: list[float], num_micro_
                 u = c * p + i
                 if forward:
                     arrived, into = (0.0, 0.0) if u == 0 else (forward_done[u - 1][j], link[u - 1])
-                    work, out = forward_work[i], link[u]
+                    work, out = forward_work[u], link[u]
                 else:
                     arrived, into = ((forward_done[u][j], 0.0) if u == last else (backward_done[u + 1][j], link[u]))
-                    work, out = backward_work[i], link[u - 1] if u > 0 else 0.0
+                    work, out = backward_work[u], link[u - 1] if u > 0 else 0.0
                 if arrived is None:
                     break
                 start = max(free[i], arrived - hold * into) + hold * into

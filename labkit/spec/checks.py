@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from labkit import catalog
+from labkit.megatron import sizes
 from labkit.train.arguments import (ATTENTION_BACKENDS, NORMALIZATIONS, POSITION_EMBEDDING_TYPES, TOKENIZER_TYPES,
                                     flag_errors)
 
@@ -152,8 +153,10 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
             errors.append("parallel.virtual_stages: the interleaved schedule needs parallel.pipeline > 1")
         per_stage = m.num_layers // p if m.num_layers % p == 0 else None
         if par.partition:
-            errors.append("parallel.virtual_stages: an explicit parallel.partition cannot be interleaved; "
-                          "drop one of them")
+            errors.append("parallel.virtual_stages: an explicit parallel.partition cannot be interleaved; drop one of "
+                          "them, or write each model chunk's layers as parallel.pipeline_layout")
+        elif par.pipeline_layout is not None or _accounted(par):
+            pass  # _check_partition checked the split into chunks
         elif per_stage is None or per_stage % par.virtual_stages:
             errors.append(f"parallel.virtual_stages: {par.virtual_stages} does not divide the layers per stage "
                           f"({m.num_layers}/{p}); choose a divisor of {per_stage or 'the even split'}")
@@ -370,15 +373,37 @@ def _check_cluster(spec: RunSpec) -> list[str]:
     return errors
 
 
+_ACCOUNT_FOR = {"account_for_embedding_in_pipeline_split": "the embedding",
+                "account_for_loss_in_pipeline_split": "the loss"}
+
+
+def _accounted(par) -> list[str]:
+    """The account-for keys a ParallelSpec sets."""
+    return [key for key in _ACCOUNT_FOR if getattr(par, key)]
+
+
 def _check_partition(spec: RunSpec) -> list[str]:
-    part, p, layers = spec.parallel.partition, spec.parallel.pipeline, spec.model.num_layers
+    """How the layers split over the pipeline: parallel.partition, parallel.pipeline_layout, the account-for keys or
+    the even split, each as Megatron-LM and megatron-core accept it (labkit.megatron.sizes)."""
+    par = spec.parallel
+    part, p, layers = par.partition, par.pipeline, spec.model.num_layers
+    if par.pipeline_layout is not None:
+        return _check_pipeline_layout(spec)
+    if _accounted(par):
+        return _check_account_for(spec)
     if part is None:
         if layers % p == 0:
             return []
         # Megatron-LM splits layers evenly over pipeline stages unless given a layout, and refuses an uneven split.
+        counted = ""
+        if (layers + 2) % p == 0:
+            counted = (f"set parallel.account_for_embedding_in_pipeline_split and parallel.account_for_loss_in_pipeline_"
+                       f"split (then {layers} + 2 split evenly), ")
+        elif (layers + 1) % p == 0:
+            counted = f"set parallel.account_for_loss_in_pipeline_split (then {layers} + 1 split evenly), "
         return [f"parallel.pipeline: {layers} layers (model.num_layers) do not split evenly over {p} pipeline stages; "
-                f"set parallel.partition (layers per stage, e.g. {_uneven_example(layers, p)}) or use a pipeline size "
-                f"that divides {layers}"]
+                f"set parallel.partition (layers per stage, e.g. {_uneven_example(layers, p)}), {counted}or use a "
+                f"pipeline size that divides {layers}"]
     errors = []
     if len(part) != p:
         errors.append(f"parallel.partition: has {len(part)} stages but parallel.pipeline is {p}; "
@@ -388,6 +413,56 @@ def _check_partition(spec: RunSpec) -> list[str]:
     elif sum(part) != layers:
         errors.append(f"parallel.partition: sums to {sum(part)} but model.num_layers is {layers}; "
                       f"adjust the counts so they add up to {layers}")
+    return errors
+
+
+def _check_pipeline_layout(spec: RunSpec) -> list[str]:
+    """parallel.pipeline_layout as megatron-core's PipelineParallelLayerLayout accepts it, alone (TransformerConfig
+    refuses it beside the account-for keys) and matching parallel.virtual_stages."""
+    par, errors = spec.parallel, []
+    if par.partition:
+        errors.append("parallel.pipeline_layout: cannot be combined with parallel.partition (both place the layers); "
+                      "keep one of them")
+    for key in _accounted(par):
+        errors.append(f"parallel.{key}: cannot be combined with parallel.pipeline_layout, which places the embedding "
+                      f"(E) and the loss (L) itself (megatron-core refuses both); drop it")
+    if par.pipeline == 1:
+        errors.append("parallel.pipeline_layout: needs parallel.pipeline > 1; drop it or raise parallel.pipeline")
+    problems = sizes.layout_problems(par.pipeline_layout, spec.model.num_layers, par.pipeline)
+    errors += [f"parallel.pipeline_layout: {quote(par.pipeline_layout)} {problem}" for problem in problems]
+    if not problems:
+        chunks = sizes.layout_virtual_stages(par.pipeline_layout, par.pipeline)
+        if chunks != par.virtual_stages:
+            errors.append(f"parallel.virtual_stages: is {par.virtual_stages} but parallel.pipeline_layout has "
+                          f"{chunks * par.pipeline} stages = pipeline {par.pipeline} x {chunks} model chunks; "
+                          f"set parallel.virtual_stages to {chunks}")
+    return errors
+
+
+def _check_account_for(spec: RunSpec) -> list[str]:
+    """The account-for keys: the layers with the embedding and/or the loss counted as one more split evenly over
+    pipeline x virtual_stages chunks (megatron-core's TransformerConfig.__post_init__ and get_num_layers_to_build)."""
+    par, errors = spec.parallel, []
+    keys = _accounted(par)
+    first = f"parallel.{keys[0]}"
+    if par.partition:
+        errors.append(f"{first}: cannot be combined with parallel.partition, which labkit writes as a "
+                      f"--pipeline-model-parallel-layout (megatron-core refuses the two together); drop one of them")
+        return errors
+    if par.pipeline == 1:
+        return [f"{first}: only moves layers between pipeline stages; needs parallel.pipeline > 1, or drop it"]
+    layers, p, v = spec.model.num_layers, par.pipeline, par.virtual_stages
+    counted = layers + len(keys)
+    what = " and ".join(_ACCOUNT_FOR[key] for key in keys)
+    if counted % p:
+        divisors = [n for n in range(2, min(counted, MAX_SPLIT) + 1) if counted % n == 0]
+        errors.append(f"parallel.pipeline: {layers} layers + {len(keys)} for {what} = {counted} do not split evenly over {p} "
+                      f"pipeline stages ({first}); use a pipeline size that divides {counted} "
+                      f"({', '.join(map(str, divisors[:8])) or 'none'}), or drop {first}")
+    elif counted // p % v:
+        per_stage = counted // p
+        errors.append(f"parallel.virtual_stages: {v} does not divide the {per_stage} layers per stage ({layers} + "
+                      f"{len(keys)} for {what}, over {p} stages; {first}); choose a divisor of {per_stage}")
     return errors
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from labkit.megatron import sizes
 from labkit.spec import checks, layout
 from labkit.spec.load import DEFAULT_PRESET, build, read_source, to_plain, with_changes
 
@@ -73,14 +74,27 @@ class ParallelSpec:
     tensor: int = 1
     """Tensor-parallel size (--tensor-model-parallel-size)."""
     pipeline: int = 1
-    """Pipeline-parallel size (--pipeline-model-parallel-size); must divide model.num_layers unless `partition` is set."""
+    """Pipeline-parallel size (--pipeline-model-parallel-size); must divide model.num_layers unless `partition`,
+    `pipeline_layout` or an account_for key sets the split."""
     data: int | None = None
     """Data-parallel size; None: the rest of the world size (Megatron derives it the same way)."""
     virtual_stages: int = 1
-    """Model chunks per pipeline rank for the interleaved schedule (--num-layers-per-virtual-pipeline-stage)."""
+    """Model chunks per pipeline rank for the interleaved schedule (--num-layers-per-virtual-pipeline-stage); with
+    `pipeline_layout`, its stage count over `pipeline`."""
     partition: list[int] | None = None
     """Transformer layers per pipeline stage, e.g. [0, 11, 8, 8, 8, 8, 5, 0] (--pipeline-model-parallel-layout);
-    None: the even split."""
+    None: the even split. Not interleaved: for uneven model chunks write `pipeline_layout`."""
+    account_for_embedding_in_pipeline_split: bool = False
+    """Count the embedding as one more layer when the layers split evenly over pipeline x virtual_stages chunks: the
+    first stage's first chunk holds one transformer layer fewer (--account-for-embedding-in-pipeline-split)."""
+    account_for_loss_in_pipeline_split: bool = False
+    """Count the loss (with the output layer) as one more layer in the split: the last stage's last chunk holds one
+    transformer layer fewer (--account-for-loss-in-pipeline-split). With both keys Llama 3.1 405B's 126 layers split
+    as 128 over 16 stages x 8 chunks."""
+    pipeline_layout: str | None = None
+    """The layers of every (virtual) stage, Megatron-LM's --pipeline-model-parallel-layout, e.g. "Et*3|t*4|t*4|t*3,L":
+    stages split by "|", E the embedding, t a transformer layer, L the loss, x*n and (...)*n repeat; the first
+    pipeline x 1 stages are every rank's first chunk, the next its second, and so on. None: the even split."""
     sequence_parallel: bool = False
     """Split layer-norm and dropout activations over tensor ranks (--sequence-parallel)."""
     context: int = 1
@@ -350,10 +364,19 @@ class RunSpec:
 
     @property
     def layer_partition(self) -> list[int]:
-        """Transformer layers per pipeline stage: the partition, or the even split (checks require one)."""
-        if self.parallel.partition:
-            return list(self.parallel.partition)
-        return [self.model.num_layers // self.parallel.pipeline] * self.parallel.pipeline
+        """Transformer layers per pipeline stage, all its model chunks together."""
+        return [sum(chunks) for chunks in self.chunk_partition]
+
+    @property
+    def chunk_partition(self) -> list[list[int]]:
+        """Transformer layers of each model chunk, [stage][chunk]: the partition (one chunk per stage), or as
+        megatron-core splits them (labkit.megatron.sizes.chunk_layers; the checks require a split it accepts)."""
+        par = self.parallel
+        if par.partition:
+            return [[n] for n in par.partition]
+        return sizes.chunk_layers(self.model.num_layers, par.pipeline, par.virtual_stages,
+                                  account_for_embedding=par.account_for_embedding_in_pipeline_split,
+                                  account_for_loss=par.account_for_loss_in_pipeline_split, layout=par.pipeline_layout)
 
     @property
     def partition_string(self) -> str:

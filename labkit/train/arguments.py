@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from labkit.megatron import sizes
 from labkit.paths import data_file
 
 DEFAULT_VOCAB = data_file("tokenizer", "vocab.json")
@@ -82,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="interleaved 1F1B schedule")
     g.add_argument("--pipeline-model-parallel-layout", default=None,
                    help='per-stage layout, e.g. "E|t*11|t*8|t*5|L" (uneven stages, zero-layer first/last stages)')
+    g.add_argument("--account-for-embedding-in-pipeline-split", action="store_true",
+                   help="count the embedding as a layer in the split: the first chunk holds a transformer layer fewer")
+    g.add_argument("--account-for-loss-in-pipeline-split", action="store_true",
+                   help="count the loss as a layer in the split: the last chunk holds a transformer layer fewer")
     g.add_argument("--context-parallel-size", type=int, default=1,
                    help="split the sequence over ranks, K/V exchanged in a ring (Transformer Engine on GPUs)")
     g.add_argument("--sequence-parallel", action="store_true")
@@ -287,31 +292,37 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
 
     # Pipeline: interleaving and uneven layouts.
     args.virtual_pipeline_model_parallel_size = None
+    accounted = args.account_for_embedding_in_pipeline_split or args.account_for_loss_in_pipeline_split
+    # the layers split over the chunks: the embedding and the loss count as one each where asked (validate_args)
+    counted = sizes.split_layers(args.num_layers, args.account_for_embedding_in_pipeline_split,
+                                 args.account_for_loss_in_pipeline_split)
+    if accounted and args.pipeline_model_parallel_layout:
+        raise ArgumentError("--account-for-embedding/loss-in-pipeline-split: cannot be combined with "
+                            "--pipeline-model-parallel-layout (the layout places the embedding and loss itself)")
     if args.num_layers_per_virtual_pipeline_stage is not None:
         if pp == 1:
             raise ArgumentError("--num-layers-per-virtual-pipeline-stage: needs --pipeline-model-parallel-size > 1")
         if args.pipeline_model_parallel_layout:
             raise ArgumentError("--num-layers-per-virtual-pipeline-stage: cannot be combined with "
                                 "--pipeline-model-parallel-layout (the layout sets the virtual stages)")
-        per_stage = args.num_layers // pp
-        if args.num_layers % pp or per_stage % args.num_layers_per_virtual_pipeline_stage:
+        per_stage = counted // pp
+        if counted % pp or per_stage % args.num_layers_per_virtual_pipeline_stage:
             raise ArgumentError(f"--num-layers-per-virtual-pipeline-stage: {args.num_layers_per_virtual_pipeline_stage}"
-                                f" does not divide the {args.num_layers}/{pp} layers per pipeline stage")
+                                f" does not divide the {counted}/{pp} layers per pipeline stage"
+                                + (" (embedding and loss counted as asked)" if accounted else ""))
         args.virtual_pipeline_model_parallel_size = per_stage // args.num_layers_per_virtual_pipeline_stage
+    elif accounted and counted % pp:
+        raise ArgumentError(f"--account-for-embedding/loss-in-pipeline-split: {counted} layers with the embedding and "
+                            f"loss counted do not split evenly over --pipeline-model-parallel-size {pp}")
     if args.pipeline_model_parallel_layout:
-        stages = args.pipeline_model_parallel_layout.split("|")
-        layers = sum(int(part.split("*")[1]) if "*" in part else 1
-                     for stage in stages for part in stage.split(",") if part.strip().startswith("t"))
         if pp == 1:
             raise ArgumentError("--pipeline-model-parallel-layout: needs --pipeline-model-parallel-size > 1")
-        if layers != args.num_layers:
-            raise ArgumentError(f"--pipeline-model-parallel-layout: places {layers} transformer layers (t) but "
-                                f"--num-layers is {args.num_layers}")
-        if len(stages) % pp:
-            raise ArgumentError(f"--pipeline-model-parallel-layout: {len(stages)} stages do not fill "
-                                f"--pipeline-model-parallel-size {pp} (need a multiple of {pp})")
-        if len(stages) > pp:
-            args.virtual_pipeline_model_parallel_size = len(stages) // pp
+        problems = sizes.layout_problems(args.pipeline_model_parallel_layout, args.num_layers, pp)
+        if problems:
+            raise ArgumentError("--pipeline-model-parallel-layout: " + "; ".join(problems))
+        chunks = sizes.layout_virtual_stages(args.pipeline_model_parallel_layout, pp)
+        if chunks > 1:
+            args.virtual_pipeline_model_parallel_size = chunks
     num_micro = args.global_batch_size // (args.micro_batch_size * dp)
     if args.virtual_pipeline_model_parallel_size and num_micro % pp:
         raise ArgumentError(f"--global-batch-size: the interleaved schedule needs the {num_micro} micro-batches to be "
