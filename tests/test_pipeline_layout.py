@@ -220,3 +220,22 @@ def test_each_ranks_logged_parameters_are_the_estimates_per_stage(trained, name)
     logged = {int(p): int(n) for t, p, n in PARAMETERS.findall(text)}
     assert logged == {p: round(n) for p, n in enumerate(estimate(spec).params_per_stage)}
     assert len(re.findall(r"lm loss: ([0-9.E+-]+)", text)) == 2
+
+
+@pytest.mark.parametrize("layers,accounted", [(30, True), (32, False)])
+def test_the_planner_counts_the_embedding_and_loss_only_where_the_layers_alone_do_not_interleave(layers, accounted):
+    from labkit.plan.inputs import Constraints
+    from labkit.plan.search import search
+
+    base = load_spec({"model": {"preset": "llama3-8b", "num_layers": layers}, "precision": "bf16",
+                      "batch": {"micro": 1, "global": 64},
+                      "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 4, "gpus_per_node": 8}]}})
+    plan = search(base, constraints=Constraints(tensor=2, pipeline=4, context=1, micro_batch=1,
+                                                sequence_parallel=True, recompute=None, distributed_optimizer=True))
+    interleaved = [r for r in plan.rows if r.virtual_stages > 1]
+    assert {r.virtual_stages for r in interleaved} == {2, 4}
+    for row in interleaved:
+        par = row.spec.parallel
+        assert par.account_for_embedding_in_pipeline_split is par.account_for_loss_in_pipeline_split is accounted
+        assert row.partition == ([7, 8, 8, 7] if accounted else [8] * 4)
+        assert estimate(row.spec).iteration_time_s == pytest.approx(row.estimated_s)

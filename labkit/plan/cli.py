@@ -168,7 +168,9 @@ def _plan(args) -> int:
     if chosen.parallel.partition:
         print(f"\nchosen: PARTITION=\"{chosen.partition_string}\"  layout {pipeline_layout(chosen.layer_partition)}")
     else:
-        print(f"\nchosen: PARTITION=\"{chosen.partition_string}\" (even split, {chosen.parallel.virtual_stages} "
+        split = ("the embedding and loss counted as layers" if chosen.parallel.account_for_embedding_in_pipeline_split
+                 else "even split")
+        print(f"\nchosen: PARTITION=\"{chosen.partition_string}\" ({split}, {chosen.parallel.virtual_stages} "
               "virtual stages per GPU)")
     print("megatron: " + " ".join(megatron_args(chosen)))
     print("\n" + chosen.to_yaml(), end="")

@@ -53,6 +53,8 @@ def order_count(counts: list[int]) -> int:
 
 def distinct_orders(counts: list[int]) -> list[tuple[int, ...]]:
     """Every order of the nodes up to swapping nodes of the same kind (kind indices, one per node)."""
+    if sum(1 for n in counts if n) <= 1:  # one kind: one order, however many nodes (no recursion per node)
+        return [tuple(kind for kind, n in enumerate(counts) for _ in range(n))]
     total = sum(counts)
     out: list[tuple[int, ...]] = []
     order: list[int] = []

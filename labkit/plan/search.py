@@ -24,6 +24,7 @@ from labkit.estimate.estimator import MEMORY_MARGIN, flash_attention, profile_fi
 from labkit.estimate.calibration import Calibration, resolve
 from labkit.estimate.timing import ACTIVATION_BYTES, GRAD_REDUCE_BYTES, Pipeline
 from labkit.estimate.topology import Topology
+from labkit.megatron import sizes
 from labkit.plan.inputs import SEARCHED, Constraints
 from labkit.plan.partition import min_max_partition
 from labkit.plan.placement import as_cluster, grouped_orders, node_kinds, order_count, placements
@@ -146,15 +147,23 @@ def splits(base: RunSpec, world: int, gpus_per_node: int, constraints: Constrain
 
 def schedules(base: RunSpec, pipeline: int, data: int, virtual_stages=(1, 2, 4),
               constraints: Constraints = Constraints()):
-    """(micro-batch, virtual stages) pairs for a split: micro-batches divide global/data; interleaving needs an even
-    split of the layers into pipeline x v chunks and a micro-batch count that is a multiple of the pipeline size."""
+    """(micro-batch, virtual stages, accounted) for a split: micro-batches divide global/data; interleaving needs a
+    micro-batch count that is a multiple of the pipeline size and an even split of the layers into pipeline x v
+    chunks, or one once the embedding and the loss count as a layer each (`accounted`: Megatron-LM's
+    --account-for-embedding/loss-in-pipeline-split, tried only where the layers alone do not split, as Llama 3.1
+    405B's 126 layers over 16 x 8 chunks)."""
     layers, batch = base.model.num_layers, base.batch.global_
     for b in divisors(batch // data):
         if not constraints.allows("micro_batch", b):
             continue
         for v in (virtual_stages if constraints.virtual_stages is SEARCHED else (constraints.virtual_stages,)):
-            if v == 1 or (pipeline > 1 and layers % (pipeline * v) == 0 and (batch // (b * data)) % pipeline == 0):
-                yield b, v
+            if v == 1:
+                yield b, v, False
+            elif pipeline > 1 and (batch // (b * data)) % pipeline == 0:
+                if layers % (pipeline * v) == 0:
+                    yield b, v, False
+                elif sizes.split_layers(layers, True, True) % (pipeline * v) == 0:
+                    yield b, v, True
 
 
 class _StageCosts:
@@ -258,9 +267,10 @@ def _memory_caps(spec: RunSpec, shape: Shape, links: _Links, flash: bool) -> lis
 
 def _split_and_bound(shape: Shape, precision: str, t: int, p: int, d: int, b: int, v: int, recompute: str | None,
                      links: _Links, costs: _StageCosts, caps: list[int] | None = None, sequence_parallel: bool = False,
-                     context: int = 1) -> tuple[list[int] | None, float]:
+                     context: int = 1, accounted: bool = False) -> tuple[list[int] | None, float]:
     """The exact min-max split of a layout (None when no split fits the caps) and a lower bound on the estimator's
-    iteration time with it: the 1F1B pipeline plus the all-reduces after it, without the optimizer step."""
+    iteration time with it: the 1F1B pipeline plus the all-reduces after it, without the optimizer step. Interleaved,
+    the layers split as megatron-core splits them, the embedding and the loss counted as layers when `accounted`."""
     message = b * shape.seq_length / context * shape.hidden * ACTIVATION_BYTES.get(precision, 2)
     if sequence_parallel:
         message /= t
@@ -272,8 +282,9 @@ def _split_and_bound(shape: Shape, precision: str, t: int, p: int, d: int, b: in
         per_layer.append(costs.per_layer(gpu, t, b, recompute, tp_gbps, context))
         ends.append(costs.ends(gpu, t, b, recompute, tp_gbps, i == 0, i == p - 1, context))
     if v > 1 or p == 1:
+        chunks = sizes.chunk_layers(shape.num_layers, p, v, account_for_embedding=accounted, account_for_loss=accounted)
         return _bound(shape, precision, t, d, b, v, links, costs, per_layer, ends, boundaries,
-                      [shape.num_layers // p] * p)  # the interleaved schedule needs the even split
+                      [sum(row) for row in chunks], chunks)
     steps = [e + edges[i] + edges[i + 1] for i, e in enumerate(ends)]
     best = None, float("inf")
     # every split below has the least possible slowest step; they differ in fill/drain and all-reduce sizes
@@ -289,12 +300,23 @@ def _split_and_bound(shape: Shape, precision: str, t: int, p: int, d: int, b: in
 
 def _bound(shape: Shape, precision: str, t: int, d: int, b: int, v: int, links: _Links, costs: _StageCosts,
            per_layer: list[list[float]], ends: list[float], boundaries: list[float],
-           layers: list[int]) -> tuple[list[int], float]:
+           layers: list[int], chunks: list[list[int]] | None = None) -> tuple[list[int], float]:
     totals, start = [], 0
     for i, n in enumerate(layers):
         totals.append(ends[i] + sum(per_layer[i][start:start + n]))
         start += n
-    pipe_s = pipeline_lower_bound(totals, boundaries, costs.global_batch // (d * b), v)
+    shares = None
+    if v > 1:
+        # each chunk's layers in layer order (virtual stage u = chunk x p + stage), a stage's ends on its last chunk:
+        # its first chunk then takes no more than the estimator gives it, and the bound stays below
+        p, start = len(layers), 0
+        times = [[0.0] * v for _ in range(p)]
+        for u in range(p * v):
+            n = chunks[u % p][u // p]
+            times[u % p][u // p] = sum(per_layer[u % p][start:start + n]) + (ends[u % p] if u // p == v - 1 else 0.0)
+            start += n
+        shares = [[x / total if total else 1 / v for x in row] for row, total in zip(times, totals)]
+    pipe_s = pipeline_lower_bound(totals, boundaries, costs.global_batch // (d * b), v, chunk_shares=shares)
     # the gradient and tied-embedding all-reduces that follow the last backward, as estimate() charges them
     grad_bytes = GRAD_REDUCE_BYTES.get(precision, 4)
     # overlapped with the backward (kernels.overlap_grad_reduce), the reduce may hide entirely: 0 stays a lower bound
@@ -402,10 +424,11 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
         from tqdm import tqdm
         bar = tqdm(total=len(layout_splits), desc="plan", unit="split", file=sys.stderr, leave=False)
 
-    def parallel(t: int, p: int, d: int, c: int, v: int = 1, partition=None) -> ParallelSpec:
+    def parallel(t: int, p: int, d: int, c: int, v: int = 1, partition=None, accounted=False) -> ParallelSpec:
         sp = sequence_parallel and t > 1
         return ParallelSpec(tensor=t, pipeline=p, data=d, context=c, virtual_stages=v, partition=partition,
-                            sequence_parallel=sp)
+                            sequence_parallel=sp, account_for_embedding_in_pipeline_split=accounted,
+                            account_for_loss_in_pipeline_split=accounted)
 
     # First a lower bound on every layout's step time under its exact split: cheap, most layouts stop here. Only
     # what identifies a candidate is kept (its node order is rebuilt if it is estimated).
@@ -415,13 +438,13 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
         for order in (placements(cluster, t, d * c, p) if orders == "all" else grouped_orders(kinds, counts)):
             links = _Links.of(replace(base, cluster=as_cluster(order, kinds, cluster), parallel=parallel(t, p, d, c)),
                               cal)
-            for b, v in schedules(base, p, d, virtual_stages, constraints):
+            for b, v, accounted in schedules(base, p, d, virtual_stages, constraints):
                 layers, step_s = _split_and_bound(shape, base.precision, t, p, d, b, v, None, links, costs,
-                                                  sequence_parallel=sp, context=c)
+                                                  sequence_parallel=sp, context=c, accounted=accounted)
                 if constraints.partition is not SEARCHED:
                     layers = list(constraints.partition)
                 bound = step_s if objective == "time" else step_s * cluster_price_s
-                bounded.append((bound, order, (t, p, d, c, b, v, layers)))
+                bounded.append((bound, order, (t, p, d, c, b, v, accounted, layers)))
         if bar is not None:
             bar.update()
     bounded.sort(key=lambda c: c[0])
@@ -431,13 +454,13 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
     kept: list[float] = []  # a heap of the best `top` objective values of fitting, within-budget rows, negated
     evaluated = pruned = 0
     fixed_partition = constraints.partition is not SEARCHED
-    for i, (bound, order, (t, p, d, c, b, v, layers)) in enumerate(bounded):
+    for i, (bound, order, (t, p, d, c, b, v, accounted, layers)) in enumerate(bounded):
         if top and len(kept) >= top and bound > -kept[0]:
             pruned = len(bounded) - i
             break
         placed = as_cluster(order, kinds, cluster)
         spec = replace(base, cluster=placed, batch=replace(base.batch, micro=b), recompute=None,
-                       parallel=parallel(t, p, d, c, v, layers if v == 1 and p > 1 else None),
+                       parallel=parallel(t, p, d, c, v, layers if v == 1 and p > 1 else None, accounted),
                        optimizer=replace(base.optimizer, distributed=False))
         links = _Links.of(spec, cal)
         names = [kinds[k].gpu for k in order]

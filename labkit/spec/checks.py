@@ -397,8 +397,8 @@ def _check_partition(spec: RunSpec) -> list[str]:
         # Megatron-LM splits layers evenly over pipeline stages unless given a layout, and refuses an uneven split.
         counted = ""
         if (layers + 2) % p == 0:
-            counted = (f"set parallel.account_for_embedding_in_pipeline_split and parallel.account_for_loss_in_pipeline_"
-                       f"split (then {layers} + 2 split evenly), ")
+            counted = ("set parallel.account_for_embedding_in_pipeline_split and parallel.account_for_loss_in_"
+                       f"pipeline_split (then {layers} + 2 split evenly), ")
         elif (layers + 1) % p == 0:
             counted = f"set parallel.account_for_loss_in_pipeline_split (then {layers} + 1 split evenly), "
         return [f"parallel.pipeline: {layers} layers (model.num_layers) do not split evenly over {p} pipeline stages; "
@@ -456,8 +456,8 @@ def _check_account_for(spec: RunSpec) -> list[str]:
     what = " and ".join(_ACCOUNT_FOR[key] for key in keys)
     if counted % p:
         divisors = [n for n in range(2, min(counted, MAX_SPLIT) + 1) if counted % n == 0]
-        errors.append(f"parallel.pipeline: {layers} layers + {len(keys)} for {what} = {counted} do not split evenly over {p} "
-                      f"pipeline stages ({first}); use a pipeline size that divides {counted} "
+        errors.append(f"parallel.pipeline: {layers} layers + {len(keys)} for {what} = {counted} do not split evenly "
+                      f"over {p} pipeline stages ({first}); use a pipeline size that divides {counted} "
                       f"({', '.join(map(str, divisors[:8])) or 'none'}), or drop {first}")
     elif counted // p % v:
         per_stage = counted // p
