@@ -16,6 +16,7 @@ from labkit.estimate.recompute import stored_activations
 from labkit.estimate.timing import Event, Pipeline, bubble_fraction
 from labkit.paths import course_dir, example
 from labkit.spec import RunSpec, load_spec
+from labkit.spec.layout import layout_of
 
 FORWARD_COLOR = "#4c78a8"
 CHUNK_SHADES = ("#4c78a8", "#72b7b2", "#54a24b", "#b279a2")  # forward colour per model chunk (virtual stage)
@@ -224,12 +225,12 @@ def heterogeneous_pipeline_svg(spec: RunSpec) -> str:
 
     partition, gpus = spec.layer_partition, spec.stage_gpus
     layouts = pipeline_layout(partition).split("|")
-    per_stage = spec.parallel.tensor * spec.data_parallel
+    par, ranks = spec.parallel, layout_of(spec)
     unit, box_h, gap, left = 11, 64, 22, 20
     widths = [58 + layers * unit for layers in partition]
     svg = Svg(max(left + sum(widths) + gap * (len(widths) - 1) + 20, 900), 220)
     svg.text(left, 24, f"{spec.name}: {spec.model.preset or ''} pipeline, PARTITION=\"{spec.partition_string}\", "
-             f"{per_stage} GPU(s) per stage (TP {spec.parallel.tensor} x DP {spec.data_parallel})", size=14,
+             f"{ranks.per_stage} GPU(s) per stage (TP {par.tensor} x CP {par.context} x DP {ranks.data})", size=14,
              weight="bold")
     x = left
     for stage, (layers, gpu, layout, w) in enumerate(zip(partition, gpus, layouts, widths)):

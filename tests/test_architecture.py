@@ -82,6 +82,8 @@ def test_the_cycle_check_sees_a_deferred_import(tmp_path):
 # top (each registers its subcommands and may use anything).
 LAYERS = (
     ("labkit.paths", "labkit.net"),
+    # Megatron's own rules (labkit.megatron.sizes), beneath everything that speaks Megatron.
+    ("labkit.megatron",),
     ("labkit.catalog",),
     # The driver's flags, which the spec checks job.extra_args against, and its tokenizers, which size the vocabulary.
     ("labkit.train.arguments", "labkit.train.tokenizer"),
@@ -123,6 +125,14 @@ HOMES = {
     "pipeline simulator": ("labkit/estimate/timing.py",
                            re.compile(r"def \w*(1f1b|interleav|simulate_pipeline|play_schedule)\w*\(")),
     "rank-order mapping": ("labkit/spec/layout.py", re.compile(r"def \w*(rank_order|rank_to_stage|stage_ranks)\w*\(")),
+    # Megatron's derived sizes: a world divided by tensor (x context) x pipeline, the SwiGLU MLP width (or a 4h
+    # fallback written as `ffn_hidden_size or ...`), the vocabulary rounded up to its padding multiple.
+    "data-parallel size": ("labkit/megatron/sizes.py",
+                           re.compile(r"\bworld\w*\s*//|//\s*(max\(1,\s*)?\((?:[\w.]*\.)?(tp|tensor\w*|t)\s*\*")),
+    "MLP width default": ("labkit/megatron/sizes.py",
+                          re.compile(r"4\s*\*\s*[\w.]+\s*\*\s*2\s*/\s*3|8\s*\*\s*[\w.]+\s*//?\s*\(?\s*(3|192)\b"
+                                     r"|ffn_hidden_size\s+or\b")),
+    "padded vocabulary": ("labkit/megatron/sizes.py", re.compile(r"-\(-\s*[\w.]*vocab\w*\s*//|ceil\([^)\n]*vocab")),
 }
 
 
@@ -141,3 +151,15 @@ def test_the_home_check_sees_a_second_copy(tmp_path):
     copy = tmp_path / "copy.py"
     copy.write_text("import socket\ns = socket.socket()\ns.bind(('', 0))\n")
     assert HOMES["free-port helper"][1].search(copy.read_text())
+
+
+@pytest.mark.parametrize("concept, copy", [
+    ("data-parallel size", "args.data_parallel_size = world_size // (tp * cp * pp)"),
+    ("data-parallel size", "data = max(1, trace.world_size // max(1, tensor * pipeline))"),
+    ("data-parallel size", "parallel = {'data': gpus // (t * p * c)}"),
+    ("MLP width default", "ffn = int((4 * args.hidden_size * 2 / 3) / 64) * 64 if args.swiglu else 4 * h"),
+    ("MLP width default", "return self.ffn_hidden_size or 4 * self.hidden_size"),
+    ("padded vocabulary", "return -(-vocab_size // multiple) * multiple"),
+])
+def test_the_home_check_sees_a_copy_of_a_megatron_size(concept, copy):
+    assert HOMES[concept][1].search(copy)

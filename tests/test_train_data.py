@@ -9,7 +9,7 @@ import pytest
 
 from labkit.cli import main as labkit
 from labkit.megatron_args import DEFAULT_MERGES, DEFAULT_VOCAB
-from labkit.train.tokenizer import EOD_TOKEN, GPT2BPETokenizer, padded_vocab_size
+from labkit.train.tokenizer import EOD_TOKEN, GPT2BPETokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "labkit" / "data" / "corpus"
@@ -67,9 +67,3 @@ def test_shipped_dataset_is_the_shipped_corpus_tokenised(tokenizer):
     assert len(dataset) == len(lines) == 1500
     for i in (0, 1, 777, 1499):
         assert dataset[i].tolist() == tokenizer.tokenize(json.loads(lines[i])["text"]) + [tokenizer.eod]
-
-
-def test_vocabulary_is_padded_like_megatron():
-    assert padded_vocab_size(50257, 128, 1) == 50304
-    assert padded_vocab_size(50257, 128, 8) == 51200
-    assert padded_vocab_size(730, 128, 1) == 768

@@ -10,16 +10,15 @@ Llama counts its published number. `params_with_padding` and `rank_params` count
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
+from labkit.megatron import sizes
 from labkit.spec import ModelSpec, RunSpec
-from labkit.train.tokenizer import padded_vocab_size
 
 
 @dataclass(frozen=True)
 class Shape:
     """The model sizes every estimator needs, under the formulas' short names: a flat, hashable view of a ModelSpec,
-    whose rules give the sizes in effect (`groups`, `ffn_size`)."""
+    with the sizes Megatron derives from it (`groups`, `ffn_size`, `padded_vocab`: labkit.megatron.sizes)."""
     num_layers: int
     """Transformer layers l (ModelSpec.num_layers)."""
     hidden: int
@@ -33,7 +32,8 @@ class Shape:
     query_groups: int | None = None
     """Key/value groups as written (ModelSpec.num_query_groups); None: one per head."""
     ffn: int | None = None
-    """MLP hidden size as written (ModelSpec.ffn_hidden_size); None: 4h."""
+    """MLP hidden size as written (ModelSpec.ffn_hidden_size); None: Megatron-LM's default (4h, or about 8h/3 with
+    SwiGLU)."""
     swiglu: bool = False
     """SwiGLU MLP (ModelSpec.swiglu)."""
     tied: bool = True
@@ -52,27 +52,19 @@ class Shape:
     attention_dropout: float = 0.1
     """Dropout of the attention probabilities (ModelSpec.attention_dropout); at 0 no mask is kept."""
 
-    @cached_property
-    def model(self) -> ModelSpec:
-        """The same sizes as a ModelSpec."""
-        return ModelSpec(num_layers=self.num_layers, hidden_size=self.hidden, num_attention_heads=self.heads,
-                         num_query_groups=self.query_groups, ffn_hidden_size=self.ffn, seq_length=self.seq_length,
-                         vocab_size=self.vocab, swiglu=self.swiglu, untie_embeddings=not self.tied,
-                         normalization=self.norm, position_embedding_type=self.positions, add_bias_linear=self.bias,
-                         make_vocab_size_divisible_by=self.vocab_multiple, hidden_dropout=self.hidden_dropout,
-                         attention_dropout=self.attention_dropout)
-
     @property
     def groups(self) -> int:
-        return self.model.query_groups
+        """Key/value groups in effect."""
+        return sizes.query_groups(self.heads, self.query_groups)
 
     @property
     def ffn_size(self) -> int:
-        return self.model.ffn_size
+        """MLP hidden size in effect."""
+        return sizes.ffn_hidden_size(self.hidden, self.swiglu, self.ffn)
 
     def padded_vocab(self, tensor: int = 1) -> int:
         """Megatron's padded vocabulary: the next multiple of vocab_multiple x tensor."""
-        return padded_vocab_size(self.vocab, self.vocab_multiple, tensor)
+        return sizes.padded_vocab_size(self.vocab, self.vocab_multiple, tensor)
 
     @property
     def norm_params(self) -> int:

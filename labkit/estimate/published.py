@@ -13,6 +13,7 @@ import yaml
 
 from labkit.estimate.calibration import Calibration
 from labkit.estimate.estimator import estimate
+from labkit.megatron import sizes
 from labkit.paths import data_file
 from labkit.spec import RunSpec, load_spec
 
@@ -61,7 +62,7 @@ def _spec(name: str, group: dict, run: dict, data: dict) -> tuple[RunSpec, str]:
         model = {"num_layers": run["layers"], "hidden_size": run["hidden"], "num_attention_heads": run["heads"],
                  **data["model"]}
         label = f"{run['billions']:g}B t{t} p{p} {gpus} GPUs"
-    parallel = {"tensor": t, "pipeline": p, "context": c, "data": gpus // (t * p * c),
+    parallel = {"tensor": t, "pipeline": p, "context": c, "data": sizes.data_parallel_size(gpus, t, c, p),
                 "sequence_parallel": group.get("sequence_parallel", t > 1), **group.get("parallel", {})}
     if run.get("virtual", 1) > 1:
         parallel["virtual_stages"] = run["virtual"]

@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from labkit.logs import job_info
+from labkit.megatron import sizes
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Record patterns. Each starts with a literal so the regex engine can skip ahead quickly.
@@ -1192,7 +1193,8 @@ def _fill_parallel(parallel: dict, args: dict) -> None:
         parallel["tensor"] = args["model_parallel_size"]
     world, t, p, c = (parallel.get(k) for k in ("world_size", "tensor", "pipeline", "context"))
     if world and t and parallel.get("data") is None:
-        parallel["data"] = max(1, world // (t * (p or 1) * (c or 1)))
+        with contextlib.suppress(sizes.SizeError):  # sizes that do not divide the world leave the data size unknown
+            parallel["data"] = sizes.data_parallel_size(world, t, c or 1, p or 1)
     if world and t:
         parallel.setdefault("pipeline", 1)
     gbs, mbs, d = args.get("global_batch_size"), args.get("micro_batch_size"), parallel.get("data")

@@ -147,7 +147,7 @@ def _worker(rank: int, world: int, argv: list[str], sizes: list[int], repeats: i
 
     from labkit.train.arguments import parse_args
     from labkit.train.model import layer_spec, transformer_config
-    from labkit.train.tokenizer import padded_vocab_size
+    from labkit.megatron.sizes import padded_vocab_size
     from labkit.train.training import initialize
 
     args = parse_args(argv, world_size=world, rank=rank)

@@ -138,8 +138,8 @@ def splits(base: RunSpec, world: int, gpus_per_node: int, constraints: Constrain
                 continue
             if constraints.sequence_parallel is True and t == 1:  # sequence parallelism splits over tensor ranks
                 continue
-            for p in divisors(world // (t * c)):
-                d = world // (t * c * p)
+            for p in divisors(sizes.data_parallel_size(world, t, c)):  # the pipeline x data ranks of t x c
+                d = sizes.data_parallel_size(world, t, c, p)
                 if p <= m.num_layers and base.batch.global_ % d == 0 and constraints.allows("pipeline", p) \
                         and constraints.allows("data", d):
                     yield t, p, d, c

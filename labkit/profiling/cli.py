@@ -13,6 +13,7 @@ def register(sub) -> None:
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
     s.add_argument("--tensor", type=int, default=1, help="tensor-parallel size, to name communication groups")
     s.add_argument("--pipeline", type=int, default=1, help="pipeline-parallel size, to name communication groups")
+    s.add_argument("--context", type=int, default=1, help="context-parallel size, to name communication groups")
     s.add_argument("--top", type=int, default=8, help="operators listed per rank")
     s.set_defaults(func=_summary)
 
@@ -27,7 +28,11 @@ def _summary(args) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"labkit profiling: {exc}", file=sys.stderr)
         return 2
-    result = trace.summary(traces, tensor=args.tensor, pipeline=args.pipeline, top=args.top)
+    try:
+        result = trace.summary(traces, tensor=args.tensor, pipeline=args.pipeline, top=args.top, context=args.context)
+    except ValueError as exc:  # parallel sizes that do not divide the traces' world
+        print(f"labkit profiling: {exc}", file=sys.stderr)
+        return 2
     run_dir = Path(args.path) if Path(args.path).is_dir() else None
     if run_dir is not None and tensorboard.event_dirs(run_dir):
         result["tensorboard_command"] = tensorboard.tensorboard_command(run_dir)

@@ -25,6 +25,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from labkit.megatron import sizes
 from labkit.spec.layout import Layout
 
 CATEGORIES = ("matmul", "attention", "elementwise", "normalization", "communication", "memory", "other")
@@ -236,7 +237,8 @@ def tensor_core_share(trace: Trace) -> float | None:
     return float(k.loc[k["tensor_core"], "total_ms"].sum() / k["total_ms"].sum())
 
 
-def communication(traces: Trace | Sequence[Trace], tensor: int = 1, pipeline: int = 1) -> pd.DataFrame:
+def communication(traces: Trace | Sequence[Trace], tensor: int = 1, pipeline: int = 1,
+                  context: int = 1) -> pd.DataFrame:
     """Communication per rank, collective and parallel group: calls, time_ms (time data moved), elements.
 
     Each call's group is read, most reliable first, from: its process-group record (NCCL writes `record_param_comms`
@@ -244,13 +246,15 @@ def communication(traces: Trace | Sequence[Trace], tensor: int = 1, pipeline: in
     made the call (its Python frames, when the profiler ran with_stack=True as the driver does: tensor_parallel ->
     tp, p2p_communication -> pp, the gradient buffers -> dp, embedding-gradient sync -> embedding, gradient norm ->
     model, timers -> world); the record's ranks against the run's layout; else the layout alone (`tensor`,
-    `pipeline`; data parallel is the rest of the world): point-to-point is pp, a collective is the only one of tp/dp
-    wider than 1, and with both wider than 1 a collective on a flat (1-D) buffer is dp and on an activation is tp.
+    `pipeline`, `context`; data parallel is the rest of the world, labkit.megatron.sizes.data_parallel_size):
+    point-to-point is pp (cp when only context parallelism passes keys and values round its ring), a collective is
+    the only one of tp/dp wider than 1, and with both wider than 1 a collective on a flat (1-D) buffer is dp and on an
+    activation is tp.
     The time comes from where the data moves (NCCL kernels, gloo's worker threads), matched back to its call.
     """
     rows = []
     for t in _as_list(traces):
-        calls, activity = _communication(t, tensor, pipeline)
+        calls, activity = _communication(t, _layout(t, tensor, pipeline, context))
         keys = sorted(set(zip(activity["collective"], activity["group"]))
                       | set(zip(calls["collective"], calls["group"])))
         for collective, group in keys:
@@ -262,10 +266,10 @@ def communication(traces: Trace | Sequence[Trace], tensor: int = 1, pipeline: in
     return pd.DataFrame(rows, columns=["rank", "collective", "group", "calls", "time_ms", "elements"])
 
 
-def communication_calls(trace: Trace, tensor: int = 1, pipeline: int = 1) -> pd.DataFrame:
+def communication_calls(trace: Trace, tensor: int = 1, pipeline: int = 1, context: int = 1) -> pd.DataFrame:
     """One row per communication call on a rank: operator, collective, group, elements (of its first tensor),
     start_ms (from the first profiled step) and dispatch_ms (time in the call itself, not the transfer)."""
-    calls, _ = _communication(trace, tensor, pipeline)
+    calls, _ = _communication(trace, _layout(trace, tensor, pipeline, context))
     return pd.DataFrame({"rank": trace.rank, "operator": calls["name"], "collective": calls["collective"],
                          "group": calls["group"], "elements": calls["elements"],
                          "start_ms": (calls["ts"] - trace.window[0]) / 1e3, "dispatch_ms": calls["dur"] / 1e3},
@@ -273,12 +277,13 @@ def communication_calls(trace: Trace, tensor: int = 1, pipeline: int = 1) -> pd.
                         ).sort_values("start_ms", ignore_index=True)
 
 
-def communication_by_group(traces: Trace | Sequence[Trace], tensor: int = 1, pipeline: int = 1) -> pd.DataFrame:
+def communication_by_group(traces: Trace | Sequence[Trace], tensor: int = 1, pipeline: int = 1,
+                           context: int = 1) -> pd.DataFrame:
     """Communication time per rank and parallel group (tp/dp/pp/...): time_ms, calls, and share of the profiled span.
 
     Taught in lab 07.
     """
-    table = communication(traces, tensor, pipeline)
+    table = communication(traces, tensor, pipeline, context)
     spans = {t.rank: (t.window[1] - t.window[0]) / 1e3 for t in _as_list(traces)}
     out = table.groupby(["rank", "group"], as_index=False).agg(time_ms=("time_ms", "sum"), calls=("calls", "sum"))
     out["share"] = out["time_ms"] / out["rank"].map(spans)
@@ -296,7 +301,7 @@ def compute_communication(traces: Trace | Sequence[Trace]) -> pd.DataFrame:
     for t in _as_list(traces):
         lo, hi = t.window
         compute = _clip(_merge(*_compute_intervals(t)), lo, hi)
-        _, comm_ev = _communication(t, 1, 1)
+        _, comm_ev = _communication(t, Layout(data=t.world_size))
         comm = _clip(_merge(comm_ev["ts"].to_numpy(), (comm_ev["ts"] + comm_ev["dur"]).to_numpy()), lo, hi)
         span = hi - lo
         both = _intersection_length(compute, comm)
@@ -397,11 +402,12 @@ def find_memory_timelines(path) -> list[Path]:
     return sorted(p for p in path.rglob("*memory*.json*") if p.name.endswith((".json", ".json.gz")))
 
 
-def summary(traces: Trace | Sequence[Trace], tensor: int = 1, pipeline: int = 1, top: int = 10) -> dict:
+def summary(traces: Trace | Sequence[Trace], tensor: int = 1, pipeline: int = 1, top: int = 10,
+            context: int = 1) -> dict:
     """Everything above in one JSON-ready dict: per rank steps, step time, breakdown, compute/communication, memory."""
     traces = _as_list(traces)
     split = compute_communication(traces).set_index("rank")
-    groups = communication_by_group(traces, tensor, pipeline)
+    groups = communication_by_group(traces, tensor, pipeline, context)
     ranks = []
     for t in traces:
         st, mem = steps(t), memory_per_step(t)
@@ -544,10 +550,19 @@ _CALLER_GROUPS = [
 ]
 
 
-def _communication(trace: Trace, tensor: int, pipeline: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _layout(trace: Trace, tensor: int, pipeline: int, context: int) -> Layout:
+    """The run's layout over the trace's world; sizes that do not divide it are a ValueError naming them."""
+    try:
+        data = sizes.data_parallel_size(trace.world_size, tensor, context, pipeline)
+    except sizes.SizeError as exc:
+        raise ValueError(f"{trace.path}: {exc}; give the run's tensor, context and pipeline sizes") from None
+    return Layout(tensor=tensor, context=context, data=data, pipeline=pipeline)
+
+
+def _communication(trace: Trace, layout: Layout) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(calls, activity) of a trace: the c10d calls with collective, elements and group, and the events during which
     data moves (NCCL kernels, gloo's work; the calls themselves when there are none) with the group of their call."""
-    key = ("communication", tensor, pipeline)
+    key = ("communication", layout)
     if key in trace.cache:
         return trace.cache[key]
     ev = trace.events
@@ -556,19 +571,19 @@ def _communication(trace: Trace, tensor: int, pipeline: int) -> tuple[pd.DataFra
     shapes = [_first_shape(a.get("Input Dims")) for a in calls["args"]]
     calls = calls.assign(shape=[tuple(sh) if sh else None for sh in shapes], elements=[_numel(sh) for sh in shapes])
     records = ev[ev["name"] == "record_param_comms"]
-    calls = calls.assign(group=[_call_group(trace, row, records, tensor, pipeline) for row in calls.itertuples()])
+    calls = calls.assign(group=[_call_group(trace, row, records, layout) for row in calls.itertuples()])
     activity = ev[_is_comm_activity(ev)]
     if activity.empty:
         activity = calls
     else:
         activity = activity.assign(collective=activity["name"].map(collective_of)).dropna(subset=["collective"])
         activity = activity.sort_values("ts")
-        activity = activity.assign(group=_activity_groups(trace, activity, calls, tensor, pipeline))
+        activity = activity.assign(group=_activity_groups(trace, activity, calls, layout))
     trace.cache[key] = calls, activity
     return calls, activity
 
 
-def _call_group(trace: Trace, call, records: pd.DataFrame, tensor: int, pipeline: int) -> str:
+def _call_group(trace: Trace, call, records: pd.DataFrame, layout: Layout) -> str:
     inside = records[(records["tid"] == call.tid) & (records["ts"] >= call.ts) & (records["ts"] <= call.ts + call.dur)]
     record = inside["args"].iloc[-1] if len(inside) else None
     if record is not None:
@@ -582,8 +597,8 @@ def _call_group(trace: Trace, call, records: pd.DataFrame, tensor: int, pipeline
         ranks = record.get("Process Group Ranks")
         if isinstance(ranks, str):
             ranks = [int(r) for r in re.findall(r"\d+", ranks)]
-        return _group_of_ranks(trace.rank, trace.world_size, ranks, tensor, pipeline) if ranks else "unknown"
-    return _group_of_layout(trace, call.collective, call.shape, tensor, pipeline)
+        return _group_of_ranks(trace.rank, trace.world_size, ranks, layout) if ranks else "unknown"
+    return _group_of_layout(call.collective, call.shape, layout)
 
 
 def _record_description(trace: Trace, record: dict) -> str | None:
@@ -604,21 +619,19 @@ def _caller_group(trace: Trace, call) -> str | None:
     return None
 
 
-def _group_of_layout(trace: Trace, collective: str, shape, tensor: int, pipeline: int) -> str:
-    data = max(1, trace.world_size // max(1, tensor * pipeline))
+def _group_of_layout(collective: str, shape, layout: Layout) -> str:
     if collective == "send_recv":
-        return "pp"
-    if tensor > 1 and data > 1:
+        return "cp" if layout.pipeline == 1 and layout.context > 1 else "pp"
+    if layout.tensor > 1 and layout.data > 1:
         return "tp" if shape is not None and len(shape) >= 2 else "dp"
-    if tensor > 1:
+    if layout.tensor > 1:
         return "tp"
-    if data > 1:
+    if layout.data > 1:
         return "dp"
-    return "pp" if pipeline > 1 else "unknown"
+    return "pp" if layout.pipeline > 1 else "unknown"
 
 
-def _activity_groups(trace: Trace, activity: pd.DataFrame, calls: pd.DataFrame, tensor: int,
-                     pipeline: int) -> list[str]:
+def _activity_groups(trace: Trace, activity: pd.DataFrame, calls: pd.DataFrame, layout: Layout) -> list[str]:
     """The group of each activity event, through the call it serves: for an NCCL kernel, the call around the runtime
     launch with the same correlation id; for gloo work inside a call (send/recv), that call; for gloo work on a worker
     thread, the earliest earlier call of the same collective (and shape, where known) not matched yet, as gloo runs
@@ -645,15 +658,14 @@ def _activity_groups(trace: Trace, activity: pd.DataFrame, calls: pd.DataFrame, 
             groups.append(around["group"].iloc[-1])
         else:
             shape = _first_shape(row.args.get("Input Dims"))
-            groups.append(_group_of_layout(trace, row.collective, shape, tensor, pipeline))
+            groups.append(_group_of_layout(row.collective, shape, layout))
     return groups
 
 
-def _group_of_ranks(rank: int, world: int, ranks: Iterable[int], tensor: int, pipeline: int) -> str:
+def _group_of_ranks(rank: int, world: int, ranks: Iterable[int], layout: Layout) -> str:
     """Which of Megatron's groups (labkit.spec.layout's rank order) a set of ranks is, for this rank."""
     ranks = sorted(ranks)
-    layout = Layout(tensor=tensor, data=max(1, world // max(1, tensor * pipeline)), pipeline=pipeline)
-    groups = {kind: layout.group(rank, kind) for kind in ("tp", "dp", "pp")}
+    groups = {kind: layout.group(rank, kind) for kind in ("tp", "cp", "dp", "pp")}
     groups["world"] = list(range(world))
     return next((g for g, members in groups.items() if len(members) > 1 and members == ranks), "unknown")
 

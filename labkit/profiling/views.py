@@ -70,12 +70,12 @@ def compute_communication_figure(traces) -> go.Figure:
                              xaxis_title="time over the profiled steps (ms)")
 
 
-def communication_group_figure(traces, tensor: int = 1, pipeline: int = 1) -> go.Figure:
-    """Per rank, stacked bars of communication time by parallel group (tp / dp / pp).
+def communication_group_figure(traces, tensor: int = 1, pipeline: int = 1, context: int = 1) -> go.Figure:
+    """Per rank, stacked bars of communication time by parallel group (tp / cp / dp / pp).
 
     Taught in lab 07.
     """
-    groups = tr.communication_by_group(_rank_traces(traces), tensor, pipeline)
+    groups = tr.communication_by_group(_rank_traces(traces), tensor, pipeline, context)
     groups = groups.assign(rank=[f"rank {r}" for r in groups["rank"]])
     return px.bar(groups, x="time_ms", y="rank", color="group", orientation="h", hover_data=["calls", "share"],
                   category_orders={"group": list(tr.GROUPS)}, labels={"time_ms": "communication time (ms)", "rank": ""},

@@ -133,13 +133,13 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
 
     world, c = spec.world_size, par.context
     split = t * c * p
-    sizes = f"tensor {t} x context {c} x pipeline {p}" if c > 1 else f"tensor {t} x pipeline {p}"
+    split_sizes = f"tensor {t} x context {c} x pipeline {p}" if c > 1 else f"tensor {t} x pipeline {p}"
     if spec.cluster is not None and spec.cluster.nodes and par.data is not None and world != split * par.data:
-        errors.append(f"parallel.data: world size {world} (cluster.nodes) != {sizes} x data {par.data} "
-                      f"= {split * par.data}; set parallel.data to {world // split if world % split == 0 else '?'} "
-                      "or change cluster.nodes")
+        errors.append(f"parallel.data: world size {world} (cluster.nodes) != {split_sizes} x data {par.data} "
+                      f"= {split * par.data}; set parallel.data to "
+                      f"{sizes.data_parallel_size(world, t, c, p) if world % split == 0 else '?'} or change cluster.nodes")
     elif world % split:
-        errors.append(f"parallel.pipeline: world size {world} is not divisible by {sizes}; "
+        errors.append(f"parallel.pipeline: world size {world} is not divisible by {split_sizes}; "
                       "change parallel.tensor/context/pipeline or cluster.nodes")
     errors += _check_kernels(spec)
     d = spec.data_parallel

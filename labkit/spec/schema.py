@@ -30,7 +30,8 @@ class ModelSpec:
     num_query_groups: int | None = None
     """Key/value head groups for grouped-query attention (--num-query-groups); None: one per head."""
     ffn_hidden_size: int | None = None
-    """MLP hidden size (--ffn-hidden-size); None: 4 x hidden_size."""
+    """MLP hidden size (--ffn-hidden-size); None: Megatron-LM's default, 4 x hidden_size, or with swiglu 8/3 x
+    hidden_size rounded down to a multiple of 64 (labkit.megatron.sizes.ffn_hidden_size)."""
     seq_length: int | None = None
     """Sequence length in tokens (--seq-length, and --max-position-embeddings)."""
     vocab_size: int | None = None
@@ -60,12 +61,13 @@ class ModelSpec:
     @property
     def query_groups(self) -> int:
         """Key/value groups in effect: num_query_groups, or one per head."""
-        return self.num_query_groups or self.num_attention_heads
+        return sizes.query_groups(self.num_attention_heads, self.num_query_groups)
 
     @property
     def ffn_size(self) -> int:
-        """MLP hidden size in effect: ffn_hidden_size, or 4 x hidden_size."""
-        return self.ffn_hidden_size or 4 * self.hidden_size
+        """MLP hidden size in effect: ffn_hidden_size, or Megatron-LM's default for the MLP (4h, or about 8h/3 with
+        SwiGLU)."""
+        return sizes.ffn_hidden_size(self.hidden_size, bool(self.swiglu), self.ffn_hidden_size)
 
 
 @dataclass
@@ -356,7 +358,11 @@ class RunSpec:
     def data_parallel(self) -> int:
         if self.parallel.data is not None:
             return self.parallel.data
-        return max(1, self.world_size // (self.parallel.tensor * self.parallel.context * self.parallel.pipeline))
+        try:
+            return sizes.data_parallel_size(self.world_size, self.parallel.tensor, self.parallel.context,
+                                            self.parallel.pipeline)
+        except sizes.SizeError:
+            return 1  # a world the sizes do not divide: labkit.spec.checks reports it
 
     @property
     def num_micro_batches(self) -> int:

@@ -237,7 +237,7 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
     if cp <= 0 or world_size % (tp * cp * pp):
         raise ArgumentError(f"--context-parallel-size: world size {world_size} is not divisible by tensor {tp} x "
                             f"context {cp} x pipeline {pp}")
-    args.data_parallel_size = world_size // (tp * cp * pp)
+    args.data_parallel_size = sizes.data_parallel_size(world_size, tp, cp, pp)
     dp = args.data_parallel_size
     if args.global_batch_size is None:
         args.global_batch_size = args.micro_batch_size * dp

@@ -10,11 +10,11 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
 
+from labkit.megatron import sizes
+
 
 def transformer_config(args, timers=None) -> TransformerConfig:
-    ffn = args.ffn_hidden_size
-    if ffn is None:  # Megatron-LM's defaults
-        ffn = int((4 * args.hidden_size * 2 / 3) / 64) * 64 if args.swiglu else 4 * args.hidden_size
+    ffn = sizes.ffn_hidden_size(args.hidden_size, args.swiglu, args.ffn_hidden_size)  # Megatron-LM's default if unset
     args.ffn_hidden_size = ffn
     dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else torch.float32
     recompute = args.recompute_granularity

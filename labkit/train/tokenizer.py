@@ -156,10 +156,3 @@ def tokenizer_vocab_size(tokenizer_type: str, tokenizer_model=None, vocab_file=N
 def _vocab_size(tokenizer_type, tokenizer_model, vocab_file, merge_file, stamps) -> int:
     """Cached by the files' names, times and sizes: a Llama 3 tokenizer.json takes a second to read."""
     return build_tokenizer(tokenizer_type, tokenizer_model, vocab_file, merge_file).vocab_size
-
-
-def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:
-    """Megatron pads the embedding table so each tensor-parallel shard is a multiple of `divisible_by` rows (the
-    padded rows are parameters the model holds and never uses)."""
-    multiple = divisible_by * tensor_parallel
-    return -(-vocab_size // multiple) * multiple

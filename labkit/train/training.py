@@ -22,12 +22,12 @@ from megatron.core.timers import Timers
 
 from labkit.estimate.flops import megatron_logged_flops
 from labkit.estimate.params import Shape
+from labkit.megatron.sizes import padded_vocab_size
 from labkit.train import checkpoint, data, megatron_log
 from labkit.train.exit_signal import ExitSignal
 from labkit.train.megatron_log import print_logging_rank, print_rank_0
 from labkit.train.model import build_model, transformer_config
 from labkit.train.profiling import StepProfiler, TensorBoard
-from labkit.train.tokenizer import padded_vocab_size
 
 TIMERS_TO_LOG = [
     "forward-backward", "forward-compute", "backward-compute", "batch-generator",
