@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from labkit.estimate import Calibration, Profile, default_calibration, estimate, load_profile  # noqa: E402
-from labkit.estimate.published import published_table  # noqa: E402
+from labkit.estimate.published import published_runs, published_table  # noqa: E402
 from labkit.logs.parse import parse_text  # noqa: E402
 from labkit.megatron_args import megatron_args  # noqa: E402
 from labkit.spec import load_spec  # noqa: E402
@@ -279,6 +279,21 @@ def report_published() -> None:
         role = "held out" if group["held_out"].all() else "dev: constants fitted to it"
         print(f"  {name:<18} n={len(e):>2}  median |err| {100 * e.median():4.1f}%  max {100 * e.max():4.1f}%  "
               f"mean {100 * e.mean():4.1f}%   ({role})")
+    report_tp_overlap(table)
+
+
+def report_tp_overlap(table) -> None:
+    """The rows that overlap tensor-parallel transfers (tp_comm_overlap), at the fitted exposed fraction and at its two
+    ends: calibration.yaml's tp_overlap_exposed is the fraction that leaves their mean signed error at zero."""
+    runs = {(r.set, r.label): r for r in published_runs()}
+    rows = [i for i, row in enumerate(table.itertuples()) if runs[(row.set, row.run)].spec.kernels.tp_comm_overlap]
+    fitted = default_calibration().tp_overlap_exposed
+    cells = []
+    for exposed in (0.0, fitted, 1.0):
+        errors = published_table(calibration=dataclasses.replace(default_calibration(), tp_overlap_exposed=exposed))
+        cells.append(f"{exposed:g}{' (fitted)' if exposed == fitted else ''}: "
+                      f"{100 * errors['error'].iloc[rows].mean():+.1f}%")
+    print(f"  tp_comm_overlap rows (n={len(rows)}), mean signed error by exposed fraction: {', '.join(cells)}")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -122,6 +122,91 @@ def test_a_budget_no_layout_meets_exits_3_naming_it_and_the_closest_row(capsys):
     assert "--max-price-per-step 0" in json.loads(capsys.readouterr().out)["unmet"]
 
 
+def test_a_missed_budget_says_why_first_names_the_closest_layout_in_full_and_writes_no_spec(tmp_path, capsys):
+    """Llama 3 8B on two H100 nodes: the closest layout has context parallelism, which the reason names with every
+    other layout field; the reason is stderr's first line, the output is the table alone, and -o writes nothing."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"model": {"preset": "llama3-8b"}, "batch": {"global": 128}, "precision": "bf16",
+                                    "parallel": {"context": 2}, "job": MEGATRON_LM,
+                                    "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 2, "gpus_per_node": 8}]}}))
+    chosen = tmp_path / "chosen.yaml"
+    for budget in (["--max-step-s", "0.5"], ["--max-price-per-step", "0.0001"]):
+        assert main(["plan", str(spec), "--top", "3", "-o", str(chosen), *budget]) == 3
+        out, err = capsys.readouterr()
+        first, second = err.splitlines()[:2]
+        assert first.startswith(f"labkit plan: cannot keep {budget[0]} {budget[1]}: no fitting layout is that")
+        assert " cp2 " in first and all(f in first for f in (" pp", " vp", " dp", "micro ", "sequence parallel",
+                                                             "optimizer", "recompute", "on H100-SXMx2"))
+        assert second == f"labkit plan: {chosen} not written: no layout keeps that"
+        assert not chosen.exists()
+        assert "s/step" in out and "megatron:" not in out and "model:" not in out  # the table, no spec
+        assert len(out.splitlines()) < 10
+    assert main(["plan", str(spec), "--top", "3", "-o", str(chosen), "--max-step-s", "1000"]) == 0
+    assert load_spec(chosen).parallel.context == 2
+
+
+MEGATRON_LM = {"entrypoint": "megatron-lm", "megatron_lm": "/opt/megatron-lm"}
+"""A production job: FP8, context parallelism and tensor-parallel overlap run in Megatron-LM, not the CPU driver."""
+H100 = {"nodes": [{"gpu": "H100-SXM", "count": 2, "gpus_per_node": 8}]}
+
+
+def test_fp8_is_planned_on_the_clusters_gpus_not_the_default_cpu(tmp_path, capsys):
+    """A run spec with precision fp8, and --precision fp8 over a cluster file: both planned on the H100s (the spec
+    was once checked against a CPU stand-in and refused)."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"model": {"preset": "llama3-8b"}, "batch": {"global": 128}, "precision": "fp8",
+                                    "job": MEGATRON_LM, "cluster": H100}))
+    out = run_json(capsys, str(spec), "--top", "5")
+    assert out["rows"] and out["spec"]["precision"] == "fp8" and not out["rows"][0]["oom"]
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump(H100))
+    out = run_json(capsys, str(cluster), "--model", "gpt-7.5b", "--precision", "fp8", "--global-batch", "64",
+                   "--top", "3")
+    assert out["spec"]["precision"] == "fp8"
+    bf16 = run_json(capsys, str(cluster), "--model", "gpt-7.5b", "--precision", "bf16", "--global-batch", "64",
+                    "--top", "3")
+    assert out["rows"][0]["estimated_s"] < bf16["rows"][0]["estimated_s"]  # FP8 GEMMs on the H100s
+
+
+def test_fp8_on_a_cluster_with_a_gpu_without_it_is_refused_naming_the_gpu(tmp_path, capsys):
+    """Every layout uses every GPU, and Megatron runs FP8 on every rank: an H100 + A100 cluster cannot run it."""
+    mixed = {"nodes": [{"gpu": "H100-SXM", "count": 1, "gpus_per_node": 8},
+                       {"gpu": "A100-80GB", "count": 1, "gpus_per_node": 8}]}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"model": {"preset": "llama2-7b"}, "batch": {"global": 64}, "precision": "fp8",
+                                    "cluster": mixed}))
+    assert main(["plan", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert "precision: fp8 needs FP8 tensor cores" in err and "A100-80GB" in err and "H100" not in err
+    spec.write_text(yaml.safe_dump({"model": {"preset": "llama2-7b"}, "batch": {"global": 64}, "precision": "bf16",
+                                    "job": MEGATRON_LM, "cluster": mixed}))
+    assert run_json(capsys, str(spec), "--top", "1")["rows"]
+
+
+def test_kernels_a_spec_writes_are_planned_with_what_they_need(tmp_path, capsys):
+    """Flash attention and the overlaps are checked on the H100s; overlap_param_gather keeps the distributed optimizer
+    the planner would otherwise search; tp_comm_overlap is on where the layout has sequence parallelism."""
+    kernels = {"attention_backend": "flash", "overlap_grad_reduce": True, "overlap_param_gather": True,
+               "tp_comm_overlap": True}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"model": {"preset": "gpt-7.5b"}, "batch": {"global": 64}, "precision": "fp8",
+                                    "kernels": kernels, "job": MEGATRON_LM, "cluster": H100}))
+    out = run_json(capsys, str(spec), "--top", "30")
+    assert out["rows"] and all(r["distributed_optimizer"] for r in out["rows"])
+    assert {r["tp"] for r in out["rows"]} > {1}
+    assert out["spec"]["kernels"] == {**kernels, "stack": None,
+                                      "tp_comm_overlap": out["spec"]["parallel"]["sequence_parallel"]}
+    spec.write_text(yaml.safe_dump({"model": {"preset": "gpt-7.5b"}, "batch": {"global": 64},
+                                    "kernels": {"overlap_param_gather": True}, "optimizer": {"distributed": False},
+                                    "cluster": H100}))
+    assert main(["plan", str(spec)]) == 2
+    assert "kernels.overlap_param_gather" in capsys.readouterr().err
+    spec.write_text(yaml.safe_dump({"model": {"preset": "tiny"}, "batch": {"global": 8}, "precision": "fp32",
+                                    "kernels": {"attention_backend": "flash"}, "cluster": "laptop"}))
+    assert main(["plan", str(spec)]) == 2
+    assert "kernels.attention_backend: needs Transformer Engine on GPUs" in capsys.readouterr().err
+
+
 def test_nothing_fitting_in_memory_exits_3_with_the_row_closest_to_fitting(capsys):
     assert main(["plan", "laptop", "--model", "llama2-70b", "--global-batch", "8", "--top", "2"]) == 3
     err = capsys.readouterr().err

@@ -49,6 +49,9 @@ class Calibration:
     intra_node_gbps: GPU catalog name -> fitted intra-node link rate (Gbit/s), in place of the catalog's.
     nvlink_bus_fraction, pcie_bus_fraction, network_bus_fraction: NCCL bus bandwidth / link rate, by link class.
     link_latency_s: least cost of one ring step or one p2p message.
+    tp_overlap_exposed: with kernels.tp_comm_overlap, the fraction of the tensor-parallel transfers that stays exposed
+    although the GEMMs could cover them (Transformer Engine's userbuffers split each GEMM into chunks; the first
+    chunk's transfer, the last one's, and the SMs the transfers take are not hidden).
     fp8_efficiency: GPU catalog name -> fraction of the FP8 peak the linear layers' FP8 GEMMs reach (with their
     casts and scaling); `efficiency` where a GPU has none.
     attention_head_dim_half: attention kernel ("unfused", "flash") -> the head dimension d_half at which attention's
@@ -64,6 +67,7 @@ class Calibration:
     pcie_bus_fraction: float
     network_bus_fraction: float
     link_latency_s: float
+    tp_overlap_exposed: float
     stacks: Mapping[str, Stack]
     fp8_efficiency: Mapping[str, float] = field(default_factory=dict)
     attention_head_dim_half: Mapping[str, float] = field(default_factory=lambda: {"unfused": 0.0, "flash": 0.0})
@@ -151,6 +155,7 @@ def calibration_from_dict(data: Mapping) -> Calibration:
         pcie_bus_fraction=value("pcie_bus_fraction", data["pcie_bus_fraction"]),
         network_bus_fraction=value("network_bus_fraction", data["network_bus_fraction"]),
         link_latency_s=value("link_latency_s", data["link_latency_s"]),
+        tp_overlap_exposed=value("tp_overlap_exposed", data["tp_overlap_exposed"]),
         stacks=stacks, default_stack=data["default_stack"], sources=sources)
 
 

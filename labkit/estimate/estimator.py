@@ -131,7 +131,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     or a callable (gpu, tensor) -> Profile | None. Stages without a profile use analytic FLOPs / (peak x efficiency).
     `overlap_dp`: gradient all-reduce overlapped with the last micro-batch's backward (Megatron --overlap-grad-reduce),
     as `kernels.overlap_grad_reduce` in the spec also asks.
-    `stack`: the training software, a name in the calibration's stacks ("megatron-core" by default) or a Stack.
+    `stack`: the training software, a name in the calibration's stacks or a Stack; by default the spec's
+    kernels.stack, else the calibration's default_stack ("megatron-core").
     `grad_reduce_bytes`: bytes per gradient element in the data-parallel all-reduce when the software differs from
     Megatron's choice for the precision (DeepSpeed's fp32_allreduce reduces fp16 gradients as 4-byte floats).
     `calibration`: the fitted constants (efficiencies, bus fractions, latencies, stacks); default_calibration() when
@@ -141,7 +142,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     """
     cal = resolve(calibration)
     latency = cal.link_latency_s
-    stack = cal.stack(stack)
+    stack = cal.stack(stack if stack is not None else spec.kernels.stack)
     shape = Shape.of(spec.model)
     par, b = spec.parallel, spec.batch
     t, p, d, v, c = par.tensor, par.pipeline, spec.data_parallel, par.virtual_stages, par.context

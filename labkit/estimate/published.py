@@ -75,6 +75,8 @@ def _spec(name: str, group: dict, run: dict, data: dict) -> tuple[RunSpec, str]:
     kernels = dict(group.get("kernels", {"attention_backend": "unfused"}))
     if "kernels" in group:  # Transformer Engine's overlap of the tensor-parallel transfers, where there are any
         kernels["tp_comm_overlap"] = t > 1
+    if "stack" in group:  # the software the set ran (labkit/data/calibration.yaml's stacks)
+        kernels["stack"] = group["stack"]
     spec = load_spec({
         "name": f"{name}-{label}".replace(" ", "-"),
         "model": model, "parallel": parallel,

@@ -104,9 +104,10 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
     GPU's FP8 peak and attention's core at bf16. `context` ranks share each sequence: each does 1/context of the
     work and passes its keys and values round a ring (`cp_gbps`), once forward and twice backward per layer. With
     `tp_comm_overlap` the tensor-parallel transfers run beside the GEMMs that produce and consume them (Transformer
-    Engine's userbuffers): only what outlasts the stage's GEMM time stays exposed. With `sequence_parallel` the
-    LayerNorms and dropouts work on 1/tensor of the sequence (fewer memory-bound bytes); each all-reduce becomes an
-    all-gather plus a reduce-scatter, which move the same bytes (Korthikanti et al., arXiv:2205.05198, section 4.2.2).
+    Engine's userbuffers): a fitted fraction of them stays exposed (`Calibration.tp_overlap_exposed`), and all of what
+    outlasts the stage's GEMM time. With `sequence_parallel` the LayerNorms and dropouts work on 1/tensor of the
+    sequence (fewer memory-bound bytes); each all-reduce becomes an all-gather plus a reduce-scatter, which move the
+    same bytes (Korthikanti et al., arXiv:2205.05198, section 4.2.2).
     """
     cal = resolve(calibration)
     stack = cal.stack(stack)
@@ -167,7 +168,9 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
                     cal.link_latency_s)
     full = comm
     if tp_comm_overlap:
-        comm = max(0.0, comm - 3 * layers * layer_gemm_s)  # forward and backward GEMMs hide the chunks in flight
+        # the forward and backward GEMMs hide the chunks in flight, all but a fitted fraction (Calibration.
+        # tp_overlap_exposed), and at most their own time
+        comm = max(cal.tp_overlap_exposed * comm, comm - 3 * layers * layer_gemm_s)
     if context > 1:
         # each rank's K and V chunk (GQA-sized) visits the other context - 1 ranks: a ring of p2p transfers
         kv = 2 * (tokens / context) * shape.hidden * shape.groups / shape.heads / tensor

@@ -39,7 +39,8 @@ def register(sub) -> None:
                    help="why the top row wins: it against the runner-up and the best row of each other family "
                         "(compute, bubble, exposed communication, memory headroom)")
     p.add_argument("--json", action="store_true", help="print rows, search_seconds, configs_evaluated and spec as JSON")
-    p.add_argument("--output", "-o", help="also write the chosen run spec to this YAML file")
+    p.add_argument("--output", "-o", help="also write the chosen run spec to this YAML file (not when exit status 3 "
+                                          "says no layout keeps the memory or the budget)")
     p.set_defaults(func=_plan)
 
     p = sub.add_parser("profile", help="measure per-layer forward time of a model on this machine and write it to "
@@ -97,25 +98,26 @@ UNMET = 3
 
 
 def _unmet(plan, args) -> str | None:
-    """What the best row breaks (None: nothing), and the row that comes closest, for exit status 3."""
+    """What the best row breaks (None: nothing), and the row that comes closest in full, for exit status 3."""
+    from labkit.plan.views import layout_name
+
     best = plan.best
     if best.oom:
         def overshoot(row):
             return max(m / catalog.gpu(g).memory_limit_gb for m, g in zip(row.memory_gb_per_stage, row.spec.stage_gpus))
         closest = min(plan.rows, key=overshoot)
-        return (f"memory: no layout fits; closest: tp{closest.tp} pp{closest.pp} dp{closest.dp} micro {closest.mbs}"
-                f"{' with recompute' if closest.recompute else ''} needs {overshoot(closest):.0%} of its GPUs' memory")
+        return f"memory: no layout fits; closest: {layout_name(closest)}, needs {overshoot(closest):.0%} of its GPUs' memory"
     if best.within_budget:
         return None
     broken = []
     if args.max_step_s is not None:
         closest = min((r for r in plan.rows if not r.oom), key=lambda r: r.estimated_s)
-        broken.append(f"--max-step-s {args.max_step_s:g}: no fitting layout is that fast; closest: tp{closest.tp} "
-                      f"pp{closest.pp} dp{closest.dp} at {closest.estimated_s:.3f} s per step")
+        broken.append(f"--max-step-s {args.max_step_s:g}: no fitting layout is that fast; closest: "
+                      f"{layout_name(closest)}, at {closest.estimated_s:.3f} s per step")
     if args.max_price_per_step is not None:
         closest = min((r for r in plan.rows if not r.oom), key=lambda r: r.price_per_step)
         broken.append(f"--max-price-per-step {args.max_price_per_step:g}: no fitting layout is that cheap; closest: "
-                      f"tp{closest.tp} pp{closest.pp} dp{closest.dp} at {closest.price_per_step:.4f} USD per step")
+                      f"{layout_name(closest)}, at {closest.price_per_step:.4f} USD per step")
     return "; ".join(broken)
 
 
@@ -147,9 +149,14 @@ def _plan(args) -> int:
         return _fail("no layout uses every GPU of this cluster for this model and batch; change --global-batch")
     chosen = load_spec(plan.best.spec.to_dict())  # the run spec as a user would load it: validated, complete
     chosen.name = f"{base.name}-t{chosen.parallel.tensor}p{chosen.parallel.pipeline}d{chosen.data_parallel}"
-    if args.output:
-        Path(args.output).write_text(chosen.to_yaml())
     unmet = _unmet(plan, args)
+    if unmet:  # the reason first, before any table; no spec that breaks it is written
+        print(f"labkit plan: cannot keep {unmet}", file=sys.stderr)
+        if args.output:
+            print(f"labkit plan: {args.output} not written: no layout keeps that", file=sys.stderr)
+        sys.stderr.flush()
+    elif args.output:
+        Path(args.output).write_text(chosen.to_yaml())
     if args.json:
         out = plan.to_dict(top=args.top)
         out["spec"] = chosen.to_dict()
@@ -165,6 +172,8 @@ def _plan(args) -> int:
     if args.explain:
         from labkit.plan.explain import explain_text
         print("\n" + explain_text(plan, base, constraints, **options))
+    if unmet:
+        return UNMET
     if chosen.parallel.partition:
         print(f"\nchosen: PARTITION=\"{chosen.partition_string}\"  layout {pipeline_layout(chosen.layer_partition)}")
     else:
@@ -174,9 +183,6 @@ def _plan(args) -> int:
               "virtual stages per GPU)")
     print("megatron: " + " ".join(megatron_args(chosen)))
     print("\n" + chosen.to_yaml(), end="")
-    if unmet:
-        print(f"\nlabkit plan: cannot keep {unmet}", file=sys.stderr)
-        return UNMET
     return 0
 
 

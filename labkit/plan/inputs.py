@@ -12,7 +12,7 @@ from pathlib import Path
 
 from labkit import catalog
 from labkit.spec import RunSpec, SpecError, load_spec
-from labkit.spec.checks import context_split_error, needs_gpus_error
+from labkit.spec.checks import MAX_WORLD, context_split_error, needs_gpus_error
 from labkit.spec.load import read_file
 
 SEARCHED = object()
@@ -71,11 +71,11 @@ class Constraints:
 def planning_input(target: str, model: str | None = None, global_batch: int | None = None,
                    precision: str | None = None) -> tuple[RunSpec, Constraints]:
     """The spec the planner varies and the constraints it keeps: from a named cluster, a cluster YAML or a run spec,
-    plus the model preset, global batch and precision (each over the spec's). Raises SpecError naming what is wrong."""
+    plus the model preset, global batch and precision (each over the spec's). What the GPUs must run (the precision,
+    attention kernels, overlaps) is checked on the GPUs of the planner's cluster; the layout once the planner has
+    chosen one. Raises SpecError naming what is wrong."""
     spec_data: dict = {}
-    pending: dict = {}
-    constraints = Constraints()
-    cluster = None
+    written_data = None
     if target in catalog.clusters():
         cluster = catalog.clusters()[target]["nodes"]
     else:
@@ -88,27 +88,34 @@ def planning_input(target: str, model: str | None = None, global_batch: int | No
         if "nodes" in data and "model" not in data:
             cluster = data
         else:
-            # The layout is checked against the cluster only once the planner has chosen one: read without it, and
-            # without the two fields whose checks need the cluster and the tensor size (checked below, on the cluster).
-            without = {**data, "cluster": None}
-            if isinstance(data.get("parallel"), dict):
-                without["parallel"] = parallel = dict(data["parallel"])
-                pending = {key: parallel.pop(key) for key in LAYOUT_PENDING if parallel.get(key) is not None}
-            written = load_spec(without)
-            for key, value in pending.items():
-                setattr(written.parallel, key, value)
-            spec_data = written.to_dict()
+            written_data = data
             cluster = data.get("cluster")
             if isinstance(cluster, str):
                 if cluster not in catalog.clusters():
                     raise SpecError([f"cluster: unknown cluster {cluster!r}; known: {', '.join(catalog.clusters())}"])
                 cluster = catalog.clusters()[cluster]["nodes"]
-            constraints = Constraints.written(data, written)
     if isinstance(cluster, list):
         cluster = {"nodes": cluster}
     if not cluster or not cluster.get("nodes"):
         raise SpecError(["cluster: the planner needs a cluster; name one from labkit/data/clusters.yaml or give a spec "
                          "with cluster.nodes"])
+    # The cluster alone first: every bad node field is named, before anything is derived from it.
+    on_cluster = {"model": {"preset": "tiny"}, "cluster": cluster,
+                  "batch": {"micro": 1, "global": _world(cluster["nodes"])}}
+    checked = load_spec(on_cluster)
+    gpus = list(dict.fromkeys(g.gpu for g in checked.cluster.nodes))
+    pending: dict = {}
+    constraints = Constraints()
+    overlap_tp = False
+    if written_data is not None:
+        without, pending = _without_layout_checks(written_data)
+        written = _load_on_gpus(without, gpus)
+        for key, value in pending.items():
+            setattr(written.parallel, key, value)
+        spec_data = written.to_dict()
+        constraints = Constraints.written({**written_data, "optimizer": without.get("optimizer")}, written)
+        kernels = written_data.get("kernels")
+        overlap_tp = isinstance(kernels, dict) and kernels.get("tp_comm_overlap") is True
     if model:
         spec_data["model"] = {"preset": model}
     elif not spec_data.get("model"):
@@ -117,29 +124,70 @@ def planning_input(target: str, model: str | None = None, global_batch: int | No
         spec_data["batch"] = {"micro": 1, "global": global_batch}
     elif not spec_data.get("batch"):
         raise SpecError(["--global-batch: missing; give the sequences per step, e.g. --global-batch 64"])
-    # The cluster alone first: every bad node field is named, before anything is derived from it.
-    on_cluster = {"model": {"preset": "tiny"}, "cluster": cluster,
-                  "batch": {"micro": 1, "global": _world(cluster["nodes"])}}
-    checked = load_spec(on_cluster)
-    groups = checked.cluster.nodes
     _check_pending(pending, checked, spec_data)
     if precision is None and "precision" not in spec_data:
-        has_bf16 = all(catalog.gpu(g.gpu).bf16 for g in groups if catalog.resolve_gpu_name(g.gpu))
+        has_bf16 = all(catalog.gpu(g.gpu).bf16 for g in checked.cluster.nodes if catalog.resolve_gpu_name(g.gpu))
         precision = "bf16" if has_bf16 else "fp16"
     if precision:
         spec_data["precision"] = precision
     spec_data.setdefault("name", f"plan-{spec_data['model'].get('preset') or 'model'}")
-    # validated without the cluster (the layout is what the planner chooses), then placed on it
-    spec_data.update(cluster=None, parallel={"tensor": 1, "pipeline": 1}, recompute=None)
+    # validated on the cluster's GPUs without a layout (the layout is what the planner chooses), then placed on it
+    spec_data.update(parallel={"tensor": 1, "pipeline": 1}, recompute=None)
     spec_data["batch"] = {**spec_data["batch"], "micro": 1}
-    kernels = spec_data.get("kernels") or {}
-    if kernels.get("tp_comm_overlap"):  # needs sequence parallelism, which the layout the planner picks decides
-        spec_data["kernels"] = {**kernels, "tp_comm_overlap": False}
-    base = load_spec(spec_data)
-    load_spec({**on_cluster, "precision": base.precision})  # the precision on these GPUs
-    base = replace(base, cluster=checked.cluster, kernels=replace(base.kernels,
-                                                                  tp_comm_overlap=bool(kernels.get("tp_comm_overlap"))))
+    base = _load_on_gpus(spec_data, gpus)
+    # tensor-parallel overlap where the planner's layout has sequence parallelism (labkit.plan.search)
+    base = replace(base, cluster=checked.cluster, kernels=replace(base.kernels, tp_comm_overlap=overlap_tp))
     return base, constraints
+
+
+def _without_layout_checks(data: dict) -> tuple[dict, dict]:
+    """A spec file's mapping without what only the planner's layout settles, and the parallel fields set aside
+    (LAYOUT_PENDING, checked by `_check_pending`). kernels.tp_comm_overlap needs sequence parallelism, which the
+    planner turns on wherever tensor parallelism is; kernels.overlap_param_gather needs the distributed optimizer,
+    which the planner then keeps (optimizer.distributed: true) where the spec left it out."""
+    without = {**data, "cluster": None}
+    pending = {}
+    if isinstance(data.get("parallel"), dict):
+        without["parallel"] = parallel = dict(data["parallel"])
+        pending = {key: parallel.pop(key) for key in LAYOUT_PENDING if parallel.get(key) is not None}
+    kernels = data.get("kernels") if isinstance(data.get("kernels"), dict) else {}
+    if kernels.get("tp_comm_overlap") is True:
+        if pending.get("sequence_parallel") is False:
+            raise SpecError(["kernels.tp_comm_overlap: overlaps sequence parallelism's all-gathers and "
+                             "reduce-scatters, and parallel.sequence_parallel is false; drop one of them"])
+        without["kernels"] = {**kernels, "tp_comm_overlap": False}
+    optimizer = data.get("optimizer") if isinstance(data.get("optimizer"), dict) else {}
+    if kernels.get("overlap_param_gather") is True and optimizer.get("distributed") is None:
+        without["optimizer"] = {**optimizer, "distributed": True}
+    return without, pending
+
+
+def _load_on_gpus(data: dict, gpus: list[str]) -> RunSpec:
+    """`data` loaded on one host of each GPU type of the planner's cluster, with the processes its layout needs: what
+    the GPUs must run is checked on the GPUs the plan uses (fp8 on a mixed cluster needs FP8 on every type), the
+    layout's fit to the cluster once the planner has chosen one. Raises SpecError with every problem, each once."""
+    errors: list[str] = []
+    loaded = None
+    for gpu in gpus:
+        host = {"nodes": [{"gpu": gpu, "count": 1, "gpus_per_node": _processes(data.get("parallel"))}]}
+        try:
+            loaded = load_spec({**data, "cluster": host})
+        except SpecError as exc:
+            errors += [e for e in exc.errors if e not in errors]
+    if errors:
+        raise SpecError(errors)
+    return loaded
+
+
+def _processes(parallel) -> int:
+    """Processes a written layout needs, from fields not yet checked (bad or huge ones are named by the checks, on one
+    process)."""
+    count = 1
+    for key in ("tensor", "context", "pipeline", "data"):
+        value = parallel.get(key) if isinstance(parallel, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            count *= value
+    return count if count <= MAX_WORLD else 1
 
 
 # parallel fields a spec may write for the planner to keep whose checks need the cluster or the tensor size it picks

@@ -171,10 +171,11 @@ class _StageCosts:
 
     def __init__(self, shape: Shape, precision: str, global_batch: int, lookup,
                  calibration: Calibration | None = None, flash: bool = False, overlap_dp: bool = False,
-                 overlap_tp: bool = False, sequence_parallel: bool = False):
+                 overlap_tp: bool = False, sequence_parallel: bool = False, stack: str | None = None):
         self.shape, self.precision, self.global_batch, self.lookup = shape, precision, global_batch, lookup
         self.calibration, self.overlap_dp = resolve(calibration), overlap_dp
-        self.kernels = {"flash_attention": flash, "tp_comm_overlap": overlap_tp}  # as the estimator reads the spec
+        # as the estimator reads the spec
+        self.kernels = {"flash_attention": flash, "tp_comm_overlap": overlap_tp, "stack": stack}
         self.sequence_parallel = sequence_parallel  # on every layout with tensor > 1
         self._cache: dict = {}
 
@@ -414,7 +415,7 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
     costs = _StageCosts(shape, base.precision, base.batch.global_, cached_lookup, cal,
                         flash=flash_attention(base.kernels.attention_backend, [g.gpu for g in cluster.nodes]),
                         overlap_dp=base.kernels.overlap_grad_reduce, overlap_tp=base.kernels.tp_comm_overlap,
-                        sequence_parallel=sequence_parallel)
+                        sequence_parallel=sequence_parallel, stack=base.kernels.stack)
     flash = costs.kernels["flash_attention"]
     layout_splits = list(splits(base, world, min(k.gpus_per_node for k in kinds), constraints,
                                 context_sizes(base, on_gpus, flash, constraints)))
@@ -459,9 +460,11 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
             pruned = len(bounded) - i
             break
         placed = as_cluster(order, kinds, cluster)
-        spec = replace(base, cluster=placed, batch=replace(base.batch, micro=b), recompute=None,
-                       parallel=parallel(t, p, d, c, v, layers if v == 1 and p > 1 else None, accounted),
-                       optimizer=replace(base.optimizer, distributed=False))
+        layout = parallel(t, p, d, c, v, layers if v == 1 and p > 1 else None, accounted)
+        # tensor-parallel overlap hides sequence parallelism's transfers: on where the layout has them
+        kernels = replace(base.kernels, tp_comm_overlap=base.kernels.tp_comm_overlap and layout.sequence_parallel)
+        spec = replace(base, cluster=placed, batch=replace(base.batch, micro=b), recompute=None, parallel=layout,
+                       kernels=kernels, optimizer=replace(base.optimizer, distributed=False))
         links = _Links.of(spec, cal)
         names = [kinds[k].gpu for k in order]
         for attempt in _variants(spec, constraints):

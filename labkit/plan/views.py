@@ -48,6 +48,20 @@ def ranked_table(plan, top: int | None = None) -> pd.DataFrame:
     return pd.DataFrame.from_records(records, columns=list(TABLE_COLUMNS.values()))
 
 
+def layout_name(row) -> str:
+    """Every layout field of a plan row on one line, as the table's columns name them: 'tp4 cp2 pp8 vp5 dp2 micro 1,
+    sequence parallel, distributed optimizer, no recompute, partition 10-10-..., on H100-SXMx8'."""
+    parts = [f"tp{row.tp} cp{row.cp} pp{row.pp} vp{row.virtual_stages} dp{row.dp} micro {row.mbs}",
+             "sequence parallel" if row.sequence_parallel else "no sequence parallel",
+             "distributed optimizer" if row.distributed_optimizer else "no distributed optimizer",
+             f"{row.recompute_granularity} recompute" if row.recompute_granularity else "no recompute"]
+    if row.pp > 1:
+        parts.append("partition " + "-".join(str(n) for n in row.partition))
+    if row.spec.parallel.account_for_embedding_in_pipeline_split:
+        parts.append("embedding and loss counted as layers")
+    return ", ".join(parts) + f", on {_short_placement(row.placement)}"
+
+
 MARKERS = {"homogeneous-0": "square", "homogeneous-1": "circle", "heterogeneous": "triangle-up"}
 
 

@@ -106,6 +106,11 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
         errors.append(f"optimizer.lr_decay_style: {quote(spec.optimizer.lr_decay_style)} is not one of "
                       f"{', '.join(LR_DECAY_STYLES)}")
     errors += _check_optimizer(spec)
+    stacks = catalog.calibration()["stacks"]
+    if spec.kernels.stack is not None and spec.kernels.stack not in stacks:
+        errors.append(f"kernels.stack: {quote(spec.kernels.stack)} is not one of {', '.join(stacks)} (the software "
+                      "stacks of labkit/data/calibration.yaml); leave it out for "
+                      f"{catalog.calibration()['default_stack']}")
     errors += _check_train(spec)
     errors += _check_architecture(spec)
     errors += _check_tokenizer_file(spec)

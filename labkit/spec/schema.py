@@ -121,6 +121,10 @@ class KernelsSpec:
     tp_comm_overlap: bool = False
     """Overlap tensor-parallel all-gathers and reduce-scatters with the GEMMs (--tp-comm-overlap); needs sequence
     parallelism and Transformer Engine on GPUs."""
+    stack: str | None = None
+    """The training software the estimate charges for: a stack of labkit/data/calibration.yaml (megatron-core, or
+    deepspeed-megatron-2020 for DeepSpeed's pipeline engine on Megatron-LM v1.1.5, as MT-NLG and AMP ran); None:
+    the calibration's default_stack (megatron-core). It changes the estimate only: no Megatron-LM flag."""
 
 
 @dataclass
