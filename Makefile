@@ -5,17 +5,17 @@ SUPPORTED := python3.13 python3.12 python3.11
 PYTHON ?= $(firstword $(foreach py,$(SUPPORTED),$(shell $(py) -c 'import sys' >/dev/null 2>&1 && echo $(py))))
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: lab test test-suite wheel-check other-pythons env slurm-up slurm-down clean-venv
+.PHONY: lab test test-suite wheel-check other-pythons env slurm-up slurm-down clean-venv gpu-wheels
 
 env: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || { test -n "$(PYTHON)" || { echo "need Python 3.11, 3.12 or 3.13 on PATH (or PYTHON=...)"; exit 1; }; $(PYTHON) -m venv $(VENV); }
 	@echo "installing labkit and its pinned dependencies into $(VENV) with $$($(BIN)/python --version) ..."
-	@$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
-	@$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	@$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt torch
+	@$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 lab: $(STAMP)
@@ -42,3 +42,12 @@ slurm-down:
 
 clean-venv:
 	rm -rf $(VENV)
+
+# The wheels benchmarks/gpu_check.sh installs on a GPU machine without network (CPython 3.12, x86-64 Linux; its own CUDA
+# PyTorch stays): megatron-core and labkit's runtime packages, downloaded here into .wheelhouse/.
+GPU_WHEELS := megatron-core==0.16.1 pandas numpy pyyaml jinja2 markupsafe termcolor tqdm psutil tokenizers \
+	sentencepiece python-dateutil tzdata six packaging
+gpu-wheels:
+	$(or $(PYTHON),python3) -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+		--python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 -d .wheelhouse $(GPU_WHEELS)

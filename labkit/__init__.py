@@ -18,9 +18,16 @@ Data flows one way, and each module imports only from the rows above it (tests/t
                    backends, report, dashboard, sweep
     lab, cli       the course runner (papermill, HTML index, `labkit workspace`) and the command line
 """
+from importlib.metadata import PackageNotFoundError as _NotInstalled
 from importlib.metadata import version as _version
 
 from labkit.spec import RunSpec, SpecError, load_spec
 
-__version__ = _version("labkit")
+try:
+    __version__ = _version("labkit")
+except _NotInstalled:  # a source checkout on PYTHONPATH, as benchmarks/gpu_check.sh runs it on a machine without PyPI
+    import tomllib as _toml
+    from pathlib import Path as _Path
+
+    __version__ = _toml.loads((_Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]["version"]
 __all__ = ["RunSpec", "SpecError", "load_spec", "__version__"]

@@ -147,8 +147,12 @@ def megatron_args(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLi
         args += ["--adam-beta1", opt.adam_beta1, "--adam-beta2", opt.adam_beta2]
     if opt.distributed:
         args += ["--use-distributed-optimizer"]
+    if opt.grad_reduce_in_bf16:
+        args += ["--grad-reduce-in-bf16"]
 
     args += ["--train-iters", tr.iters, "--log-interval", tr.log_interval, "--seed", tr.seed]
+    if tr.timing_log_level:
+        args += ["--timing-log-level", tr.timing_log_level]
     if tr.eval_interval:
         args += ["--eval-interval", tr.eval_interval, "--eval-iters", tr.eval_iters]
     else:

@@ -32,7 +32,7 @@ for version in 3.11 3.12 3.13; do
     echo "other Pythons: installing labkit into $venv with $("$python" --version)"
     rm -rf "$venv"
     "$python" -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check torch==2.13.0
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -c "$repo/constraints.txt" torch
     "$venv/bin/pip" install --quiet --disable-pip-version-check -e '.[test]'
     touch "$stamp"
   fi

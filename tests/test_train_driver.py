@@ -33,7 +33,7 @@ EXACT = [*MODEL, *MOCK, *NO_DROPOUT, "--lr", "1e-3", "--train-iters", "6", "--lo
 CORPUS_RUN = [*MODEL, "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "1e-3", "--min-lr", "1e-4",
               "--lr-decay-style", "cosine", "--lr-warmup-fraction", "0.1", "--train-iters", "50", "--log-interval", "5",
               "--eval-interval", "25", "--eval-iters", "2", "--log-throughput", "--data-path", str(CORPUS),
-              "--split", "90,5,5", "--bf16", "--use-distributed-optimizer"]
+              "--split", "90,5,5", "--bf16", "--use-distributed-optimizer", "--timing-log-level", "2"]
 PP_UNEVEN = ["--num-layers", "3", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64", *MOCK,
              "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "1e-3", "--train-iters", "6",
              "--log-interval", "1", "--eval-iters", "0", "--pipeline-model-parallel-size", "2",
@@ -110,7 +110,8 @@ def runs(tmp_path_factory):
                                      "--use-distributed-optimizer"]),
         "dp2_overlap": Run(root / "dp2_overlap", 2, [*EXACT, "--micro-batch-size", "2", "--global-batch-size", "8",
                                                      "--use-distributed-optimizer", "--overlap-grad-reduce",
-                                                     "--overlap-param-gather"]),
+                                                     "--overlap-param-gather", "--save", str(root / "overlap_ckpt"),
+                                                     "--save-interval", "3"]),
         "pp2": Run(root / "pp2", 2, PP_UNEVEN),
         "pp2_recompute": Run(root / "pp2_recompute", 2, [*PP_UNEVEN, *RECOMPUTE]),
         "vpp": Run(root / "vpp", 2, ["--num-layers", "4", *MODEL[2:], *MOCK, "--micro-batch-size", "2",
@@ -127,6 +128,10 @@ def runs(tmp_path_factory):
         "bad_data": Run(root / "bad_data", 1, [*MODEL, "--lr", "1e-3", "--train-iters", "3",
                                                "--data-path", str(root / "missing" / "corpus_text_document")]),
     }
+    started["dp2_overlap"].wait()
+    started["dp2_overlap_resumed"] = Run(root / "dp2_overlap_resumed", 2, [
+        *EXACT, "--micro-batch-size", "2", "--global-batch-size", "8", "--use-distributed-optimizer",
+        "--overlap-grad-reduce", "--overlap-param-gather", "--load", str(root / "overlap_ckpt"), "--ckpt-step", "3"])
     started["corpus_dp2"].wait().ok()
     started["resumed"] = Run(root / "resumed", 2, [*CORPUS_RUN, *cache, "--load", str(root / "corpus_dp2" / "ckpt"),
                                                    "--ckpt-step", "40"])
@@ -318,10 +323,16 @@ def test_overlapped_gradient_reduce_and_parameter_gather_compute_the_same_steps(
     assert re.search(r" overlap_grad_reduce \.+ True\n", overlapped.text)
 
 
-@pytest.mark.parametrize("flags, named", [(["--tp-comm-overlap", "--sequence-parallel",
-                                            "--tensor-model-parallel-size", "2"], "--tp-comm-overlap"),
-                                           (["--bf16", "--fp8-format", "hybrid"], "--fp8-format"),
-                                           (["--context-parallel-size", "2"], "--context-parallel-size"),
+def test_a_checkpoint_saved_with_overlapped_parameter_gather_resumes_exactly(runs):
+    """The step updates only this rank's shard and the gather waits for the next forward: the save must gather first
+    (as Megatron-LM's force_param_sync does), or the checkpoint holds the other shards' stale weights."""
+    full, resumed = runs["dp2_overlap"].ok(), runs["dp2_overlap_resumed"].ok()
+    assert "at iteration 3" in resumed.text and sorted(resumed.losses()) == [4, 5, 6]
+    for i in (4, 5, 6):
+        assert resumed.losses()[i] == full.losses()[i]
+
+
+@pytest.mark.parametrize("flags, named", [(["--bf16", "--fp8-format", "hybrid"], "--fp8-format"),
                                            (["--attention-backend", "flash"], "--attention-backend")])
 def test_the_cpu_driver_refuses_what_needs_transformer_engine_naming_the_flag(flags, named):
     args = build_parser().parse_args([*MODEL, *MOCK, "--lr", "1e-3", "--train-iters", "2", *flags])

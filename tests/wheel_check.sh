@@ -15,7 +15,7 @@ rm -rf "$repo/build"  # setuptools reuses build/lib and would ship modules delet
 base=$("$python" -c 'import sys; print(sys._base_executable)')
 "$base" -m venv "$scratch/env"
 echo "wheel check: installing $(basename "$scratch"/dist/labkit-*.whl) into a throwaway environment"
-"$scratch/env/bin/pip" install --quiet --disable-pip-version-check torch==2.13.0
+"$scratch/env/bin/pip" install --quiet --disable-pip-version-check -c "$repo/constraints.txt" torch
 "$scratch/env/bin/pip" install --quiet --disable-pip-version-check "$scratch"/dist/labkit-*.whl
 
 mkdir "$scratch/elsewhere"

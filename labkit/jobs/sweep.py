@@ -48,6 +48,7 @@ def profiled(spec: RunSpec, first: int, last: int | None = None, ranks: tuple[in
         raise ValueError(f"profiled ranks {list(ranks)}: choose ranks from 0 to {spec.world_size - 1} "
                          f"(the spec's world size is {spec.world_size})")
     # The driver's (and Megatron's) profile steps are 0-based: step k is iteration k + 1.
+    spec = spec.replace(**{"train.timing_log_level": 2})  # the timers TensorBoard receives are level-2 timers
     return with_flags(spec, "--profile", "--profile-step-start", first - 1, "--profile-step-end", last,
                       "--profile-ranks", *ranks, "--tensorboard-dir", PROFILE_DIR, "--log-timers-to-tensorboard",
                       "--log-memory-to-tensorboard")

@@ -265,6 +265,9 @@ def _check_optimizer(spec: RunSpec) -> list[str]:
             errors.append(f"optimizer.{key}: must be a positive scale, got {getattr(opt, key)}")
     if opt.lr_warmup_fraction is not None and not 0 <= opt.lr_warmup_fraction <= 1:
         errors.append(f"optimizer.lr_warmup_fraction: must be between 0 and 1, got {opt.lr_warmup_fraction}")
+    if opt.grad_reduce_in_bf16 and spec.precision not in ("bf16", "fp8"):
+        errors.append(f"optimizer.grad_reduce_in_bf16: reduces bf16 gradients, and precision is {spec.precision}; "
+                      "set precision: bf16 (or fp8), or leave it out")
     return errors
 
 
@@ -323,6 +326,9 @@ def _check_train(spec: RunSpec) -> list[str]:
     if train.seed is not None and not 0 <= train.seed < SEED_LIMIT:
         errors.append(f"train.seed: must be from 0 to {SEED_LIMIT - 1:,}, got {train.seed}; Megatron seeds NumPy with "
                       "it plus 100 per pipeline stage, and NumPy takes 32-bit seeds")
+    if train.timing_log_level not in (0, 1, 2):
+        errors.append(f"train.timing_log_level: {quote(train.timing_log_level)} is not 0, 1 or 2 (Megatron's timer "
+                      "levels; 0 logs the iteration time only)")
     return errors
 
 
@@ -596,6 +602,12 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
     else:
         errors += [f"job.extra_args: {e}; labkit's driver (python -m labkit.train) would refuse it"
                    for e in flag_errors(list(job.extra_args))]
+        # At submission only (a layout is known): such a spec is a valid plan, and estimates as Megatron-LM runs it.
+        for key, used in (("kernels.tp_comm_overlap", spec.kernels.tp_comm_overlap),
+                          ("parallel.context", spec.parallel.context > 1)):
+            if used and layout is not None:
+                errors.append(f"{key}: labkit's driver (job.entrypoint: labkit) does not run it; set job.entrypoint: "
+                              "megatron-lm with job.megatron_lm, or leave it out")
     for where, value in (("name", spec.name), ("data.path", spec.data.path)):
         if value and "\x00" in value:
             errors.append(f"{where}: contains a NUL byte; remove it")

@@ -174,6 +174,9 @@ class OptimizerSpec:
     """First dynamic fp16 loss scale, 2**32 as Megatron's default (--initial-loss-scale)."""
     loss_scale: float | None = None
     """A fixed fp16 loss scale instead of the dynamic one (--loss-scale)."""
+    grad_reduce_in_bf16: bool = False
+    """Keep and reduce gradients in bf16 rather than fp32 (--grad-reduce-in-bf16; precision bf16 or fp8): half the
+    gradient buffer and its data-parallel traffic, while the optimizer step makes fp32 copies of its shard."""
 
 
 @dataclass
@@ -195,6 +198,10 @@ class TrainSpec:
     """Checkpoint directory to resume from (--load)."""
     save_interval: int | None = None
     """Steps between checkpoints (--save-interval)."""
+    timing_log_level: int = 0
+    """Megatron's timers in the log (--timing-log-level): 0 (Megatron-LM's default) the iteration time only; 1 adds
+    forward-backward and optimizer; 2 adds forward/backward compute, pipeline and all-reduce timers, paid for with
+    device synchronisations and barriers in every iteration (on a GPU it slows the run it measures)."""
 
 
 @dataclass

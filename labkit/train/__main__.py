@@ -18,7 +18,12 @@ def main(argv: list[str] | None = None) -> int:
     from labkit.train.training import OOM_HINT, TrainingError, out_of_memory, run
 
     try:
-        return run(args)
+        code = run(args)
+        # Only after a clean run: a rank that failed alone would wait in the group's teardown for ranks still inside a
+        # collective (until the NCCL watchdog); torchrun stops the others when this one exits.
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return code
     except TrainingError as exc:
         print(f"ERROR: {exc}", flush=True)
         return 1
@@ -32,9 +37,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ERROR: out of memory while setting up on rank {args.rank}: {str(exc).strip().splitlines()[0]}; "
               f"{OOM_HINT}", flush=True)
         return 1
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

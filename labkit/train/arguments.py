@@ -101,6 +101,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto picks what megatron-core would (flash or fused with Transformer Engine, else local)")
     g.add_argument("--distributed-backend", choices=["nccl", "gloo"], default=None,
                    help="default: nccl with GPUs, gloo without")
+    g.add_argument("--distributed-timeout-minutes", type=int, default=10,
+                   help="how long a collective may wait for the other ranks before the run fails (Megatron-LM's 10)")
+    g.add_argument("--no-overlap-p2p-communication", action="store_false", dest="overlap_p2p_comm",
+                   help="interleaved schedule: batch each step's pipeline sends and receives instead of overlapping "
+                        "them (needs --pipeline-model-parallel-size > 2)")
+
+    g = p.add_argument_group("fused kernels (Megatron-LM's names; each is on where this environment has its kernel)")
+    g.add_argument("--no-masked-softmax-fusion", action="store_false", dest="masked_softmax_fusion",
+                   help="scale-mask-softmax in one kernel (needs Apex's or Megatron's scaled_masked_softmax_cuda)")
+    g.add_argument("--no-bias-gelu-fusion", action="store_false", dest="bias_gelu_fusion",
+                   help="bias + GeLU in one kernel (torch.compile on a GPU; needs biases)")
+    g.add_argument("--no-bias-swiglu-fusion", action="store_false", dest="bias_swiglu_fusion",
+                   help="bias + SwiGLU in one kernel (torch.compile on a GPU)")
+    g.add_argument("--no-bias-dropout-fusion", action="store_false", dest="bias_dropout_fusion",
+                   help="bias + dropout + residual add in one kernel (torch.compile on a GPU)")
+    g.add_argument("--no-rope-fusion", action="store_false", dest="apply_rope_fusion",
+                   help="rotary embedding in one kernel (Transformer Engine)")
+    g.add_argument("--no-gradient-accumulation-fusion", action="store_false", dest="gradient_accumulation_fusion",
+                   help="weight gradients accumulated into the fp32 main gradient inside the GEMM (Transformer "
+                        "Engine, or Apex's fused_weight_gradient_mlp_cuda)")
 
     g = p.add_argument_group("batch")
     g.add_argument("--micro-batch-size", type=int, default=1)
@@ -109,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("precision")
     g.add_argument("--fp16", action="store_true")
     g.add_argument("--bf16", action="store_true")
+    g.add_argument("--grad-reduce-in-bf16", action="store_true", help="with --bf16: bf16 gradient buffers (else fp32)")
     g.add_argument("--fp8-format", choices=["hybrid", "e4m3"], default=None,
                    help="FP8 GEMMs through Transformer Engine (with --bf16); needs FP8 tensor cores")
     g.add_argument("--loss-scale", type=float, default=None, help="fixed fp16 loss scale (default: dynamic)")
@@ -171,8 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("logging and profiling")
     g.add_argument("--log-throughput", action="store_true")
-    g.add_argument("--timing-log-level", type=int, choices=[0, 1, 2], default=2,
-                   help="2 (labkit's default) prints forward/backward/pipeline/all-reduce/optimizer timers")
+    g.add_argument("--timing-log-level", type=int, choices=[0, 1, 2], default=0,
+                   help="0 (Megatron-LM's default): iteration time only; 1 adds the forward-backward and optimizer "
+                        "timers; 2 adds forward/backward compute, pipeline and all-reduce timers, at the price of "
+                        "device synchronisations and barriers in every iteration")
     g.add_argument("--timing-log-option", choices=["minmax", "max", "all"], default="minmax")
     g.add_argument("--tensorboard-dir", default=None)
     g.add_argument("--tensorboard-log-interval", type=int, default=1)
@@ -323,6 +346,15 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
         chunks = sizes.layout_virtual_stages(args.pipeline_model_parallel_layout, pp)
         if chunks > 1:
             args.virtual_pipeline_model_parallel_size = chunks
+    if args.virtual_pipeline_model_parallel_size is None:
+        args.overlap_p2p_comm = False  # only the interleaved schedule overlaps its sends and receives
+    elif not args.overlap_p2p_comm and pp == 2:
+        # Batched sends and receives with two stages put both directions between the same two ranks in one batch;
+        # NCCL matches them in posting order and a stage can receive a gradient as its activation (Megatron-LM's
+        # arguments.py refuses this combination too).
+        raise ArgumentError("--no-overlap-p2p-communication: the interleaved schedule with "
+                            "--pipeline-model-parallel-size 2 needs overlapped sends and receives; leave the flag out "
+                            "or use more than 2 pipeline stages")
     num_micro = args.global_batch_size // (args.micro_batch_size * dp)
     if args.virtual_pipeline_model_parallel_size and num_micro % pp:
         raise ArgumentError(f"--global-batch-size: the interleaved schedule needs the {num_micro} micro-batches to be "
@@ -335,18 +367,25 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
     elif args.transformer_impl == "transformer_engine" and not (te and cuda):
         raise ArgumentError("--transformer-impl transformer_engine: Transformer Engine needs a GPU and the "
                             "transformer_engine package; use --transformer-impl local")
-    gpu_only = {"--tp-comm-overlap": args.tp_comm_overlap, "--fp8-format": args.fp8_format is not None,
-                "--context-parallel-size": cp > 1,
+    # What labkit's driver does not set up on any machine: refused, never accepted and ignored.
+    if args.tp_comm_overlap:
+        raise ArgumentError("--tp-comm-overlap: labkit's driver does not start Transformer Engine's userbuffers, "
+                            "which it needs; leave it out, or run Megatron-LM's pretrain_gpt.py (job.entrypoint: "
+                            "megatron-lm)")
+    if cp > 1:
+        raise ArgumentError("--context-parallel-size: labkit's driver does not split sequences over context-parallel "
+                            "ranks (the batch slicing and loss reduction are Megatron-LM's); use 1, or run Megatron-LM's "
+                            "pretrain_gpt.py (job.entrypoint: megatron-lm)")
+    gpu_only = {"--fp8-format": args.fp8_format is not None,
                 "--attention-backend": args.attention_backend in ("flash", "fused")}
     for flag, given in gpu_only.items():
         if given and args.transformer_impl != "transformer_engine":
             raise ArgumentError(f"{flag}: needs Transformer Engine on a GPU, which this run does not have "
                                 "(the CPU driver runs megatron-core's local layers); leave it out on CPU")
+    if args.distributed_timeout_minutes <= 0:
+        raise ArgumentError(f"--distributed-timeout-minutes: must be positive, got {args.distributed_timeout_minutes}")
     if args.fp8_format and not args.bf16:
         raise ArgumentError("--fp8-format: FP8 GEMMs run inside a bf16 model; add --bf16")
-    if args.tp_comm_overlap and not args.sequence_parallel:
-        raise ArgumentError("--tp-comm-overlap: overlaps the all-gather and reduce-scatter of sequence parallelism; "
-                            "add --sequence-parallel")
     if args.overlap_param_gather and not args.use_distributed_optimizer:
         raise ArgumentError("--overlap-param-gather: gathers the distributed optimizer's parameter shards; add "
                             "--use-distributed-optimizer")

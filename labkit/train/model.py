@@ -1,6 +1,8 @@
 """Build the megatron-core GPT for this rank: config, layer spec, pipeline chunks, mixed-precision and DDP wrappers."""
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
@@ -8,6 +10,7 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.module import Float16Module
 
 from labkit.megatron import sizes
@@ -48,18 +51,62 @@ def transformer_config(args, timers=None) -> TransformerConfig:
         recompute_num_layers=args.recompute_num_layers if recompute == "full" else None,
         # CPU runs initialise weights on the CPU (identically on every tensor-parallel rank, then split); GPUs in place.
         use_cpu_initialization=not torch.cuda.is_available(),
-        # Fused kernels need Apex or Transformer Engine; correctness first, the TE layer spec brings its own fusions.
-        gradient_accumulation_fusion=False,
-        masked_softmax_fusion=False,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        # gloo matches point-to-point messages between two ranks in posting order; batched send/recv pairs in both
-        # directions (the interleaved schedule with two stages) can then swap activations and gradients.
-        batch_p2p_comm=args.distributed_backend == "nccl",
+        **{name: on for name, (on, _) in fusions(args, torch.cuda.is_available()).items()},
+        fp8=args.fp8_format,
+        attention_backend=AttnBackend[args.attention_backend],
+        # As Megatron-LM: the interleaved schedule overlaps its sends and receives; otherwise each step's sends and
+        # receives go as one batch (arguments.py refuses batching with two interleaved stages, which swaps messages).
+        overlap_p2p_comm=args.overlap_p2p_comm,
+        batch_p2p_comm=not args.overlap_p2p_comm,
+        # A stage frees the data of the activation it sent on once the next stage has it (only its shape is kept).
+        deallocate_pipeline_outputs=True,
         timers=timers,
         barrier_with_L1_time=True,
         cuda_graph_scope=[],  # no CUDA graphs are captured; megatron-core 0.16's default names a deprecated scope
     )
+
+
+def fusions(args, cuda: bool) -> dict[str, tuple[bool, str]]:
+    """Megatron-LM's fused kernels: TransformerConfig field -> (on, why not). Each is on, as in Megatron-LM, unless its
+    --no-...-fusion flag is given or this environment lacks its kernel. megatron-core 0.16 builds the bias fusions
+    with torch.compile (megatron/core/jit.py), which needs Triton and a GPU; the others are CUDA extensions."""
+    def has(module: str) -> bool:
+        return importlib.util.find_spec(module) is not None
+
+    te = args.transformer_impl == "transformer_engine"
+    compiled = (cuda and has("triton"), "needs a GPU with Triton (torch.compile)")
+    activation_flag = args.bias_swiglu_fusion if args.swiglu else args.bias_gelu_fusion
+    wanted = {
+        "bias_activation_fusion": (activation_flag, "--no-bias-swiglu-fusion" if args.swiglu else "--no-bias-gelu-fusion"),
+        "bias_dropout_fusion": (args.bias_dropout_fusion, "--no-bias-dropout-fusion"),
+        "masked_softmax_fusion": (args.masked_softmax_fusion, "--no-masked-softmax-fusion"),
+        "apply_rope_fusion": (args.apply_rope_fusion, "--no-rope-fusion"),
+        "gradient_accumulation_fusion": (args.gradient_accumulation_fusion, "--no-gradient-accumulation-fusion"),
+    }
+    available = {
+        "bias_activation_fusion": (compiled[0] and (args.swiglu or args.add_bias_linear),
+                                   compiled[1] if not compiled[0] else "GeLU without biases has no bias to fuse"),
+        "bias_dropout_fusion": compiled,
+        "masked_softmax_fusion": (cuda and has("scaled_masked_softmax_cuda"),
+                                  "needs a GPU and the scaled_masked_softmax_cuda extension (Apex)"),
+        "apply_rope_fusion": (te and args.position_embedding_type == "rope",
+                              "needs Transformer Engine" if args.position_embedding_type == "rope"
+                              else "no rotary positions"),
+        "gradient_accumulation_fusion": (cuda and (te or has("fused_weight_gradient_mlp_cuda")),
+                                         "needs a GPU with Transformer Engine or Apex's fused_weight_gradient_mlp_cuda"),
+    }
+    out = {}
+    for name, (asked, flag) in wanted.items():
+        can, reason = available[name]
+        out[name] = (asked and can, reason if asked and not can else f"off by {flag}" if not asked else "")
+    return out
+
+
+def fusions_line(args, cuda: bool) -> str:
+    """One log line saying which fused kernels this run uses, and why each other one is off."""
+    parts = [f"{name.replace('_fusion', '').replace('apply_', '')} {'on' if on else f'off ({why})'}"
+             for name, (on, why) in fusions(args, cuda).items()]
+    return "> fused kernels: " + "; ".join(parts)
 
 
 def layer_spec(args):
@@ -100,7 +147,9 @@ def build_model(args, config: TransformerConfig) -> list[torch.nn.Module]:
     if args.fp16 or args.bf16:
         chunks = [Float16Module(config, chunk) for chunk in chunks]
     ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=args.fp16 or args.bf16,
+        # Megatron-LM's validate_args: bf16 accumulates and reduces gradients in fp32 unless --grad-reduce-in-bf16;
+        # fp16 keeps fp16 gradients (the optimizer step makes fp32 copies)
+        grad_reduce_in_fp32=args.bf16 and not args.grad_reduce_in_bf16,
         overlap_grad_reduce=args.overlap_grad_reduce,
         overlap_param_gather=args.overlap_param_gather,
         use_distributed_optimizer=args.use_distributed_optimizer,

@@ -4,6 +4,7 @@ Read top to bottom: `run(args)` is pretrain() of Megatron-LM, `train_step` one i
 """
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import random
@@ -26,7 +27,7 @@ from labkit.megatron.sizes import padded_vocab_size
 from labkit.train import checkpoint, data, megatron_log
 from labkit.train.exit_signal import ExitSignal
 from labkit.train.megatron_log import print_logging_rank, print_rank_0
-from labkit.train.model import build_model, transformer_config
+from labkit.train.model import build_model, fusions_line, transformer_config
 from labkit.train.profiling import StepProfiler, TensorBoard
 
 TIMERS_TO_LOG = [
@@ -65,11 +66,15 @@ def initialize(args) -> torch.device:
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             os.environ.setdefault("MASTER_PORT", "29500")
         dist.init_process_group(backend=args.distributed_backend, world_size=args.world_size, rank=args.rank,
+                                timeout=datetime.timedelta(minutes=args.distributed_timeout_minutes),
                                 device_id=device if device.type == "cuda" else None, **rendezvous)
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+        # megatron-core keeps gloo copies of the data-parallel groups for checkpoint formats this driver does not
+        # write (see checkpoint.py); creating them costs a rendezvous per group and sockets per rank.
+        create_gloo_process_groups=False,
     )
     print_rank_0(f"> initialized tensor model parallel with size {args.tensor_model_parallel_size}")
     print_rank_0(f"> initialized pipeline model parallel with size {args.pipeline_model_parallel_size}")
@@ -93,7 +98,7 @@ def build_optimizer(args, model, config):
         sgd_momentum=args.sgd_momentum, use_distributed_optimizer=args.use_distributed_optimizer,
         clip_grad=args.clip_grad, timers=config.timers,
     )
-    optimizer = get_megatron_optimizer(opt_config, model)
+    optimizer = get_megatron_optimizer(opt_config, model, use_gloo_process_groups=False)
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
         lr_warmup_steps=args.lr_warmup_iters, lr_decay_steps=args.lr_decay_iters,
@@ -257,6 +262,7 @@ def run(args) -> int:
     print_rank_0(f"time to initialize megatron (seconds): {time.time() - start:.3f}")
     print_rank_0(megatron_log.datetime_line("after megatron is initialized"))
 
+    print_rank_0(fusions_line(args, torch.cuda.is_available()))
     print_rank_0("building GPT model ...")
     model = build_model(args, config)
     if parallel_state.get_data_parallel_rank() == 0:
@@ -400,6 +406,11 @@ def _validate(args, forward_backward_func, data_iterator, model, timers, tensorb
 
 def _save(args, timers, iteration, model, optimizer, scheduler):
     timers("save-checkpoint", log_level=0).start(barrier=True)
+    if args.overlap_param_gather:
+        # The step updated only this rank's shard; the gather waits for the next forward. Gather now, or the
+        # checkpoint holds the other shards' stale weights (Megatron-LM's force_param_sync before every save).
+        for chunk in model:
+            chunk.start_param_sync(force_sync=True)
     checkpoint.save(args, iteration, model, optimizer, scheduler)
     timers("save-checkpoint").stop(barrier=True)
     log_timers(timers, ["save-checkpoint"])
