@@ -201,10 +201,11 @@ def test_kernels_a_spec_writes_are_planned_with_what_they_need(tmp_path, capsys)
                                     "cluster": H100}))
     assert main(["plan", str(spec)]) == 2
     assert "kernels.overlap_param_gather" in capsys.readouterr().err
-    spec.write_text(yaml.safe_dump({"model": {"preset": "tiny"}, "batch": {"global": 8}, "precision": "fp32",
-                                    "kernels": {"attention_backend": "flash"}, "cluster": "laptop"}))
-    assert main(["plan", str(spec)]) == 2
-    assert "kernels.attention_backend: needs Transformer Engine on GPUs" in capsys.readouterr().err
+    for key, value in (("attention_backend", "flash"), ("tp_comm_overlap", True)):  # on the CPU laptop
+        spec.write_text(yaml.safe_dump({"model": {"preset": "tiny"}, "batch": {"global": 8}, "precision": "fp32",
+                                        "kernels": {key: value}, "cluster": "laptop"}))
+        assert main(["plan", str(spec)]) == 2
+        assert f"kernels.{key}: needs Transformer Engine on GPUs" in capsys.readouterr().err
 
 
 def test_nothing_fitting_in_memory_exits_3_with_the_row_closest_to_fitting(capsys):

@@ -124,7 +124,7 @@ def planning_input(target: str, model: str | None = None, global_batch: int | No
         spec_data["batch"] = {"micro": 1, "global": global_batch}
     elif not spec_data.get("batch"):
         raise SpecError(["--global-batch: missing; give the sequences per step, e.g. --global-batch 64"])
-    _check_pending(pending, checked, spec_data)
+    _check_pending(pending, checked, spec_data, overlap_tp)
     if precision is None and "precision" not in spec_data:
         has_bf16 = all(catalog.gpu(g.gpu).bf16 for g in checked.cluster.nodes if catalog.resolve_gpu_name(g.gpu))
         precision = "bf16" if has_bf16 else "fp16"
@@ -194,8 +194,9 @@ def _processes(parallel) -> int:
 LAYOUT_PENDING = ("context", "sequence_parallel")
 
 
-def _check_pending(pending: dict, on_cluster: RunSpec, spec_data: dict) -> None:
-    """The checks `load_spec` makes of parallel.context and parallel.sequence_parallel, on the planner's cluster."""
+def _check_pending(pending: dict, on_cluster: RunSpec, spec_data: dict, overlap_tp: bool = False) -> None:
+    """The checks `load_spec` makes of parallel.context, parallel.sequence_parallel and kernels.tp_comm_overlap (set
+    aside by `_without_layout_checks`), on the planner's cluster."""
     errors = []
     context, sp = pending.get("context", 1), pending.get("sequence_parallel", False)
     if isinstance(context, bool) or not isinstance(context, int) or context < 1:
@@ -206,7 +207,8 @@ def _check_pending(pending: dict, on_cluster: RunSpec, spec_data: dict) -> None:
     if not isinstance(sp, bool):
         errors.append(f"parallel.sequence_parallel: {sp!r} is not true or false")
     on_cpu = any(catalog.gpu(g.gpu).is_cpu for g in on_cluster.cluster.nodes)
-    for key, used in (("parallel.context", context != 1), ("parallel.sequence_parallel", sp is True)):
+    for key, used in (("parallel.context", context != 1), ("parallel.sequence_parallel", sp is True),
+                      ("kernels.tp_comm_overlap", overlap_tp)):
         if used and on_cpu and not errors:
             errors.append(needs_gpus_error(key))
     if errors:
