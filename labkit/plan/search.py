@@ -160,10 +160,20 @@ def schedules(base: RunSpec, pipeline: int, data: int, virtual_stages=(1, 2, 4),
             if v == 1:
                 yield b, v, False
             elif pipeline > 1 and (batch // (b * data)) % pipeline == 0:
-                if layers % (pipeline * v) == 0:
-                    yield b, v, False
-                elif sizes.split_layers(layers, True, True) % (pipeline * v) == 0:
-                    yield b, v, True
+                accounted = next((a for a in (False, True) if _chunks_split(layers, pipeline, v, a)), None)
+                if accounted is not None:
+                    yield b, v, accounted
+
+
+def _chunks_split(layers: int, pipeline: int, virtual_stages: int, accounted: bool) -> bool:
+    """Whether megatron-core splits the layers over pipeline x virtual_stages chunks (labkit.megatron.sizes), with the
+    embedding and the loss counted as layers when `accounted`."""
+    try:
+        sizes.chunk_layers(layers, pipeline, virtual_stages, account_for_embedding=accounted,
+                           account_for_loss=accounted)
+    except sizes.SizeError:
+        return False
+    return True
 
 
 class _StageCosts:
