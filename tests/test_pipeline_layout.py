@@ -182,6 +182,34 @@ def test_the_planners_bound_stays_below_the_uneven_schedule(shares):
     assert bound <= pipeline_time(stages, sends, 6, 2, chunk_shares=shares).total_s * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("form", ["account-for", "layout"])
+def test_the_driver_derives_the_virtual_stages_megatron_lm_does(form):
+    from labkit.train.arguments import build_parser, finish
+
+    spec = load_spec({"model": {"preset": "llama3.1-405b"}, "parallel": {"tensor": 8, "pipeline": 16,
+                      **(ACCOUNT_FOR if form == "account-for" else {"pipeline_layout": "E|(t|)*126,L"}),
+                      "virtual_stages": 8}, "batch": {"micro": 1, "global": 16}, "precision": "bf16",
+                      "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 16, "gpus_per_node": 8}]}})
+    args = finish(build_parser().parse_args([str(a) for a in megatron_args(spec)]), world_size=128, rank=0,
+                  cuda=False)
+    assert args.virtual_pipeline_model_parallel_size == 8
+
+
+@pytest.mark.parametrize("flags,refusal", [
+    (["--account-for-loss-in-pipeline-split", "--pipeline-model-parallel-layout", "Et|tL"], "cannot be combined"),
+    (["--account-for-loss-in-pipeline-split"], "5 layers with the embedding and loss counted do not split evenly"),
+    (["--pipeline-model-parallel-layout", "Et|t*2L"], "places 3 transformer layers (t) but the model has 4"),
+])
+def test_the_driver_refuses_what_megatron_lm_refuses_naming_the_flag(flags, refusal):
+    from labkit.train.arguments import ArgumentError, build_parser, finish
+
+    argv = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
+            "--mock-data", "--vocab-size", "1024", "--lr", "1e-3", "--train-iters", "1", "--pipeline-model-parallel-size", "2",
+            *flags]
+    with pytest.raises(ArgumentError, match=re.escape(refusal)):
+        finish(build_parser().parse_args(argv), world_size=2, rank=0, cuda=False)
+
+
 FORMS = {
     "account-for": {"pipeline": 2, "virtual_stages": 2, **ACCOUNT_FOR},   # 6 + 2 over 2 x 2 chunks: [[1, 2], [2, 1]]
     "layout": {"pipeline": 2, "virtual_stages": 2, "pipeline_layout": "E|t*3|t*2|t,L"},  # [[0, 2], [3, 1]]
