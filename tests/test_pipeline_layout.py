@@ -175,6 +175,13 @@ def test_an_uneven_chunk_takes_its_own_share_of_its_stages_time():
     assert even == pipeline_time(stages, sends, 4, 2).total_s
 
 
+@pytest.mark.parametrize("m", [6, 24, 60])
+def test_a_long_steps_shortcut_is_the_whole_uneven_schedule_played_out(m):
+    stages, sends, shares = [1.0, 1.2, 0.9], [0.05, 0.02], [[0.0, 0.5, 0.5], [0.3, 0.3, 0.4], [0.4, 0.4, 0.2]]
+    full = schedule_1f1b(stages, sends, m, 1, None, 3, 0.03, shares)[-1].end_s
+    assert pipeline_time(stages, sends, m, 3, wrap_time=0.03, chunk_shares=shares).total_s == pytest.approx(full)
+
+
 @pytest.mark.parametrize("shares", [[[0.1, 0.9], [0.5, 0.5], [0.9, 0.1]], [[0.0, 1.0], [0.5, 0.5], [1.0, 0.0]]])
 def test_the_planners_bound_stays_below_the_uneven_schedule(shares):
     stages, sends = [1.0, 1.2, 0.9], [0.05, 0.05]
