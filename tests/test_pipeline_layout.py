@@ -155,6 +155,10 @@ def spec_errors(parallel: dict, layers: int = 126, gpus: int = 64, micro_batches
      "parallel.pipeline_layout: cannot be combined with parallel.partition"),
     ({"pipeline": 2, "pipeline_layout": "Et*3|t*2L"}, 6, "parallel.pipeline_layout: 'Et*3|t*2L' places 5 "
                                                          "transformer layers (t) but the model has 6"),
+    ({"pipeline": 2, "pipeline_layout": "Et*99999999999|tL"}, 6, "parallel.pipeline_layout: 'Et*99999999999|tL' "
+                                                                 "repeats beyond 1,000,000 letters"),
+    ({"pipeline": 2, "pipeline_layout": "Et*3|t*3x"}, 6, "parallel.pipeline_layout: 'Et*3|t*3x' has an unknown layer "
+                                                         "letter 'x' in stage 'tttx'; the letters are E (embedding)"),
     ({"pipeline": 2, "pipeline_layout": "Et|t*2|t*2|tL"}, 6, "parallel.virtual_stages: is 1 but "
                                                              "parallel.pipeline_layout has 4 stages = pipeline 2 x 2 "
                                                              "model chunks; set parallel.virtual_stages to 2"),
