@@ -98,6 +98,8 @@ def layers_per_virtual_stage(num_layers: int, pipeline: int, virtual_stages: int
 # megatron/core/transformer/pipeline_parallel_layer_layout.py): the embedding, a transformer (decoder) layer, the
 # loss with the output layer, and a multi-token-prediction layer.
 LAYOUT_LETTERS = {"E": "embedding", "t": "transformer layer", "L": "loss", "m": "multi-token prediction"}
+# No model has this many layers: a longer layout is a typo, refused before it fills memory.
+LAYOUT_MAX_LETTERS = 1_000_000
 
 
 def parse_pipeline_layout(layout: str) -> list[str]:
@@ -106,16 +108,26 @@ def parse_pipeline_layout(layout: str) -> list[str]:
 
     The grammar of PipelineParallelLayerLayout.parse_str_to_list: stages are split by "|", commas are cosmetic,
     "x*n" repeats one letter and "(...)*n" a group (which may hold "|"), e.g. "Et*3|(tt|)*2,t*3L" ->
-    ["Ettt", "tt", "tt", "tttL"]. Raises SizeError naming a letter that is not E, t, L or m."""
+    ["Ettt", "tt", "tt", "tttL"]. Raises SizeError (its message follows the layout's quote) naming a letter that is
+    not E, t, L or m, or a repeat that would write more than LAYOUT_MAX_LETTERS letters."""
+    written = [0]  # letters the repeats of one pass have written so far
+
+    def repeat(match: re.Match) -> str:
+        written[0] += len(match.group(1)) * int(match.group(2))
+        if written[0] > LAYOUT_MAX_LETTERS:
+            raise SizeError(f"repeats beyond {LAYOUT_MAX_LETTERS:,} letters")
+        return match.group(1) * int(match.group(2))
+
     text = layout.replace(",", "")
-    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda g: g.group(1) * int(g.group(2)), text)
-    text = re.sub(r"(.)\*(\d+)", lambda g: g.group(1) * int(g.group(2)), text)
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        written[0] = len(text)
+        text = re.sub(pattern, repeat, text)
     stages = text.split("|")
     for stage in stages:
         unknown = sorted(set(stage) - set(LAYOUT_LETTERS))
         if unknown:
-            raise SizeError(f"layout {layout!r}: unknown layer letter {unknown[0]!r} in stage {stage!r}; the letters "
-                            "are " + ", ".join(f"{k} ({v})" for k, v in LAYOUT_LETTERS.items()))
+            raise SizeError(f"has an unknown layer letter {unknown[0]!r} in stage {stage!r}; the letters are "
+                            + ", ".join(f"{k} ({v})" for k, v in LAYOUT_LETTERS.items()))
     return stages
 
 
