@@ -58,7 +58,11 @@ def test_overlapped_gradient_reduction_hides_what_the_last_backward_covers():
 
 def test_fp8_runs_the_linear_gemms_faster_and_context_parallel_splits_the_activations():
     bf16, fp8 = estimate(h100_spec()), estimate(h100_spec(precision="fp8"))
-    assert fp8.iteration_time_s < bf16.iteration_time_s and fp8.memory_gb_per_stage == bf16.memory_gb_per_stage
+    assert fp8.iteration_time_s < bf16.iteration_time_s
+    # the same model state; Transformer Engine keeps 1-byte copies of the GEMM inputs for the backward pass
+    assert [m["weights"] + m["gradients"] + m["optimizer"] for m in fp8.memory_detail] == \
+        [m["weights"] + m["gradients"] + m["optimizer"] for m in bf16.memory_detail]
+    assert fp8.memory_detail[0]["activations"] < bf16.memory_detail[0]["activations"]
     cp2 = estimate(h100_spec(parallel={"context": 2}))
     assert cp2.memory_detail[0]["activations"] == pytest.approx(bf16.memory_detail[0]["activations"] / 2, rel=0.02)
     assert cp2.num_gpus == 32 and cp2.megatron_logged_tflops_per_gpu > 0

@@ -1,5 +1,5 @@
-"""Recompute modes predicted layer by layer: sizes worked out by hand from Korthikanti et al.'s per-layer formula for
-the tiny model (s = 64, b = 2, h = 64, a = 4, fp32 doubling the 16-bit sizes)."""
+"""Recompute modes predicted layer by layer: sizes worked out by hand for the tiny model (s = 64, b = 2, h = 64,
+a = 4, fp32) from what megatron-core's layers save on the CPU (tests/test_activation_memory.py measures them)."""
 import pandas as pd
 import pytest
 
@@ -10,8 +10,11 @@ from labkit.spec import load_spec
 
 MIB = 2 ** 20
 SBH = 64 * 2 * 64
-ALL = SBH * (34 + 5 * 4 * 64 / 64) * 2          # a layer that keeps everything
-SELECTIVE = SBH * 34 * 2                         # everything but the attention core
+# per token and hidden unit: two norm inputs (4 + 2 x 4/h statistics), QKV and MLP-in inputs and dropout noise (4
+# each), twice; Q, K, V (12), the projection input (4), the GELU and MLP-out inputs (16 each); the fp32 softmax output,
+# its dropout noise and output (12 each per score, a s / h = 4 of them); and a 64 x 64 causal mask per layer
+SELECTIVE = SBH * (2 * (4 + 8 / 64 + 4 + 4) + 12 + 4 + 32)  # everything but the attention core
+ALL = SELECTIVE + SBH * 12 * 4 * 64 / 64 + 64 * 64   # a layer that keeps everything
 INPUT = 2 * SBH * 2                              # only its input, the checkpoint
 OUTSIDE = (8 * 64 * 2 + SBH) * 2 + 4 * SBH * (1 + 1024 / 64)  # embedding output, fp32 logits
 MODES = {"none": None, "selective": {"granularity": "selective", "method": None},

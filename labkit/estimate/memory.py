@@ -13,13 +13,12 @@ Activations per transformer layer per micro-batch, 16-bit (Korthikanti et al., a
     + sequence parallel  s b h (34 + 5 a s/h) / t
     selective recompute  s b h (10 + 24/t), with SP 34 s b h / t
     full recompute       2 s b h per layer (/t with SP), plus one layer's full activations while it is recomputed
-The 10 is two norm inputs (4), the QKV and MLP inputs (4) and two dropout masks (2); the 24 is Q, K, V and the
-projection input (8) and the MLP's saved tensors (16 = 4 f/h: the GELU input and the MLP-out input, each f wide).
-Under SwiGLU megatron-core's fused bias_swiglu saves the 2f-wide MLP-in output and the MLP-out matrix the f-wide
-product: 6 f/h. The 5as/h is the softmax output (2), its dropout mask (1) and dropout output (2). With dropout 0 no
-mask is kept and the attention-over-values product reads the softmax output itself: 8 and 2as/h. (The unfused core
-attention repeats grouped K/V to every head before the products that save them, so GQA keeps 8 too.)
-fp32 training doubles the 2-byte tensors, which we approximate as twice the total.
+`activation_bytes_per_layer` counts the tensors megatron-core 0.16.1 really saves, term by term, which gives the table
+for a GPT layer with Megatron-LM's fused kernels (plus the norms' fp32 statistics) and departs from it where the
+layer departs: SwiGLU (the fused kernel keeps the 2f-wide input and the MLP-out GEMM the f-wide product, 6 f/h),
+rotary embeddings and grouped K/V (Q, K and V as the core attention keeps them), flash attention (no scores), FP8
+(1-byte GEMM inputs), fp32 (4-byte activations, 1-byte masks), dropout 0 (no masks), and the CPU's unfused kernels.
+tests/test_activation_memory.py counts the bytes on the CPU and finds it within 2%.
 Under 1F1B stage i holds min(p - i, m) micro-batches in flight; the interleaved schedule multiplies the first stage's
 count by 1 + (p - 1)/(p v). The first stage adds the token ids and positions (8 s b per micro-batch) and the embedding
 dropout mask (s b h, with dropout), the last stage the fp32 logits, 4 s b h (1 + V/h) / t.
@@ -83,26 +82,86 @@ def bytes_per_param(precision: str, data_parallel: int = 1, distributed_optimize
 
 def activation_bytes_per_layer(shape: Shape, micro_batch: int, tensor: int = 1, sequence_parallel: bool = False,
                                recompute: str | None = None, precision: str = "bf16", flash_attention: bool = False,
-                               context: int = 1) -> float:
-    """Activation bytes one transformer layer keeps for the backward pass of one micro-batch (Korthikanti Table 2).
+                               context: int = 1, on_cpu: bool = False) -> float:
+    """Activation bytes one transformer layer keeps for the backward pass of one micro-batch, on one tensor rank.
 
-    Unfused attention keeps the s x s scores (softmax output, its dropout mask and output: Korthikanti's 5as/h).
-    Flash and fused attention never write them: they keep the output (counted with the projection) and a float32
-    log-sum-exp per head and token (4a/h). Context parallelism splits the sequence, and so every term, over its ranks.
+    Each term is a tensor megatron-core 0.16.1's TransformerLayer saves; tests/test_activation_memory.py counts them
+    on the CPU (`on_cpu=True`: the driver's local layer spec, no fused kernels) and finds this within 2%. Without
+    `on_cpu` it is a GPU running Megatron-LM's defaults with Transformer Engine, which changes these terms:
+    - dropout masks: CUDA's fused dropout keeps a bool mask (1 byte, Korthikanti's count); the CPU keeps its scaled
+      noise in the activations' dtype.
+    - norms: Transformer Engine's LayerNorm/RMSNorm keep the input and fp32 statistics per token (two, or one); on
+      the CPU torch's LayerNorm keeps its statistics in the activations' dtype, and its RMSNorm, a composite there,
+      two fp32 copies of the input and an fp32 statistic.
+    - attention core: flash and fused attention (`flash_attention`: kernels.attention_backend flash, fused, or auto
+      on Ampere and later) never write the s x s scores; they keep their output and an fp32 log-sum-exp per head and
+      token (4a/h). Unfused on a GPU is Megatron's fused masked softmax (Megatron-LM's default
+      --masked-softmax-fusion): its 16-bit output, dropout mask (1) and dropout output: Korthikanti's 5as/h. Elsewhere
+      (the CPU, fp32) torch's softmax runs in fp32 (attention_softmax_in_fp32) behind an s x s causal mask built per
+      layer. megatron-core's unfused DotProductAttention repeats grouped K and V to every head before saving them;
+      fused attention and the selective checkpoint keep them grouped.
+    - SwiGLU: Megatron-LM's default --bias-swiglu-fusion (megatron/core/fusions/fused_bias_swiglu.py) keeps only the
+      2f-wide input; unfused (the CPU) also keeps the SiLU output and the linear half.
+    - rotary embeddings: unfused (the CPU) a cos and a sin of s x d for Q and for K per layer; Megatron-LM's default
+      --apply-rope-fusion keeps only the frequencies every layer shares.
+    - FP8 (GPU only): Transformer Engine keeps 1-byte FP8 copies of the QKV, projection, MLP-in and MLP-out GEMM
+      inputs for the weight-gradient GEMM instead of the 16-bit ones (transformer_engine/pytorch/module/linear.py,
+      `_Linear.forward`: the quantized `inputmat` is what `ctx.save_for_backward` keeps, its row-wise data discarded
+      "since it is not needed in backward pass"; layernorm_linear.py likewise keeps the quantized `ln_out`). Fused
+      attention's output stays 16-bit beside the projection's FP8 copy.
+    Sequence parallelism splits the norms, dropout and GEMM inputs outside the tensor-parallel regions over t as well
+    (Korthikanti Table 2); context parallelism splits the sequence, and so every term, over its ranks.
     """
     s, b, h, a, t = shape.seq_length / context, micro_batch, shape.hidden, shape.heads, tensor
-    replicated = 10 if shape.hidden_dropout else 8
-    sharded = 8 + (6 if shape.swiglu else 4) * shape.ffn_size / h  # 24 for the 4h GELU MLP
-    scores = 4 * a / h if flash_attention else (5 if shape.attention_dropout else 2) * a * shape.seq_length / h
+    e = 4 if precision == "fp32" else 2  # bytes of one activation (fp8 runs its non-GEMM work in bf16)
+    split = t if sequence_parallel else 1
     if recompute == "full":
-        value = 2 * s * b * h / (t if sequence_parallel else 1)
-    elif recompute == "selective":
-        value = s * b * h * ((replicated + sharded) / t if sequence_parallel else replicated + sharded / t)
-    elif sequence_parallel:
-        value = s * b * h * (replicated + sharded + scores) / t
+        return s * b * h * e / split  # the checkpoint keeps the layer's input
+    fp8 = precision == "fp8" and not on_cpu
+    gemm_input = 1 if fp8 else e
+    mask = (e if on_cpu else 1) if shape.hidden_dropout else 0
+    f, r = shape.ffn_size / h, shape.groups / a
+    rope = shape.positions == "rope"
+    core = recompute != "selective"  # selective recomputation keeps only the core attention's inputs
+    unfused = core and not flash_attention
+
+    # Per token and hidden unit, outside the tensor-parallel regions: each norm's input (and statistics), the QKV and
+    # MLP-in GEMM inputs it feeds, the dropout masks after attention and MLP.
+    if on_cpu:
+        norm = 8 + 4 / h if shape.norm == "RMSNorm" else e + 2 * e / h
     else:
-        value = s * b * h * (replicated + sharded / t + scores / t)
-    return value * (2 if precision == "fp32" else 1)
+        norm = e + (4 if shape.norm == "RMSNorm" else 8) / h
+    outside = 2 * (norm + gemm_input + mask)
+
+    # Inside them, split over t: Q, K and V as the core attention keeps them (a view of the QKV output keeps all of
+    # it; rotary embeddings make new Q and K), the projection input, the MLP.
+    repeat = unfused and shape.groups < a
+    q = 1 if rope else 0
+    k = 1 if repeat else r if rope else 0
+    v = 1 if repeat else 0
+    qkv_output = 0 if rope and repeat else 1 + 2 * r
+    projection = gemm_input + (e if fp8 and flash_attention and core else 0)
+    if shape.swiglu:
+        mlp = f * (2 * e + (2 * e if on_cpu else 0) + gemm_input)
+    else:
+        mlp = f * (e + gemm_input)  # the activation's input and the MLP-out GEMM's
+    inside = e * (q + k + v + qkv_output) + projection + mlp
+
+    # The core attention's own tensors, per score (a s x s per sequence) or per head and token, split over t.
+    scores, per_layer = 0.0, 0.0
+    if core and flash_attention:
+        scores = 4 * a / h  # the log-sum-exp
+    elif unfused:
+        dropout = shape.attention_dropout > 0
+        if not on_cpu and e == 2:  # Megatron's fused masked-softmax kernel
+            per_score = e + (1 + e if dropout else 0)
+        else:  # torch's softmax in fp32, then the dropout's noise and output, or the 16-bit probabilities
+            per_score = 4 + ((e if on_cpu else 1) + e if dropout else (e if e != 4 else 0))
+            per_layer += s * shape.seq_length  # the bool causal mask
+        scores = per_score * a * shape.seq_length / h
+    if rope and on_cpu:
+        per_layer += 4 * s * (h / a) * e
+    return s * b * h * (outside / split + (inside + scores) / t) + per_layer
 
 
 def in_flight_micro_batches(stage: int, pipeline: int, num_micro_batches: int, virtual_stages: int = 1) -> float:

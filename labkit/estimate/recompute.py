@@ -4,9 +4,11 @@
 (`stored_activations`; labkit.diagrams draws it): `uniform` checkpoints the input of every group of `num_layers` layers
 and recomputes them all; `block` checkpoints only the first `num_layers` layers of each pipeline stage and keeps the
 rest whole; `selective` keeps everything but the attention core (its softmax, dropout and score matrices), which is
-cheap to recompute and large to keep. Here each layer is sized by what it keeps (Korthikanti et al., Table 2, as in
-labkit.estimate.memory), for one micro-batch on the first pipeline stage: the activations held when the backward
-pass begins, which is what a profiler sees the forward pass leave behind.
+cheap to recompute and large to keep. Here each layer is sized by what it keeps (labkit.estimate.memory's
+activation_bytes_per_layer: what megatron-core's layers save, with the kernels the spec's devices run: the CPU
+driver's, or a GPU's flash attention where the spec's attention backend picks it), for one micro-batch on the first
+pipeline stage: the activations held when the backward pass begins, which is what a profiler sees the forward pass
+leave behind.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from typing import Mapping
 
 import pandas as pd
 
+from labkit import catalog
+from labkit.estimate.estimator import flash_attention
 from labkit.estimate.flops import attention_core_forward_flops, layer_forward_flops, model_flops
 from labkit.estimate.memory import GIB, activation_bytes_per_layer, memory_per_stage
 from labkit.estimate.params import Shape
@@ -76,8 +80,11 @@ def recompute_cost(spec: RunSpec) -> RecomputeCost:
     partition = spec.layer_partition
     kept = stored_activations(partition[0], r.granularity if r else None, r.method if r else None,
                               r.num_layers if r else 1)
+    gpus = [node.gpu for node in spec.cluster.nodes]
+    kernels = {"flash_attention": flash_attention(spec.kernels.attention_backend, gpus),
+               "on_cpu": all(catalog.gpu(gpu).is_cpu for gpu in gpus), "context": par.context}
     per_kind = {kind: activation_bytes_per_layer(shape, b.micro, par.tensor, par.sequence_parallel, setting,
-                                                 spec.precision) for kind, setting in _KEPT_AS.items()}
+                                                 spec.precision, **kernels) for kind, setting in _KEPT_AS.items()}
     layers_bytes = sum(per_kind.get(k, 0.0) for k in kept)  # "inner" layers keep nothing
     # Embedding output (first stage) and logits (when it is also the last): memory_per_stage of a stage with no layers.
     outside = memory_per_stage(shape, [0] * len(partition), tensor=par.tensor, micro_batch=b.micro,
