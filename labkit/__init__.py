@@ -3,6 +3,8 @@
 Data flows one way, and each module imports only from the rows above it (tests/test_architecture.py holds this):
 
     paths          where files are: package data, course files, runs, the user's directory
+    megatron/      Megatron's own rules, below everything else: flags (every Megatron-LM flag labkit writes or reads;
+                   the driver's parser is built from it) and sizes (derived sizes, pipeline splits and layouts)
     net            a free TCP port for rendezvous
     catalog        GPUs, model presets, clusters and the calibration, read from labkit/data/
     spec/          the run spec: schema (dataclasses), load (presets under the user's values), checks (every rule,
@@ -27,7 +29,8 @@ try:
     __version__ = _version("labkit")
 except _NotInstalled:  # a source checkout on PYTHONPATH, as benchmarks/gpu_check.sh runs it on a machine without PyPI
     import tomllib as _toml
-    from pathlib import Path as _Path
 
-    __version__ = _toml.loads((_Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]["version"]
+    from labkit.paths import source_tree as _source_tree
+
+    __version__ = _toml.loads((_source_tree() / "pyproject.toml").read_text())["project"]["version"]
 __all__ = ["RunSpec", "SpecError", "load_spec", "__version__"]

@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from labkit.train.arguments import DEFAULT_MERGES, DEFAULT_VOCAB
+from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB, FLAG as F
 
 BATCH = 256
 
@@ -21,14 +21,14 @@ def register(sub) -> None:
     p = data_sub.add_parser("prepare", help="tokenise INPUT.jsonl into PREFIX_text_document.bin/.idx")
     p.add_argument("input", help="JSON lines, one document per line, text under --json-key")
     p.add_argument("--output-prefix", required=True, help="where to write (PREFIX_<key>_document.bin/.idx)")
-    p.add_argument("--tokenizer-type", choices=["GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer"],
-                   default="GPT2BPETokenizer",
+    p.add_argument(F.tokenizer_type.name, default="GPT2BPETokenizer",
+                   choices=["GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer"],
                    help="Megatron-LM's tokenizer name (default: GPT2BPETokenizer with --vocab-file/--merge-file)")
-    p.add_argument("--tokenizer-model", default=None,
+    p.add_argument(F.tokenizer_model.name, default=None,
                    help="HuggingFaceTokenizer: a tokenizer.json (labkit's Llama-style one: "
                         "labkit/data/tokenizer/llama/tokenizer.json); SentencePieceTokenizer: a .model file")
-    p.add_argument("--vocab-file", default=str(DEFAULT_VOCAB), help="GPT-2 style vocab.json (default: labkit's)")
-    p.add_argument("--merge-file", default=str(DEFAULT_MERGES), help="GPT-2 style merges.txt (default: labkit's)")
+    p.add_argument(F.vocab_file.name, default=str(DEFAULT_VOCAB), help="GPT-2 style vocab.json (default: labkit's)")
+    p.add_argument(F.merge_file.name, default=str(DEFAULT_MERGES), help="GPT-2 style merges.txt (default: labkit's)")
     p.add_argument("--json-key", default="text", help="the field holding each document's text (default: text)")
     p.add_argument("--append-eod", action=argparse.BooleanOptionalAction, default=True,
                    help="end every document with the tokenizer's end-of-document token (default: on)")

@@ -5,7 +5,7 @@ import os
 
 from labkit.megatron import sizes
 from labkit.spec import RunSpec
-from labkit.train.arguments import DEFAULT_MERGES, DEFAULT_VOCAB
+from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB, FLAG as F
 
 
 def pipeline_layout(partition: list[int]) -> str:
@@ -31,14 +31,14 @@ def tokenizer_args(spec: RunSpec) -> list:
     """--tokenizer-type and the files it reads: GPT-2 BPE's vocab/merges, or one --tokenizer-model file."""
     tokenizer, data = spec.data.tokenizer, spec.data
     kind = tokenizer.type if tokenizer else "GPT2BPETokenizer"
-    args = ["--tokenizer-type", kind]
+    args = [F.tokenizer_type, kind]
     if kind == "GPT2BPETokenizer":
-        args += ["--vocab-file", _as_read_here(data.vocab_file or DEFAULT_VOCAB),
-                 "--merge-file", _as_read_here(data.merge_file or DEFAULT_MERGES)]
+        args += [F.vocab_file, _as_read_here(data.vocab_file or DEFAULT_VOCAB),
+                 F.merge_file, _as_read_here(data.merge_file or DEFAULT_MERGES)]
     elif kind == "NullTokenizer":
-        args += ["--vocab-size", spec.model.vocab_size]
+        args += [F.vocab_size, spec.model.vocab_size]
     else:
-        args += ["--tokenizer-model", _as_read_here(tokenizer.model)]
+        args += [F.tokenizer_model, _as_read_here(tokenizer.model)]
     return args
 
 
@@ -52,9 +52,9 @@ def _as_read_here(path) -> str:
 def kernel_args(spec: RunSpec) -> list:
     """The attention backend (when not auto, Megatron-LM's default) and the communication overlaps."""
     k = spec.kernels
-    args: list = [] if k.attention_backend == "auto" else ["--attention-backend", k.attention_backend]
-    for flag, on in (("--overlap-grad-reduce", k.overlap_grad_reduce),
-                     ("--overlap-param-gather", k.overlap_param_gather), ("--tp-comm-overlap", k.tp_comm_overlap)):
+    args: list = [] if k.attention_backend == "auto" else [F.attention_backend, k.attention_backend]
+    for flag, on in ((F.overlap_grad_reduce, k.overlap_grad_reduce),
+                     (F.overlap_param_gather, k.overlap_param_gather), (F.tp_comm_overlap, k.tp_comm_overlap)):
         if on:
             args.append(flag)
     return args
@@ -70,109 +70,109 @@ def megatron_args(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLi
     """
     m, par, b, opt, tr, data = spec.model, spec.parallel, spec.batch, spec.optimizer, spec.train, spec.data
     args = [
-        "--num-layers", m.num_layers,
-        "--hidden-size", m.hidden_size,
-        "--num-attention-heads", m.num_attention_heads,
+        F.num_layers, m.num_layers,
+        F.hidden_size, m.hidden_size,
+        F.num_attention_heads, m.num_attention_heads,
     ]
     if m.num_query_groups and m.num_query_groups != m.num_attention_heads:
-        args += ["--group-query-attention", "--num-query-groups", m.num_query_groups]
+        args += [F.group_query_attention, F.num_query_groups, m.num_query_groups]
     if m.ffn_hidden_size:
-        args += ["--ffn-hidden-size", m.ffn_hidden_size]
-    args += ["--seq-length", m.seq_length, "--max-position-embeddings", m.seq_length]
+        args += [F.ffn_hidden_size, m.ffn_hidden_size]
+    args += [F.seq_length, m.seq_length, F.max_position_embeddings, m.seq_length]
     if m.swiglu:
-        args += ["--swiglu"]
+        args += [F.swiglu]
     if m.untie_embeddings:
-        args += ["--untie-embeddings-and-output-weights"]
+        args += [F.untie_embeddings_and_output_weights]
     # Megatron-LM's defaults (LayerNorm, learned positions, biases, padding to 128) go unwritten.
-    if m.normalization != "LayerNorm":
-        args += ["--normalization", m.normalization]
-    if m.position_embedding_type != "learned_absolute":
-        args += ["--position-embedding-type", m.position_embedding_type]
+    if m.normalization != F.normalization.default:
+        args += [F.normalization, m.normalization]
+    if m.position_embedding_type != F.position_embedding_type.default:
+        args += [F.position_embedding_type, m.position_embedding_type]
     if m.position_embedding_type == "rope":
-        args += ["--rotary-base", m.rotary_base]
+        args += [F.rotary_base, m.rotary_base]
     if not m.add_bias_linear:
-        args += ["--disable-bias-linear"]
-    if m.make_vocab_size_divisible_by != 128:
-        args += ["--make-vocab-size-divisible-by", m.make_vocab_size_divisible_by]
-    for flag, value in (("--hidden-dropout", m.hidden_dropout), ("--attention-dropout", m.attention_dropout)):
-        if value != 0.1:  # Megatron-LM's default; Llama-style presets train without dropout
+        args += [F.disable_bias_linear]
+    if m.make_vocab_size_divisible_by != F.make_vocab_size_divisible_by.default:
+        args += [F.make_vocab_size_divisible_by, m.make_vocab_size_divisible_by]
+    for flag, value in ((F.hidden_dropout, m.hidden_dropout), (F.attention_dropout, m.attention_dropout)):
+        if value != flag.default:  # Llama-style presets train without dropout
             args += [flag, value]
 
-    args += ["--tensor-model-parallel-size", par.tensor, "--pipeline-model-parallel-size", par.pipeline]
+    args += [F.tensor_model_parallel_size, par.tensor, F.pipeline_model_parallel_size, par.pipeline]
     if par.account_for_embedding_in_pipeline_split:
-        args += ["--account-for-embedding-in-pipeline-split"]
+        args += [F.account_for_embedding_in_pipeline_split]
     if par.account_for_loss_in_pipeline_split:
-        args += ["--account-for-loss-in-pipeline-split"]
+        args += [F.account_for_loss_in_pipeline_split]
     if par.pipeline_layout is not None:  # it sets the virtual stages itself: Megatron-LM refuses both flags
-        args += ["--pipeline-model-parallel-layout", par.pipeline_layout]
+        args += [F.pipeline_model_parallel_layout, par.pipeline_layout]
     elif par.virtual_stages > 1:
         counted = sizes.split_layers(m.num_layers, par.account_for_embedding_in_pipeline_split,
                                      par.account_for_loss_in_pipeline_split)
-        args += ["--num-layers-per-virtual-pipeline-stage",
+        args += [F.num_layers_per_virtual_pipeline_stage,
                  sizes.layers_per_virtual_stage(counted, par.pipeline, par.virtual_stages)]
     if par.partition:
-        args += ["--pipeline-model-parallel-layout", pipeline_layout(par.partition)]
+        args += [F.pipeline_model_parallel_layout, pipeline_layout(par.partition)]
     if par.context > 1:
-        args += ["--context-parallel-size", par.context]
+        args += [F.context_parallel_size, par.context]
     if par.sequence_parallel:
-        args += ["--sequence-parallel"]
+        args += [F.sequence_parallel]
     args += kernel_args(spec)
 
-    args += ["--micro-batch-size", b.micro, "--global-batch-size", b.global_]
+    args += [F.micro_batch_size, b.micro, F.global_batch_size, b.global_]
 
     if spec.precision == "fp16":
-        args += ["--fp16"]
+        args += [F.fp16]
         if opt.loss_scale is not None:
-            args += ["--loss-scale", opt.loss_scale]
+            args += [F.loss_scale, opt.loss_scale]
         else:
-            args += ["--initial-loss-scale", opt.initial_loss_scale]
+            args += [F.initial_loss_scale, opt.initial_loss_scale]
     elif spec.precision == "bf16":
-        args += ["--bf16"]
+        args += [F.bf16]
     elif spec.precision == "fp8":
-        args += ["--bf16", "--fp8-format", "hybrid"]  # e4m3 forward, e5m2 gradients, bf16 outside the GEMMs
+        args += [F.bf16, F.fp8_format, "hybrid"]  # e4m3 forward, e5m2 gradients, bf16 outside the GEMMs
 
     r = spec.recompute
     if r is not None and legacy and r.granularity == "full":
-        args += ["--checkpoint-activations", "--activations-checkpoint-method", r.method,
-                 "--activations-checkpoint-num-layers", r.num_layers]
+        args += [F.checkpoint_activations, F.activations_checkpoint_method, r.method,
+                 F.activations_checkpoint_num_layers, r.num_layers]
     elif r is not None and r.granularity == "full":
-        args += ["--recompute-granularity", "full", "--recompute-method", r.method, "--recompute-num-layers", r.num_layers]
+        args += [F.recompute_granularity, "full", F.recompute_method, r.method, F.recompute_num_layers, r.num_layers]
     elif r is not None:
-        args += ["--recompute-granularity", "selective"]
+        args += [F.recompute_granularity, "selective"]
 
-    args += ["--optimizer", opt.name, "--lr", opt.lr, "--min-lr", opt.min_lr, "--lr-decay-style", opt.lr_decay_style,
-             "--lr-warmup-fraction", opt.lr_warmup_fraction, "--weight-decay", opt.weight_decay,
-             "--clip-grad", opt.clip_grad]
+    args += [F.optimizer, opt.name, F.lr, opt.lr, F.min_lr, opt.min_lr, F.lr_decay_style, opt.lr_decay_style,
+             F.lr_warmup_fraction, opt.lr_warmup_fraction, F.weight_decay, opt.weight_decay,
+             F.clip_grad, opt.clip_grad]
     if opt.name == "adam":
-        args += ["--adam-beta1", opt.adam_beta1, "--adam-beta2", opt.adam_beta2]
+        args += [F.adam_beta1, opt.adam_beta1, F.adam_beta2, opt.adam_beta2]
     if opt.distributed:
-        args += ["--use-distributed-optimizer"]
+        args += [F.use_distributed_optimizer]
     if opt.grad_reduce_in_bf16:
-        args += ["--grad-reduce-in-bf16"]
+        args += [F.grad_reduce_in_bf16]
 
-    args += ["--train-iters", tr.iters, "--log-interval", tr.log_interval, "--seed", tr.seed]
+    args += [F.train_iters, tr.iters, F.log_interval, tr.log_interval, F.seed, tr.seed]
     if tr.timing_log_level:
-        args += ["--timing-log-level", tr.timing_log_level]
+        args += [F.timing_log_level, tr.timing_log_level]
     if tr.eval_interval:
-        args += ["--eval-interval", tr.eval_interval, "--eval-iters", tr.eval_iters]
+        args += [F.eval_interval, tr.eval_interval, F.eval_iters, tr.eval_iters]
     else:
-        args += ["--eval-iters", 0]
+        args += [F.eval_iters, 0]
     save = save_dir if save_dir is not None else tr.save
     if save:
-        args += ["--save", save]
+        args += [F.save, save]
         if tr.save_interval:
-            args += ["--save-interval", tr.save_interval]
+            args += [F.save_interval, tr.save_interval]
     load = tr.load or (save if spec.job.requeue else None)
     if load:
-        args += ["--load", load]
+        args += [F.load, load]
     if spec.job.requeue:
         # SIGTERM (Slurm's requeue or time limit) -> save a checkpoint and stop; the next attempt loads it.
-        args += ["--exit-signal-handler"]
+        args += [F.exit_signal_handler]
 
     if data.path and not data.mock:
-        args += ["--data-path", _as_read_here(data.path), "--split", data.split] + tokenizer_args(spec)
+        args += [F.data_path, _as_read_here(data.path), F.split, data.split] + tokenizer_args(spec)
     else:
-        args += ["--mock-data", "--vocab-size", m.vocab_size]
-    args += ["--log-throughput"]
+        args += [F.mock_data, F.vocab_size, m.vocab_size]
+    args += [F.log_throughput]
     args += list(spec.job.extra_args)
     return [str(a) for a in args]

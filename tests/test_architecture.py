@@ -163,3 +163,25 @@ def test_the_home_check_sees_a_second_copy(tmp_path):
 ])
 def test_the_home_check_sees_a_copy_of_a_megatron_size(concept, copy):
     assert HOMES[concept][1].search(copy)
+
+
+def megatron_flag_literals(source: str) -> list[str]:
+    """String constants in Python source that are exactly a Megatron-LM flag labkit writes or reads."""
+    from labkit.megatron.flags import FLAGS
+
+    names = {flag.name for flag in FLAGS}
+    return sorted({node.value for node in ast.walk(ast.parse(source))
+                   if isinstance(node, ast.Constant) and node.value in names})
+
+
+def test_megatron_flags_are_spelled_only_in_their_table():
+    """labkit.megatron.flags is the one place a Megatron flag is written as a string; the rest name it as
+    FLAG.<name> (messages that mention a flag are not flags)."""
+    spelled = {str(p.relative_to(PACKAGE.parent)): megatron_flag_literals(p.read_text())
+               for p in PACKAGE.rglob("*.py") if p != PACKAGE / "megatron" / "flags.py"}
+    assert {path: flags for path, flags in spelled.items() if flags} == {}
+
+
+def test_the_flag_check_sees_a_spelled_flag():
+    assert megatron_flag_literals('args += ["--num-layers", 2]\nraise ValueError("--num-layers: bad")') == [
+        "--num-layers"]

@@ -8,7 +8,7 @@ import yaml
 
 from labkit.megatron_args import megatron_args, pipeline_layout
 from labkit.spec import load_spec
-from labkit.train.arguments import flag_errors
+from labkit.megatron.flags import flag_errors
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "megatron_args"
@@ -34,6 +34,9 @@ CASES = {
     "llama3.1-405b-layout": (ROOT / "examples" / "llama3.1-405b-interleaved.yaml",
                              {"parallel": {"tensor": 8, "pipeline": 16, "virtual_stages": 8, "sequence_parallel": True,
                                            "pipeline_layout": "E|(t|)*126,L"}}, False),
+    "bf16-grad-reduce-distributed": (ROOT / "examples" / "tiny-cpu.yaml",
+                                     {"precision": "bf16", "cluster": "workshop-a100x2",
+                                      "optimizer": {"distributed": True, "grad_reduce_in_bf16": True}}, False),
     "tiny-llama-hf-tokenizer": (ROOT / "examples" / "tiny-cpu.yaml",
                                 {"model": {"preset": "tiny-llama"},
                                  "data": {"path": "/data/corpus-llama_text_document", "mock": False, "tokenizer":

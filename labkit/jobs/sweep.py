@@ -22,13 +22,14 @@ from typing import Mapping
 from labkit.jobs.job import Job
 from labkit.jobs.state import State
 from labkit.jobs.watcher import WATCHER
+from labkit.megatron.flags import FLAG as F
 from labkit.spec import RunSpec
 
 # Relative to the run directory, which is the job's working directory on both backends.
 PROFILE_DIR = "tensorboard"
 # Megatron's dropout flags at zero: runs that must give the same loss (one big micro-batch vs accumulated small ones)
 # draw no random masks, whose layout depends on the micro-batch size.
-NO_DROPOUT = ("--hidden-dropout", "0", "--attention-dropout", "0")
+NO_DROPOUT = (F.hidden_dropout.name, "0", F.attention_dropout.name, "0")
 
 
 def with_flags(spec: RunSpec, *flags) -> RunSpec:
@@ -49,9 +50,9 @@ def profiled(spec: RunSpec, first: int, last: int | None = None, ranks: tuple[in
                          f"(the spec's world size is {spec.world_size})")
     # The driver's (and Megatron's) profile steps are 0-based: step k is iteration k + 1.
     spec = spec.replace(**{"train.timing_log_level": 2})  # the timers TensorBoard receives are level-2 timers
-    return with_flags(spec, "--profile", "--profile-step-start", first - 1, "--profile-step-end", last,
-                      "--profile-ranks", *ranks, "--tensorboard-dir", PROFILE_DIR, "--log-timers-to-tensorboard",
-                      "--log-memory-to-tensorboard")
+    return with_flags(spec, F.profile, F.profile_step_start, first - 1, F.profile_step_end, last,
+                      F.profile_ranks, *ranks, F.tensorboard_dir, PROFILE_DIR, F.log_timers_to_tensorboard,
+                      F.log_memory_to_tensorboard)
 
 
 def share_cores(specs: Mapping[str, RunSpec], cores: int | None = None) -> dict[str, RunSpec]:
@@ -118,7 +119,7 @@ class Sweep:
 
         if name not in self.jobs:
             raise KeyError(f"{name!r} is not one of the runs ({', '.join(self.jobs)})")
-        if "--profile" not in self.jobs[name].spec.job.extra_args:
+        if F.profile.name not in self.jobs[name].spec.job.extra_args:
             raise ValueError(f"run {name!r} was not profiled: submit labkit.jobs.sweep.profiled(spec, ...)")
         return load_traces(self.run_dirs[name])
 

@@ -93,9 +93,10 @@ def profile_model(model: str | RunSpec, tensor: int = 1, micro_batch: int | tupl
     data = max(1, host_processes // tensor) if on_cpu else 1
     world = tensor * data
     spec = profiling_spec(model, tensor, sizes[0], precision, data)
+    from labkit.megatron.flags import FLAG as F
     from labkit.megatron_args import megatron_args
 
-    argv = megatron_args(spec) + ["--distributed-backend", "gloo" if on_cpu else "nccl"]
+    argv = megatron_args(spec) + [F.distributed_backend.name, "gloo" if on_cpu else "nccl"]
     port = free_port()
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()

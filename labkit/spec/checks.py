@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 from labkit import catalog
 from labkit.megatron import sizes
-from labkit.train.arguments import (ATTENTION_BACKENDS, NORMALIZATIONS, POSITION_EMBEDDING_TYPES, TOKENIZER_TYPES,
-                                    flag_errors)
+from labkit.megatron.flags import (ATTENTION_BACKENDS, NORMALIZATIONS, POSITION_EMBEDDING_TYPES, TOKENIZER_TYPES,
+                                   flag_errors)
 
 if TYPE_CHECKING:
     from labkit.spec.schema import RunSpec

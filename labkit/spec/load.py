@@ -18,7 +18,7 @@ import yaml
 from labkit import catalog
 from labkit.spec import yaml12
 from labkit.spec.checks import SpecError, quote
-from labkit.train.arguments import DEFAULT_MERGES, DEFAULT_VOCAB
+from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB
 from labkit.train.tokenizer import tokenizer_vocab_size
 
 DEFAULT_PRESET = "tiny"

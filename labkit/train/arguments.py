@@ -1,227 +1,19 @@
-"""The driver's command line: Megatron-LM's flag names for everything labkit's driver supports, nothing else.
+"""The driver's command line: the flags are labkit.megatron.flags' table (Megatron-LM's names, nothing else); this
+module checks their combinations and derives what Megatron derives (data-parallel size, padded sizes, warm-up steps)
+so the arguments block prints like theirs.
 
 An unknown flag is an error naming it (exit 2). A flag that exists but cannot work in this environment (for example
---sequence-parallel without Transformer Engine) is an error naming the flag and the reason. `parse_args` also derives
-what Megatron derives (data-parallel size, padded sizes, warm-up steps) so the arguments block prints like theirs.
-
-`labkit validate` checks job.extra_args against this parser (`flag_errors`), so this module imports nothing heavier
-than the standard library and labkit.paths: validating a spec must not load torch.
+--sequence-parallel without Transformer Engine) is an error naming the flag and the reason. This module imports nothing
+heavier than the standard library and labkit.megatron until `parse_args` runs.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 from labkit.megatron import sizes
-from labkit.paths import data_file
-
-DEFAULT_VOCAB = data_file("tokenizer", "vocab.json")
-DEFAULT_MERGES = data_file("tokenizer", "merges.txt")
-
-
-NORMALIZATIONS = ("LayerNorm", "RMSNorm")
-"""--normalization values (Megatron-LM's names); the spec's model.normalization takes the same."""
-POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "none")
-"""--position-embedding-type values the driver builds (Megatron-LM also has mrope and relative)."""
-TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer", "NullTokenizer")
-"""--tokenizer-type values the driver reads (Megatron-LM's names)."""
-
-
-class ArgumentError(Exception):
-    """A flag that cannot be honoured; the message starts with the flag."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        if not self.exit_on_error:
-            raise ArgumentError(message)
-        self.print_usage(sys.stderr)
-        hint = " (labkit's driver does not support it; `python -m labkit.train --help` lists the flags it takes)" \
-            if "unrecognized arguments" in message else ""
-        self.exit(2, f"{self.prog}: error: {message}{hint}\n")
-
-
-ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
-"""Megatron-LM's --attention-backend choices."""
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m labkit.train", allow_abbrev=False,
-                usage="%(prog)s [Megatron-LM flags; --help lists them]",
-                description="Train a GPT with megatron-core (CPU/gloo or GPU/NCCL), logging like Megatron-LM.")
-    g = p.add_argument_group("model")
-    g.add_argument("--num-layers", type=int, required=True)
-    g.add_argument("--hidden-size", type=int, required=True)
-    g.add_argument("--num-attention-heads", type=int, required=True)
-    g.add_argument("--group-query-attention", action="store_true")
-    g.add_argument("--num-query-groups", type=int, default=None)
-    g.add_argument("--ffn-hidden-size", type=int, default=None, help="default 4 x hidden (8/3 x hidden with --swiglu)")
-    g.add_argument("--seq-length", type=int, required=True)
-    g.add_argument("--max-position-embeddings", type=int, default=None, help="default --seq-length")
-    g.add_argument("--vocab-size", type=int, default=None, help="with --mock-data: the vocabulary to draw from")
-    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
-    g.add_argument("--swiglu", action="store_true")
-    g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
-    g.add_argument("--normalization", choices=NORMALIZATIONS, default="LayerNorm")
-    g.add_argument("--norm-epsilon", type=float, default=1e-5)
-    g.add_argument("--position-embedding-type", choices=POSITION_EMBEDDING_TYPES, default="learned_absolute")
-    g.add_argument("--rotary-base", type=int, default=10000, help="with --position-embedding-type rope")
-    g.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear",
-                   help="no biases in the linear layers (Llama)")
-    g.add_argument("--hidden-dropout", type=float, default=0.1)
-    g.add_argument("--attention-dropout", type=float, default=0.1)
-    g.add_argument("--init-method-std", type=float, default=0.02)
-    g.add_argument("--transformer-impl", choices=["local", "transformer_engine"], default=None,
-                   help="default: transformer_engine when it is importable and a GPU is present, else local")
-
-    g = p.add_argument_group("parallelism")
-    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
-    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
-                   help="interleaved 1F1B schedule")
-    g.add_argument("--pipeline-model-parallel-layout", default=None,
-                   help='per-stage layout, e.g. "E|t*11|t*8|t*5|L" (uneven stages, zero-layer first/last stages)')
-    g.add_argument("--account-for-embedding-in-pipeline-split", action="store_true",
-                   help="count the embedding as a layer in the split: the first chunk holds a transformer layer fewer")
-    g.add_argument("--account-for-loss-in-pipeline-split", action="store_true",
-                   help="count the loss as a layer in the split: the last chunk holds a transformer layer fewer")
-    g.add_argument("--context-parallel-size", type=int, default=1,
-                   help="split the sequence over ranks, K/V exchanged in a ring (Transformer Engine on GPUs)")
-    g.add_argument("--sequence-parallel", action="store_true")
-    g.add_argument("--use-distributed-optimizer", action="store_true")
-    g.add_argument("--overlap-grad-reduce", action="store_true",
-                   help="reduce gradient buckets while the backward pass goes on (megatron-core's DDP)")
-    g.add_argument("--overlap-param-gather", action="store_true",
-                   help="all-gather parameter buckets during the next forward (needs --use-distributed-optimizer)")
-    g.add_argument("--tp-comm-overlap", action="store_true",
-                   help="overlap tensor-parallel communication with GEMMs (Transformer Engine userbuffers on GPUs)")
-    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
-                   help="auto picks what megatron-core would (flash or fused with Transformer Engine, else local)")
-    g.add_argument("--distributed-backend", choices=["nccl", "gloo"], default=None,
-                   help="default: nccl with GPUs, gloo without")
-    g.add_argument("--distributed-timeout-minutes", type=int, default=10,
-                   help="how long a collective may wait for the other ranks before the run fails (Megatron-LM's 10)")
-    g.add_argument("--no-overlap-p2p-communication", action="store_false", dest="overlap_p2p_comm",
-                   help="interleaved schedule: batch each step's pipeline sends and receives instead of overlapping "
-                        "them (needs --pipeline-model-parallel-size > 2)")
-
-    g = p.add_argument_group("fused kernels (Megatron-LM's names; each is on where this environment has its kernel)")
-    g.add_argument("--no-masked-softmax-fusion", action="store_false", dest="masked_softmax_fusion",
-                   help="scale-mask-softmax in one kernel (needs Apex's or Megatron's scaled_masked_softmax_cuda)")
-    g.add_argument("--no-bias-gelu-fusion", action="store_false", dest="bias_gelu_fusion",
-                   help="bias + GeLU in one kernel (torch.compile on a GPU; needs biases)")
-    g.add_argument("--no-bias-swiglu-fusion", action="store_false", dest="bias_swiglu_fusion",
-                   help="bias + SwiGLU in one kernel (torch.compile on a GPU)")
-    g.add_argument("--no-bias-dropout-fusion", action="store_false", dest="bias_dropout_fusion",
-                   help="bias + dropout + residual add in one kernel (torch.compile on a GPU)")
-    g.add_argument("--no-rope-fusion", action="store_false", dest="apply_rope_fusion",
-                   help="rotary embedding in one kernel (Transformer Engine)")
-    g.add_argument("--no-gradient-accumulation-fusion", action="store_false", dest="gradient_accumulation_fusion",
-                   help="weight gradients accumulated into the fp32 main gradient inside the GEMM (Transformer "
-                        "Engine, or Apex's fused_weight_gradient_mlp_cuda)")
-
-    g = p.add_argument_group("batch")
-    g.add_argument("--micro-batch-size", type=int, default=1)
-    g.add_argument("--global-batch-size", type=int, default=None, help="default micro x data-parallel")
-
-    g = p.add_argument_group("precision")
-    g.add_argument("--fp16", action="store_true")
-    g.add_argument("--bf16", action="store_true")
-    g.add_argument("--grad-reduce-in-bf16", action="store_true", help="with --bf16: bf16 gradient buffers (else fp32)")
-    g.add_argument("--fp8-format", choices=["hybrid", "e4m3"], default=None,
-                   help="FP8 GEMMs through Transformer Engine (with --bf16); needs FP8 tensor cores")
-    g.add_argument("--loss-scale", type=float, default=None, help="fixed fp16 loss scale (default: dynamic)")
-    g.add_argument("--initial-loss-scale", type=float, default=2 ** 32)
-    g.add_argument("--min-loss-scale", type=float, default=1.0)
-    g.add_argument("--loss-scale-window", type=int, default=1000)
-    g.add_argument("--hysteresis", type=int, default=2)
-
-    g = p.add_argument_group("activation recomputation")
-    g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
-    g.add_argument("--recompute-method", choices=["uniform", "block"], default=None)
-    g.add_argument("--recompute-num-layers", type=int, default=None)
-    g.add_argument("--recompute-activations", action="store_true", help="legacy spelling of selective recompute")
-    g.add_argument("--checkpoint-activations", action="store_true", help="legacy spelling of full recompute")
-    g.add_argument("--activations-checkpoint-method", choices=["uniform", "block"], default=None)
-    g.add_argument("--activations-checkpoint-num-layers", type=int, default=1)
-
-    g = p.add_argument_group("optimizer and learning rate")
-    g.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
-    g.add_argument("--lr", type=float, required=True)
-    g.add_argument("--min-lr", type=float, default=0.0)
-    g.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine"], default="linear")
-    g.add_argument("--lr-decay-iters", type=int, default=None, help="default --train-iters")
-    g.add_argument("--lr-warmup-fraction", type=float, default=None)
-    g.add_argument("--lr-warmup-iters", type=int, default=0)
-    g.add_argument("--weight-decay", type=float, default=0.01)
-    g.add_argument("--clip-grad", type=float, default=1.0)
-    g.add_argument("--adam-beta1", type=float, default=0.9)
-    g.add_argument("--adam-beta2", type=float, default=0.999)
-    g.add_argument("--adam-eps", type=float, default=1e-8)
-    g.add_argument("--sgd-momentum", type=float, default=0.9)
-
-    g = p.add_argument_group("schedule and checkpoints")
-    g.add_argument("--train-iters", type=int, required=True)
-    g.add_argument("--log-interval", type=int, default=100)
-    g.add_argument("--eval-interval", type=int, default=1000)
-    g.add_argument("--eval-iters", type=int, default=100)
-    g.add_argument("--save", default=None)
-    g.add_argument("--save-interval", type=int, default=None)
-    g.add_argument("--load", default=None)
-    g.add_argument("--ckpt-step", type=int, default=None, help="load this iteration instead of the latest")
-    g.add_argument("--exit-signal-handler", action="store_true",
-                   help="on --exit-signal, save a checkpoint (with --save) at the end of the iteration and exit")
-    g.add_argument("--exit-signal", choices=["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"], default="SIGTERM")
-    g.add_argument("--seed", type=int, default=1234)
-
-    g = p.add_argument_group("data")
-    g.add_argument("--data-path", nargs="+", default=None,
-                   help="PREFIX (from `labkit data prepare`) or WEIGHT PREFIX WEIGHT PREFIX ... for a blend")
-    g.add_argument("--split", default="969,30,1")
-    g.add_argument("--data-cache-path", default=None,
-                   help="where dataset indices are cached (default: next to the data)")
-    g.add_argument("--mock-data", action="store_true")
-    g.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, default=None,
-                   help="default GPT2BPETokenizer, or NullTokenizer for --mock-data with --vocab-size")
-    g.add_argument("--tokenizer-model", default=None,
-                   help="HuggingFaceTokenizer: a tokenizer.json; SentencePieceTokenizer: a .model file")
-    g.add_argument("--vocab-file", default=None, help=f"default {DEFAULT_VOCAB}")
-    g.add_argument("--merge-file", default=None, help=f"default {DEFAULT_MERGES}")
-
-    g = p.add_argument_group("logging and profiling")
-    g.add_argument("--log-throughput", action="store_true")
-    g.add_argument("--timing-log-level", type=int, choices=[0, 1, 2], default=0,
-                   help="0 (Megatron-LM's default): iteration time only; 1 adds the forward-backward and optimizer "
-                        "timers; 2 adds forward/backward compute, pipeline and all-reduce timers, at the price of "
-                        "device synchronisations and barriers in every iteration")
-    g.add_argument("--timing-log-option", choices=["minmax", "max", "all"], default="minmax")
-    g.add_argument("--tensorboard-dir", default=None)
-    g.add_argument("--tensorboard-log-interval", type=int, default=1)
-    g.add_argument("--log-timers-to-tensorboard", action="store_true")
-    g.add_argument("--log-memory-to-tensorboard", action="store_true")
-    g.add_argument("--log-validation-ppl-to-tensorboard", action="store_true")
-    g.add_argument("--profile", action="store_true", help="torch.profiler trace of the steps below")
-    g.add_argument("--use-pytorch-profiler", action="store_true", help="accepted: --profile always uses torch.profiler")
-    g.add_argument("--profile-step-start", type=int, default=10)
-    g.add_argument("--profile-step-end", type=int, default=12)
-    g.add_argument("--profile-ranks", type=int, nargs="+", default=[0])
-    return p
-
-
-def flag_errors(argv: list[str]) -> list[str]:
-    """What the driver's parser refuses in these flags (unknown flags, values outside a flag's choices or type),
-    without requiring the flags a whole command line needs; [] when it takes them all."""
-    parser = build_parser()
-    parser.exit_on_error = False
-    for action in parser._actions:
-        action.required = False
-    try:
-        parser.parse_args(argv)
-    except (ArgumentError, argparse.ArgumentError) as exc:
-        return [str(exc)]
-    return []
+from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB, ArgumentError, FLAG, build_parser
 
 
 def _te_importable() -> bool:
@@ -374,10 +166,10 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
                             "megatron-lm)")
     if cp > 1:
         raise ArgumentError("--context-parallel-size: labkit's driver does not split sequences over context-parallel "
-                            "ranks (the batch slicing and loss reduction are Megatron-LM's); use 1, or run Megatron-LM's "
-                            "pretrain_gpt.py (job.entrypoint: megatron-lm)")
-    gpu_only = {"--fp8-format": args.fp8_format is not None,
-                "--attention-backend": args.attention_backend in ("flash", "fused")}
+                            "ranks (the batch slicing and loss reduction are Megatron-LM's); use 1, or run "
+                            "Megatron-LM's pretrain_gpt.py (job.entrypoint: megatron-lm)")
+    gpu_only = {FLAG.fp8_format.name: args.fp8_format is not None,
+                FLAG.attention_backend.name: args.attention_backend in ("flash", "fused")}
     for flag, given in gpu_only.items():
         if given and args.transformer_impl != "transformer_engine":
             raise ArgumentError(f"{flag}: needs Transformer Engine on a GPU, which this run does not have "
@@ -424,7 +216,7 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
     if args.tokenizer_type == "GPT2BPETokenizer":
         args.vocab_file = args.vocab_file or str(DEFAULT_VOCAB)
         args.merge_file = args.merge_file or str(DEFAULT_MERGES)
-        for flag, path in (("--vocab-file", args.vocab_file), ("--merge-file", args.merge_file)):
+        for flag, path in ((FLAG.vocab_file.name, args.vocab_file), (FLAG.merge_file.name, args.merge_file)):
             if not Path(path).is_file():
                 raise ArgumentError(f"{flag}: no such file {path}")
     elif args.tokenizer_type in ("HuggingFaceTokenizer", "SentencePieceTokenizer"):

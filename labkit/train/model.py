@@ -14,6 +14,7 @@ from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.module import Float16Module
 
 from labkit.megatron import sizes
+from labkit.megatron.flags import FLAG
 
 
 def transformer_config(args, timers=None) -> TransformerConfig:
@@ -75,13 +76,14 @@ def fusions(args, cuda: bool) -> dict[str, tuple[bool, str]]:
 
     te = args.transformer_impl == "transformer_engine"
     compiled = (cuda and has("triton"), "needs a GPU with Triton (torch.compile)")
-    activation_flag = args.bias_swiglu_fusion if args.swiglu else args.bias_gelu_fusion
+    activation = (args.bias_swiglu_fusion, FLAG.no_bias_swiglu_fusion) if args.swiglu \
+        else (args.bias_gelu_fusion, FLAG.no_bias_gelu_fusion)
     wanted = {
-        "bias_activation_fusion": (activation_flag, "--no-bias-swiglu-fusion" if args.swiglu else "--no-bias-gelu-fusion"),
-        "bias_dropout_fusion": (args.bias_dropout_fusion, "--no-bias-dropout-fusion"),
-        "masked_softmax_fusion": (args.masked_softmax_fusion, "--no-masked-softmax-fusion"),
-        "apply_rope_fusion": (args.apply_rope_fusion, "--no-rope-fusion"),
-        "gradient_accumulation_fusion": (args.gradient_accumulation_fusion, "--no-gradient-accumulation-fusion"),
+        "bias_activation_fusion": activation,
+        "bias_dropout_fusion": (args.bias_dropout_fusion, FLAG.no_bias_dropout_fusion),
+        "masked_softmax_fusion": (args.masked_softmax_fusion, FLAG.no_masked_softmax_fusion),
+        "apply_rope_fusion": (args.apply_rope_fusion, FLAG.no_rope_fusion),
+        "gradient_accumulation_fusion": (args.gradient_accumulation_fusion, FLAG.no_gradient_accumulation_fusion),
     }
     available = {
         "bias_activation_fusion": (compiled[0] and (args.swiglu or args.add_bias_linear),
@@ -92,8 +94,8 @@ def fusions(args, cuda: bool) -> dict[str, tuple[bool, str]]:
         "apply_rope_fusion": (te and args.position_embedding_type == "rope",
                               "needs Transformer Engine" if args.position_embedding_type == "rope"
                               else "no rotary positions"),
-        "gradient_accumulation_fusion": (cuda and (te or has("fused_weight_gradient_mlp_cuda")),
-                                         "needs a GPU with Transformer Engine or Apex's fused_weight_gradient_mlp_cuda"),
+        "gradient_accumulation_fusion": (cuda and (te or has("fused_weight_gradient_mlp_cuda")), "needs a GPU with "
+                                         "Transformer Engine or Apex's fused_weight_gradient_mlp_cuda"),
     }
     out = {}
     for name, (asked, flag) in wanted.items():

@@ -7,6 +7,8 @@ import json
 import os
 from pathlib import Path
 
+from labkit.megatron.flags import FLAG
+
 EOD_TOKEN = "<|endoftext|>"
 
 
@@ -19,7 +21,7 @@ class GPT2BPETokenizer:
     def __init__(self, vocab_file: str | Path, merge_file: str | Path):
         from tokenizers import ByteLevelBPETokenizer
 
-        for flag, path in (("--vocab-file", vocab_file), ("--merge-file", merge_file)):
+        for flag, path in ((FLAG.vocab_file.name, vocab_file), (FLAG.merge_file.name, merge_file)):
             if not Path(path).is_file():
                 raise FileNotFoundError(f"{flag}: no such file {path}")
         self._bpe = ByteLevelBPETokenizer.from_file(str(vocab_file), str(merge_file))

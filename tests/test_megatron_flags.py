@@ -1,0 +1,69 @@
+"""labkit.megatron.flags: one table of the Megatron-LM flags labkit writes and reads, checked against Megatron-LM's
+flag list and megatron-core's own defaults; the driver's parser is that table and nothing else."""
+import pytest
+from megatron.core.optimizer import OptimizerConfig
+from megatron.core.transformer import TransformerConfig
+
+from labkit import catalog
+from labkit.megatron.flags import FLAG, FLAGS, build_parser, flag_errors
+from labkit.megatron_args import megatron_args
+from labkit.spec import load_spec
+
+
+def test_every_flag_is_one_of_megatron_lms_or_a_named_legacy_spelling():
+    known = catalog.megatron_lm_flags()  # core_v0.16.1's add_megatron_arguments
+    assert [f.name for f in FLAGS if f.name not in known] == [f.name for f in FLAGS if f.legacy]
+    assert [f.name for f in FLAGS if f.legacy] == ["--activations-checkpoint-method",
+                                                   "--activations-checkpoint-num-layers"]
+
+
+def test_the_table_has_each_flag_once_and_names_it_by_its_snake_case():
+    assert len({f.name for f in FLAGS}) == len(FLAGS)
+    assert str(FLAG.num_layers) == "--num-layers"
+    assert FLAG.disable_bias_linear.dest == "add_bias_linear"  # a switch that turns a default off
+
+
+def test_the_drivers_parser_is_the_table():
+    parser = build_parser()
+    options = [a.option_strings[0] for a in parser._actions if a.option_strings and a.dest != "help"]
+    assert options == [f.name for f in FLAGS]
+    defaults = parser.parse_args(["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "2",
+                                  "--seq-length", "8", "--lr", "1", "--train-iters", "1"])
+    for flag in FLAGS:
+        if flag.action is None and not flag.required:
+            assert getattr(defaults, flag.dest or flag.key) == flag.default, flag.name
+    assert defaults.add_bias_linear is True and defaults.overlap_p2p_comm is True  # store_false switches
+
+
+# Flag -> (megatron-core config class, field): the defaults Megatron-LM's parser shares with megatron-core's configs.
+SAME_DEFAULT = {
+    "hidden_dropout": (TransformerConfig, "hidden_dropout"),
+    "attention_dropout": (TransformerConfig, "attention_dropout"),
+    "init_method_std": (TransformerConfig, "init_method_std"),
+    "norm_epsilon": (TransformerConfig, "layernorm_epsilon"),
+    "weight_decay": (OptimizerConfig, "weight_decay"),
+    "adam_beta1": (OptimizerConfig, "adam_beta1"),
+    "adam_beta2": (OptimizerConfig, "adam_beta2"),
+    "adam_eps": (OptimizerConfig, "adam_eps"),
+    "sgd_momentum": (OptimizerConfig, "sgd_momentum"),
+    "clip_grad": (OptimizerConfig, "clip_grad"),
+    "initial_loss_scale": (OptimizerConfig, "initial_loss_scale"),
+    "min_loss_scale": (OptimizerConfig, "min_loss_scale"),
+    "loss_scale_window": (OptimizerConfig, "loss_scale_window"),
+    "hysteresis": (OptimizerConfig, "hysteresis"),
+}
+
+
+@pytest.mark.parametrize("key", SAME_DEFAULT)
+def test_defaults_agree_with_megatron_core(key):
+    config, field = SAME_DEFAULT[key]
+    assert getattr(FLAG, key).default == config.__dataclass_fields__[field].default
+
+
+def test_every_flag_a_spec_renders_is_in_the_table():
+    spec = load_spec({"model": {"preset": "tiny-llama"}, "precision": "bf16", "optimizer": {"distributed": True},
+                      "recompute": {"granularity": "selective"}, "train": {"timing_log_level": 1}})
+    rendered = [a for a in megatron_args(spec) if a.startswith("--")]
+    assert set(rendered) <= {f.name for f in FLAGS}
+    assert flag_errors(megatron_args(spec)) == []
+    assert flag_errors(["--no-such-flag"]) and flag_errors(["--timing-log-level", "3"])
