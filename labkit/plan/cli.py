@@ -106,7 +106,8 @@ def _unmet(plan, args) -> str | None:
         def overshoot(row):
             return max(m / catalog.gpu(g).memory_limit_gb for m, g in zip(row.memory_gb_per_stage, row.spec.stage_gpus))
         closest = min(plan.rows, key=overshoot)
-        return f"memory: no layout fits; closest: {layout_name(closest)}, needs {overshoot(closest):.0%} of its GPUs' memory"
+        return (f"memory: no layout fits; closest: {layout_name(closest)}, needs {overshoot(closest):.0%} of its GPUs' "
+                "memory")
     if best.within_budget:
         return None
     broken = []
