@@ -1,5 +1,6 @@
 """Recompute modes predicted layer by layer: sizes worked out by hand for the tiny model (s = 64, b = 2, h = 64,
-a = 4, fp32) from what megatron-core's layers save on the CPU (tests/test_activation_memory.py measures them)."""
+a = 4, fp32) from what megatron-core's layers save on a GPU (labkit.estimate.memory; tests/test_activation_memory.py
+measures them on the CPU)."""
 import pandas as pd
 import pytest
 
@@ -10,11 +11,12 @@ from labkit.spec import load_spec
 
 MIB = 2 ** 20
 SBH = 64 * 2 * 64
-# per token and hidden unit: two norm inputs (4 + 2 x 4/h statistics), QKV and MLP-in inputs and dropout noise (4
-# each), twice; Q, K, V (12), the projection input (4), the GELU and MLP-out inputs (16 each); the fp32 softmax output,
-# its dropout noise and output (12 each per score, a s / h = 4 of them); and a 64 x 64 causal mask per layer
-SELECTIVE = SBH * (2 * (4 + 8 / 64 + 4 + 4) + 12 + 4 + 32)  # everything but the attention core
-ALL = SELECTIVE + SBH * 12 * 4 * 64 / 64 + 64 * 64   # a layer that keeps everything
+# per token and hidden unit: two norm inputs (4 + 2 x 4/h fp32 statistics), QKV and MLP-in inputs (4) and bool dropout
+# masks (1), twice; Q, K, V (12), the projection input (4), the GELU and MLP-out inputs (16 each); in fp32 no fused
+# softmax: torch's fp32 softmax output, its dropout mask and output (4 + 1 + 4 per score, a s / h = 4 of them) and a
+# 64 x 64 causal mask per layer
+SELECTIVE = SBH * (2 * (4 + 8 / 64 + 4 + 1) + 12 + 4 + 32)  # everything but the attention core
+ALL = SELECTIVE + SBH * 9 * 4 * 64 / 64 + 64 * 64   # a layer that keeps everything
 INPUT = 2 * SBH * 2                              # only its input, the checkpoint
 OUTSIDE = (8 * 64 * 2 + SBH) * 2 + 4 * SBH * (1 + 1024 / 64)  # embedding output, fp32 logits
 MODES = {"none": None, "selective": {"granularity": "selective", "method": None},

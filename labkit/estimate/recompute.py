@@ -5,10 +5,9 @@
 and recomputes them all; `block` checkpoints only the first `num_layers` layers of each pipeline stage and keeps the
 rest whole; `selective` keeps everything but the attention core (its softmax, dropout and score matrices), which is
 cheap to recompute and large to keep. Here each layer is sized by what it keeps (labkit.estimate.memory's
-activation_bytes_per_layer: what megatron-core's layers save, with the kernels the spec's devices run: the CPU
-driver's, or a GPU's flash attention where the spec's attention backend picks it), for one micro-batch on the first
-pipeline stage: the activations held when the backward pass begins, which is what a profiler sees the forward pass
-leave behind.
+activation_bytes_per_layer: what megatron-core's layers save with Megatron-LM's GPU kernels, flash attention where the
+spec's attention backend picks it on its devices), for one micro-batch on the first pipeline stage: the activations
+held when the backward pass begins, which is what a profiler sees the forward pass leave behind.
 """
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from typing import Mapping
 
 import pandas as pd
 
-from labkit import catalog
 from labkit.estimate.estimator import flash_attention
 from labkit.estimate.flops import attention_core_forward_flops, layer_forward_flops, model_flops
 from labkit.estimate.memory import GIB, activation_bytes_per_layer, memory_per_stage
@@ -80,9 +78,9 @@ def recompute_cost(spec: RunSpec) -> RecomputeCost:
     partition = spec.layer_partition
     kept = stored_activations(partition[0], r.granularity if r else None, r.method if r else None,
                               r.num_layers if r else 1)
-    gpus = [node.gpu for node in spec.cluster.nodes]
-    kernels = {"flash_attention": flash_attention(spec.kernels.attention_backend, gpus),
-               "on_cpu": all(catalog.gpu(gpu).is_cpu for gpu in gpus), "context": par.context}
+    kernels = {"flash_attention": flash_attention(spec.kernels.attention_backend,
+                                                  [node.gpu for node in spec.cluster.nodes]),
+               "context": par.context}
     per_kind = {kind: activation_bytes_per_layer(shape, b.micro, par.tensor, par.sequence_parallel, setting,
                                                  spec.precision, **kernels) for kind, setting in _KEPT_AS.items()}
     layers_bytes = sum(per_kind.get(k, 0.0) for k in kept)  # "inner" layers keep nothing
