@@ -45,7 +45,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("profiled")
     started = {
         "dp2": _start(root / "dp2", 2, "--train-iters", "4", "--profile-ranks", "0", "1",
-                      "--log-timers-to-tensorboard", "--log-memory-to-tensorboard"),
+                      "--log-timers-to-tensorboard", "--log-memory-to-tensorboard", "--timing-log-level", "2"),
         "tp2": _start(root / "tp2", 2, "--train-iters", "3", "--profile-ranks", "0",
                       "--tensor-model-parallel-size", "2"),
         "pp2": _start(root / "pp2", 2, "--train-iters", "3", "--profile-ranks", "0",
