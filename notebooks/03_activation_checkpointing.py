@@ -118,7 +118,7 @@ comparison_table(sweep.logs, baseline="none")[["recompute", "max_allocated_mb", 
 
 # %% [markdown]
 # On a GPU this line is the CUDA allocator's peak, and it drops with recomputation (the NVIDIA DLI workshop saw it
-# fall from about 10 GB to 3 GB). On a CPU it is the process's resident memory, hundreds of MB of PyTorch itself, and
+# fall from about 12 GB to 3 GB). On a CPU it is the process's resident memory, hundreds of MB of PyTorch itself, and
 # a tiny model's activations are lost in it. The profiler counts every allocation instead: the memory curve over the profiled
 # iteration rises through the forward pass and falls through the backward pass, and recomputation flattens it.
 

@@ -19,7 +19,7 @@
 #
 # **Objectives.** By the end of this lab you can
 # - search every tensor/pipeline/data split, micro-batch, node order and uneven layer partition of a GPT on a mixed
-#   A100 + A10 cluster (the problem [FASOP](https://github.com/AvatarHwang/FASOP) solves, Hwang et al., ICPP 2023)
+#   A100 + A10 cluster (the problem [FASOP](https://github.com/AvatarHwang/FASOP) solves, Hwang et al., HPDC '24)
 #   and read the ranked table;
 # - trade time against money over cluster compositions on a Pareto chart;
 # - draw the chosen layout's pipeline schedule;

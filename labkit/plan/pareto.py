@@ -1,6 +1,6 @@
 """The cost/time Pareto front over cluster compositions: 0..N nodes of each of two GPU types.
 
-FASOP's Pareto chart (Hwang et al., ICPP 2023, github.com/AvatarHwang/FASOP) asks the same question.
+FASOP's Pareto chart (Hwang et al., HPDC '24, github.com/AvatarHwang/FASOP) asks the same question.
 
 Each composition is a cluster of catalog instances (GPUs per node, links and price per node-hour from labkit/data/gpus.yaml);
 its fastest fitting layout comes from the planner's search, asked for one row and with each GPU type's nodes kept
