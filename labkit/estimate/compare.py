@@ -47,7 +47,8 @@ def compare(specs: Mapping[str, RunSpec], gpu: str | None = None) -> pd.DataFram
             "iteration_ms": est.iteration_time_s * 1e3,
             "samples_per_s": spec.batch.global_ / est.iteration_time_s,
             "bytes_per_param": sum(bytes_per_param(spec.precision, spec.data_parallel, spec.optimizer.distributed,
-                                                   optimizer=spec.optimizer.name)),
+                                                   optimizer=spec.optimizer.name, context=spec.parallel.context,
+                                                   grad_reduce_in_bf16=spec.optimizer.grad_reduce_in_bf16)),
             **{f"{part}_mib": fullest[part] * GIB / MIB
                for part in ("weights", "gradients", "optimizer", "activations", "total")},
             "fits_in_memory": est.fits_in_memory,

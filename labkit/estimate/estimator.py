@@ -199,7 +199,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
 
     # After the last backward: gradient all-reduce per stage, tied-embedding all-reduce, optimizer step.
     per_stage_params = stage_params(shape, partition, t)
-    grad_bytes = grad_reduce_bytes or GRAD_REDUCE_BYTES.get(precision, 4)
+    # --grad-reduce-in-bf16 reduces bf16 gradients, where Megatron-LM's bf16 default reduces fp32 ones
+    grad_bytes = grad_reduce_bytes or (2 if spec.optimizer.grad_reduce_in_bf16 else GRAD_REDUCE_BYTES.get(precision, 4))
     dp_exposed, dp_total = [], []
     for i, params in enumerate(per_stage_params):
         reduce_s = allreduce_time(params * grad_bytes, d, topo.dp_gbps(i), latency)
@@ -221,7 +222,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         # the tied copy's gradient is reduced as the model keeps it, outside the data-parallel gradient buffers
         embedding_bytes = shape.padded_vocab(t) * shape.hidden / t * GRAD_REDUCE_BYTES.get(precision, 4)
         embedding_comm = allreduce_time(embedding_bytes, 2, topo.pair_gbps(0, p - 1), latency)
-    shards = d if spec.optimizer.distributed else 1
+    shards = d * c if spec.optimizer.distributed else 1  # megatron-core shards over data x context ranks
     optimizer = max(optimizer_step_time(params / shards, catalog.gpu(gpus[i]).memory_bw_gb_s, precision)
                     for i, params in enumerate(per_stage_params))
 
@@ -262,7 +263,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                            recompute_layers=spec.recompute.num_layers if spec.recompute else 1,
                            sequence_parallel=par.sequence_parallel, virtual_stages=v,
                            distributed_optimizer=spec.optimizer.distributed, optimizer=spec.optimizer.name,
-                           flash_attention=flash, context=c)
+                           flash_attention=flash, context=c, chunks=chunks,
+                           grad_reduce_in_bf16=spec.optimizer.grad_reduce_in_bf16, overlap_grad_reduce=overlap_dp)
     limits = [catalog.gpu(g).memory_limit_gb for g in gpus]
     fits = all(s.total <= (1 - MEMORY_MARGIN) * lim for s, lim in zip(mem, limits))
 

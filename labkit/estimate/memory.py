@@ -5,6 +5,10 @@ Model state, bytes per parameter (Megatron-LM README "Distributed Optimizer", co
     fp32          4 weight + 4 grad + 8 (m, v)                              = 16, distributed optimizer 8 + 8/d
     bf16 mixed    2 weight + 4 fp32 grad + 12 (fp32 master, m, v)          = 18, distributed optimizer 6 + 12/d
     fp16 mixed    2 weight + 2 grad + 16 (fp32 master, fp32 grad, m, v)    = 20, distributed optimizer 4 + 16/d
+bf16 with --grad-reduce-in-bf16 keeps bf16 gradients and counts as fp16 does. megatron-core 0.16 shards the
+distributed optimizer over data x context ranks (d above is their product) and pads DDP's buffers: `model_state_bytes`
+counts the bytes exactly as it allocates them (tests/test_memory_vs_megatron_core.py checks it against the real
+objects).
 ZeRO (Rajbhandari et al., arXiv 1910.02054) counts mixed-precision Adam as 2 + 2 + 12 = 16: stage 1 -> 4 + 12/d,
 stage 2 -> 2 + 14/d, stage 3 -> 16/d. SGD keeps one momentum instead of Adam's two moments (4 bytes fewer).
 
@@ -25,7 +29,11 @@ dropout mask (s b h, with dropout), the last stage the fp32 logits, 4 s b h (1 +
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+import numpy as np
 
 from labkit.estimate.params import Shape, stage_params
 
@@ -59,8 +67,11 @@ class StageMemory:
 
 
 def bytes_per_param(precision: str, data_parallel: int = 1, distributed_optimizer: bool = False, zero_stage: int = 0,
-                    optimizer: str = "adam") -> tuple[float, float, float]:
-    """(weight, gradient, optimizer) bytes per parameter on one GPU.
+                    optimizer: str = "adam", grad_reduce_in_bf16: bool = False,
+                    context: int = 1) -> tuple[float, float, float]:
+    """(weight, gradient, optimizer) bytes per parameter on one GPU, the table's idea without megatron-core's padding
+    (`model_state_bytes` has it). The distributed optimizer shards over data x context ranks; `grad_reduce_in_bf16`
+    (Megatron-LM's --grad-reduce-in-bf16) keeps bf16 gradients, and the step fp32 copies of them, as fp16 does.
 
     Taught in lab 02.
     """
@@ -75,9 +86,180 @@ def bytes_per_param(precision: str, data_parallel: int = 1, distributed_optimize
             opt -= 4
         return (weight / d if zero_stage == 3 else weight, grad / d if zero_stage >= 2 else grad, opt / d)
     weight, grad, opt = _MODEL_STATE[precision]
+    if grad_reduce_in_bf16 and precision in ("bf16", "fp8"):
+        grad, opt = 2, opt + 4
     if optimizer == "sgd":
         opt -= 4
-    return weight, grad, opt / d if distributed_optimizer else opt
+    return weight, grad, opt / (d * max(1, context)) if distributed_optimizer else opt
+
+
+# --- Model state as megatron-core 0.16.1 allocates it -----------------------------------------------------------------
+# The table above is the idea; the bytes a rank holds differ in three ways, each followed exactly below:
+# - DDP (megatron/core/distributed/param_and_grad_buffer.py, _ParamAndGradBuffer) keeps every gradient of a model
+#   chunk in one contiguous buffer, fp32 when grad_reduce_in_fp32 (Megatron-LM: bf16 unless --grad-reduce-in-bf16;
+#   fp16 keeps 16-bit gradients unless --accumulate-allreduce-grads-in-fp32), else in the parameters' dtype. With the
+#   distributed optimizer the 16-bit parameters move into a buffer of the same layout, each parameter starts at a
+#   multiple of 64 elements and each bucket is padded to a multiple of lcm(data x context ranks, 128).
+# - The distributed optimizer (megatron/core/optimizer/distrib_optimizer.py) gives each rank of the data x context
+#   group (get_data_parallel_group(with_context_parallel=True, partial_data_parallel=True), optimizer/__init__.py)
+#   one equal slice of every bucket, and keeps fp32 main parameters and Adam's moments for the parameter elements
+#   inside it: the padding costs weights and gradients, never optimizer state, so slices differ by a few elements.
+# - A 16-bit gradient buffer makes the optimizer step allocate fp32 copies of the gradients it updates
+#   (`main_param.grad = model_grad.float()`, optimizer.py and distrib_optimizer.py); they are held from the step to
+#   the next iteration's zero_grad, and are counted with the optimizer state as Megatron-LM's README counts them.
+# Not counted: the scalar Adam step counters and fp16 loss-scaler scalars (a few bytes per tensor).
+PARAM_ALIGNMENT = 64
+"""With the distributed optimizer each parameter starts at a multiple of 64 elements (128 bytes of 16-bit values)."""
+BUCKET_ALIGNMENT = 128
+"""... and each bucket ends at a multiple of lcm(data x context ranks, 128) elements, so it splits evenly."""
+DEFAULT_BUCKET_ELEMENTS = 40_000_000
+"""DDP's bucket size with --overlap-grad-reduce: max(40M, 1M x data-parallel ranks) elements
+(distributed_data_parallel.py); without overlap each chunk's buffer is one bucket."""
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """Bytes of model state one GPU holds, as megatron-core allocates them."""
+    weights: int
+    """The parameters: with the distributed optimizer DDP's padded parameter buffer, else the parameters themselves."""
+    gradients: int
+    """DDP's gradient buffers (`grad_data`), padded like the parameter buffer."""
+    optimizer: int
+    """For the parameter elements this rank updates: fp32 main parameters (16-bit training), Adam's exp_avg and
+    exp_avg_sq (SGD's momentum), and fp32 copies of 16-bit gradients."""
+
+
+def chunk_parameters(shape: Shape, layers: int, tensor: int = 1, pre_process: bool = True, post_process: bool = True,
+                     pipeline: int = 1) -> list[tuple[int, bool]]:
+    """(elements, shared embedding) of each parameter of one model chunk on one tensor rank, in the order
+    megatron-core's GPTModel with the local layer spec registers them: word and position embeddings (first chunk),
+    per layer the input norm, attention projection, QKV, MLP norm, MLP in and out (weights before biases), then the
+    final norm and output layer (last chunk). With tied embeddings over several stages the word embedding and its
+    copy in the output layer are flagged `shared_embedding` (LanguageModule.setup_embeddings_and_output_layer): DDP
+    buckets them alone. Transformer Engine's layers fuse each norm into the next linear layer: the same tensors,
+    registered in another order, which moves where a few alignment gaps fall but not the buffer's size."""
+    h, t = shape.hidden, tensor
+    kv_channels = h // shape.heads
+    qkv = kv_channels * (shape.heads + 2 * shape.groups) // t
+    mlp_in = (2 if shape.swiglu else 1) * shape.ffn_size // t
+    norm = [h] if shape.norm == "RMSNorm" else [h, h]
+    vocab = shape.padded_vocab(t) // t
+    shared = shape.tied and pipeline > 1
+    sizes = []
+    if pre_process:
+        sizes.append((vocab * h, shared and not post_process))
+        if shape.positions == "learned_absolute":
+            sizes.append((shape.seq_length * h, False))
+    bias = (lambda n: [n]) if shape.bias else (lambda n: [])
+    layer = [*norm, h * h // t, *bias(h), qkv * h, *bias(qkv), *norm, mlp_in * h, *bias(mlp_in),
+             h * shape.ffn_size // t, *bias(h)]
+    sizes += [(n, False) for n in layer] * layers
+    if post_process:
+        sizes += [(n, False) for n in norm]
+        if not shape.tied or not pre_process:
+            sizes.append((vocab * h, shared))
+    return sizes
+
+
+@lru_cache(maxsize=4096)
+def _grad_buffer(shape: Shape, layers: int, tensor: int, pre_process: bool, post_process: bool, pipeline: int,
+                 shards: int, distributed: bool, bucket_size: int | None) -> tuple[int, np.ndarray, np.ndarray]:
+    """One model chunk's _ParamAndGradBuffer: (its elements, padding included; the [start, end) of each parameter;
+    the [start, end) of each bucket). Parameters are laid out last to first, roughly in backward order."""
+    divisor = math.lcm(shards, BUCKET_ALIGNMENT)
+    spans, buckets = [], []
+    start = bucket_start = end = 0
+
+    def close(at: int) -> int:
+        nonlocal bucket_start
+        if distributed:
+            at = -(-at // divisor) * divisor
+        buckets.append((bucket_start, at))
+        bucket_start = at
+        return at
+
+    for numel, shared in reversed(chunk_parameters(shape, layers, tensor, pre_process, post_process, pipeline)):
+        if distributed:
+            start = -(-start // PARAM_ALIGNMENT) * PARAM_ALIGNMENT
+        alone = shared and distributed  # so both stages shard the embedding alike before its all-reduce
+        if alone and spans and spans[-1][1] > bucket_start:
+            start = close(start)
+        end = start + numel
+        spans.append((start, end))
+        start = close(end) if alone or (bucket_size is not None and end - bucket_start >= bucket_size) else end
+    if spans and spans[-1][1] > bucket_start:
+        close(end)
+    numel = buckets[-1][1] if buckets else 0
+    return numel, np.array(spans, dtype=np.int64).reshape(-1, 2), np.array(buckets, dtype=np.int64).reshape(-1, 2)
+
+
+def _elements_below(spans: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Parameter elements (not padding) in [0, x) of a buffer whose parameters occupy `spans`, for each x."""
+    if not len(spans):
+        return np.zeros_like(x)
+    starts, sizes = spans[:, 0], spans[:, 1] - spans[:, 0]
+    before = np.concatenate([[0], np.cumsum(sizes)])  # elements of the parameters before each one
+    i = np.searchsorted(starts, x, side="left")  # parameters starting below x; the last may end beyond it
+    j = np.maximum(i - 1, 0)
+    return np.where(i > 0, before[j] + np.minimum(x - starts[j], sizes[j]), 0)
+
+
+def grad_buffer_elements(shape: Shape, layers: int, *, tensor: int = 1, pre_process: bool = True,
+                         post_process: bool = True, pipeline: int = 1, shards: int = 1, distributed: bool = False,
+                         bucket_size: int | None = None) -> tuple[int, np.ndarray]:
+    """One model chunk's DDP buffer: (its elements, padding included; the parameter elements each of the `shards`
+    ranks of the data x context group updates). Without the distributed optimizer every rank updates them all."""
+    numel, spans, buckets = _grad_buffer(shape, layers, tensor, pre_process, post_process, pipeline, shards,
+                                         distributed, bucket_size)
+    total = int((spans[:, 1] - spans[:, 0]).sum())
+    if not distributed:
+        return numel, np.full(shards, total, dtype=np.int64)
+    owned = np.zeros(shards, dtype=np.int64)
+    for lo, hi in buckets:  # rank r updates [lo + r S, lo + (r + 1) S) of each bucket, S = (hi - lo) / shards
+        edges = lo + (hi - lo) // shards * np.arange(shards + 1)
+        below = _elements_below(spans, edges)
+        owned += below[1:] - below[:-1]
+    return numel, owned
+
+
+def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeline: int = 1, tensor: int = 1,
+                      data_parallel: int = 1, context: int = 1, precision: str = "bf16",
+                      distributed_optimizer: bool = False, grad_reduce_in_bf16: bool = False, optimizer: str = "adam",
+                      overlap_grad_reduce: bool = False, rank: int | None = None) -> ModelState:
+    """Weights, gradients and optimizer state in bytes on one GPU of pipeline stage `stage`, exactly as megatron-core
+    0.16.1 allocates them (see the notes above). `chunks`: the transformer layers of each of the stage's model chunks
+    (one without interleaving). `rank`: the GPU's rank in the data x context group; None: the one that updates the
+    most elements (slices differ by a few alignment gaps).
+
+    Taught in lab 02.
+    """
+    if precision not in _MODEL_STATE:
+        raise ValueError(f"precision: {precision!r} is not one of {', '.join(_MODEL_STATE)}")
+    if optimizer not in ("adam", "sgd"):
+        raise ValueError(f"optimizer: {optimizer!r} is not adam or sgd")
+    shards = data_parallel * context
+    param_bytes = 4 if precision == "fp32" else 2
+    # Megatron-LM's validate_args: bf16 (and FP8 inside bf16) reduces in fp32 unless --grad-reduce-in-bf16; fp16 and
+    # fp32 keep the parameters' dtype.
+    grad_bytes = 2 if precision == "fp16" or (precision in ("bf16", "fp8") and grad_reduce_in_bf16) else 4
+    per_element = {"adam": 8, "sgd": 4}[optimizer]
+    if param_bytes == 2:
+        per_element += 4 + (4 if grad_bytes == 2 else 0)  # fp32 main parameters, fp32 copies of 16-bit gradients
+    bucket_size = max(DEFAULT_BUCKET_ELEMENTS, 1_000_000 * data_parallel) if overlap_grad_reduce else None
+    weights = gradients = 0
+    owned = np.zeros(shards, dtype=np.int64)
+    for k, layers in enumerate(chunks):
+        first, last = stage == 0 and k == 0, stage == pipeline - 1 and k == len(chunks) - 1
+        # DDP buckets only the first chunk of the first stage (distributed_data_parallel.py; Megatron-LM's get_model
+        # disables bucketing for later chunks)
+        numel, mine = grad_buffer_elements(shape, layers, tensor=tensor, pre_process=first, post_process=last,
+                                           pipeline=pipeline, shards=shards, distributed=distributed_optimizer,
+                                           bucket_size=bucket_size if stage == 0 and k == 0 else None)
+        weights += numel * param_bytes  # without the distributed optimizer the buffer has no padding
+        gradients += numel * grad_bytes
+        owned += mine
+    updated = int(owned.max() if rank is None else owned[rank])
+    return ModelState(weights=weights, gradients=gradients, optimizer=updated * per_element)
 
 
 def activation_bytes_per_layer(shape: Shape, micro_batch: int, tensor: int = 1, sequence_parallel: bool = False,
@@ -176,10 +358,30 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
                      micro_batch: int = 1, num_micro_batches: int = 1, precision: str = "bf16",
                      recompute: str | None = None, recompute_layers: int = 1, sequence_parallel: bool = False,
                      virtual_stages: int = 1, distributed_optimizer: bool = False, zero_stage: int = 0,
-                     optimizer: str = "adam", flash_attention: bool = False, context: int = 1) -> list[StageMemory]:
-    """Peak memory of one GPU in each pipeline stage (GiB), without the CUDA context and allocator slack."""
+                     optimizer: str = "adam", flash_attention: bool = False, context: int = 1,
+                     grad_reduce_in_bf16: bool = False, overlap_grad_reduce: bool = False,
+                     chunks: list[list[int]] | None = None) -> list[StageMemory]:
+    """Peak memory of one GPU in each pipeline stage (GiB), without the CUDA context and allocator slack.
+
+    Weights, gradients and optimizer state are megatron-core's (`model_state_bytes`, on the data x context rank that
+    updates the most) unless `zero_stage` asks for DeepSpeed's ZeRO, counted from the bytes-per-parameter table.
+    `chunks`: the transformer layers of each stage's model chunks; by default each stage's layers split evenly over
+    `virtual_stages`.
+    """
     p = len(partition)
-    weight_b, grad_b, opt_b = bytes_per_param(precision, data_parallel, distributed_optimizer, zero_stage, optimizer)
+    chunks = chunks or [[n // virtual_stages + (k < n % virtual_stages) for k in range(virtual_stages)]
+                        for n in partition]
+
+    def model_state(i: int, params: float) -> tuple[float, float, float]:
+        if zero_stage:
+            return tuple(params * n for n in bytes_per_param(precision, data_parallel, zero_stage=zero_stage,
+                                                             optimizer=optimizer))
+        state = model_state_bytes(shape, chunks[i], stage=i, pipeline=p, tensor=tensor, data_parallel=data_parallel,
+                                  context=context, precision=precision, distributed_optimizer=distributed_optimizer,
+                                  grad_reduce_in_bf16=grad_reduce_in_bf16, optimizer=optimizer,
+                                  overlap_grad_reduce=overlap_grad_reduce)
+        return state.weights, state.gradients, state.optimizer
+
     act_scale = 2 if precision == "fp32" else 1
     s, b, h, t = shape.seq_length / context, micro_batch, shape.hidden, tensor
     kernels = {"flash_attention": flash_attention, "context": context}
@@ -197,6 +399,7 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
             acts += held * (8 * s * b + mask) * act_scale  # token ids/positions and the embedding dropout mask
         if i == p - 1:
             acts += 4 * s * b * h * (1 + shape.vocab / h) / t  # fp32 logits and their gradient
-        out.append(StageMemory(weights=params * weight_b / GIB, gradients=params * grad_b / GIB,
-                               optimizer=params * opt_b / GIB, activations=acts / GIB, in_flight=held))
+        weights, gradients, optimizer_state = model_state(i, params)
+        out.append(StageMemory(weights=weights / GIB, gradients=gradients / GIB, optimizer=optimizer_state / GIB,
+                               activations=acts / GIB, in_flight=held))
     return out
