@@ -204,6 +204,7 @@ def _elements_below(spans: np.ndarray, x: np.ndarray) -> np.ndarray:
     return np.where(i > 0, before[j] + np.minimum(x - starts[j], sizes[j]), 0)
 
 
+@lru_cache(maxsize=4096)  # the planner asks for the same chunks again and again
 def grad_buffer_elements(shape: Shape, layers: int, *, tensor: int = 1, pre_process: bool = True,
                          post_process: bool = True, pipeline: int = 1, shards: int = 1, distributed: bool = False,
                          bucket_size: int | None = None) -> tuple[int, np.ndarray]:
@@ -213,12 +214,14 @@ def grad_buffer_elements(shape: Shape, layers: int, *, tensor: int = 1, pre_proc
                                          distributed, bucket_size)
     total = int((spans[:, 1] - spans[:, 0]).sum())
     if not distributed:
-        return numel, np.full(shards, total, dtype=np.int64)
-    owned = np.zeros(shards, dtype=np.int64)
-    for lo, hi in buckets:  # rank r updates [lo + r S, lo + (r + 1) S) of each bucket, S = (hi - lo) / shards
-        edges = lo + (hi - lo) // shards * np.arange(shards + 1)
-        below = _elements_below(spans, edges)
-        owned += below[1:] - below[:-1]
+        owned = np.full(shards, total, dtype=np.int64)
+    else:
+        owned = np.zeros(shards, dtype=np.int64)
+        for lo, hi in buckets:  # rank r updates [lo + r S, lo + (r + 1) S) of each bucket, S = (hi - lo) / shards
+            edges = lo + (hi - lo) // shards * np.arange(shards + 1)
+            below = _elements_below(spans, edges)
+            owned += below[1:] - below[:-1]
+    owned.flags.writeable = False  # cached: shared by every caller
     return numel, owned
 
 
@@ -315,19 +318,21 @@ def activation_bytes_per_layer(shape: Shape, micro_batch: int, tensor: int = 1, 
         norm = e + (4 if shape.norm == "RMSNorm" else 8) / h
     outside = 2 * (norm + gemm_input + mask)
 
-    # Inside them, split over t: Q, K and V as the core attention keeps them (a view of the QKV output keeps all of
-    # it; rotary embeddings make new Q and K), the projection input, the MLP.
-    repeat = unfused and shape.groups < a
-    q = 1 if rope else 0
-    k = 1 if repeat else r if rope else 0
-    v = 1 if repeat else 0
-    qkv_output = 0 if rope and repeat else 1 + 2 * r
+    # Inside them, split over t: Q, K and V as the core attention keeps them, the projection input, the MLP. A view of
+    # the QKV GEMM's output keeps all of it (1 + 2g/a); rotary embeddings make new Q and K; a grouped Q is reshaped
+    # into a copy (get_query_key_value_tensors, when a rank holds several groups; the unfused core attention's own
+    # reshape, always), and the unfused core attention repeats grouped K and V to every head.
+    grouped = shape.groups < a
+    if unfused and grouped:
+        qkv = 3  # a copied Q, K and V repeated: nothing keeps the QKV output
+    else:
+        qkv = (1 if rope or (grouped and shape.groups > t) else 0) + (r if rope else 0) + 1 + 2 * r
     projection = gemm_input + (e if fp8 and flash_attention and core else 0)
     if shape.swiglu:
         mlp = f * (2 * e + (2 * e if on_cpu else 0) + gemm_input)
     else:
         mlp = f * (e + gemm_input)  # the activation's input and the MLP-out GEMM's
-    inside = e * (q + k + v + qkv_output) + projection + mlp
+    inside = e * qkv + projection + mlp
 
     # The core attention's own tensors, per score (a s x s per sequence) or per head and token, split over t.
     scores, per_layer = 0.0, 0.0
