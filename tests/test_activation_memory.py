@@ -214,7 +214,8 @@ def measure(cases: list[Case]) -> dict[str, int]:
 # without rotary and rotary without GQA. The benchmark measures the whole grid.
 SMALL_GRID = [case("gpt", 1, recompute=None, precision="bf16"), case("gpt", 2, True, "selective", "fp32"),
               case("gpt", 2, recompute="full"), case("llama", 1, recompute="selective"),
-              case("llama", 2, precision="fp32"), case("llama", 2, True), case("gpt-gqa", 2),
+              case("llama", 2, precision="fp32"), case("llama", 2, True), case("gpt-gqa", 1),
+              case("gpt-gqa", 1, recompute="selective"), case("gpt-gqa", 2, recompute="selective"),
               case("llama-mha", 1)]
 
 
