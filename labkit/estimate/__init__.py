@@ -28,7 +28,9 @@ Pieces to call in a hot loop without building a RunSpec (all times in seconds, l
 - `allreduce_time(nbytes, n, gbps, latency_s)`, `p2p_time(nbytes, gbps, latency_s)`: ring all-reduce and one
   pipeline send.
 - `memory_per_stage(shape, partition, tensor=, data_parallel=, micro_batch=, num_micro_batches=, precision=,
-  recompute=, sequence_parallel=, virtual_stages=, distributed_optimizer=, zero_stage=)` -> [StageMemory] in GiB.
+  recompute=, sequence_parallel=, virtual_stages=, distributed_optimizer=, zero_stage=, context=,
+  grad_reduce_in_bf16=, chunks=)` -> [StageMemory] in GiB; `model_state_bytes(shape, chunks, stage=, ...)` ->
+  ModelState(weights, gradients, optimizer): one GPU's bytes exactly as megatron-core allocates them.
 - `stage_params(shape, partition, tensor)`, `total_params(shape)` (vocabulary unpadded), `params_with_padding(shape,
   tensor)`, `rank_params(spec, tensor_rank, pipeline_rank)` (the count Megatron logs for that rank),
   `gpt_params(l, h, s, V)`.
@@ -41,7 +43,7 @@ from labkit.estimate.calibration import Calibration, Stack, default_calibration
 from labkit.estimate.estimator import MEMORY_MARGIN, Estimate, estimate
 from labkit.estimate.flops import (achieved_tflops, flops_72, flops_96, hardware_flops, megatron_logged_flops,
                                    model_flops, training_days, utilization)
-from labkit.estimate.memory import StageMemory, bytes_per_param, memory_per_stage
+from labkit.estimate.memory import ModelState, StageMemory, bytes_per_param, memory_per_stage, model_state_bytes
 from labkit.estimate.params import (Shape, gpt_params, layer_params, params_with_padding, rank_params, stage_params,
                                     total_params)
 from labkit.estimate.profiles import (MicroBatchTimes, Profile, ProfileError, available_profiles, find_profile,
@@ -55,7 +57,7 @@ __all__ = [
     "Shape", "gpt_params", "layer_params", "stage_params", "total_params", "params_with_padding", "rank_params",
     "model_flops", "hardware_flops", "megatron_logged_flops", "flops_96", "flops_72", "achieved_tflops",
     "utilization", "training_days",
-    "memory_per_stage", "bytes_per_param", "StageMemory",
+    "memory_per_stage", "bytes_per_param", "StageMemory", "model_state_bytes", "ModelState",
     "stage_time", "pipeline_time", "pipeline_lower_bound", "schedule_1f1b", "bubble_fraction", "allreduce_time",
     "p2p_time", "optimizer_step_time", "StageTime", "Pipeline", "PipelineTime", "Event",
     "Calibration", "Stack", "default_calibration",
