@@ -263,7 +263,9 @@ def _memory_caps(spec: RunSpec, shape: Shape, links: _Links, flash: bool) -> lis
               recompute=spec.recompute.granularity if spec.recompute else None,
               recompute_layers=spec.recompute.num_layers if spec.recompute else 1,
               virtual_stages=spec.parallel.virtual_stages, distributed_optimizer=spec.optimizer.distributed,
-              optimizer=spec.optimizer.name, flash_attention=flash)
+              optimizer=spec.optimizer.name, flash_attention=flash, context=spec.parallel.context,
+              grad_reduce_in_bf16=spec.optimizer.grad_reduce_in_bf16,
+              overlap_grad_reduce=spec.kernels.overlap_grad_reduce)
     zero, one, two = ([m.total for m in memory_per_stage(shape, [n] * p, **kw)] for n in (0, 1, 2))
     caps = []
     for i in range(p):
