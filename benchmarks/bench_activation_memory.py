@@ -4,7 +4,7 @@ CPU (counted with saved_tensors_hooks, tests/test_activation_memory.py) against 
 parallelism, recompute none/selective/full, bf16 and fp32. Then the terms a GPU changes, for NVIDIA's Llama-3-70B FP8
 layer (tensor 4, sequence parallel, seq 8192).
 
-    .venv/bin/python benchmarks/bench_activation_memory.py     # about 6 minutes on 2 cores
+    .venv/bin/python benchmarks/bench_activation_memory.py     # 3 to 8 minutes on 2 cores
 
 `rows()` returns the measured table for other benchmarks to print beside theirs.
 """
