@@ -42,6 +42,7 @@ def print_spec_errors(where, exc) -> int:
 
 def _validate(args) -> int:
     from labkit.spec import SpecError, load_spec, resolved_summary
+    from labkit.spec.checks import path_notes
 
     try:
         spec = load_spec(args.spec)
@@ -52,6 +53,8 @@ def _validate(args) -> int:
         print(json.dumps(resolved, indent=2))
     else:
         print(yaml.safe_dump(resolved, sort_keys=False), end="")
+    for line in path_notes(spec):  # on stderr: stdout stays the spec alone
+        print(line, file=sys.stderr)
     return 0
 
 

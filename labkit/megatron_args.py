@@ -1,11 +1,21 @@
-"""Run spec -> Megatron-LM command-line flags: the one place where labkit's names meet Megatron's."""
+"""Run spec -> Megatron-LM command-line flags: the one place where labkit's names meet Megatron's.
+
+It reads the spec's values only (no spec code runs), so the spec's checks can ask which flags a spec renders.
+"""
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from labkit.megatron import sizes
-from labkit.spec import RunSpec
-from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB, FLAG as F
+from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB, FLAG as F, Flag
+
+if TYPE_CHECKING:
+    from labkit.spec import RunSpec
+
+HF_TOKENIZER_FILE = "tokenizer.json"
+"""The file a HuggingFace tokenizer directory holds: what labkit's driver reads, and what Megatron-LM's
+AutoTokenizer.from_pretrained looks for in the directory it is given."""
 
 
 def pipeline_layout(partition: list[int]) -> str:
@@ -27,19 +37,53 @@ def pipeline_layout(partition: list[int]) -> str:
     return "|".join(stages)
 
 
-def tokenizer_args(spec: RunSpec) -> list:
-    """--tokenizer-type and the files it reads: GPT-2 BPE's vocab/merges, or one --tokenizer-model file."""
+ALWAYS = ""
+"""The field of a flag every command line carries, whatever the spec says."""
+
+
+class RenderedFlags:
+    """A command line in the making: the flags in order, and the spec field each flag comes from."""
+
+    def __init__(self):
+        self.args: list = []
+        self.fields: dict[str, str] = {}
+        """Flag name -> the spec field that renders it (the first one, when two fields render the same flag); ALWAYS
+        for a flag no field controls."""
+
+    def add(self, field: str, flag: Flag, *values) -> None:
+        self.args += [flag, *values]
+        self.fields.setdefault(flag.name, field)
+
+
+def huggingface_tokenizer_file(path) -> str:
+    """data.tokenizer.model of a HuggingFaceTokenizer -> its tokenizer.json: the path itself when it names a .json
+    file, else the file of that name in the directory. Decided by the name alone, so that a path that exists only on
+    the cluster renders the same as one that exists here."""
+    path = str(path)
+    return path if path.endswith(".json") else os.path.join(path, HF_TOKENIZER_FILE)
+
+
+def tokenizer_args(spec: RunSpec, out: RenderedFlags | None = None) -> list:
+    """--tokenizer-type and the files it reads: GPT-2 BPE's vocab/merges, one --tokenizer-model file (a directory
+    for Megatron-LM's HuggingFace tokenizer), or NullTokenizer's size."""
+    out = out if out is not None else RenderedFlags()
     tokenizer, data = spec.data.tokenizer, spec.data
     kind = tokenizer.type if tokenizer else "GPT2BPETokenizer"
-    args = [F.tokenizer_type, kind]
+    out.add("data.tokenizer.type", F.tokenizer_type, kind)
     if kind == "GPT2BPETokenizer":
-        args += [F.vocab_file, _as_read_here(data.vocab_file or DEFAULT_VOCAB),
-                 F.merge_file, _as_read_here(data.merge_file or DEFAULT_MERGES)]
+        out.add("data.vocab_file", F.vocab_file, _as_read_here(data.vocab_file or DEFAULT_VOCAB))
+        out.add("data.merge_file", F.merge_file, _as_read_here(data.merge_file or DEFAULT_MERGES))
     elif kind == "NullTokenizer":
-        args += [F.vocab_size, spec.model.vocab_size]
+        out.add("model.vocab_size", F.vocab_size, null_tokenizer_size(spec.model.vocab_size))
+    elif kind == "HuggingFaceTokenizer":
+        file = huggingface_tokenizer_file(_as_read_here(tokenizer.model))
+        # Megatron-LM's _HuggingFaceTokenizer calls AutoTokenizer.from_pretrained, which takes the directory (and
+        # refuses a file); labkit's driver reads the tokenizer.json itself.
+        out.add("data.tokenizer.model", F.tokenizer_model,
+                os.path.dirname(file) if spec.job.entrypoint == "megatron-lm" else file)
     else:
-        args += [F.tokenizer_model, _as_read_here(tokenizer.model)]
-    return args
+        out.add("data.tokenizer.model", F.tokenizer_model, _as_read_here(tokenizer.model))
+    return out.args
 
 
 def _as_read_here(path) -> str:
@@ -49,130 +93,163 @@ def _as_read_here(path) -> str:
     return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
 
 
-def kernel_args(spec: RunSpec) -> list:
+def null_tokenizer_size(vocab: int) -> int:
+    """--vocab-size for NullTokenizer so that the model's vocabulary is `vocab` (model.vocab_size): Megatron-LM's
+    _NullTokenizer (megatron/training/tokenizer/tokenizer.py) adds its end-of-document id after the --vocab-size ids,
+    so its vocabulary, padded into the embedding, is one larger than the flag."""
+    return vocab - 1
+
+
+def kernel_args(spec: RunSpec, out: RenderedFlags | None = None) -> list:
     """The attention backend (when not auto, Megatron-LM's default) and the communication overlaps."""
+    out = out if out is not None else RenderedFlags()
     k = spec.kernels
-    args: list = [] if k.attention_backend == "auto" else [F.attention_backend, k.attention_backend]
-    for flag, on in ((F.overlap_grad_reduce, k.overlap_grad_reduce),
-                     (F.overlap_param_gather, k.overlap_param_gather), (F.tp_comm_overlap, k.tp_comm_overlap)):
-        if on:
-            args.append(flag)
-    return args
+    if k.attention_backend != "auto":
+        out.add("kernels.attention_backend", F.attention_backend, k.attention_backend)
+    for key, flag in (("overlap_grad_reduce", F.overlap_grad_reduce), ("overlap_param_gather", F.overlap_param_gather),
+                      ("tp_comm_overlap", F.tp_comm_overlap)):
+        if getattr(k, key):
+            out.add(f"kernels.{key}", flag)
+    return out.args
 
 
 def megatron_args(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike | None = None) -> list[str]:
-    """The flags `python -m labkit.train` (and Megatron-LM's pretrain_gpt.py) take for this spec.
+    """The flags `python -m labkit.train` (and Megatron-LM's pretrain_gpt.py) take for this spec: the spec's own
+    (`spec_flags`), then job.extra_args as written.
 
     `legacy=True` writes recomputation the way Megatron-LM before 2022 and the NVIDIA workshop notebook spell it
     (`--checkpoint-activations --activations-checkpoint-method uniform`).
 
     Taught in lab 08.
     """
+    rendered = spec_flags(spec, legacy, save_dir)
+    return [str(a) for a in rendered.args + list(spec.job.extra_args)]
+
+
+def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike | None = None) -> RenderedFlags:
+    """The flags the spec's fields render, before job.extra_args, each with the field it comes from."""
     m, par, b, opt, tr, data = spec.model, spec.parallel, spec.batch, spec.optimizer, spec.train, spec.data
-    args = [
-        F.num_layers, m.num_layers,
-        F.hidden_size, m.hidden_size,
-        F.num_attention_heads, m.num_attention_heads,
-    ]
+    out = RenderedFlags()
+    out.add("model.num_layers", F.num_layers, m.num_layers)
+    out.add("model.hidden_size", F.hidden_size, m.hidden_size)
+    out.add("model.num_attention_heads", F.num_attention_heads, m.num_attention_heads)
     if m.num_query_groups and m.num_query_groups != m.num_attention_heads:
-        args += [F.group_query_attention, F.num_query_groups, m.num_query_groups]
+        out.add("model.num_query_groups", F.group_query_attention)
+        out.add("model.num_query_groups", F.num_query_groups, m.num_query_groups)
     if m.ffn_hidden_size:
-        args += [F.ffn_hidden_size, m.ffn_hidden_size]
-    args += [F.seq_length, m.seq_length, F.max_position_embeddings, m.seq_length]
+        out.add("model.ffn_hidden_size", F.ffn_hidden_size, m.ffn_hidden_size)
+    out.add("model.seq_length", F.seq_length, m.seq_length)
+    out.add("model.seq_length", F.max_position_embeddings, m.seq_length)
     if m.swiglu:
-        args += [F.swiglu]
+        out.add("model.swiglu", F.swiglu)
     if m.untie_embeddings:
-        args += [F.untie_embeddings_and_output_weights]
+        out.add("model.untie_embeddings", F.untie_embeddings_and_output_weights)
     # Megatron-LM's defaults (LayerNorm, learned positions, biases, padding to 128) go unwritten.
     if m.normalization != F.normalization.default:
-        args += [F.normalization, m.normalization]
+        out.add("model.normalization", F.normalization, m.normalization)
     if m.position_embedding_type != F.position_embedding_type.default:
-        args += [F.position_embedding_type, m.position_embedding_type]
+        out.add("model.position_embedding_type", F.position_embedding_type, m.position_embedding_type)
     if m.position_embedding_type == "rope":
-        args += [F.rotary_base, m.rotary_base]
+        out.add("model.rotary_base", F.rotary_base, m.rotary_base)
     if not m.add_bias_linear:
-        args += [F.disable_bias_linear]
+        out.add("model.add_bias_linear", F.disable_bias_linear)
     if m.make_vocab_size_divisible_by != F.make_vocab_size_divisible_by.default:
-        args += [F.make_vocab_size_divisible_by, m.make_vocab_size_divisible_by]
-    for flag, value in ((F.hidden_dropout, m.hidden_dropout), (F.attention_dropout, m.attention_dropout)):
-        if value != flag.default:  # Llama-style presets train without dropout
-            args += [flag, value]
+        out.add("model.make_vocab_size_divisible_by", F.make_vocab_size_divisible_by, m.make_vocab_size_divisible_by)
+    for key, flag in (("hidden_dropout", F.hidden_dropout), ("attention_dropout", F.attention_dropout)):
+        if getattr(m, key) != flag.default:  # Llama-style presets train without dropout
+            out.add(f"model.{key}", flag, getattr(m, key))
 
-    args += [F.tensor_model_parallel_size, par.tensor, F.pipeline_model_parallel_size, par.pipeline]
+    out.add("parallel.tensor", F.tensor_model_parallel_size, par.tensor)
+    out.add("parallel.pipeline", F.pipeline_model_parallel_size, par.pipeline)
     if par.account_for_embedding_in_pipeline_split:
-        args += [F.account_for_embedding_in_pipeline_split]
+        out.add("parallel.account_for_embedding_in_pipeline_split", F.account_for_embedding_in_pipeline_split)
     if par.account_for_loss_in_pipeline_split:
-        args += [F.account_for_loss_in_pipeline_split]
+        out.add("parallel.account_for_loss_in_pipeline_split", F.account_for_loss_in_pipeline_split)
     if par.pipeline_layout is not None:  # it sets the virtual stages itself: Megatron-LM refuses both flags
-        args += [F.pipeline_model_parallel_layout, par.pipeline_layout]
+        out.add("parallel.pipeline_layout", F.pipeline_model_parallel_layout, par.pipeline_layout)
     elif par.virtual_stages > 1:
         counted = sizes.split_layers(m.num_layers, par.account_for_embedding_in_pipeline_split,
                                      par.account_for_loss_in_pipeline_split)
-        args += [F.num_layers_per_virtual_pipeline_stage,
-                 sizes.layers_per_virtual_stage(counted, par.pipeline, par.virtual_stages)]
+        out.add("parallel.virtual_stages", F.num_layers_per_virtual_pipeline_stage,
+                sizes.layers_per_virtual_stage(counted, par.pipeline, par.virtual_stages))
     if par.partition:
-        args += [F.pipeline_model_parallel_layout, pipeline_layout(par.partition)]
+        out.add("parallel.partition", F.pipeline_model_parallel_layout, pipeline_layout(par.partition))
     if par.context > 1:
-        args += [F.context_parallel_size, par.context]
+        out.add("parallel.context", F.context_parallel_size, par.context)
     if par.sequence_parallel:
-        args += [F.sequence_parallel]
-    args += kernel_args(spec)
+        out.add("parallel.sequence_parallel", F.sequence_parallel)
+    kernel_args(spec, out)
 
-    args += [F.micro_batch_size, b.micro, F.global_batch_size, b.global_]
+    out.add("batch.micro", F.micro_batch_size, b.micro)
+    out.add("batch.global", F.global_batch_size, b.global_)
 
     if spec.precision == "fp16":
-        args += [F.fp16]
+        out.add("precision", F.fp16)
         if opt.loss_scale is not None:
-            args += [F.loss_scale, opt.loss_scale]
+            out.add("optimizer.loss_scale", F.loss_scale, opt.loss_scale)
         else:
-            args += [F.initial_loss_scale, opt.initial_loss_scale]
+            out.add("optimizer.initial_loss_scale", F.initial_loss_scale, opt.initial_loss_scale)
     elif spec.precision == "bf16":
-        args += [F.bf16]
+        out.add("precision", F.bf16)
     elif spec.precision == "fp8":
-        args += [F.bf16, F.fp8_format, "hybrid"]  # e4m3 forward, e5m2 gradients, bf16 outside the GEMMs
+        out.add("precision", F.bf16)
+        out.add("precision", F.fp8_format, "hybrid")  # e4m3 forward, e5m2 gradients, bf16 outside the GEMMs
 
     r = spec.recompute
     if r is not None and legacy and r.granularity == "full":
-        args += [F.checkpoint_activations, F.activations_checkpoint_method, r.method,
-                 F.activations_checkpoint_num_layers, r.num_layers]
+        out.add("recompute.granularity", F.checkpoint_activations)
+        out.add("recompute.method", F.activations_checkpoint_method, r.method)
+        out.add("recompute.num_layers", F.activations_checkpoint_num_layers, r.num_layers)
     elif r is not None and r.granularity == "full":
-        args += [F.recompute_granularity, "full", F.recompute_method, r.method, F.recompute_num_layers, r.num_layers]
+        out.add("recompute.granularity", F.recompute_granularity, "full")
+        out.add("recompute.method", F.recompute_method, r.method)
+        out.add("recompute.num_layers", F.recompute_num_layers, r.num_layers)
     elif r is not None:
-        args += [F.recompute_granularity, "selective"]
+        out.add("recompute.granularity", F.recompute_granularity, "selective")
 
-    args += [F.optimizer, opt.name, F.lr, opt.lr, F.min_lr, opt.min_lr, F.lr_decay_style, opt.lr_decay_style,
-             F.lr_warmup_fraction, opt.lr_warmup_fraction, F.weight_decay, opt.weight_decay,
-             F.clip_grad, opt.clip_grad]
+    for key, flag in (("name", F.optimizer), ("lr", F.lr), ("min_lr", F.min_lr), ("lr_decay_style", F.lr_decay_style),
+                      ("lr_warmup_fraction", F.lr_warmup_fraction), ("weight_decay", F.weight_decay),
+                      ("clip_grad", F.clip_grad)):
+        out.add(f"optimizer.{key}", flag, getattr(opt, key))
     if opt.name == "adam":
-        args += [F.adam_beta1, opt.adam_beta1, F.adam_beta2, opt.adam_beta2]
+        out.add("optimizer.adam_beta1", F.adam_beta1, opt.adam_beta1)
+        out.add("optimizer.adam_beta2", F.adam_beta2, opt.adam_beta2)
     if opt.distributed:
-        args += [F.use_distributed_optimizer]
+        out.add("optimizer.distributed", F.use_distributed_optimizer)
     if opt.grad_reduce_in_bf16:
-        args += [F.grad_reduce_in_bf16]
+        out.add("optimizer.grad_reduce_in_bf16", F.grad_reduce_in_bf16)
 
-    args += [F.train_iters, tr.iters, F.log_interval, tr.log_interval, F.seed, tr.seed]
+    out.add("train.iters", F.train_iters, tr.iters)
+    out.add("train.log_interval", F.log_interval, tr.log_interval)
+    out.add("train.seed", F.seed, tr.seed)
     if tr.timing_log_level:
-        args += [F.timing_log_level, tr.timing_log_level]
+        out.add("train.timing_log_level", F.timing_log_level, tr.timing_log_level)
     if tr.eval_interval:
-        args += [F.eval_interval, tr.eval_interval, F.eval_iters, tr.eval_iters]
+        out.add("train.eval_interval", F.eval_interval, tr.eval_interval)
+        out.add("train.eval_iters", F.eval_iters, tr.eval_iters)
     else:
-        args += [F.eval_iters, 0]
+        out.add("train.eval_iters", F.eval_iters, 0)
     save = save_dir if save_dir is not None else tr.save
     if save:
-        args += [F.save, save]
+        out.add("train.save", F.save, save)
         if tr.save_interval:
-            args += [F.save_interval, tr.save_interval]
+            out.add("train.save_interval", F.save_interval, tr.save_interval)
     load = tr.load or (save if spec.job.requeue else None)
     if load:
-        args += [F.load, load]
+        out.add("train.load" if tr.load else "job.requeue", F.load, load)
     if spec.job.requeue:
         # SIGTERM (Slurm's requeue or time limit) -> save a checkpoint and stop; the next attempt loads it.
-        args += [F.exit_signal_handler]
+        out.add("job.requeue", F.exit_signal_handler)
 
     if data.path and not data.mock:
-        args += [F.data_path, _as_read_here(data.path), F.split, data.split] + tokenizer_args(spec)
+        out.add("data.path", F.data_path, _as_read_here(data.path))
+        out.add("data.split", F.split, data.split)
+        tokenizer_args(spec, out)
     else:
-        args += [F.mock_data, F.vocab_size, m.vocab_size]
-    args += [F.log_throughput]
-    args += list(spec.job.extra_args)
-    return [str(a) for a in args]
+        # Random tokens need no tokenizer files, but Megatron-LM's build_tokenizer needs a type: NullTokenizer, sized
+        # so that the embedding holds model.vocab_size tokens as the estimate counts them.
+        out.add("data.mock", F.mock_data)
+        out.add("data.mock", F.tokenizer_type, "NullTokenizer")
+        out.add("model.vocab_size", F.vocab_size, null_tokenizer_size(m.vocab_size))
+    out.add(ALWAYS, F.log_throughput)  # the logs' throughput per iteration
+    return out

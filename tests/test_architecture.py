@@ -85,10 +85,11 @@ LAYERS = (
     # Megatron's own rules (labkit.megatron.sizes), beneath everything that speaks Megatron.
     ("labkit.megatron",),
     ("labkit.catalog",),
-    # The driver's flags, which the spec checks job.extra_args against, and its tokenizers, which size the vocabulary.
-    ("labkit.train.arguments", "labkit.train.tokenizer"),
+    # The driver's flags, which the spec checks job.extra_args against, its tokenizers, which size the vocabulary, and
+    # the spec's own flags (megatron_args reads a spec's values only), which job.extra_args must not repeat.
+    ("labkit.train.arguments", "labkit.train.tokenizer", "labkit.megatron_args"),
     ("labkit.spec",),
-    ("labkit.megatron_args", "labkit.estimate", "labkit.logs", "labkit.train", "labkit.data_prep", "labkit.profiling",
+    ("labkit.estimate", "labkit.logs", "labkit.train", "labkit.data_prep", "labkit.profiling",
      "labkit.exercises"),
     ("labkit.plan", "labkit.diagrams"),
     ("labkit.jobs",),

@@ -215,7 +215,7 @@ def test_the_driver_refuses_what_megatron_lm_refuses_naming_the_flag(flags, refu
     from labkit.train.arguments import ArgumentError, build_parser, finish
 
     argv = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
-            "--mock-data", "--vocab-size", "1024", "--lr", "1e-3", "--train-iters", "1",
+            "--mock-data", "--vocab-size", "1023", "--lr", "1e-3", "--train-iters", "1",
             "--pipeline-model-parallel-size", "2", *flags]
     with pytest.raises(ArgumentError, match=re.escape(refusal)):
         finish(build_parser().parse_args(argv), world_size=2, rank=0, cuda=False)

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 TINY = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 "
         "--micro-batch-size 2 --global-batch-size 8 --lr 0.00015 --log-interval 1 --seed 1234 --eval-iters 0 "
-        "--mock-data --vocab-size 1024").split()
+        "--mock-data --vocab-size 1023").split()
 PROFILE = "--profile --profile-step-start 1 --profile-step-end 3".split()  # iterations 2 and 3
 RECOMPUTE = "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1".split()
 

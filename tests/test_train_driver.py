@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "labkit" / "data" / "corpus" / "corpus_text_document"
 FIXTURE_LOG = ROOT / "tests" / "fixtures" / "logs" / "labkit-driver-dp2.log"
 MODEL = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64".split()
-MOCK = "--mock-data --vocab-size 1024".split()
+MOCK = "--mock-data --vocab-size 1023".split()  # and the end-of-document id: 1024 tokens, as Megatron-LM counts
 NO_DROPOUT = "--hidden-dropout 0 --attention-dropout 0".split()
 # fp32, no dropout, global batch 8 as 4 micro-batches of 2: the reference the exact comparisons are made against.
 EXACT = [*MODEL, *MOCK, *NO_DROPOUT, "--lr", "1e-3", "--train-iters", "6", "--log-interval", "1", "--eval-iters", "0"]

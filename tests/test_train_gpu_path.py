@@ -18,7 +18,7 @@ from labkit.train.arguments import ArgumentError, build_parser, finish
 
 TRAIN = Path(__file__).resolve().parent.parent / "labkit" / "train"
 MODEL = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64".split()
-BASE = [*MODEL, "--mock-data", "--vocab-size", "1024", "--lr", "1e-3", "--train-iters", "2"]
+BASE = [*MODEL, "--mock-data", "--vocab-size", "1023", "--lr", "1e-3", "--train-iters", "2"]
 
 
 def parsed(flags, world_size=1, cuda=False, te=False, monkeypatch=None) -> argparse.Namespace:

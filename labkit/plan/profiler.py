@@ -147,6 +147,7 @@ def _worker(rank: int, world: int, argv: list[str], sizes: list[int], repeats: i
     from megatron.core.transformer.module import Float16Module
 
     from labkit.train.arguments import parse_args
+    from labkit.train.data import build_tokenizer
     from labkit.train.model import layer_spec, transformer_config
     from labkit.megatron.sizes import padded_vocab_size
     from labkit.train.training import initialize
@@ -156,7 +157,7 @@ def _worker(rank: int, world: int, argv: list[str], sizes: list[int], repeats: i
         os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     with contextlib.redirect_stdout(io.StringIO()):  # the driver's start-up lines say nothing about the profile
         device = initialize(args)
-    args.padded_vocab_size = padded_vocab_size(args.vocab_size, args.make_vocab_size_divisible_by,
+    args.padded_vocab_size = padded_vocab_size(build_tokenizer(args).vocab_size, args.make_vocab_size_divisible_by,
                                                args.tensor_model_parallel_size)  # as the driver pads it
     config = transformer_config(args)
     gpt = GPTModel(config=config, transformer_layer_spec=layer_spec(args), vocab_size=args.padded_vocab_size,

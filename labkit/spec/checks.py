@@ -14,6 +14,7 @@ from labkit import catalog
 from labkit.megatron import sizes
 from labkit.megatron.flags import (ATTENTION_BACKENDS, NORMALIZATIONS, POSITION_EMBEDDING_TYPES, TOKENIZER_TYPES,
                                    flag_errors)
+from labkit.megatron_args import ALWAYS, HF_TOKENIZER_FILE, huggingface_tokenizer_file, spec_flags
 
 if TYPE_CHECKING:
     from labkit.spec.schema import RunSpec
@@ -168,6 +169,8 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
         if spec.num_micro_batches % p:
             errors.append(f"parallel.virtual_stages: the interleaved schedule needs the micro-batch count "
                           f"({spec.num_micro_batches}) to be a multiple of parallel.pipeline ({p}); raise batch.global")
+    if not errors:  # the flags render only from sane sizes
+        errors += repeated_flag_errors(spec)
     return _finish(errors, raise_errors)
 
 
@@ -204,20 +207,77 @@ def _check_architecture(spec: RunSpec) -> list[str]:
 
 
 def _check_tokenizer_file(spec: RunSpec) -> list[str]:
-    """The tokenizer file must be readable here, so a job is never submitted to fail on it."""
+    """The tokenizer file must be readable here, so a job is never submitted to fail on it; one under
+    job.cluster_paths is left to the job script, which checks it at start."""
     tokenizer = spec.data.tokenizer
     if tokenizer is None or tokenizer.type not in ("HuggingFaceTokenizer", "SentencePieceTokenizer"):
         return []
     if not tokenizer.model:
-        return [f"data.tokenizer.model: missing; {tokenizer.type} reads a file (a HuggingFace tokenizer.json or a "
-                "SentencePiece .model; labkit ships labkit/data/tokenizer/llama/tokenizer.json)"]
+        return [f"data.tokenizer.model: missing; {tokenizer.type} reads a file (a HuggingFace tokenizer.json or the "
+                "directory holding it, or a SentencePiece .model; labkit ships labkit/data/tokenizer/llama)"]
+    file = tokenizer_file(spec)
+    if spec.job.on_cluster_only(file):
+        return []
     try:
-        with open(Path(tokenizer.model).expanduser(), "rb") as f:
+        with open(Path(file).expanduser(), "rb") as f:
             f.read(1)
     except OSError as exc:
-        return [f"data.tokenizer.model: cannot read {quote(tokenizer.model)} ({exc.strerror or exc}); give the path "
-                f"of the {tokenizer.type} file"]
+        what = (f"a {HF_TOKENIZER_FILE} or the directory holding one" if tokenizer.type == "HuggingFaceTokenizer"
+                else f"the {tokenizer.type} file")
+        return [f"data.tokenizer.model: cannot read {quote(file)} ({exc.strerror or exc}); give {what}, or list the "
+                "directory it lives in under job.cluster_paths if it exists only on the cluster"]
     return []
+
+
+def tokenizer_file(spec: RunSpec) -> str | None:
+    """The file the spec's tokenizer reads (a HuggingFace directory's tokenizer.json), as written; None when its type
+    reads none."""
+    tokenizer = spec.data.tokenizer
+    if tokenizer is None or not tokenizer.model:
+        return None
+    if tokenizer.type == "HuggingFaceTokenizer":
+        return huggingface_tokenizer_file(tokenizer.model)
+    return tokenizer.model if tokenizer.type == "SentencePieceTokenizer" else None
+
+
+def input_paths(spec: RunSpec) -> list[tuple[str, str]]:
+    """(field, path) of each file the run reads that the spec names: the dataset's .bin and .idx, the tokenizer's
+    files and a container image given as a file."""
+    data, paths = spec.data, []
+    if data.path and not data.mock:
+        paths += [("data.path", data.path + suffix) for suffix in (".bin", ".idx")]
+        if data.tokenizer is None or data.tokenizer.type == "GPT2BPETokenizer":
+            paths += [(f"data.{key}", getattr(data, key)) for key in ("vocab_file", "merge_file")
+                      if getattr(data, key)]
+    if tokenizer_file(spec):
+        paths.append(("data.tokenizer.model", tokenizer_file(spec)))
+    image = spec.job.container.image if spec.job.container else None
+    if image and image.startswith(("/", "./", "../", "~")):  # a registry reference (nvcr.io#...) is no file
+        paths.append(("job.container.image", image))
+    return paths
+
+
+def cluster_only_paths(spec: RunSpec) -> list[tuple[str, str]]:
+    """input_paths under job.cluster_paths: not looked for here; the job script checks them when it starts."""
+    return [(field, path) for field, path in input_paths(spec) if spec.job.on_cluster_only(path)]
+
+
+def checked_paths(spec: RunSpec) -> list[tuple[str, str]]:
+    """(field, path) of the files `validate` read on this machine."""
+    file = tokenizer_file(spec)
+    return [("data.tokenizer.model", file)] if file and not spec.job.on_cluster_only(file) else []
+
+
+def path_notes(spec: RunSpec) -> list[str]:
+    """What `labkit validate` says about the files the spec names: which it read here, and which it left to the job
+    because they lie under job.cluster_paths. Notes, not errors."""
+    notes = [f"note: checked here: {field} {path}" for field, path in checked_paths(spec)]
+    notes += [f"note: not checked here (under job.cluster_paths): {field} {path}; the job script checks it when the "
+              "job starts" for field, path in cluster_only_paths(spec)]
+    seen = set(checked_paths(spec)) | set(cluster_only_paths(spec))
+    notes += [f"note: not checked: {field} {path}; the training process opens it when it starts"
+              for field, path in input_paths(spec) if (field, path) not in seen]
+    return notes
 
 
 def _check_sizes(spec: RunSpec) -> list[str]:
@@ -564,6 +624,47 @@ def _check_requeue(spec: RunSpec, layout: str | None) -> list[str]:
     return errors
 
 
+def _check_megatron_lm_tokenizer(spec: RunSpec) -> list[str]:
+    """Megatron-LM's HuggingFace tokenizer is AutoTokenizer.from_pretrained(DIRECTORY): the directory must hold a
+    tokenizer.json, and the tokenizer_config.json (its tokenizer_class) or config.json that AutoTokenizer picks the
+    class from (HuggingFace's save_pretrained writes them)."""
+    tokenizer = spec.data.tokenizer
+    if tokenizer is None or tokenizer.type != "HuggingFaceTokenizer" or not tokenizer.model:
+        return []
+    file = Path(huggingface_tokenizer_file(tokenizer.model))
+    if file.name != HF_TOKENIZER_FILE:
+        return [f"data.tokenizer.model: {quote(tokenizer.model)}: Megatron-LM (job.entrypoint: megatron-lm) is given "
+                f"the directory and reads the {HF_TOKENIZER_FILE} in it; rename the file {HF_TOKENIZER_FILE} or give "
+                "the directory"]
+    folder = file.parent.expanduser()
+    if spec.job.on_cluster_only(file) or not folder.is_dir():
+        return []  # on the cluster: the job script checks it; missing here: _check_tokenizer_file says so
+    if not any((folder / name).is_file() for name in ("tokenizer_config.json", "config.json")):
+        return [f"data.tokenizer.model: {quote(str(folder))} has no tokenizer_config.json or config.json, from which "
+                "Megatron-LM's AutoTokenizer.from_pretrained picks the tokenizer class; save the tokenizer there with "
+                "HuggingFace's save_pretrained (or copy the model's tokenizer_config.json beside the tokenizer.json)"]
+    return []
+
+
+def repeated_flag_errors(spec: RunSpec) -> list[str]:
+    """job.extra_args must not repeat a flag the spec renders: argparse would keep the later value, and the spec
+    would say one thing while the run did another. Needs a spec whose sizes were checked (the flags are rendered)."""
+    fields = spec_flags(spec).fields
+    errors = []
+    for i, arg in enumerate(spec.job.extra_args):
+        name = arg.split("=", 1)[0]
+        if name not in fields:
+            continue
+        field = fields[name]
+        if field == ALWAYS:
+            errors.append(f"job.extra_args[{i}]: {quote(arg)} is on every command line labkit renders; remove it from "
+                          "job.extra_args")
+        else:
+            errors.append(f"job.extra_args[{i}]: {quote(arg)} repeats the {name} that {field} renders (the later one "
+                          f"would win); set {field} instead and remove job.extra_args[{i}]")
+    return errors
+
+
 def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
     """Problems with spec.job (and values that cannot be written into a script), each naming its field and the fix."""
     job, errors = spec.job, []
@@ -595,7 +696,12 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
         if "\x00" in arg:
             errors.append(f"job.extra_args[{i}]: contains a NUL byte, which no command-line argument can hold")
     errors += _check_scheduler_options(spec)
+    for i, prefix in enumerate(job.cluster_paths):
+        if not str(prefix).startswith("/") or CONTROL_CHARS.search(str(prefix)):
+            errors.append(f"job.cluster_paths[{i}]: {quote(prefix)} is not an absolute path on one line; write the "
+                          "directory the cluster's paths start with, e.g. /fsx")
     if job.entrypoint == "megatron-lm":
+        errors += _check_megatron_lm_tokenizer(spec)
         known = catalog.megatron_lm_flags()
         errors += [f"job.extra_args[{i}]: {quote(arg)} is not a flag of Megatron-LM (core_v0.16.1)"
                    for i, arg in enumerate(job.extra_args) if arg.startswith("--") and arg.split("=")[0] not in known]
@@ -633,6 +739,8 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
     if layout == "pair" and len(groups) != 2:
         errors.append(f"cluster.nodes: a master/slave pair takes exactly two node groups, the spec has {len(groups)}; "
                       "use the hetjob layout")
+    if layout is not None and not errors:  # at submission, of a validated spec (validate checks it at its end)
+        errors += repeated_flag_errors(spec)
     return errors
 
 

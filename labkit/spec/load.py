@@ -19,6 +19,7 @@ from labkit import catalog
 from labkit.spec import yaml12
 from labkit.spec.checks import SpecError, quote
 from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB
+from labkit.megatron_args import huggingface_tokenizer_file
 from labkit.train.tokenizer import tokenizer_vocab_size
 
 DEFAULT_PRESET = "tiny"
@@ -124,7 +125,9 @@ def _data_source(data: dict, wrote_vocab: bool, errors: list[str]) -> None:
         files = {"vocab_file": vocab_file, "merge_file": merge_file}
         field, named = "data.vocab_file", vocab_file
     elif kind in ("HuggingFaceTokenizer", "SentencePieceTokenizer") and _text(tokenizer.get("model")):
-        files = {"tokenizer_model": str(Path(_text(tokenizer["model"])).expanduser())}
+        model = _text(tokenizer["model"])  # a HuggingFace tokenizer may be given as the directory of its tokenizer.json
+        files = {"tokenizer_model": str(Path(huggingface_tokenizer_file(model) if kind == "HuggingFaceTokenizer"
+                                             else model).expanduser())}
         field, named = "data.tokenizer.model", _text(tokenizer["model"])
     else:
         return

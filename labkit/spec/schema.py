@@ -6,7 +6,9 @@ writes them). Build a spec from YAML, JSON or a mapping with `load_spec`, or in 
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
 import yaml
 
@@ -329,6 +331,15 @@ class JobSpec:
     requeue_signal_s: int = 120
     """With requeue: seconds before the time limit at which Slurm signals the batch script (--signal=B:USR1@N),
     which then requeues the job; leave time for one iteration and a checkpoint."""
+    cluster_paths: list[str] = field(default_factory=list)
+    """Absolute prefixes of paths that exist only on the cluster (e.g. /fsx, /lustre/datasets): a dataset, tokenizer
+    or container image under one is not looked for on the machine that validates the spec (`labkit validate` lists
+    it as not checked there); the job script checks it when the job starts and stops naming the spec field."""
+
+    def on_cluster_only(self, path) -> bool:
+        """Whether `path` lies under one of cluster_paths (whole path components: /fsx covers /fsx/a, not /fsx2)."""
+        where = PurePosixPath(os.path.normpath(str(path)))
+        return any(where.is_relative_to(os.path.normpath(prefix)) for prefix in self.cluster_paths if prefix)
 
 
 @dataclass

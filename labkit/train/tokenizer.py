@@ -127,11 +127,12 @@ class SentencePieceTokenizer:
 
 
 class NullTokenizer:
-    """Mock data: ids 0..vocab_size-1, the last one standing for end-of-document (as Megatron's NullTokenizer)."""
+    """Mock data, as Megatron-LM's _NullTokenizer (megatron/training/tokenizer/tokenizer.py): ids 0..vocab_size-1
+    from --vocab-size, then one more, vocab_size, for end-of-document; its vocabulary is vocab_size + 1."""
 
     def __init__(self, vocab_size: int):
-        self.vocab_size = vocab_size
-        self.eod = vocab_size - 1
+        self.vocab_size = vocab_size + 1
+        self.eod = vocab_size
         self.unique_identifiers = {"class": type(self).__name__, "vocab_size": vocab_size}
 
 

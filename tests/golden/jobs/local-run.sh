@@ -42,9 +42,11 @@ TRAIN_ARGS=(
     --train-iters 20
     --log-interval 5
     --seed 1234
+    --timing-log-level 2
     --eval-iters 0
     --mock-data
-    --vocab-size 1024
+    --tokenizer-type NullTokenizer
+    --vocab-size 1023
     --log-throughput
 )
 export JOB_ID=$$
