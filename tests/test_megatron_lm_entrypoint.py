@@ -152,6 +152,15 @@ def test_cluster_paths_are_not_looked_for_here_and_validate_says_so(tmp_path, ca
                          ("job.container.image", "/fsx/images/megatron.sqsh"))]
 
 
+def test_validate_says_when_the_vocabulary_could_not_come_from_a_cluster_tokenizer(tmp_path, capsys):
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(cluster_spec(**{"model": {"preset": "llama3-8b"}, "job.cluster_paths": ["/fsx"],
+                                                   "batch": {"micro": 1, "global": 8}})))
+    assert main(["validate", str(path)]) == 0
+    assert "note: model.vocab_size 128256 is model.preset's: the tokenizer could not be read here" in \
+        capsys.readouterr().err
+
+
 def test_validate_names_the_files_it_read_here(tmp_path, capsys, hf_dir):
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(cluster_spec(**{
@@ -180,7 +189,10 @@ def test_the_job_script_checks_cluster_paths_at_start_naming_the_field(tmp_path)
     assert [shlex.split(line)[2] for line in checks] == ["/fsx/data/corpus_text_document.bin",
                                                          "/fsx/data/corpus_text_document.idx",
                                                          "/fsx/tokenizers/llama3/tokenizer.json",
-                                                         "/fsx/images/megatron.sqsh"]
+                                                         "/fsx/images/megatron.sqsh",
+                                                         "/fsx/tokenizers/llama3/tokenizer_config.json"]
+    # AutoTokenizer.from_pretrained picks the class from either file
+    assert "|| [ -e /fsx/tokenizers/llama3/config.json ] ||" in checks[-1]
     assert script.index(checks[-1]) < script.index("\nsrun ")  # before any node starts
     # Run the checks here, where /fsx does not exist: the first stops the script with a message naming its field.
     result = subprocess.run(["bash", "-c", "\n".join(checks)], capture_output=True, text=True)

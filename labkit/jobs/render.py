@@ -24,7 +24,7 @@ from labkit import catalog
 from labkit.logs import job_info as info
 from labkit.megatron_args import megatron_args
 from labkit.spec import RunSpec, SpecError
-from labkit.spec.checks import CONTROL_CHARS, check_job, cluster_only_paths, time_limit_seconds
+from labkit.spec.checks import CONTROL_CHARS, check_job, job_start_checks, time_limit_seconds
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ def default_torchrun(spec: RunSpec) -> str:
 
 def _task(spec: RunSpec, log_dir: Path | str) -> dict:
     return {"run_name": spec.name, "log_dir": str(log_dir), "info": job_info(spec),
-            "train_arg_lines": _arg_lines(megatron_args(spec)), "cluster_paths": cluster_only_paths(spec)}
+            "train_arg_lines": _arg_lines(megatron_args(spec)), "start_checks": job_start_checks(spec)}
 
 
 def render(spec: RunSpec, log_dir: Path | str, *, layout: str | None = None, run_id: str | None = None,

@@ -249,7 +249,7 @@ def input_paths(spec: RunSpec) -> list[tuple[str, str]]:
         if data.tokenizer is None or data.tokenizer.type == "GPT2BPETokenizer":
             paths += [(f"data.{key}", getattr(data, key)) for key in ("vocab_file", "merge_file")
                       if getattr(data, key)]
-    if tokenizer_file(spec):
+    if tokenizer_file(spec) and data.path and not data.mock:
         paths.append(("data.tokenizer.model", tokenizer_file(spec)))
     image = spec.job.container.image if spec.job.container else None
     if image and image.startswith(("/", "./", "../", "~")):  # a registry reference (nvcr.io#...) is no file
@@ -260,6 +260,18 @@ def input_paths(spec: RunSpec) -> list[tuple[str, str]]:
 def cluster_only_paths(spec: RunSpec) -> list[tuple[str, str]]:
     """input_paths under job.cluster_paths: not looked for here; the job script checks them when it starts."""
     return [(field, path) for field, path in input_paths(spec) if spec.job.on_cluster_only(path)]
+
+
+def job_start_checks(spec: RunSpec) -> list[tuple[str, list[str]]]:
+    """What the job script looks for before any node starts, as (field, paths of which one must exist): each
+    cluster-only input path, and the file AutoTokenizer reads the class from beside a cluster-only HuggingFace
+    tokenizer that Megatron-LM loads."""
+    checks = [(field, [path]) for field, path in cluster_only_paths(spec)]
+    file = tokenizer_file(spec)
+    if (("data.tokenizer.model", file) in cluster_only_paths(spec) and spec.job.entrypoint == "megatron-lm"
+            and spec.data.tokenizer.type == "HuggingFaceTokenizer"):
+        checks.append(("data.tokenizer.model", [str(Path(file).parent / name) for name in AUTOTOKENIZER_CONFIGS]))
+    return checks
 
 
 def checked_paths(spec: RunSpec) -> list[tuple[str, str]]:
@@ -274,6 +286,10 @@ def path_notes(spec: RunSpec) -> list[str]:
     notes = [f"note: checked here: {field} {path}" for field, path in checked_paths(spec)]
     notes += [f"note: not checked here (under job.cluster_paths): {field} {path}; the job script checks it when the "
               "job starts" for field, path in cluster_only_paths(spec)]
+    unread = any(field == "data.tokenizer.model" for field, _ in cluster_only_paths(spec))
+    if unread and "vocab_size" in spec.derived_model_keys:
+        notes.append(f"note: model.vocab_size {spec.model.vocab_size} is model.preset's: the tokenizer could not be "
+                     "read here to size the vocabulary; write model.vocab_size if the tokenizer's differs")
     seen = set(checked_paths(spec)) | set(cluster_only_paths(spec))
     notes += [f"note: not checked: {field} {path}; the training process opens it when it starts"
               for field, path in input_paths(spec) if (field, path) not in seen]
@@ -624,6 +640,10 @@ def _check_requeue(spec: RunSpec, layout: str | None) -> list[str]:
     return errors
 
 
+AUTOTOKENIZER_CONFIGS = ("tokenizer_config.json", "config.json")
+"""The files, one of which AutoTokenizer.from_pretrained(DIRECTORY) picks the tokenizer class from."""
+
+
 def _check_megatron_lm_tokenizer(spec: RunSpec) -> list[str]:
     """Megatron-LM's HuggingFace tokenizer is AutoTokenizer.from_pretrained(DIRECTORY): the directory must hold a
     tokenizer.json, and the tokenizer_config.json (its tokenizer_class) or config.json that AutoTokenizer picks the
@@ -639,7 +659,7 @@ def _check_megatron_lm_tokenizer(spec: RunSpec) -> list[str]:
     folder = file.parent.expanduser()
     if spec.job.on_cluster_only(file) or not folder.is_dir():
         return []  # on the cluster: the job script checks it; missing here: _check_tokenizer_file says so
-    if not any((folder / name).is_file() for name in ("tokenizer_config.json", "config.json")):
+    if not any((folder / name).is_file() for name in AUTOTOKENIZER_CONFIGS):
         return [f"data.tokenizer.model: {quote(str(folder))} has no tokenizer_config.json or config.json, from which "
                 "Megatron-LM's AutoTokenizer.from_pretrained picks the tokenizer class; save the tokenizer there with "
                 "HuggingFace's save_pretrained (or copy the model's tokenizer_config.json beside the tokenizer.json)"]
