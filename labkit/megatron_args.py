@@ -63,10 +63,9 @@ def huggingface_tokenizer_file(path) -> str:
     return path if path.endswith(".json") else os.path.join(path, HF_TOKENIZER_FILE)
 
 
-def tokenizer_args(spec: RunSpec, out: RenderedFlags | None = None) -> list:
+def _tokenizer_flags(spec: RunSpec, out: RenderedFlags) -> None:
     """--tokenizer-type and the files it reads: GPT-2 BPE's vocab/merges, one --tokenizer-model file (a directory
     for Megatron-LM's HuggingFace tokenizer), or NullTokenizer's size."""
-    out = out if out is not None else RenderedFlags()
     tokenizer, data = spec.data.tokenizer, spec.data
     kind = tokenizer.type if tokenizer else "GPT2BPETokenizer"
     out.add("data.tokenizer.type", F.tokenizer_type, kind)
@@ -83,7 +82,6 @@ def tokenizer_args(spec: RunSpec, out: RenderedFlags | None = None) -> list:
                 os.path.dirname(file) if spec.job.entrypoint == "megatron-lm" else file)
     else:
         out.add("data.tokenizer.model", F.tokenizer_model, _as_read_here(tokenizer.model))
-    return out.args
 
 
 def _as_read_here(path) -> str:
@@ -100,9 +98,8 @@ def null_tokenizer_size(vocab: int) -> int:
     return vocab - 1
 
 
-def kernel_args(spec: RunSpec, out: RenderedFlags | None = None) -> list:
+def _kernel_flags(spec: RunSpec, out: RenderedFlags) -> None:
     """The attention backend (when not auto, Megatron-LM's default) and the communication overlaps."""
-    out = out if out is not None else RenderedFlags()
     k = spec.kernels
     if k.attention_backend != "auto":
         out.add("kernels.attention_backend", F.attention_backend, k.attention_backend)
@@ -110,7 +107,6 @@ def kernel_args(spec: RunSpec, out: RenderedFlags | None = None) -> list:
                       ("tp_comm_overlap", F.tp_comm_overlap)):
         if getattr(k, key):
             out.add(f"kernels.{key}", flag)
-    return out.args
 
 
 def megatron_args(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike | None = None) -> list[str]:
@@ -178,7 +174,7 @@ def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike 
         out.add("parallel.context", F.context_parallel_size, par.context)
     if par.sequence_parallel:
         out.add("parallel.sequence_parallel", F.sequence_parallel)
-    kernel_args(spec, out)
+    _kernel_flags(spec, out)
 
     out.add("batch.micro", F.micro_batch_size, b.micro)
     out.add("batch.global", F.global_batch_size, b.global_)
@@ -244,7 +240,7 @@ def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike 
     if data.path and not data.mock:
         out.add("data.path", F.data_path, _as_read_here(data.path))
         out.add("data.split", F.split, data.split)
-        tokenizer_args(spec, out)
+        _tokenizer_flags(spec, out)
     else:
         # Random tokens need no tokenizer files, but Megatron-LM's build_tokenizer needs a type: NullTokenizer, sized
         # so that the embedding holds model.vocab_size tokens as the estimate counts them.
