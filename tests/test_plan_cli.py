@@ -248,11 +248,11 @@ def test_a_spec_without_a_layout_is_not_refused_for_the_layout_it_does_not_have(
 
 
 def test_a_layout_that_needs_memory_saving_gets_the_cheapest_that_fits(tmp_path, capsys):
-    # With unfused attention the s x s scores dominate activations: on tp2 dp2 without a pipeline the model does not
-    # fit without recompute; selective recompute drops the scores, and is cheaper than full recompute (with flash
-    # attention there is nothing for it to drop).
+    # With unfused attention the s x s scores dominate activations: on tp2 dp2 without a pipeline, at 4096 tokens,
+    # the model does not fit without recompute; selective recompute drops the scores, and is cheaper than full
+    # recompute (with flash attention there is nothing for it to drop).
     spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump({"model": {"preset": "gpt-7.5b"}, "batch": {"global": 16},
+    spec.write_text(yaml.safe_dump({"model": {"preset": "gpt-7.5b", "seq_length": 4096}, "batch": {"global": 16},
                                     "parallel": {"tensor": 2, "pipeline": 1},
                                     "kernels": {"attention_backend": "unfused"}, "cluster": "workshop-a100x2"}))
     out = run_json(capsys, str(spec), "--top", "3")

@@ -167,17 +167,21 @@ def test_rank_params_of_one_stage_is_the_model_as_built():
 def test_swiglu_saves_its_2f_input_and_no_dropout_keeps_no_masks():
     s, h, a, f = 4096, 4096, 32, 11008
     base = dict(num_layers=32, hidden=h, heads=a, seq_length=s, vocab=32000, ffn=f)
-    # Korthikanti et al. Table 2 for a GELU MLP with dropout: s b h (34 + 5 a s / h) at tensor size 1
+    # Korthikanti et al. Table 2 for a GELU MLP with dropout: s b h (34 + 5 a s / h) at tensor size 1, plus what the
+    # table leaves out: each LayerNorm's fp32 mean and inverse deviation per token (2 norms x 8 bytes x s b)
+    layer_norms = 2 * 8 * s
     gelu = Shape(**{**base, "ffn": 4 * h})
-    assert activation_bytes_per_layer(gelu, 1) == s * h * (34 + 5 * a * s / h)
+    assert activation_bytes_per_layer(gelu, 1) == s * h * (34 + 5 * a * s / h) + layer_norms
     # SwiGLU: the 2f-wide MLP-in output and the f-wide product (6 f/h) instead of GELU's 4 f/h
     swiglu = Shape(**base, swiglu=True)
-    assert activation_bytes_per_layer(swiglu, 1) == s * h * (10 + 8 + 6 * f / h + 5 * a * s / h)
-    # dropout 0: no masks (2 s b h, a s^2 b) and attention over values reads the softmax output (2 a s^2 b)
+    assert activation_bytes_per_layer(swiglu, 1) == s * h * (10 + 8 + 6 * f / h + 5 * a * s / h) + layer_norms
+    # dropout 0: no masks (2 s b h, a s^2 b) and attention over values reads the softmax output (2 a s^2 b); rotary
+    # positions keep the rotated queries and keys (4 s b h / t); RMSNorm keeps one fp32 statistic per token (8 s b)
     llama = load_spec({"model": {"preset": "llama2-7b"}})
-    split = 8 + 6 * f / h + 2 * a * s / h
-    assert activation_bytes_per_layer(Shape.of(llama.model), 1) == s * h * (8 + split)
-    assert activation_bytes_per_layer(Shape.of(llama.model), 1, tensor=4) == s * h * (8 + split / 4)
+    split = 8 + 6 * f / h + 2 * a * s / h + 4
+    rms_norms = 2 * 4 * s
+    assert activation_bytes_per_layer(Shape.of(llama.model), 1) == s * h * (8 + split) + rms_norms
+    assert activation_bytes_per_layer(Shape.of(llama.model), 1, tensor=4) == s * h * (8 + split / 4) + rms_norms
 
 
 def test_the_first_stage_keeps_no_embedding_dropout_mask_without_dropout():

@@ -267,9 +267,9 @@ def job_start_checks(spec: RunSpec) -> list[tuple[str, list[str]]]:
     cluster-only input path, and the file AutoTokenizer reads the class from beside a cluster-only HuggingFace
     tokenizer that Megatron-LM loads."""
     checks = [(field, [path]) for field, path in cluster_only_paths(spec)]
-    file = tokenizer_file(spec)
-    if (("data.tokenizer.model", file) in cluster_only_paths(spec) and spec.job.entrypoint == "megatron-lm"
-            and spec.data.tokenizer.type == "HuggingFaceTokenizer"):
+    file, tokenizer = tokenizer_file(spec), spec.data.tokenizer
+    if (tokenizer is not None and tokenizer.type == "HuggingFaceTokenizer" and spec.job.entrypoint == "megatron-lm"
+            and ("data.tokenizer.model", file) in cluster_only_paths(spec)):
         checks.append(("data.tokenizer.model", [str(Path(file).parent / name) for name in AUTOTOKENIZER_CONFIGS]))
     return checks
 
