@@ -48,6 +48,15 @@ def test_interleaved_two_stages_on_nccl_overlap_their_messages_instead_of_batchi
                 "--global-batch-size", "4", "--no-overlap-p2p-communication"], world_size=2, cuda=True)
 
 
+def test_gloo_sends_and_receives_in_posting_order_without_freeing_what_it_sends():
+    """gloo's asynchronous send reads its tensor when it runs, after an overlapped schedule has freed it."""
+    args = parsed(["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
+                   "--global-batch-size", "4"], world_size=2)
+    config = model.transformer_config(args)
+    assert args.distributed_backend == "gloo"
+    assert not config.overlap_p2p_comm and not config.batch_p2p_comm and not config.deallocate_pipeline_outputs
+
+
 def test_batched_messages_where_they_are_safe(gpu_config):
     plain = gpu_config(parsed(["--pipeline-model-parallel-size", "2"], world_size=2, cuda=True))
     assert plain.batch_p2p_comm and not plain.overlap_p2p_comm  # 1F1B: one direction per batch

@@ -149,8 +149,7 @@ LAYOUTS = {
     "dp2": {},
     "pp2-uneven-bf16-recompute": {"parallel": {"pipeline": 2, "partition": [1, 3]}, "precision": "bf16",
                                   "recompute": {"granularity": "full", "method": "uniform", "num_layers": 1}},
-    # A fixed loss scale: dynamic scaling skips the first steps, which then log no loss. Gradients stay in fp16 (as
-    # Megatron-LM keeps them without --accumulate-allreduce-grads-in-fp32), so a step may still overflow and be skipped.
+    # A fixed loss scale: dynamic scaling skips the first steps, which then log no loss.
     "pp2-interleaved-fp16": {"parallel": {"pipeline": 2, "virtual_stages": 2}, "precision": "fp16",
                              "optimizer": {"loss_scale": 128.0}},
 }
@@ -189,6 +188,4 @@ def test_tiny_llama_trains_and_each_ranks_parameters_match_the_estimate(trained,
     assert set(logged) == expected_ranks
     assert logged == {(t, p): rank_params(spec, t, p) for t, p in expected_ranks}
     losses = [float(x) for x in re.findall(r"lm loss: ([0-9.E+-]+)", text)]
-    skipped = sum(int(x) for x in re.findall(r"number of skipped iterations: +(\d+)", text))
-    assert len(losses) + skipped == 3 and len(losses) >= 2 and all(0 < loss < 10 for loss in losses)
-    assert skipped == 0 or spec.precision == "fp16"
+    assert len(losses) == 3 and all(0 < loss < 10 for loss in losses)

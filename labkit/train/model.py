@@ -21,6 +21,7 @@ def transformer_config(args, timers=None) -> TransformerConfig:
     ffn = sizes.ffn_hidden_size(args.hidden_size, args.swiglu, args.ffn_hidden_size)  # Megatron-LM's default if unset
     args.ffn_hidden_size = ffn
     dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else torch.float32
+    nccl = args.distributed_backend == "nccl"
     recompute = args.recompute_granularity
     return TransformerConfig(
         num_layers=args.num_layers,
@@ -55,12 +56,14 @@ def transformer_config(args, timers=None) -> TransformerConfig:
         **{name: on for name, (on, _) in fusions(args, torch.cuda.is_available()).items()},
         fp8=args.fp8_format,
         attention_backend=AttnBackend[args.attention_backend],
-        # As Megatron-LM: the interleaved schedule overlaps its sends and receives; otherwise each step's sends and
-        # receives go as one batch (arguments.py refuses batching with two interleaved stages, which swaps messages).
-        overlap_p2p_comm=args.overlap_p2p_comm,
-        batch_p2p_comm=not args.overlap_p2p_comm,
+        # On NCCL as Megatron-LM: the interleaved schedule overlaps its sends and receives; otherwise each step's sends
+        # and receives go as one batch (arguments.py refuses batching with two interleaved stages, which swaps
+        # messages). gloo gets blocking sends and receives in posting order: its asynchronous send reads the tensor
+        # when it runs, after the schedule has already freed the output it sends (NaN losses on the CPU).
+        overlap_p2p_comm=args.overlap_p2p_comm and nccl,
+        batch_p2p_comm=nccl and not args.overlap_p2p_comm,
         # A stage frees the data of the activation it sent on once the next stage has it (only its shape is kept).
-        deallocate_pipeline_outputs=True,
+        deallocate_pipeline_outputs=nccl,
         timers=timers,
         barrier_with_L1_time=True,
         cuda_graph_scope=[],  # no CUDA graphs are captured; megatron-core 0.16's default names a deprecated scope
