@@ -2,7 +2,8 @@
 executed notebooks is written beside them that opens offline (plotly.js inlined, diagrams embedded).
 
 `labkit lab [--backend local|slurm] [-p key value] [--only NAMES]`, or `make lab`. `labkit workspace DIR` copies the
-notebooks, their solutions, the examples and the images out of an installed wheel into DIR, to work on them there.
+notebooks, their solutions, the examples and the images out of an installed wheel into DIR, to work on them there;
+`--no-solutions` leaves the solutions out (the students' copy; the instructor's keeps them).
 """
 from __future__ import annotations
 
@@ -75,15 +76,21 @@ def default_notebook_dir() -> Path:
     return here.resolve() if any(here.glob("[0-9][0-9]_*.ipynb")) else course_dir("notebooks")
 
 
-def copy_workspace(target: Path | str) -> list[Path]:
-    """Copy the course files (notebooks with their solutions, examples, images) into `target`; an existing file is
-    never overwritten, so a student's edited notebook survives a second copy. Returns the files written."""
+SOLUTIONS = "solutions"
+"""The folder of notebooks/ that holds the worked answers."""
+
+
+def copy_workspace(target: Path | str, solutions: bool = True) -> list[Path]:
+    """Copy the course files (notebooks, with their solutions unless `solutions` is false, examples, images) into
+    `target`; an existing file is never overwritten, so a student's edited notebook survives a second copy. Returns
+    the files written."""
     target = Path(target)
     written = []
     for name in COURSE_NAMES:
         source = course_dir(name)
         for path in sorted(p for p in source.rglob("*") if p.is_file() and ".ipynb_checkpoints" not in p.parts
-                           and p.suffix in (".ipynb", ".yaml", ".svg", ".cfg")):
+                           and p.suffix in (".ipynb", ".yaml", ".svg", ".cfg")
+                           and (solutions or not (name == "notebooks" and SOLUTIONS in p.relative_to(source).parts))):
             destination = target / name / path.relative_to(source)
             if destination.exists():
                 continue
@@ -379,12 +386,15 @@ def register(sub) -> None:
     p = sub.add_parser("workspace", help="copy the lab notebooks, their solutions, the examples and the images into a "
                                          "directory to work in (files already there are kept)")
     p.add_argument("directory", help="where to copy them (created when missing)")
+    p.add_argument("--no-solutions", dest="solutions", action="store_false",
+                   help="leave notebooks/solutions/ out: the copy to hand to students (the instructor's keeps them)")
     p.set_defaults(func=_workspace_command)
 
 
 def _workspace_command(args: argparse.Namespace) -> int:
-    written = copy_workspace(args.directory)
-    print(f"copied {len(written)} file(s) into {Path(args.directory).resolve()}; "
+    written = copy_workspace(args.directory, solutions=args.solutions)
+    print(f"copied {len(written)} file(s) into {Path(args.directory).resolve()}"
+          f"{'' if args.solutions else ', without the solutions'}; "
           f"run the labs there with `labkit lab` or open notebooks/ in JupyterLab")
     return 0
 

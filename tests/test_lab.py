@@ -142,3 +142,17 @@ def test_every_cell_that_builds_widgets_is_tagged_for_the_short_timeout():
                 tagged += 1
     assert tagged >= 5
     assert lab.cell_timeout(new_code_cell("x = 1"), default_s=600) == 600
+
+
+def test_workspace_without_solutions_is_the_students_copy_and_the_instructors_keeps_them(tmp_path, capsys):
+    assert cli.main(["workspace", str(tmp_path / "students"), "--no-solutions"]) == 0
+    assert "without the solutions" in capsys.readouterr().out
+    students = {p.relative_to(tmp_path / "students").as_posix() for p in (tmp_path / "students").rglob("*.ipynb")}
+    labs = {f"notebooks/{p.name}" for p in lab.lab_notebooks()}
+    assert labs <= students and not any("solutions" in name for name in students)
+    assert "examples/tiny-cpu.yaml" in {p.relative_to(tmp_path / "students").as_posix()
+                                        for p in (tmp_path / "students").rglob("*.yaml")}
+    assert cli.main(["workspace", str(tmp_path / "instructor")]) == 0
+    instructor = {p.relative_to(tmp_path / "instructor").as_posix()
+                  for p in (tmp_path / "instructor").rglob("*.ipynb")}
+    assert {name.replace("notebooks/", "notebooks/solutions/") for name in labs} <= instructor
