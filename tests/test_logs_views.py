@@ -159,3 +159,13 @@ def test_a_profiled_iteration_does_not_squash_the_steady_ones_and_is_named():
     assert "off the scale: profiled" in fig.layout.title.text and "6,000 ms" in fig.layout.title.text
     plain = iteration_time_figure({"plain": parse_text(megatron_log(times=(500.0, 500.0, 510.0, 505.0)))})
     assert "off the scale" not in plain.layout.title.text
+
+
+def test_timer_breakdown_stacks_a_timer_one_run_lacks_as_zero():
+    # A NaN bar restarts plotly's stack, hiding the phases above it: a timer a layout lacks stacks as 0 ms.
+    synced = megatron_log().replace("    optimizer ....", "    all-grads-sync .................................: "
+                                                         "(7.00, 9.00)\n    optimizer ....")
+    fig = timer_breakdown_figure({"dp2": parse_text(synced), "tp2": parse_text(megatron_log())})
+    by_phase = {t.name: dict(zip(t.x, t.y)) for t in fig.data}
+    assert by_phase["all-grads-sync"] == {"dp2": 9.0, "tp2": 0.0}
+    assert sum(phase["tp2"] for phase in by_phase.values()) == 200.0 + 250.0 + 25.0

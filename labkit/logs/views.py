@@ -176,6 +176,9 @@ def timer_breakdown_figure(runs) -> go.Figure:
         runs = _runs(runs)
         table = pd.DataFrame({name: mean_phase_times(p) for name, p in runs.items()}).T
         x, title = list(table.index), "Timer breakdown per run (steady iterations)"
+    # A timer a run (or an iteration) lacks is NaN, and a NaN bar restarts plotly's stack, hiding every phase above
+    # it: it stacks as 0 ms instead.
+    table = table.fillna(0.0)
     fig = go.Figure()
     for k, phase in enumerate(table.columns):
         fig.add_trace(go.Bar(x=x, y=table[phase], name=phase, marker={"color": COLORS[k % len(COLORS)]}))
