@@ -8,7 +8,7 @@ import os
 from typing import TYPE_CHECKING
 
 from labkit.megatron import sizes
-from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB, FLAG as F, Flag
+from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB, FLAG as F, SHARDING_STRATEGIES, Flag
 
 if TYPE_CHECKING:
     from labkit.spec import RunSpec
@@ -212,6 +212,12 @@ def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike 
         out.add("optimizer.adam_beta2", F.adam_beta2, opt.adam_beta2)
     if opt.distributed:
         out.add("optimizer.distributed", F.use_distributed_optimizer)
+    if opt.zero_stage in (2, 3) and opt.zero_backend == "megatron":
+        # Megatron-FSDP as Megatron-LM's user guide runs it (docs/discussions/megatron-fsdp-user-guide): beside the
+        # distributed optimizer, and saving only its own checkpoint format (validate_args asserts fsdp_dtensor)
+        out.add("optimizer.zero_stage", F.use_megatron_fsdp)
+        out.add("optimizer.zero_stage", F.data_parallel_sharding_strategy, SHARDING_STRATEGIES[opt.zero_stage])
+        out.add("optimizer.zero_stage", F.ckpt_format, "fsdp_dtensor")
     if opt.grad_reduce_in_bf16:
         out.add("optimizer.grad_reduce_in_bf16", F.grad_reduce_in_bf16)
 

@@ -158,9 +158,11 @@ def job_env(spec: RunSpec) -> dict[str, str]:
     """The job's environment: what the layout needs, its env preset's variables, then job.env over them."""
     job = spec.job
     needed = {}
-    if spec.parallel.tensor > 1 or spec.parallel.context > 1:
+    fsdp = spec.optimizer.zero_stage in (2, 3) and spec.optimizer.zero_backend == "megatron"
+    if (spec.parallel.tensor > 1 or spec.parallel.context > 1) and not fsdp:
         # One hardware queue per GPU, so that a tensor-parallel collective is issued before the GEMM it overlaps
-        # (Megatron-LM asks for it whenever tensor or context parallelism is on).
+        # (Megatron-LM asks for it whenever tensor or context parallelism is on; with Megatron-FSDP, whose
+        # validate_args refuses the setting, it is left to CUDA's default).
         needed["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     preset = catalog.env_presets()[job.env_preset]["env"] if job.env_preset else {}
     return {**needed, **{k: str(v) for k, v in preset.items()}, **job.env}

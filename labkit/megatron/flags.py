@@ -31,6 +31,8 @@ TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTok
 """--tokenizer-type values the driver reads (Megatron-LM's names)."""
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
 """Megatron-LM's --attention-backend choices."""
+SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+"""Megatron-LM's --data-parallel-sharding-strategy choices, ZeRO stages 0 to 3 in Megatron-FSDP's names."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,12 @@ FLAGS: tuple[Flag, ...] = (
          help="split the sequence over ranks, K/V exchanged in a ring (Transformer Engine on GPUs)", group=PARALLEL),
     Flag("--sequence-parallel", action="store_true", group=PARALLEL),
     Flag("--use-distributed-optimizer", action="store_true", group=PARALLEL),
+    Flag("--use-megatron-fsdp", action="store_true",
+         help="wrap the model in Megatron-FSDP (megatron-core's fully sharded data parallelism; CUDA only)",
+         group=PARALLEL),
+    Flag("--data-parallel-sharding-strategy", choices=SHARDING_STRATEGIES, default="no_shard",
+         help="with --use-megatron-fsdp, what the data-parallel ranks shard: optim (ZeRO-1), optim_grads (ZeRO-2), "
+              "optim_grads_params (ZeRO-3)", group=PARALLEL),
     Flag("--overlap-grad-reduce", action="store_true",
          help="reduce gradient buckets while the backward pass goes on (megatron-core's DDP)", group=PARALLEL),
     Flag("--overlap-param-gather", action="store_true",
@@ -191,6 +199,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--eval-interval", type=int, default=1000, group=SCHEDULE),
     Flag("--eval-iters", type=int, default=100, group=SCHEDULE),
     Flag("--save", group=SCHEDULE),
+    Flag("--ckpt-format", choices=("torch", "torch_dist", "torch_dcp", "fsdp_dtensor"),
+         help="Megatron-LM's checkpoint format (default torch_dist; Megatron-FSDP saves only fsdp_dtensor); labkit's "
+              "driver writes the legacy torch format and refuses the others", group=SCHEDULE),
     Flag("--save-interval", type=int, group=SCHEDULE),
     Flag("--load", group=SCHEDULE),
     Flag("--ckpt-step", type=int, help="load this iteration instead of the latest", group=SCHEDULE),

@@ -107,6 +107,7 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
         errors.append(f"optimizer.lr_decay_style: {quote(spec.optimizer.lr_decay_style)} is not one of "
                       f"{', '.join(LR_DECAY_STYLES)}")
     errors += _check_optimizer(spec)
+    errors += _check_zero(spec)
     stacks = catalog.calibration()["stacks"]
     if spec.kernels.stack is not None and spec.kernels.stack not in stacks:
         errors.append(f"kernels.stack: {quote(spec.kernels.stack)} is not one of {', '.join(stacks)} (the software "
@@ -344,6 +345,30 @@ def _check_optimizer(spec: RunSpec) -> list[str]:
     if opt.grad_reduce_in_bf16 and spec.precision not in ("bf16", "fp8"):
         errors.append(f"optimizer.grad_reduce_in_bf16: reduces bf16 gradients, and precision is {spec.precision}; "
                       "set precision: bf16 (or fp8), or leave it out")
+    return errors
+
+
+ZERO_BACKENDS = ("megatron", "deepspeed")
+"""optimizer.zero_backend values: megatron-core's distributed optimizer and Megatron-FSDP, or DeepSpeed's ZeRO."""
+
+
+def _check_zero(spec: RunSpec) -> list[str]:
+    """ZeRO stage and backend: a known stage, and gradients and parameters sharded only where the backend can."""
+    opt, errors = spec.optimizer, []
+    if opt.zero_stage not in (0, 1, 2, 3):
+        errors.append(f"optimizer.zero_stage: {opt.zero_stage} is not 0 (nothing sharded), 1 (optimizer states), "
+                      "2 (and gradients) or 3 (and parameters)")
+    if opt.zero_backend not in ZERO_BACKENDS:
+        errors.append(f"optimizer.zero_backend: {quote(opt.zero_backend)} is not one of {', '.join(ZERO_BACKENDS)}")
+    elif opt.zero_stage in (2, 3) and spec.parallel.pipeline > 1:
+        # DeepSpeed: PipelineEngine asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism".
+        # Megatron: --use-torch-fsdp2 asserts pipeline size 1 (Megatron-LM validate_args), and Megatron-FSDP, which
+        # reduce-scatters every micro-batch's gradients, is documented with tensor, context and expert parallelism
+        # only (docs/discussions/megatron-fsdp-user-guide).
+        why = ("DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3" if opt.zero_backend == "deepspeed" else
+               "Megatron-FSDP and torch FSDP2 do not run under megatron-core's pipeline schedules")
+        errors.append(f"optimizer.zero_stage: {opt.zero_stage} with parallel.pipeline {spec.parallel.pipeline}: {why} "
+                      f"(optimizer.zero_backend {opt.zero_backend}); use zero_stage 1, or parallel.pipeline 1")
     return errors
 
 
@@ -734,6 +759,14 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
             if used and layout is not None:
                 errors.append(f"{key}: labkit's driver (job.entrypoint: labkit) does not run it; set job.entrypoint: "
                               "megatron-lm with job.megatron_lm, or leave it out")
+        if layout is not None and spec.optimizer.zero_stage in (2, 3) and spec.optimizer.zero_backend == "megatron":
+            errors.append(f"optimizer.zero_stage: {spec.optimizer.zero_stage} (zero_backend megatron) runs through "
+                          "Megatron-FSDP, which labkit's driver does not wrap the model in (its reduce-scatter and "
+                          "all-gather pipelines run on CUDA streams); set job.entrypoint: megatron-lm, or zero_stage 1")
+    if layout is not None and spec.optimizer.zero_stage and spec.optimizer.zero_backend == "deepspeed":
+        errors.append(f"optimizer.zero_backend: deepspeed (zero_stage {spec.optimizer.zero_stage}) needs DeepSpeed's "
+                      "engine, which neither labkit's driver nor Megatron-LM's pretrain_gpt.py starts; use "
+                      "zero_backend megatron to run it, or keep deepspeed for estimates and plans")
     for where, value in (("name", spec.name), ("data.path", spec.data.path)):
         if value and "\x00" in value:
             errors.append(f"{where}: contains a NUL byte; remove it")

@@ -82,6 +82,7 @@ def read_source(source) -> tuple[dict, list[str], frozenset[str]]:
             errors.append(f"cluster: unknown cluster {quote(cluster)}; known: {', '.join(catalog.clusters())}"
                           + (f" (closest: {', '.join(hint)})" if hint else ""))
             data["cluster"] = None
+    _zero_spellings(data, errors)
     model, derived = data.get("model", {"preset": DEFAULT_PRESET}), frozenset()
     if dataclasses.is_dataclass(model):
         # A dataclass cannot tell a field set to None from one left out: None is "not set", so the preset fills it.
@@ -93,6 +94,25 @@ def read_source(source) -> tuple[dict, list[str], frozenset[str]]:
         _data_source(data, wrote_vocab="vocab_size" in model, errors=errors)
         derived = frozenset(data["model"]) - frozenset(model)
     return data, errors, derived
+
+
+def _zero_spellings(data: dict, errors: list[str]) -> None:
+    """optimizer.distributed: true is ZeRO stage 1 and up (megatron-core's distributed optimizer shards the optimizer
+    states): the spec may write either field, or both when they agree; the one it leaves out follows the other."""
+    opt = data.get("optimizer")
+    if not isinstance(opt, dict):
+        return
+    stage, distributed = opt.get("zero_stage"), opt.get("distributed")
+    if type(stage) is not int and stage is not None or type(distributed) is not bool and distributed is not None:
+        return  # a value of the wrong type is named when the dataclass is built
+    if stage is not None and distributed is not None and distributed != (stage >= 1):
+        errors.append(f"optimizer.zero_stage: {stage} and optimizer.distributed: {str(distributed).lower()} disagree "
+                      "(distributed: true is stage 1, the optimizer states sharded; stages 2 and 3 shard them too); "
+                      "write only optimizer.zero_stage")
+    elif stage is not None:
+        opt["distributed"] = stage >= 1
+    elif distributed is not None:
+        opt["zero_stage"] = int(distributed)
 
 
 def _data_source(data: dict, wrote_vocab: bool, errors: list[str]) -> None:

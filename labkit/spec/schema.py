@@ -155,7 +155,15 @@ class OptimizerSpec:
     name: str = "adam"
     """adam or sgd (--optimizer)."""
     distributed: bool = False
-    """Shard optimizer state over data-parallel ranks (--use-distributed-optimizer)."""
+    """Shard optimizer state over data-parallel ranks (--use-distributed-optimizer): ZeRO stage 1's other spelling,
+    true exactly when zero_stage is 1 or more (a spec may write either, or both when they agree)."""
+    zero_stage: int = 0
+    """What the data-parallel ranks shard (ZeRO, Rajbhandari et al. arXiv:1910.02054): 0 nothing, 1 optimizer states,
+    2 and gradients, 3 and parameters. With zero_backend megatron: 1 is megatron-core's distributed optimizer, 2 and
+    3 are Megatron-FSDP (--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads / optim_grads_params)."""
+    zero_backend: str = "megatron"
+    """megatron (megatron-core's distributed optimizer and Megatron-FSDP) or deepspeed (DeepSpeed's ZeRO engine, as
+    Megatron-DeepSpeed runs it): which implementation shards, and so what the estimate counts."""
     lr: float = 1.5e-4
     """Peak learning rate (--lr)."""
     min_lr: float = 1.0e-5
@@ -437,6 +445,10 @@ class RunSpec:
         data = self.to_dict()
         for key in self.derived_model_keys:
             data["model"].pop(key, None)
+        changed = {k.replace("__", ".") for k in changes}
+        for one, other in (("zero_stage", "distributed"), ("distributed", "zero_stage")):
+            if f"optimizer.{one}" in changed and f"optimizer.{other}" not in changed:
+                data["optimizer"].pop(other)  # two spellings of one setting: a change to one follows in the other
         return load_spec(with_changes(data, **changes))
 
     @property

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from labkit.megatron import sizes
-from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB, ArgumentError, FLAG, build_parser
+from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB, SHARDING_STRATEGIES, ArgumentError, FLAG, build_parser
 
 
 def _te_importable() -> bool:
@@ -194,6 +194,15 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
         raise ArgumentError("--distributed-backend nccl: needs GPUs; use gloo on CPU")
     if args.use_distributed_optimizer and args.optimizer != "adam":
         raise ArgumentError("--use-distributed-optimizer: megatron-core's distributed optimizer needs --optimizer adam")
+    if args.use_megatron_fsdp or args.data_parallel_sharding_strategy != "no_shard":
+        stage = SHARDING_STRATEGIES.index(args.data_parallel_sharding_strategy)
+        raise ArgumentError(f"--use-megatron-fsdp/--data-parallel-sharding-strategy: ZeRO stage {stage} through "
+                            "Megatron-FSDP (optimizer.zero_backend megatron) is not run by labkit's driver: Megatron-FSDP "
+                            "reduce-scatters and all-gathers on CUDA streams (megatron_fsdp.py), which this driver "
+                            "does not set up; run it with Megatron-LM's pretrain_gpt.py (job.entrypoint megatron-lm)")
+    if args.ckpt_format not in (None, "torch"):
+        raise ArgumentError(f"--ckpt-format {args.ckpt_format}: labkit's driver saves Megatron-LM's legacy torch "
+                            "format only; leave the flag out")
 
     # Data.
     if args.mock_data and args.data_path:
