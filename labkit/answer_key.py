@@ -49,9 +49,11 @@ def _lab05_gpus(answer):
 
 
 def _lab07_bubble(answer):
-    from labkit.diagrams import bubble_fraction, pipeline_schedule
+    from labkit.diagrams import pipeline_schedule
+    from labkit.estimate.timing import bubble_fraction
     check_number(answer, bubble_fraction(pipeline_schedule(8, 16)), name="Exercise 3 (pipeline bubble)",
-                 rel_tol=0.01, hint="(p - 1) / (m + p - 1)")
+                 rel_tol=0.01,
+                 hint="the bubble's share of the whole iteration: (p - 1) / (m + p - 1), not SC21's (p - 1) / m")
 
 
 def _lab09_gres(answer):
@@ -90,7 +92,8 @@ KEY: dict[str, Callable[..., None]] = {
     "07.1": lambda a, spec: check_number(a, spec.data_parallel, name="Exercise 1 (data-parallel size)", rel_tol=0.0,
                                          hint="world size / (tensor x pipeline)"),
     "07.2": lambda a: check_choice(a, "dp", name="Exercise 2 (gradient all-reduce)", choices=["tp", "pp", "dp"],
-                                   hint="look at dp2's line in 7.6"),
+                                   hint="which group does dp2's gradient all-reduce use in 7.6? "
+                                        "(its `world` line is the timers')"),
     "07.3": _lab07_bubble,
     "08.1": lambda a, tokens, seq_length: check_number(a, (tokens - 1) // seq_length,
                                                        name="Exercise 1 (sequences per epoch)", rel_tol=0.01),

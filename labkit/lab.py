@@ -240,6 +240,10 @@ def _write_record(run: LabRun) -> None:
 
 CHECKED_TAG = "nbval-check-output"
 
+CLAIM_TAG = "check-claim"
+"""A code cell that asserts what the text around it says about a measured number (with a margin a loaded machine
+keeps), so an executed lab never contradicts its text; the HTML pages leave it out."""
+
 
 def store_checked_outputs(notebook: Path | str, timeout_s: int = 600) -> int:
     """Execute a source notebook in its own directory and keep, in place, only the outputs of cells tagged
@@ -311,11 +315,13 @@ def notebook_to_html(path: Path, resources_dir: Path, mathjax_url: str | None = 
     (see offline_mathjax)."""
     import nbformat
     from nbconvert import HTMLExporter
+    from nbconvert.preprocessors import TagRemovePreprocessor
 
     nb = nbformat.read(path, as_version=4)
     nb.metadata.pop("widgets", None)  # widget views fall back to their text form; no widget JS exists offline
     plotly_outputs_to_html(nb)
     exporter = HTMLExporter(embed_images=True)
+    exporter.register_preprocessor(TagRemovePreprocessor(remove_cell_tags={CLAIM_TAG}), enabled=True)
     if mathjax_url:
         exporter.mathjax_url = mathjax_url
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(resources_dir)}})

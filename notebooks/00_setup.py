@@ -50,18 +50,23 @@ print(f"{'GPU':>14} {torch.cuda.get_device_name(0) if torch.cuda.is_available() 
 # %% [markdown]
 # ## 0.2 Where jobs run
 #
-# Where `sbatch` exists, labkit's default backend is Slurm; elsewhere it runs the same `torchrun` command as local
-# processes, with the same job API and log layout. This lab uses the backend in its parameters cell.
+# `default_backend()` looks only for the `sbatch` command: where it exists, the default is Slurm, whether or not a
+# Slurm controller answers; elsewhere it is local, which runs the same `torchrun` command as local processes, with
+# the same job API and log layout. This lab does not use the default: it uses the backend in its parameters cell.
 
 # %%
 print(f"default backend here: {default_backend().name}; this lab uses: {backend}")
+
+# %% tags=["check-claim"]
+assert default_backend().name == ("slurm" if shutil.which("sbatch") else "local"), "0.2 says the default follows sbatch"
 
 # %% [markdown]
 # ## 0.3 The cluster's nodes and GPUs
 #
 # `sinfo` lists Slurm's nodes with their generic resources (`gpu:TYPE:N`). labkit's local Slurm (`make slurm-up`)
-# emulates one a100 node and three a10 nodes on this machine. Without Slurm, or with its controller stopped, jobs run
-# with the local backend.
+# emulates one a100 node and three a10 nodes on this machine. With Slurm installed but its controller stopped, the
+# default backend is still Slurm and a job submitted to it fails: choose `backend_named("local")` (or `--backend
+# local`) then.
 
 # %%
 import subprocess
@@ -69,10 +74,10 @@ import subprocess
 nodes = subprocess.run(["sinfo", "-N", "-o", "%N %P %c %G %T"], capture_output=True, text=True) \
     if shutil.which("sinfo") else None
 if nodes is None:
-    print("no Slurm on this machine: jobs run with the local backend")
+    print("no Slurm on this machine: the default backend is local")
 elif nodes.returncode != 0:
     print("Slurm is installed but its controller does not answer (start labkit's with `sudo make slurm-up`): "
-          "jobs run with the local backend")
+          "the default backend is still slurm; run jobs with the local backend until it answers")
 else:
     print(nodes.stdout)
 

@@ -39,8 +39,11 @@ predict_on = "A100-80GB"  # a GPU with tensor cores, for the predictions
 
 # %%
 import math
+import time
+from pathlib import Path
 
 import pandas as pd
+import torch
 
 from labkit.estimate.compare import compare
 from labkit.estimate.memory import bytes_per_param
@@ -97,9 +100,43 @@ compare(specs)[["gpu", "precision", "bytes_per_param", "weights_mib", "gradients
                 "activations_mib", "total_mib", "iteration_ms"]].round(3)
 
 # %% [markdown]
-# On this machine's CPU the estimate gives the three the same arithmetic time (a CPU has no faster 16-bit
-# arithmetic); their times differ only by the activation bytes each moves, twice as many in fp32.
-# On a GPU with tensor cores the picture changes. The same layout on the GPU in `predict_on`:
+# labkit's catalog gives a CPU one placeholder peak for all three precisions, so on this machine the estimate's
+# times differ only by the activation bytes each run moves, twice as many in fp32: it ranks the 16-bit runs first.
+# That is a guess about the arithmetic, and CPUs differ. One with AVX-512 BF16 or AMX instructions (Intel Xeons
+# since Cooper Lake and Sapphire Rapids, AMD since Zen 4) multiplies bf16 matrices in hardware, several times faster
+# than fp32; fp16 has no such path in most CPUs and their PyTorch builds, which convert it in software, often ten
+# times slower or more. What does this machine have? Its instruction flags, and a 1024 x 1024 matrix product in each
+# precision:
+
+# %%
+def matmul_ms(dtype, n=1024, budget_s=0.3):
+    """The fastest of a few n x n matrix products (one, when a single product already takes budget_s)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a[:64, :64] @ b[:64, :64]  # the first call picks the kernel
+    times = []
+    while len(times) < 5 and sum(times) < budget_s:
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e3
+
+
+cpuinfo = Path("/proc/cpuinfo")
+flags = set(cpuinfo.read_text().split()) if cpuinfo.exists() else set()
+bf16_hardware = sorted(flags & {"avx512_bf16", "amx_bf16"})
+fp16_hardware = sorted(flags & {"avx512_fp16", "amx_fp16"})
+print(f"bf16 instructions: {', '.join(bf16_hardware) or 'none'}; fp16 instructions: {', '.join(fp16_hardware) or 'none'}"
+      if cpuinfo.exists() else "no /proc/cpuinfo here: the flags are unknown, the timings below still tell")
+matmul = {name: matmul_ms(getattr(torch, {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[name]))
+          for name in ("fp32", "bf16", "fp16")}
+for name, ms in matmul.items():
+    print(f"{name}: {ms:8.1f} ms, {matmul['fp32'] / ms:5.2f}x fp32's speed")
+
+# %% [markdown]
+# Where bf16 beat fp32 above, the CPU multiplies bf16 in hardware; where both 16-bit products were slower, it
+# converts them in software, and the 16-bit training runs below will be slower than fp32 whatever the estimate
+# says. On a GPU with tensor cores both 16-bit formats run several times faster than fp32. The same layout on the
+# GPU in `predict_on`:
 
 # %%
 compare(specs, gpu=predict_on)[["gpu", "precision", "iteration_ms", "samples_per_s", "total_mib"]].round(4)
@@ -125,8 +162,8 @@ comparison_table(sweep.logs, baseline="fp32", specs=sweep.specs)[
     ["iteration_ms", "speedup", "samples_per_s", "max_allocated_mb", "precision", "warmup_excluded"]]
 
 # %% [markdown]
-# Your prediction, the estimate and the measurement side by side (the estimate's "no loss at first" is the loss
-# scale's prediction of 2.4; ties are listed with "or"):
+# Your prediction, the estimate and the measurement side by side (the estimate's "fastest" is 2.1's matrix
+# product, its "no loss at first" the loss scale's prediction of 2.4; ties are listed with "or"):
 
 # %%
 def fastest(times) -> str:
@@ -134,12 +171,17 @@ def fastest(times) -> str:
     return " or ".join(sorted(name for name, t in times.items() if t <= min(times.values()) * 1.001))
 
 
-estimated_ms = compare(specs).set_index("precision")["iteration_ms"]
 measured_ms = comparison_table(sweep.logs)["iteration_ms"]
 no_loss_first = [name for name, log in sweep.logs.items() if pd.isna(log.iterations["lm_loss"].iloc[0])]
+# The catalog's one CPU peak cannot rank the precisions (2.1): the estimate of the fastest is the matrix products'.
 prediction_table(my_prediction,
-                 estimated={"fastest here": fastest(estimated_ms), "logs no loss at first": "fp16"},
+                 estimated={"fastest here": f"{fastest(matmul)} (2.1's matrix product)",
+                            "logs no loss at first": "fp16"},
                  measured={"fastest here": fastest(measured_ms), "logs no loss at first": " or ".join(no_loss_first)})
+
+# %% tags=["check-claim"]
+if matmul["fp32"] * 2 < min(matmul["bf16"], matmul["fp16"]):  # 2.1: then the 16-bit runs train slower than fp32
+    assert measured_ms["fp32"] < min(measured_ms["bf16"], measured_ms["fp16"]), measured_ms.to_dict()
 
 # %%
 iteration_time_figure(sweep.logs).show()
@@ -155,8 +197,10 @@ loss_figure(sweep.logs).show()
 # iteration changes no weight. What the precisions change here is speed, memory and fp16's first iterations, not
 # what the model learns.
 #
-# On this CPU fp16 and bf16 are usually *slower* than fp32: the CPU converts half-precision numbers in software,
-# while a GPU's tensor cores multiply them several times faster than fp32. The log's memory line on a CPU is the
+# On a CPU without bf16 instructions fp16 and bf16 both train *slower* than fp32: the CPU converts them in
+# software. With AVX-512 BF16 or AMX, bf16's matrix products run in hardware and its run can be the fastest of the
+# three, while fp16 stays converted and slowest. 2.1 measured which kind of CPU this is. A GPU's tensor cores
+# multiply both 16-bit formats several times faster than fp32. The log's memory line on a CPU is the
 # process's resident memory, mostly PyTorch itself; on a GPU it is the CUDA allocator's, where the 16-bit
 # activations show. The profiler (2.5) sees the allocations on both.
 #

@@ -38,8 +38,8 @@ log_interval = 1
 bad_data_path = "/nonexistent/corpus_text_document"  # the deliberately failing job trains on this
 
 # %%
-from labkit.diagrams import bubble_fraction, pipeline_schedule, show
-from labkit.estimate import estimate
+from labkit.diagrams import pipeline_schedule, show
+from labkit.estimate import bubble_fraction, estimate
 from labkit.estimate.compare import compare
 from labkit.answer_key import check
 from labkit.exercises import prediction_table
@@ -89,8 +89,11 @@ compare(specs)[["tp", "pp", "dp", "num_micro_batches", "iteration_ms", "weights_
 # ## 7.2 The pipeline schedule
 #
 # With 2 stages and 4 micro-batches per iteration, 1F1B: stage 0 runs its forwards until stage 1 can start, then
-# each stage alternates one forward and one backward. The idle ramps at both ends are the bubble, a share of
-# $(p - 1) / (m + p - 1)$ of the iteration for $p$ stages and $m$ micro-batches.
+# each stage alternates one forward and one backward. The idle ramps at both ends are the bubble: $p - 1$
+# micro-batches' worth of forward and backward on each stage, for $p$ stages and $m$ micro-batches. Narayanan et al.
+# (SC21, arXiv:2104.04473, section 2.2.1) write it as $(p - 1) / m$, the bubble's time over the ideal (bubble-free)
+# time; as a share of the whole iteration, bubble included, it is $(p - 1) / (m + p - 1)$, what is printed below.
+# For $m \gg p$ the two agree.
 
 # %%
 pp = specs["pp2"]
@@ -173,15 +176,22 @@ timer_breakdown_figure(sweep.logs).show()
 # ## 7.6 Communication per parallel group
 #
 # The profiler names each collective's group from the Megatron code that called it: dp2 all-reduces its gradients
-# in the data-parallel group once per iteration; tp2 all-reduces activations in the tensor group inside every layer;
-# pp2 sends and receives between the stages (and all-reduces the tied embedding's gradient between first and last
-# stage).
+# in the data-parallel group (`dp`) once per iteration; tp2 all-reduces activations in the tensor group inside every
+# layer; pp2 sends and receives between the stages (and all-reduces the tied embedding's gradient between first and
+# last stage). Every layout also has a `world` line: Megatron's timers gathering every rank's times to print their
+# (min, max), once per logged iteration. On this machine it is often the biggest line, as the call waits there for
+# the slowest rank to arrive; the waiting is not communication, and it is no parallel group's traffic.
 
 # %%
+groups = {}
 for name, spec in sweep.specs.items():
-    by_group = trace.communication_by_group(sweep.traces(name), tensor=spec.parallel.tensor,
-                                            pipeline=spec.parallel.pipeline)
-    print(f"{name}:\n{by_group.round(3).to_string(index=False)}\n")
+    groups[name] = trace.communication_by_group(sweep.traces(name), tensor=spec.parallel.tensor,
+                                                pipeline=spec.parallel.pipeline)
+    print(f"{name}:\n{groups[name].round(3).to_string(index=False)}\n")
+
+# %% tags=["check-claim"]
+assert {"dp", "world"} <= set(groups["dp2"]["group"]) and "tp" in set(groups["tp2"]["group"]), groups
+assert "pp" in set(groups["pp2"]["group"]), groups["pp2"]
 
 # %%
 tp2 = sweep.specs["tp2"]
@@ -373,7 +383,8 @@ check("07.2", answer_2)
 
 # %% [markdown]
 # **Exercise 3.** What share of an iteration is the 1F1B bubble with 8 pipeline stages and 16 micro-batches? (A
-# fraction between 0 and 1; the diagram above drew 4 stages and 8 micro-batches.)
+# fraction between 0 and 1 of the whole iteration, not SC21's bubble-over-ideal ratio; the diagram above drew 4
+# stages and 8 micro-batches.)
 
 # %%
 answer_3 = ...

@@ -32,7 +32,9 @@ def series(tmp_path_factory):
     _notebook(notebooks / "02_broken.ipynb", [new_code_cell("raise RuntimeError('the lab broke here')")])
     params3 = new_code_cell("iterations = 2")
     params3.metadata["tags"] = ["parameters"]
-    _notebook(notebooks / "03_params.ipynb", [params3, new_code_cell("print('iterations', iterations)")])
+    claim = new_code_cell("assert iterations > 1, 'the text promised more than one iteration'")
+    claim.metadata["tags"] = [lab.CLAIM_TAG]
+    _notebook(notebooks / "03_params.ipynb", [params3, new_code_cell("print('iterations', iterations)"), claim])
     runs = root / "runs"
     run = lab.run_lab(parameters={"iterations": 7}, backend="slurm", runs_dir=runs, notebook_dir=notebooks,
                       progress=False)
@@ -89,6 +91,13 @@ def test_html_index_opens_offline_with_plotly_inlined(series):
     assert external_scripts == ["../mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"], external_scripts
     assert (run.directory.parent / "mathjax" / "MathJax.js").is_file()
     assert (run.directory.parent / "mathjax" / "config" / "TeX-AMS-MML_HTMLorMML-full.js").is_file()
+
+
+def test_a_cell_that_checks_the_texts_claim_runs_but_stays_out_of_the_html(series):
+    _, _, run = series
+    assert run.results[2].status == "ok"
+    page = (run.directory / "03_params.html").read_text()
+    assert "iterations 7" in page and "the text promised" not in page
 
 
 def test_a_second_run_never_overwrites_the_first(tmp_path):

@@ -49,7 +49,7 @@ check("03.2", answer_2)
 # %% [markdown]
 # **Exercise 3.** $5as/h = 5 \cdot 12 \cdot 1024 / 768 = 80$ bytes per token and hidden unit, against 34 for the rest of
 # the layer: at this sequence length the scores are most of a layer's activations. Times $sbh = 1024 \cdot 4 \cdot 768$
-# and 12 layers, in MiB:
+# and 12 layers, in MiB (with flash attention it would be about 0: the scores are never stored):
 
 # %%
 answer_3 = 80 * 1024 * 4 * 768 * 12 / 2 ** 20

@@ -47,7 +47,8 @@ answer_2 = "dp"
 check("07.2", answer_2)
 
 # %% [markdown]
-# **Exercise 3.** $(p - 1) / (m + p - 1) = 7 / 23$.
+# **Exercise 3.** $(p - 1) / (m + p - 1) = 7 / 23$ of the iteration (SC21's $(p - 1) / m = 7 / 16$ is the bubble
+# over the bubble-free time).
 
 # %%
 answer_3 = 7 / 23
