@@ -1,6 +1,7 @@
 """`labkit run`, `labkit status`, `labkit cancel`, `labkit runs`."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -15,6 +16,9 @@ def register(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the job script(s) and submit nothing")
     p.add_argument("--wait", action="store_true",
                    help="follow the job; exit 0 only if it COMPLETED, else print its state and cause and exit 1")
+    p.add_argument("--poll", type=_seconds, metavar="SECONDS",
+                   help="with --wait, ask the scheduler every SECONDS (default: 2 s after a change of state, "
+                        "doubling up to 2 min for Slurm; every second for local runs)")
     p.add_argument("--layout", choices=("multinode", "hetjob", "pair"),
                    help="Slurm script layout (default: multinode for one node group, hetjob for several)")
     p.add_argument("--runs-dir", help="where run records go (default: $LABKIT_RUNS_DIR or ./runs)")
@@ -39,6 +43,16 @@ def register(sub) -> None:
     p.set_defaults(func=_runs)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
 def _run(args) -> int:
     from labkit.jobs import SlurmError, backend_named, default_backend
     from labkit.jobs.record import RecordError
@@ -47,6 +61,9 @@ def _run(args) -> int:
     from labkit.paths import runs_dir
     from labkit.spec import load_spec
 
+    if args.poll is not None and not args.wait:
+        print("--poll: sets how often --wait asks the scheduler; add --wait, or leave --poll out", file=sys.stderr)
+        return 2
     try:
         spec = load_spec(args.spec)
         if args.dry_run:
@@ -73,7 +90,7 @@ def _run(args) -> int:
     if not args.wait:
         return 0
     try:
-        state = job.wait(progress=True)
+        state = job.wait(progress=True, poll_s=args.poll)
     except RecordError as exc:
         print(f"{job.record.run_id}: {exc}", file=sys.stderr)
         return 1

@@ -7,7 +7,6 @@ live job of a backend at once; the diagnosis reads text the Job hands it.
 """
 from __future__ import annotations
 
-import time
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Protocol
@@ -16,7 +15,7 @@ import pandas as pd
 
 from labkit.jobs.diagnose import LogText, explain, explain_attempt
 from labkit.jobs.state import State, Status
-from labkit.jobs.watcher import WATCHER
+from labkit.jobs.watcher import WATCHER, Backoff
 from labkit.logs.parse import ParsedLog, jsonable, parse_log, parse_text, records
 
 if TYPE_CHECKING:
@@ -31,6 +30,8 @@ class Backend(Protocol):
     """What runs jobs (LocalBackend on this host, SlurmBackend on a cluster). A backend reports statuses; it never
     sets a Job's state itself."""
     name: str
+    backoff: Backoff
+    """How often the watcher asks it about live jobs (labkit.jobs.watcher)."""
 
     def submit(self, spec, after=None) -> Job:
         """Render, record and start one run; with `after`, only once those jobs have COMPLETED."""
@@ -121,7 +122,8 @@ class Job:
 
     # --- state ---------------------------------------------------------------------------------------------------
     def status(self, refresh: bool = True) -> Status:
-        """The job's status; with `refresh`, asked of its backend (with every other live job of that backend)."""
+        """The job's status; with `refresh`, asked of its backend (with every other live job of that backend) when
+        the watcher's pace says it is time, so that a loop over `job.state` does not flood the scheduler."""
         if refresh and not self._status.state.finished:
             WATCHER.refresh([self])
         return self._status
@@ -171,28 +173,28 @@ class Job:
         """Stop the job, and record how it ended; True when it was stopped (False: nothing of it was running)."""
         stopped = self.backend.cancel(self)
         if stopped:
-            self.status()
+            WATCHER.refresh([self], force=True)
         return stopped
 
-    def wait(self, progress: bool = True, timeout: float | None = None, poll_s: float = 1.0) -> State:
-        """Block until the job ends (or `timeout` seconds pass); with progress, a bar over training iterations."""
+    def wait(self, progress: bool = True, timeout: float | None = None, poll_s: float | None = None) -> State:
+        """Block until the job ends (or `timeout` seconds pass); with progress, a bar over training iterations read
+        from the logs every second. The scheduler is asked as the watcher paces it (`poll_s`: every that many seconds
+        instead)."""
         if not progress:
             return WATCHER.wait([self], timeout, poll_s)[self]
         from tqdm.auto import tqdm
 
-        deadline = None if timeout is None else time.monotonic() + timeout
         bar = tqdm(total=self.spec.train.iters, desc=f"{self.record.run_id} {self.job_id}", unit="it")
+
+        def show() -> None:
+            state, done_iters = self.status(refresh=False).state, self.last_iteration()
+            if done_iters > bar.n or bar.postfix != str(state):
+                bar.set_postfix_str(str(state), refresh=False)
+                bar.update(max(0, done_iters - bar.n))
+                bar.refresh()
+
         try:
-            while True:
-                state = self.state
-                done_iters = self.last_iteration()
-                if done_iters > bar.n or bar.postfix != str(state):
-                    bar.set_postfix_str(str(state), refresh=False)
-                    bar.update(max(0, done_iters - bar.n))
-                    bar.refresh()
-                if state.finished or (deadline is not None and time.monotonic() > deadline):
-                    return state
-                time.sleep(poll_s)
+            return WATCHER.wait([self], timeout, poll_s, tick=show)[self]
         finally:
             bar.close()
 

@@ -21,12 +21,14 @@ from labkit.jobs.render import check_job, render
 from labkit.jobs.record import RunRecord
 from labkit.paths import runs_dir
 from labkit.jobs.state import State, Status
+from labkit.jobs.watcher import Backoff
 from labkit.net import free_port
 from labkit.spec import RunSpec, SpecError, load_spec
 
 
 class LocalBackend:
     name = "local"
+    backoff = Backoff.every(1.0)  # a poll here reads a state file and reaps a child: no scheduler to spare
 
     def __init__(self, runs_dir: str | os.PathLike | None = None, torchrun: str | None = None):
         self.runs_dir = runs_dir

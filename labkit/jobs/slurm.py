@@ -19,6 +19,7 @@ from labkit.jobs.render import check_job, default_layout, render_array
 from labkit.jobs.record import RunRecord
 from labkit.paths import runs_dir
 from labkit.jobs.state import Attempt, State, Status, slurm_state
+from labkit.jobs.watcher import SCHEDULER_BACKOFF
 from labkit.spec import RunSpec, SpecError, load_spec
 
 _FIELDS = re.compile(r"\b(JobId|ArrayJobId|ArrayTaskId|HetJobId|JobState|Reason|ExitCode)=(\S*)")
@@ -85,6 +86,7 @@ def settle(queued: list[Status], recorded: list[Status]) -> list[Status]:
 
 class SlurmBackend:
     name = "slurm"
+    backoff = SCHEDULER_BACKOFF  # squeue and sacct load slurmctld and slurmdbd, shared by every user of the cluster
 
     def __init__(self, runs_dir: str | os.PathLike | None = None, layout: str | None = None,
                  torchrun: str | None = None):

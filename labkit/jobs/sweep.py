@@ -89,10 +89,12 @@ class Sweep:
             named = share_cores(named)
         return cls({name: backend.submit(spec) for name, spec in named.items()})
 
-    def wait(self, timeout: float | None = None, raise_on_failure: bool = True) -> dict[str, State]:
+    def wait(self, timeout: float | None = None, raise_on_failure: bool = True,
+             poll_s: float | None = None) -> dict[str, State]:
         """Block until every job ends; each one's final state. Raises SweepFailed (with every cause) when one did not
-        complete, unless raise_on_failure is False."""
-        ended = WATCHER.wait(self.jobs.values(), timeout)  # one poll a second for all of them
+        complete, unless raise_on_failure is False. The backend is asked about all the jobs at once, soon after one
+        changes and less often while none does (`poll_s`: every that many seconds instead)."""
+        ended = WATCHER.wait(self.jobs.values(), timeout, poll_s)
         states = {name: ended[job] for name, job in self.jobs.items()}
         failed = {name: job.cause() or str(states[name]) for name, job in self.jobs.items()
                   if states[name] != State.COMPLETED}
