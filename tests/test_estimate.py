@@ -100,7 +100,7 @@ def test_memory_recompute_distributed_optimizer_and_pipeline_depth():
 
 
 def test_zero_stages_shrink_model_state():
-    kwargs = dict(data_parallel=8, precision="fp16")
+    kwargs = dict(data_parallel=8, precision="fp16", zero_backend="deepspeed")
     stages = [memory_per_stage(GPT2_XL, [48], zero_stage=z, **kwargs)[0] for z in (1, 2, 3)]
     states = [s.weights + s.gradients + s.optimizer for s in stages]
     assert states[0] > states[1] > states[2]

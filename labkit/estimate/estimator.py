@@ -11,7 +11,7 @@ from labkit.estimate.memory import GIB, memory_per_stage
 from labkit.estimate.params import Shape, params_with_padding, stage_params, total_params
 from labkit.estimate.profiles import Profile, find_profile
 from labkit.estimate.timing import (ACTIVATION_BYTES, GRAD_REDUCE_BYTES, Pipeline, allreduce_time, combined,
-                                    optimizer_step_time, p2p_time, stage_time)
+                                    data_parallel_time, optimizer_step_time, p2p_time, stage_time)
 from labkit.estimate.topology import Topology
 from labkit.spec import load_spec
 
@@ -204,28 +204,23 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     per_stage_params = stage_params(shape, partition, t)
     # --grad-reduce-in-bf16 reduces bf16 gradients, where Megatron-LM's bf16 default reduces fp32 ones
     grad_bytes = grad_reduce_bytes or (2 if spec.optimizer.grad_reduce_in_bf16 else GRAD_REDUCE_BYTES.get(precision, 4))
+    zero_stage = max(spec.optimizer.zero_stage, int(spec.optimizer.distributed))
     dp_exposed, dp_total = [], []
     for i, params in enumerate(per_stage_params):
-        reduce_s = allreduce_time(params * grad_bytes, d, topo.dp_gbps(i), latency)
-        if spec.optimizer.distributed:
-            # a reduce-scatter of the gradients, then an all-gather of the updated parameters: half the ring each
-            scatter_s = gather_s = reduce_s / 2
-            if overlap_dp:
-                scatter_s = max(0.0, scatter_s - stages[i].backward_s)
-            if spec.kernels.overlap_param_gather:  # gathered bucket by bucket as the next forward reaches them
-                gather_s = max(0.0, gather_s - stages[i].forward_s)
-            exposed_s = scatter_s + gather_s
-        else:
-            exposed_s = max(0.0, reduce_s - stages[i].backward_s) if overlap_dp else reduce_s
+        exposed_s, total_s = data_parallel_time(
+            params, d, topo.dp_gbps(i), latency, zero_stage=zero_stage, grad_bytes=grad_bytes,
+            param_bytes=4 if precision == "fp32" else 2, forward_s=stages[i].forward_s,
+            backward_s=stages[i].backward_s, micro_batches=m, layers=partition[i], overlap_grad_reduce=overlap_dp,
+            overlap_param_gather=spec.kernels.overlap_param_gather)
         dp_exposed.append(exposed_s)
-        dp_total.append(reduce_s)
+        dp_total.append(total_s)
     dp_comm = max(dp_exposed)
     embedding_comm = 0.0
     if p > 1 and shape.tied:
         # the tied copy's gradient is reduced as the model keeps it, outside the data-parallel gradient buffers
         embedding_bytes = shape.padded_vocab(t) * shape.hidden / t * GRAD_REDUCE_BYTES.get(precision, 4)
         embedding_comm = allreduce_time(embedding_bytes, 2, topo.pair_gbps(0, p - 1), latency)
-    shards = d * c if spec.optimizer.distributed else 1  # megatron-core shards over data x context ranks
+    shards = d * c if zero_stage else 1  # megatron-core shards over data x context ranks
     optimizer = max(optimizer_step_time(params / shards, catalog.gpu(gpus[i]).memory_bw_gb_s, precision)
                     for i, params in enumerate(per_stage_params))
 
@@ -266,6 +261,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                            recompute_layers=spec.recompute.num_layers if spec.recompute else 1,
                            sequence_parallel=par.sequence_parallel, virtual_stages=v,
                            distributed_optimizer=spec.optimizer.distributed, optimizer=spec.optimizer.name,
+                           zero_stage=zero_stage, zero_backend=spec.optimizer.zero_backend,
                            flash_attention=flash, context=c, chunks=chunks,
                            grad_reduce_in_bf16=spec.optimizer.grad_reduce_in_bf16, overlap_grad_reduce=overlap_dp)
     limits = [catalog.gpu(g).memory_limit_gb for g in gpus]

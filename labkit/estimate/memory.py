@@ -10,7 +10,10 @@ distributed optimizer over data x context ranks (d above is their product) and p
 counts the bytes exactly as it allocates them (tests/test_memory_vs_megatron_core.py checks it against the real
 objects).
 ZeRO (Rajbhandari et al., arXiv 1910.02054) counts mixed-precision Adam as 2 + 2 + 12 = 16: stage 1 -> 4 + 12/d,
-stage 2 -> 2 + 14/d, stage 3 -> 16/d. SGD keeps one momentum instead of Adam's two moments (4 bytes fewer).
+stage 2 -> 2 + 14/d, stage 3 -> 16/d, which is what DeepSpeed's engine holds. SGD keeps one momentum instead of
+Adam's two moments (4 bytes fewer). Megatron's own stages keep Megatron's dtypes: stage 1 is the distributed
+optimizer above (bf16: 6 + 12/d), stages 2 and 3 are Megatron-FSDP (bf16: 2 + 16/d, then 18/d), plus the unsharded
+buffers Megatron-FSDP works in while a layer computes (`fsdp_model_state_bytes`).
 
 Activations per transformer layer per micro-batch, 16-bit (Korthikanti et al., arXiv 2205.05198, Table 2):
     no recompute         s b h (10 + 24/t + 5 a s/(h t))      (t = 1 gives 34 + 5as/h)
@@ -127,6 +130,11 @@ class ModelState:
     optimizer: int
     """For the parameter elements this rank updates: fp32 main parameters (16-bit training), Adam's exp_avg and
     exp_avg_sq (SGD's momentum), and fp32 copies of 16-bit gradients."""
+    weights_working: int = 0
+    """Of `weights`, Megatron-FSDP's temporary unsharded parameters (ZeRO-3): the layers all-gathered for the one
+    being computed and those prefetched."""
+    gradients_working: int = 0
+    """Of `gradients`, Megatron-FSDP's temporary unsharded gradient buckets (ZeRO-2 and 3) awaiting reduce-scatter."""
 
 
 def chunk_parameters(shape: Shape, layers: int, tensor: int = 1, pre_process: bool = True, post_process: bool = True,
@@ -225,22 +233,12 @@ def grad_buffer_elements(shape: Shape, layers: int, *, tensor: int = 1, pre_proc
     return numel, owned
 
 
-def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeline: int = 1, tensor: int = 1,
-                      data_parallel: int = 1, context: int = 1, precision: str = "bf16",
-                      distributed_optimizer: bool = False, grad_reduce_in_bf16: bool = False, optimizer: str = "adam",
-                      overlap_grad_reduce: bool = False, rank: int | None = None) -> ModelState:
-    """Weights, gradients and optimizer state in bytes on one GPU of pipeline stage `stage`, exactly as megatron-core
-    0.16.1 allocates them (see the notes above). `chunks`: the transformer layers of each of the stage's model chunks
-    (one without interleaving). `rank`: the GPU's rank in the data x context group; None: the one that updates the
-    most elements (slices differ by a few alignment gaps).
-
-    Taught in lab 02.
-    """
+def _state_dtypes(precision: str, grad_reduce_in_bf16: bool, optimizer: str) -> tuple[int, int, int]:
+    """(parameter, gradient, optimizer-state) bytes per element as Megatron keeps them."""
     if precision not in _MODEL_STATE:
         raise ValueError(f"precision: {precision!r} is not one of {', '.join(_MODEL_STATE)}")
     if optimizer not in ("adam", "sgd"):
         raise ValueError(f"optimizer: {optimizer!r} is not adam or sgd")
-    shards = data_parallel * context
     param_bytes = 4 if precision == "fp32" else 2
     # Megatron-LM's validate_args: bf16 (and FP8 inside bf16) reduces in fp32 unless --grad-reduce-in-bf16; fp16 and
     # fp32 keep the parameters' dtype.
@@ -248,6 +246,29 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
     per_element = {"adam": 8, "sgd": 4}[optimizer]
     if param_bytes == 2:
         per_element += 4 + (4 if grad_bytes == 2 else 0)  # fp32 main parameters, fp32 copies of 16-bit gradients
+    return param_bytes, grad_bytes, per_element
+
+
+def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeline: int = 1, tensor: int = 1,
+                      data_parallel: int = 1, context: int = 1, precision: str = "bf16",
+                      distributed_optimizer: bool = False, grad_reduce_in_bf16: bool = False, optimizer: str = "adam",
+                      overlap_grad_reduce: bool = False, rank: int | None = None, zero_stage: int = 0) -> ModelState:
+    """Weights, gradients and optimizer state in bytes on one GPU of pipeline stage `stage`, exactly as megatron-core
+    0.16.1 allocates them (see the notes above). `chunks`: the transformer layers of each of the stage's model chunks
+    (one without interleaving). `rank`: the GPU's rank in the data x context group; None: the one that updates the
+    most elements (slices differ by a few alignment gaps). `zero_stage` 1 is the distributed optimizer; 2 and 3 are
+    Megatron-FSDP (`fsdp_model_state_bytes`).
+
+    Taught in lab 02.
+    """
+    param_bytes, grad_bytes, per_element = _state_dtypes(precision, grad_reduce_in_bf16, optimizer)
+    if zero_stage in (2, 3):
+        return fsdp_model_state_bytes(shape, chunks, zero_stage, stage=stage, pipeline=pipeline, tensor=tensor,
+                                      data_parallel=data_parallel, context=context, precision=precision,
+                                      grad_reduce_in_bf16=grad_reduce_in_bf16, optimizer=optimizer,
+                                      overlap_grad_reduce=overlap_grad_reduce)
+    distributed_optimizer = distributed_optimizer or zero_stage == 1
+    shards = data_parallel * context
     bucket_size = max(DEFAULT_BUCKET_ELEMENTS, 1_000_000 * data_parallel) if overlap_grad_reduce else None
     weights = gradients = 0
     owned = np.zeros(shards, dtype=np.int64)
@@ -263,6 +284,65 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
         owned += mine
     updated = int(owned.max() if rank is None else owned[rank])
     return ModelState(weights=weights, gradients=gradients, optimizer=updated * per_element)
+
+
+# --- Megatron-FSDP (megatron/core/distributed/fsdp/src/megatron_fsdp, megatron-core 0.16.1) ----------------------------
+# ParamAndGradBuffer._init_each_parameter_group_buffers keeps, per parameter group, a 16-bit model-weight buffer, an
+# fp32 main-weight buffer and a main-gradient buffer (fp32 when grad_reduce_in_fp32, Megatron-LM's bf16 default), each
+# sharded over the data x context ranks or not by --data-parallel-sharding-strategy: optim_grads (ZeRO-2) shards the
+# main weights and gradients, optim_grads_params (ZeRO-3) the model weights too. The optimizer states live beside the
+# sharded main weights. Sharded buffers hold ceil(elements / ranks) per bucket (each rank's padding is a few elements,
+# not counted). What is sharded is also worked on unsharded, in temporary buckets:
+# - gradients (stages 2 and 3): each bucket's gradients are produced unsharded, then reduce-scattered every
+#   micro-batch (megatron_fsdp.py, grad_reduce_every_bprop). GradReducePipeline.wait_for_previous_grad_reduce frees
+#   a reduced bucket only once the queued ones exceed the suggested communication unit C, so up to C elements wait,
+#   plus the bucket being reduced and the one being filled.
+# - parameters (stage 3): AllGatherPipeline.all_gather_params gathers the layer about to compute and prefetches the
+#   next until the prefetched elements reach C / 2; each is released after its forward (and again after backward).
+# Buckets: with optim_grads_params each TransformerLayer is an FSDP unit (mcore_fsdp_adapter.py), its own bucket; the
+# rest, like all of ZeRO-2's parameters, is split by the DDP bucket size (Megatron-LM's get_model: max(40M, 1M x
+# data-parallel ranks) with --overlap-grad-reduce, else one bucket). C (MegatronFSDP.__init__,
+# suggested_communication_unit_size): twice the mean FSDP unit with optim_grads_params, else the bucket size, else
+# 1e9 elements, and never under 1e9 (`max(1_000_000_000, ...)`). Megatron-LM's defaults thus hold up to a billion
+# gradient elements unsharded: the whole model's gradients for models below that.
+FSDP_MIN_COMMUNICATION_UNIT = 1_000_000_000
+"""Megatron-FSDP's floor on the suggested communication unit, in elements (megatron_fsdp.py)."""
+
+
+def fsdp_model_state_bytes(shape: Shape, chunks: list[int], zero_stage: int, *, stage: int = 0, pipeline: int = 1,
+                           tensor: int = 1, data_parallel: int = 1, context: int = 1, precision: str = "bf16",
+                           grad_reduce_in_bf16: bool = False, optimizer: str = "adam",
+                           overlap_grad_reduce: bool = False) -> ModelState:
+    """One GPU's model state under Megatron-FSDP at ZeRO stage 2 (optim_grads) or 3 (optim_grads_params), working
+    buffers included (see the notes above), in bytes.
+
+    Taught in lab 02.
+    """
+    if zero_stage not in (2, 3):
+        raise ValueError(f"zero_stage: Megatron-FSDP shards at stage 2 or 3, not {zero_stage}")
+    param_bytes, grad_bytes, per_element = _state_dtypes(precision, grad_reduce_in_bf16, optimizer)
+    shards = data_parallel * context
+    bucket_size = max(DEFAULT_BUCKET_ELEMENTS, 1_000_000 * shards) if overlap_grad_reduce else None
+    weights = gradients = optimizer_state = gathered = unsharded = 0
+    for k, layers in enumerate(chunks):
+        first, last = stage == 0 and k == 0, stage == pipeline - 1 and k == len(chunks) - 1
+        sizes = [n for n, _ in chunk_parameters(shape, layers, tensor, first, last, pipeline)]
+        total = sum(sizes)
+        shard = -(-total // shards)
+        per_layer = sum(n for n, _ in chunk_parameters(shape, 1, tensor, False, False, pipeline))
+        if zero_stage == 3 and layers:
+            # the largest bucket gathered at once: a layer, or the word embedding / output layer
+            bucket, unit = max(per_layer, *sizes), max(FSDP_MIN_COMMUNICATION_UNIT, 2 * per_layer)
+            gathered += min(total, unit // 2 + 2 * bucket) * param_bytes
+        else:
+            bucket = min(total, bucket_size or total)
+            unit = max(FSDP_MIN_COMMUNICATION_UNIT, bucket_size or 0)
+        unsharded += min(total, unit + 2 * bucket) * grad_bytes
+        weights += (shard if zero_stage == 3 else total) * param_bytes
+        gradients += shard * grad_bytes
+        optimizer_state += shard * per_element
+    return ModelState(weights=weights + gathered, gradients=gradients + unsharded, optimizer=optimizer_state,
+                      weights_working=gathered, gradients_working=unsharded)
 
 
 def activation_bytes_per_layer(shape: Shape, micro_batch: int, tensor: int = 1, sequence_parallel: bool = False,
@@ -363,13 +443,14 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
                      micro_batch: int = 1, num_micro_batches: int = 1, precision: str = "bf16",
                      recompute: str | None = None, recompute_layers: int = 1, sequence_parallel: bool = False,
                      virtual_stages: int = 1, distributed_optimizer: bool = False, zero_stage: int = 0,
-                     optimizer: str = "adam", flash_attention: bool = False, context: int = 1,
-                     grad_reduce_in_bf16: bool = False, overlap_grad_reduce: bool = False,
+                     zero_backend: str = "megatron", optimizer: str = "adam", flash_attention: bool = False,
+                     context: int = 1, grad_reduce_in_bf16: bool = False, overlap_grad_reduce: bool = False,
                      chunks: list[list[int]] | None = None) -> list[StageMemory]:
     """Peak memory of one GPU in each pipeline stage (GiB), without the CUDA context and allocator slack.
 
     Weights, gradients and optimizer state are megatron-core's (`model_state_bytes`, on the data x context rank that
-    updates the most) unless `zero_stage` asks for DeepSpeed's ZeRO, counted from the bytes-per-parameter table.
+    updates the most; `zero_stage` 1 the distributed optimizer, 2 and 3 Megatron-FSDP with its working buffers)
+    unless `zero_backend` is deepspeed, whose ZeRO is counted from the bytes-per-parameter table.
     `chunks`: the transformer layers of each stage's model chunks; by default each stage's layers split evenly over
     `virtual_stages`.
     """
@@ -378,13 +459,13 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
                         for n in partition]
 
     def model_state(i: int, params: float) -> tuple[float, float, float]:
-        if zero_stage:
+        if zero_stage and zero_backend == "deepspeed":
             return tuple(params * n for n in bytes_per_param(precision, data_parallel, zero_stage=zero_stage,
                                                              optimizer=optimizer))
         state = model_state_bytes(shape, chunks[i], stage=i, pipeline=p, tensor=tensor, data_parallel=data_parallel,
                                   context=context, precision=precision, distributed_optimizer=distributed_optimizer,
                                   grad_reduce_in_bf16=grad_reduce_in_bf16, optimizer=optimizer,
-                                  overlap_grad_reduce=overlap_grad_reduce)
+                                  overlap_grad_reduce=overlap_grad_reduce, zero_stage=zero_stage)
         return state.weights, state.gradients, state.optimizer
 
     act_scale = 2 if precision == "fp32" else 1

@@ -65,6 +65,45 @@ def p2p_time(nbytes: float, gbps: float, latency_s: float) -> float:
     return nbytes / _bytes_per_s(gbps) + latency_s if nbytes > 0 else 0.0
 
 
+def data_parallel_time(params: float, n: int, gbps: float, latency_s: float, *, zero_stage: int = 0,
+                       grad_bytes: int = 4, param_bytes: int = 2, forward_s: float = 0.0, backward_s: float = 0.0,
+                       micro_batches: int = 1, layers: int = 1, overlap_grad_reduce: bool = False,
+                       overlap_param_gather: bool = False) -> tuple[float, float]:
+    """(exposed, total) seconds per step of one pipeline stage's data-parallel traffic over `n` ranks, by ZeRO stage;
+    `forward_s`, `backward_s`: one micro-batch's compute on the stage, which the overlapped transfers hide behind.
+    A reduce-scatter or an all-gather is half a ring all-reduce.
+    - 0: one all-reduce of the gradients after the last micro-batch (overlapped with its backward bucket by bucket
+      with --overlap-grad-reduce).
+    - 1 (the distributed optimizer): a reduce-scatter of the gradients, then an all-gather of the updated parameters
+      (during the next forward with --overlap-param-gather), both counted in gradient-sized messages as the fitted
+      H100 rows were.
+    - 2 (Megatron-FSDP optim_grads): a reduce-scatter of each micro-batch's gradients as its backward produces them
+      (megatron_fsdp.py reduces every micro-batch once gradients are sharded, always overlapped), hidden behind that
+      backward and the next micro-batch's forward; then the all-gather of the updated 16-bit parameters.
+    - 3 (optim_grads_params): per micro-batch, an all-gather of the parameters layer by layer in the forward and again
+      in the backward, prefetched behind the computation except the first layer's, and the reduce-scatter of the
+      gradients in the backward. Rajbhandari et al.'s 1.5x the all-reduce's volume, per micro-batch.
+
+    Taught in lab 05.
+    """
+    reduce_s = allreduce_time(params * grad_bytes, n, gbps, latency_s)
+    if zero_stage == 0:
+        return (max(0.0, reduce_s - backward_s) if overlap_grad_reduce else reduce_s), reduce_s
+    scatter_s = reduce_s / 2
+    gather_s = allreduce_time(params * param_bytes, n, gbps, latency_s) / 2 if zero_stage >= 2 else reduce_s / 2
+    if zero_stage == 3:
+        first = gather_s / max(1, layers)
+        exposed = max(first, gather_s - forward_s) + max(first, gather_s + scatter_s - backward_s)
+        return micro_batches * exposed, micro_batches * (2 * gather_s + scatter_s)
+    exposed_gather = max(0.0, gather_s - forward_s) if overlap_param_gather else gather_s
+    if zero_stage == 2:
+        last = max(0.0, scatter_s - backward_s)
+        others = (micro_batches - 1) * max(0.0, scatter_s - backward_s - forward_s)
+        return last + others + exposed_gather, micro_batches * scatter_s + gather_s
+    exposed_scatter = max(0.0, scatter_s - backward_s) if overlap_grad_reduce else scatter_s
+    return exposed_scatter + exposed_gather, reduce_s
+
+
 @dataclass
 class StageTime:
     """One micro-batch on one pipeline stage, seconds."""
