@@ -286,7 +286,7 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
     return ModelState(weights=weights, gradients=gradients, optimizer=updated * per_element)
 
 
-# --- Megatron-FSDP (megatron/core/distributed/fsdp/src/megatron_fsdp, megatron-core 0.16.1) ----------------------------
+# --- Megatron-FSDP (megatron/core/distributed/fsdp/src/megatron_fsdp, megatron-core 0.16.1) ---------------------------
 # ParamAndGradBuffer._init_each_parameter_group_buffers keeps, per parameter group, a 16-bit model-weight buffer, an
 # fp32 main-weight buffer and a main-gradient buffer (fp32 when grad_reduce_in_fp32, Megatron-LM's bf16 default), each
 # sharded over the data x context ranks or not by --data-parallel-sharding-strategy: optim_grads (ZeRO-2) shards the
@@ -314,10 +314,7 @@ def fsdp_model_state_bytes(shape: Shape, chunks: list[int], zero_stage: int, *, 
                            grad_reduce_in_bf16: bool = False, optimizer: str = "adam",
                            overlap_grad_reduce: bool = False) -> ModelState:
     """One GPU's model state under Megatron-FSDP at ZeRO stage 2 (optim_grads) or 3 (optim_grads_params), working
-    buffers included (see the notes above), in bytes.
-
-    Taught in lab 02.
-    """
+    buffers included (see the notes above), in bytes."""
     if zero_stage not in (2, 3):
         raise ValueError(f"zero_stage: Megatron-FSDP shards at stage 2 or 3, not {zero_stage}")
     param_bytes, grad_bytes, per_element = _state_dtypes(precision, grad_reduce_in_bf16, optimizer)

@@ -83,8 +83,6 @@ def data_parallel_time(params: float, n: int, gbps: float, latency_s: float, *, 
     - 3 (optim_grads_params): per micro-batch, an all-gather of the parameters layer by layer in the forward and again
       in the backward, prefetched behind the computation except the first layer's, and the reduce-scatter of the
       gradients in the backward. Rajbhandari et al.'s 1.5x the all-reduce's volume, per micro-batch.
-
-    Taught in lab 05.
     """
     reduce_s = allreduce_time(params * grad_bytes, n, gbps, latency_s)
     if zero_stage == 0:

@@ -197,9 +197,10 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
     if args.use_megatron_fsdp or args.data_parallel_sharding_strategy != "no_shard":
         stage = SHARDING_STRATEGIES.index(args.data_parallel_sharding_strategy)
         raise ArgumentError(f"--use-megatron-fsdp/--data-parallel-sharding-strategy: ZeRO stage {stage} through "
-                            "Megatron-FSDP (optimizer.zero_backend megatron) is not run by labkit's driver: Megatron-FSDP "
-                            "reduce-scatters and all-gathers on CUDA streams (megatron_fsdp.py), which this driver "
-                            "does not set up; run it with Megatron-LM's pretrain_gpt.py (job.entrypoint megatron-lm)")
+                            "Megatron-FSDP (optimizer.zero_backend megatron) is not run by labkit's driver: "
+                            "Megatron-FSDP reduce-scatters and all-gathers on CUDA streams (megatron_fsdp.py), which "
+                            "this driver does not set up; run it with Megatron-LM's pretrain_gpt.py (job.entrypoint "
+                            "megatron-lm)")
     if args.ckpt_format not in (None, "torch"):
         raise ArgumentError(f"--ckpt-format {args.ckpt_format}: labkit's driver saves Megatron-LM's legacy torch "
                             "format only; leave the flag out")

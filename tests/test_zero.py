@@ -1,0 +1,173 @@
+"""ZeRO stages: the spec's two spellings, Megatron-LM's flags for Megatron-FSDP, the checks that name the field, and
+the estimator's per-rank model state and data-parallel traffic by stage, with worked numbers for Llama-2-7B."""
+import pytest
+
+from labkit import catalog
+from labkit.estimate.estimator import estimate
+from labkit.estimate.memory import FSDP_MIN_COMMUNICATION_UNIT, chunk_parameters, model_state_bytes
+from labkit.estimate.params import Shape, total_params
+from labkit.estimate.published import published_runs
+from labkit.estimate.timing import data_parallel_time
+from labkit.jobs.render import job_env
+from labkit.megatron.flags import FLAG, ArgumentError, build_parser
+from labkit.megatron_args import megatron_args
+from labkit.spec import SpecError, load_spec
+from labkit.spec.checks import check_job
+from labkit.train.arguments import finish
+
+LLAMA2_7B_ON_8_A100 = {"model": {"preset": "llama2-7b"}, "precision": "bf16", "parallel": {"data": 8},
+                       "cluster": {"nodes": [{"gpu": "A100-80GB", "count": 1, "gpus_per_node": 8}]},
+                       "batch": {"micro": 1, "global": 64}, "recompute": {"granularity": "selective"}}
+
+
+def with_optimizer(**optimizer):
+    return load_spec({**LLAMA2_7B_ON_8_A100, "optimizer": optimizer})
+
+
+@pytest.mark.parametrize("written, stage, distributed", [
+    ({}, 0, False), ({"distributed": True}, 1, True), ({"zero_stage": 1}, 1, True), ({"zero_stage": 3}, 3, True),
+    ({"zero_stage": 2, "distributed": True}, 2, True), ({"zero_stage": 0, "distributed": False}, 0, False)])
+def test_distributed_is_stage_ones_other_spelling(written, stage, distributed):
+    opt = with_optimizer(**written).optimizer
+    assert (opt.zero_stage, opt.distributed, opt.zero_backend) == (stage, distributed, "megatron")
+
+
+@pytest.mark.parametrize("written", [{"zero_stage": 0, "distributed": True}, {"zero_stage": 1, "distributed": False},
+                                     {"zero_stage": 3, "distributed": False}])
+def test_spellings_that_disagree_are_refused_naming_both(written):
+    with pytest.raises(SpecError, match=r"optimizer\.zero_stage: \d and optimizer\.distributed: \w+ disagree"):
+        with_optimizer(**written)
+
+
+def test_a_changed_copy_moves_both_spellings():
+    spec = with_optimizer(distributed=True)
+    assert spec.replace(**{"optimizer.zero_stage": 3}).optimizer.distributed is True
+    assert spec.replace(**{"optimizer.zero_stage": 0}).optimizer.distributed is False
+    assert spec.replace(**{"optimizer.distributed": False}).optimizer.zero_stage == 0
+
+
+def test_bad_stage_and_backend_name_their_field():
+    with pytest.raises(SpecError) as err:
+        with_optimizer(zero_stage=4, zero_backend="fsdp")
+    assert "optimizer.zero_stage: 4 is not 0" in str(err.value)
+    assert "optimizer.zero_backend: 'fsdp' is not one of megatron, deepspeed" in str(err.value)
+
+
+@pytest.mark.parametrize("backend, why", [("megatron", "Megatron-FSDP"), ("deepspeed", "DeepSpeed's pipeline")])
+def test_sharded_gradients_under_pipeline_parallelism_are_refused(backend, why):
+    with pytest.raises(SpecError) as err:
+        load_spec({"parallel": {"pipeline": 2, "data": 2}, "optimizer": {"zero_stage": 2, "zero_backend": backend}})
+    assert f"optimizer.zero_stage: 2 with parallel.pipeline 2: {why}" in str(err.value)
+    assert load_spec({"parallel": {"pipeline": 2, "data": 2}, "optimizer": {"zero_stage": 1}}).optimizer.distributed
+
+
+def test_megatron_fsdp_renders_megatron_lms_flags_and_leaves_cuda_connections_alone():
+    spec = load_spec({"parallel": {"tensor": 2, "data": 2}, "optimizer": {"zero_stage": 3},
+                      "job": {"entrypoint": "megatron-lm", "megatron_lm": "/opt/Megatron-LM"}})
+    args = megatron_args(spec)
+    known = catalog.megatron_lm_flags()
+    assert all(a in known for a in args if a.startswith("--"))
+    at = args.index(str(FLAG.data_parallel_sharding_strategy))
+    assert args[at + 1] == "optim_grads_params" and args[args.index(str(FLAG.ckpt_format)) + 1] == "fsdp_dtensor"
+    assert str(FLAG.use_megatron_fsdp) in args and str(FLAG.use_distributed_optimizer) in args
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in job_env(spec)  # Megatron-LM's validate_args refuses it with FSDP
+    stage_2 = megatron_args(spec.replace(**{"optimizer.zero_stage": 2}))
+    assert stage_2[stage_2.index(str(FLAG.data_parallel_sharding_strategy)) + 1] == "optim_grads"
+    stage_1 = megatron_args(spec.replace(**{"optimizer.zero_stage": 1}))
+    assert str(FLAG.use_megatron_fsdp) not in stage_1 and str(FLAG.use_distributed_optimizer) in stage_1
+    assert job_env(spec.replace(**{"optimizer.zero_stage": 1}))["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+
+
+def test_at_submission_a_stage_the_entrypoint_cannot_run_is_refused():
+    fsdp = load_spec({"parallel": {"data": 2}, "optimizer": {"zero_stage": 2}})
+    assert check_job(fsdp) == []  # a valid plan: estimated as Megatron-LM runs it
+    assert any(e.startswith("optimizer.zero_stage: 2 (zero_backend megatron) runs through Megatron-FSDP")
+               for e in check_job(fsdp, layout="multinode"))
+    deepspeed = fsdp.replace(**{"optimizer.zero_backend": "deepspeed"})
+    assert any(e.startswith("optimizer.zero_backend: deepspeed (zero_stage 2)")
+               for e in check_job(deepspeed, layout="multinode"))
+
+
+def test_the_driver_refuses_megatron_fsdp_naming_the_stage():
+    argv = ["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "2", "--seq-length", "8", "--lr",
+            "1", "--train-iters", "1", "--mock-data", "--vocab-size", "64", "--use-distributed-optimizer",
+            "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]
+    with pytest.raises(ArgumentError, match="ZeRO stage 3 through Megatron-FSDP .* CUDA streams"):
+        finish(build_parser().parse_args(argv), world_size=2, rank=0, cuda=False)
+
+
+# Llama-2-7B, bf16 with Adam, data-parallel 8: P = 6,738,415,616 parameters (its 32000-token vocabulary needs no
+# padding). Per rank, as megatron-core keeps them: bf16 weights (2P), fp32 gradients (4P), fp32 main weights and
+# Adam's two moments (12P). Stage 1 shards the 12P, stage 2 the gradients too, stage 3 the weights too:
+#   stage 0: 2P + 4P + 12P          = 18P    = 121.29 GB
+#   stage 1: 2P + 4P + 12P/8        =  7.5P  =  50.54 GB
+#   stage 2: 2P + (4P + 12P)/8      =  4P    =  26.95 GB
+#   stage 3: (2P + 4P + 12P)/8      =  2.25P =  15.16 GB
+# plus, at stages 2 and 3, Megatron-FSDP's unsharded working buffers (the layers gathered, the gradient buckets queued
+# for reduce-scatter).
+P = 6_738_415_616
+
+
+def llama2_7b_state(stage: int, overlap_grad_reduce: bool = False):
+    shape = Shape.of(with_optimizer().model)
+    return model_state_bytes(shape, [32], data_parallel=8, precision="bf16", zero_stage=stage,
+                             overlap_grad_reduce=overlap_grad_reduce)
+
+
+def test_llama2_7b_model_state_per_rank_falls_stage_by_stage_as_the_definitions_say():
+    assert total_params(Shape.of(with_optimizer().model)) == P
+    sharded = []
+    for stage in range(4):
+        s = llama2_7b_state(stage)
+        sharded.append((s.weights - s.weights_working, s.gradients - s.gradients_working, s.optimizer))
+    assert sharded == [(2 * P, 4 * P, 12 * P), (2 * P, 4 * P, 12 * P // 8), (2 * P, 4 * P // 8, 12 * P // 8),
+                       (2 * P // 8, 4 * P // 8, 12 * P // 8)]
+    assert [round(sum(s) / 1e9, 2) for s in sharded] == [121.29, 50.54, 26.95, 15.16]
+
+
+def test_megatron_fsdp_working_buffers_follow_its_communication_unit():
+    shape = Shape.of(with_optimizer().model)
+    layer = sum(n for n, _ in chunk_parameters(shape, 1, pre_process=False, post_process=False))
+    assert layer == 202_383_360
+    # stage 3: the layer computing and the prefetch up to half the unit (1e9 elements: twice a layer is less), in bf16;
+    # gradients queued up to the unit, plus the bucket reducing and the one filling, in fp32
+    s3 = llama2_7b_state(3)
+    assert s3.weights_working == (FSDP_MIN_COMMUNICATION_UNIT // 2 + 2 * layer) * 2
+    assert s3.gradients_working == (FSDP_MIN_COMMUNICATION_UNIT + 2 * layer) * 4
+    # stage 2 without --overlap-grad-reduce: Megatron-LM's get_model leaves one bucket, all of the gradients unsharded
+    # until the reduce-scatter; with it, 40M-element buckets
+    assert llama2_7b_state(2).gradients_working == 4 * P
+    with_overlap = llama2_7b_state(2, overlap_grad_reduce=True)
+    assert with_overlap.gradients_working == (FSDP_MIN_COMMUNICATION_UNIT + 2 * 40_000_000) * 4
+
+
+def test_llama2_7b_fits_on_a100_80gb_from_stage_1_and_stage_3_moves_the_most_data():
+    estimates = [estimate(with_optimizer(zero_stage=z)) for z in range(4)]
+    totals = [e.memory_gb_per_stage[0] for e in estimates]
+    assert [e.fits_in_memory for e in estimates] == [False, True, True, True]
+    assert totals[0] > totals[1] > totals[3] and totals[2] > totals[3]
+    traffic = [e.breakdown["dp_comm"] + e.hidden_comm_s["dp"] for e in estimates]
+    assert traffic[3] > traffic[0]  # 16 micro-batches, each gathering the parameters twice
+
+
+def test_data_parallel_time_by_stage():
+    kw = dict(params=1e9, n=8, gbps=800.0, latency_s=0.0, grad_bytes=4, param_bytes=2)
+    all_reduce = data_parallel_time(**kw)[1]
+    # stage 3: per micro-batch, two half-ring all-gathers of 2-byte parameters and a half-ring reduce-scatter of
+    # 4-byte gradients: (2 x 2 + 4) / 2 / 4 = the all-reduce's time, once per micro-batch
+    assert data_parallel_time(**kw, zero_stage=3, micro_batches=4)[1] == pytest.approx(4 * all_reduce)
+    # with no computation to hide behind, all of it is exposed; with plenty, only the first layer's gathers
+    assert data_parallel_time(**kw, zero_stage=3, micro_batches=4)[0] == pytest.approx(4 * all_reduce)
+    hidden = data_parallel_time(**kw, zero_stage=3, micro_batches=4, forward_s=10, backward_s=20, layers=10)[0]
+    assert hidden == pytest.approx(4 * 2 * all_reduce / 4 / 10)
+    # stage 2 reduce-scatters every micro-batch; stage 1 once per step
+    assert data_parallel_time(**kw, zero_stage=2, micro_batches=4)[1] > data_parallel_time(**kw, zero_stage=1)[1]
+
+
+def test_megatron_bridge_llama3_8b_fsdp_rows_fit_their_h100s():
+    rows = [r for r in published_runs() if r.label.startswith("Bridge") and "Llama 3 8B" in r.label]
+    assert len(rows) == 2
+    for row in rows:
+        assert row.spec.optimizer.zero_stage == 3
+        est = estimate(row.spec)
+        assert est.fits_in_memory and est.memory_gb_per_stage[0] < 70
