@@ -107,7 +107,10 @@ KEY: dict[str, Callable[..., None]] = {
 
 def check(exercise: str, answer: Any, **lab_values: Any) -> None:
     """Check `answer` to lab exercise `exercise` ("LAB.N") against the key; `lab_values` are what the lab computed
-    that the answer depends on."""
+    that the answer depends on.
+
+    Taught in labs 00, 01, 02, 03, 04, 05, 06, 07, 08 and 09.
+    """
     if exercise not in KEY:
         raise KeyError(f"no exercise {exercise!r}; the labs' exercises are {', '.join(KEY)}")
     KEY[exercise](answer, **lab_values)

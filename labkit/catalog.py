@@ -59,6 +59,10 @@ def _norm(name: str) -> str:
 
 @functools.cache
 def gpus() -> dict[str, GPU]:
+    """Every GPU of the catalog (gpus.yaml), by name.
+
+    Taught in lab 05.
+    """
     out = {}
     for name, entry in _load("gpus.yaml")["gpus"].items():
         entry = dict(entry)

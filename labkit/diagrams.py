@@ -280,7 +280,7 @@ def write_diagrams(out_dir: Path | str = "images") -> list[Path]:
 def show(name_or_svg: str):
     """Display a diagram in a notebook: a file name in images/ ("zero_stages") or SVG text.
 
-    Taught in labs 03, 05, 06 and 07.
+    Taught in labs 02, 03, 05, 06 and 07.
     """
     from IPython.display import SVG
 

@@ -89,6 +89,8 @@ def prediction_table(guesses: dict[str, Any], estimated: dict[str, Any], measure
     A lab asks for the prediction in a cell tagged `prediction`, before it shows the estimate or runs anything, and
     sets the three side by side once the runs are measured. A guess left as `...` reads "(not written)"; a question
     the estimate or the measurement does not answer reads "-".
+
+    Taught in labs 01, 02, 03, 04, 05, 06 and 07.
     """
     import pandas as pd
 

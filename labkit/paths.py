@@ -21,13 +21,19 @@ COURSE_NAMES = ("notebooks", "examples", "images")
 
 
 def data_file(*parts: str) -> Path:
-    """A file of the package data, e.g. data_file("tokenizer", "vocab.json")."""
+    """A file of the package data, e.g. data_file("tokenizer", "vocab.json").
+
+    Taught in lab 08.
+    """
     return DATA_DIR.joinpath(*parts)
 
 
 def shipped_corpus() -> dict:
     """A spec's `data` section that trains on the corpus labkit ships (labkit/data/corpus/, tokenised; lab 08 builds
-    it), for the labs whose lesson needs a loss that falls."""
+    it), for the labs whose lesson needs a loss that falls.
+
+    Taught in labs 01, 02, 03 and 04.
+    """
     return {"mock": False, "path": str(data_file("corpus", "corpus_text_document"))}
 
 
@@ -51,12 +57,18 @@ def course_dir(name: str) -> Path:
 
 
 def example(name: str) -> Path:
-    """A shipped example run spec, e.g. example("tiny-cpu.yaml")."""
+    """A shipped example run spec, e.g. example("tiny-cpu.yaml").
+
+    Taught in labs 00, 01, 02, 03, 04, 05, 07 and 09.
+    """
     return course_dir("examples") / name
 
 
 def runs_dir(path: str | os.PathLike | None = None) -> Path:
-    """Where run records and lab runs live: the argument, else $LABKIT_RUNS_DIR, else ./runs."""
+    """Where run records and lab runs live: the argument, else $LABKIT_RUNS_DIR, else ./runs.
+
+    Taught in labs 01, 06 and 07.
+    """
     return Path(path or os.environ.get("LABKIT_RUNS_DIR") or "runs").resolve()
 
 

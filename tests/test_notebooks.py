@@ -40,3 +40,30 @@ def test_notebook_runs_under_nbval(notebook: Path, tmp_path):
     env = {**os.environ, "LABKIT_RUNS_DIR": str(tmp_path / "runs")}
     result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, env=env)
     assert result.returncode == 0, f"{notebook.name} failed under nbval:\n{result.stdout[-6000:]}\n{result.stderr[-2000:]}"
+
+
+def test_every_taught_in_link_names_exactly_the_labs_that_call_it():
+    """A docstring's "Taught in lab NN" back-link is checked against the labs' sources, as d2l generates its: a link
+    to a lab that never calls the function fails, and so does a labkit function a lab calls with no link."""
+    from labkit import lab
+
+    called, linked = lab.taught_in(NOTEBOOK_DIR), lab.taught_links()
+    assert len(called) > 50 and called["labkit.logs.views.timer_breakdown_figure"] == {"07"}
+    wrong = {home: f"says {sorted(linked.get(home, ()))}, called by {sorted(called.get(home, ()))}: "
+                   f"write {lab.taught_phrase(called[home]) if home in called else 'no link'!r}"
+             for home in set(called) | set(linked) if called.get(home, set()) != linked.get(home, set())}
+    assert not wrong, wrong
+
+
+def test_the_link_check_reads_calls_through_names_and_modules(tmp_path):
+    from labkit import lab
+
+    source = ("from labkit.paths import example as ex\nfrom labkit.profiling import views\nimport labkit.catalog\n"
+              "ex('tiny-cpu.yaml')\nviews.memory_figure({})\nlabkit.catalog.gpus\nfrom labkit.spec import load_spec\n")
+    assert lab.labkit_calls(source) == {("labkit.paths", "example"), ("labkit.profiling.views", "memory_figure")}
+    (tmp_path / "03_x.py").write_text(source)
+    assert lab.taught_in(tmp_path) == {"labkit.paths.example": {"03"},
+                                       "labkit.profiling.views.memory_figure": {"03"}}
+    assert lab.taught_phrase({"07"}) == "Taught in lab 07."
+    assert lab.taught_phrase({"04", "01", "02"}) == "Taught in labs 01, 02 and 04."
+    assert lab.TAUGHT.search(lab.taught_phrase({"04", "01", "02"})).group(1) == "01, 02 and 04"

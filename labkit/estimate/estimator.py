@@ -141,7 +141,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     `calibration`: the fitted constants (efficiencies, bus fractions, latencies, stacks); default_calibration() when
     None.
 
-    Taught in labs 05, 06 and 07.
+    Taught in labs 01, 05, 06 and 07.
     """
     cal = resolve(calibration)
     latency = cal.link_latency_s

@@ -258,8 +258,6 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
     (one without interleaving). `rank`: the GPU's rank in the data x context group; None: the one that updates the
     most elements (slices differ by a few alignment gaps). `zero_stage` 1 is the distributed optimizer; 2 and 3 are
     Megatron-FSDP (`fsdp_model_state_bytes`).
-
-    Taught in lab 02.
     """
     param_bytes, grad_bytes, per_element = _state_dtypes(precision, grad_reduce_in_bf16, optimizer)
     if zero_stage in (2, 3):

@@ -70,8 +70,6 @@ def mode_name(spec: RunSpec) -> str:
 
 def recompute_cost(spec: RunSpec) -> RecomputeCost:
     """What `spec`'s recompute setting keeps and repeats (see the module's docstring).
-
-    Taught in lab 03.
     """
     shape = Shape.of(spec.model)
     r, par, b = spec.recompute, spec.parallel, spec.batch

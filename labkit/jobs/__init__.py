@@ -29,7 +29,10 @@ def backend_named(name: str, **options) -> Backend:
 
 
 def default_backend(**options) -> Backend:
-    """Slurm when this host has sbatch, else the embedded local backend."""
+    """Slurm when this host has sbatch, else the embedded local backend.
+
+    Taught in lab 00.
+    """
     return backend_named("slurm" if shutil.which("sbatch") else "local", **options)
 
 
@@ -49,3 +52,7 @@ def job_of(record: RunRecord, backend: Backend | None = None) -> Job:
 
 __all__ = ["Backend", "Job", "State", "Status", "LocalBackend", "SlurmBackend", "SlurmError", "RecordError",
            "backend_named", "default_backend", "job_of"]
+    """The backend called `name` ("local" or "slurm"), built with `options`.
+
+    Taught in labs 00, 01, 02, 03, 04, 06, 07 and 08.
+    """

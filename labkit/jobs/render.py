@@ -183,7 +183,10 @@ def _task(spec: RunSpec, log_dir: Path | str) -> dict:
 
 def render(spec: RunSpec, log_dir: Path | str, *, layout: str | None = None, run_id: str | None = None,
            torchrun: str | None = None) -> Rendered:
-    """The job script(s) for one run. `log_dir` is where LOGDIR/JOBID/NODE.* go (absolute for Slurm jobs)."""
+    """The job script(s) for one run. `log_dir` is where LOGDIR/JOBID/NODE.* go (absolute for Slurm jobs).
+
+    Taught in labs 01 and 09.
+    """
     return render_array([spec], [log_dir], layout=layout, run_ids=[run_id] if run_id else None, torchrun=torchrun)
 
 

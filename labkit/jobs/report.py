@@ -51,6 +51,11 @@ class Report:
 
 
 def report(job: Job, lines: int = 5) -> Report:
+    """What the monitor shows of a job: its state and cause, each node's last `lines` lines, the job information each
+    node printed checked against the spec, and the iterations so far.
+
+    Taught in labs 01 and 07.
+    """
     state = job.state
     info = {node: node_info(tail_file(files["out"], lines=10**6, max_bytes=2_000_000) if "out" in files else [])
             for node, files in job.node_logs().items()}
@@ -108,7 +113,10 @@ def format_report(rep: Report, color: bool = True) -> str:
 
 
 def widget(job: Job, interval_s: float = 2.0, lines: int = 5):
-    """An ipywidgets view of the report that refreshes every `interval_s` while the job runs, then stops."""
+    """An ipywidgets view of the report that refreshes every `interval_s` while the job runs, then stops.
+
+    Taught in labs 01 and 07.
+    """
     import html
 
     import ipywidgets as widgets

@@ -33,13 +33,19 @@ NO_DROPOUT = (F.hidden_dropout.name, "0", F.attention_dropout.name, "0")
 
 
 def with_flags(spec: RunSpec, *flags) -> RunSpec:
-    """The spec with Megatron flags appended to `job.extra_args`, for settings the spec has no field for."""
+    """The spec with Megatron flags appended to `job.extra_args`, for settings the spec has no field for.
+
+    Taught in lab 04.
+    """
     return spec.replace(**{"job.extra_args": [*spec.job.extra_args, *(str(f) for f in flags)]})
 
 
 def profiled(spec: RunSpec, first: int, last: int | None = None, ranks: tuple[int, ...] = (0,)) -> RunSpec:
     """The spec with torch.profiler over iterations `first`..`last` (numbered as in the log, inclusive) on `ranks`,
-    and TensorBoard scalars (loss, loss scale, timers, memory), all written to the run directory's tensorboard/."""
+    and TensorBoard scalars (loss, loss scale, timers, memory), all written to the run directory's tensorboard/.
+
+    Taught in labs 02, 03, 04 and 07.
+    """
     last = first if last is None else last
     iters = spec.train.iters
     if not 1 <= first <= last <= iters:
@@ -74,7 +80,10 @@ class SweepFailed(RuntimeError):
 
 
 class Sweep:
-    """Named jobs started together from one backend."""
+    """Named jobs started together from one backend.
+
+    Taught in lab 04.
+    """
 
     def __init__(self, jobs: Mapping[str, Job]):
         self.jobs = dict(jobs)

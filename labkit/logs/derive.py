@@ -48,7 +48,7 @@ def steady_state(iterations: pd.DataFrame, warmup: int | None = None) -> SteadyS
     than WARMUP_FACTOR slower than the median of the rest. Intervals more than OUTLIER_FACTOR slower than the steady
     median are left out as spikes. With a single interval there is nothing to compare, so it is used as is.
 
-    Taught in lab 06.
+    Taught in labs 01 and 06.
     """
     rows = iterations.dropna(subset=["elapsed_ms"]).sort_values("iteration")
     its = rows["iteration"].astype(int).tolist()

@@ -86,7 +86,7 @@ def _recompute(args: dict) -> str | None:
 def loss_figure(runs, validation: bool = True) -> go.Figure:
     """Training loss against iteration for each run; validation losses as markers on the same axes.
 
-    Taught in labs 01, 02 and 04.
+    Taught in labs 01, 02, 04 and 08.
     """
     runs = _runs(runs)
     fig = go.Figure()
@@ -107,7 +107,7 @@ def loss_figure(runs, validation: bool = True) -> go.Figure:
 def iteration_time_figure(runs) -> go.Figure:
     """Elapsed time per iteration for each run, warm-up and spikes marked, the steady-state mean as a dotted line.
 
-    Taught in labs 01, 02, 03 and 04.
+    Taught in labs 02, 03 and 04.
     """
     runs = _runs(runs)
     fig = go.Figure()

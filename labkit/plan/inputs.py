@@ -21,7 +21,10 @@ SEARCHED = object()
 
 @dataclass(frozen=True)
 class Constraints:
-    """Layout fields the input spec fixed; SEARCHED where it left them out."""
+    """Layout fields the input spec fixed; SEARCHED where it left them out.
+
+    Taught in lab 06.
+    """
     tensor: object = SEARCHED
     """parallel.tensor."""
     pipeline: object = SEARCHED

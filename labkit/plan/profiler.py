@@ -79,7 +79,10 @@ def profile_model(model: str | RunSpec, tensor: int = 1, micro_batch: int | tupl
                   host_processes: int = TRAINING_PROCESSES_PER_HOST) -> tuple[Path, Profile]:
     """Measure and save the profile at one micro-batch size or several; returns where it was written and the
     profile. `host_processes`: how many training processes the profile stands for on a CPU host (the laptop
-    cluster's by default)."""
+    cluster's by default).
+
+    Taught in lab 06.
+    """
     import torch.multiprocessing as mp
 
     sizes = sorted(set((micro_batch,) if isinstance(micro_batch, int) else micro_batch))

@@ -155,7 +155,10 @@ def load_trace(path) -> Trace:
 
 
 def find_traces(path) -> list[Path]:
-    """Trace files at PATH: the file itself, or every `*trace*.json[.gz]` below a run directory."""
+    """Trace files at PATH: the file itself, or every `*trace*.json[.gz]` below a run directory.
+
+    Taught in lab 02.
+    """
     path = Path(path)
     if path.is_file():
         return [path]

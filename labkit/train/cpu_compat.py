@@ -147,7 +147,10 @@ def is_applied() -> bool:
 
 
 def apply() -> bool:
-    """Patch megatron-core for CPU execution when there is no GPU. Returns whether the layer is (now) active."""
+    """Patch megatron-core for CPU execution when there is no GPU. Returns whether the layer is (now) active.
+
+    Taught in labs 02, 03, 04 and 07.
+    """
     if _state:
         return True
     if not needed():

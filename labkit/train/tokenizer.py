@@ -49,6 +49,8 @@ class HuggingFaceTokenizer:
 
     Megatron-LM loads the whole HuggingFace tokenizer directory and takes `eos_token` from its config; a lone
     tokenizer.json has no such setting, so the first of the usual end-of-sequence names it holds is used.
+
+    Taught in lab 08.
     """
 
     EOS_NAMES = ("</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>")
