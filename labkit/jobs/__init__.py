@@ -23,6 +23,10 @@ BACKENDS = {"local": LocalBackend, "slurm": SlurmBackend}
 
 
 def backend_named(name: str, **options) -> Backend:
+    """The backend called `name` ("local" or "slurm"), built with `options`.
+
+    Taught in labs 00, 01, 02, 03, 04, 06, 07 and 08.
+    """
     if name not in BACKENDS:
         raise ValueError(f"backend {name!r}: use one of {', '.join(BACKENDS)}")
     return BACKENDS[name](**options)
@@ -52,7 +56,3 @@ def job_of(record: RunRecord, backend: Backend | None = None) -> Job:
 
 __all__ = ["Backend", "Job", "State", "Status", "LocalBackend", "SlurmBackend", "SlurmError", "RecordError",
            "backend_named", "default_backend", "job_of"]
-    """The backend called `name` ("local" or "slurm"), built with `options`.
-
-    Taught in labs 00, 01, 02, 03, 04, 06, 07 and 08.
-    """
