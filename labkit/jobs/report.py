@@ -69,7 +69,10 @@ _STATE_COLOURS = {State.COMPLETED: "green", State.RUNNING: "cyan", State.PENDING
 
 
 def format_report(rep: Report, color: bool = True) -> str:
-    """The report as text, coloured with `color` unless NO_COLOR is set (https://no-color.org)."""
+    """The report as text, coloured with `color` unless NO_COLOR is set (https://no-color.org).
+
+    Taught in labs 01 and 07.
+    """
     from termcolor import colored
 
     color = color and not os.environ.get("NO_COLOR")
