@@ -1,5 +1,7 @@
 """ZeRO stages: the spec's two spellings, Megatron-LM's flags for Megatron-FSDP, the checks that name the field, and
 the estimator's per-rank model state and data-parallel traffic by stage, with worked numbers for Llama-2-7B."""
+from dataclasses import replace
+
 import pytest
 
 from labkit import catalog
@@ -11,6 +13,9 @@ from labkit.estimate.timing import data_parallel_time
 from labkit.jobs.render import job_env
 from labkit.megatron.flags import FLAG, ArgumentError, build_parser
 from labkit.megatron_args import megatron_args
+from labkit.plan.explain import sharding_bought
+from labkit.plan.inputs import SEARCHED, Constraints
+from labkit.plan.search import search
 from labkit.spec import SpecError, load_spec
 from labkit.spec.checks import check_job
 from labkit.train.arguments import finish
@@ -171,3 +176,22 @@ def test_megatron_bridge_llama3_8b_fsdp_rows_fit_their_h100s():
         assert row.spec.optimizer.zero_stage == 3
         est = estimate(row.spec)
         assert est.fits_in_memory and est.memory_gb_per_stage[0] < 70
+
+
+def test_the_planner_shards_further_where_memory_needs_it_and_says_what_it_bought():
+    base = load_spec({**LLAMA2_7B_ON_8_A100, "parallel": {}, "recompute": None})
+    fixed = Constraints(tensor=1, pipeline=1, context=1, micro_batch=2, recompute=None)
+    best = search(base, constraints=fixed, top=1).best
+    assert (best.dp, best.zero_stage, best.oom) == (8, 3, False)  # stage 1 holds 84 GB at micro-batch 2
+    assert best.spec.optimizer.distributed
+    bought = sharding_bought(best)
+    assert [line.split(" GB per GPU over ")[1][:7] for line in bought] == ["stage 2", "stage 1", "stage 0"]
+    assert all("does not fit" in line for line in bought)
+    kept = search(base, constraints=replace(fixed, zero_stage=1), top=1).best
+    assert kept.zero_stage == 1 and kept.oom
+
+
+def test_a_written_stage_is_a_planning_constraint():
+    for written, stage in (({"distributed": True}, 1), ({"zero_stage": 2}, 2), ({}, SEARCHED)):
+        data = {**LLAMA2_7B_ON_8_A100, "optimizer": written}
+        assert Constraints.written(data, load_spec(data)).zero_stage == stage

@@ -12,6 +12,7 @@ from dataclasses import replace
 import pandas as pd
 
 from labkit import catalog
+from labkit.estimate import estimate
 from labkit.plan.inputs import SEARCHED, Constraints
 
 FAMILIES = {"no pipeline": ("pipeline", 1), "no tensor parallelism": ("tensor", 1), "no data parallelism": ("data", 1)}
@@ -39,8 +40,8 @@ def headroom_gb(row) -> float:
 def _layout(row) -> str:
     extras = [f"micro {row.mbs}"] + (["sp"] if row.sequence_parallel else []) + \
         ([f"{row.recompute_granularity} recompute"] if row.recompute_granularity else []) + \
-        (["dist opt"] if row.distributed_optimizer else []) + ([f"vp{row.virtual_stages}"]
-                                                               if row.virtual_stages > 1 else [])
+        ([f"ZeRO-{row.zero_stage}"] if row.zero_stage > 1 else ["dist opt"] if row.distributed_optimizer else []) + \
+        ([f"vp{row.virtual_stages}"] if row.virtual_stages > 1 else [])
     cp = f" cp{row.cp}" if row.cp > 1 else ""
     return f"tp{row.tp}{cp} pp{row.pp} dp{row.dp} ({', '.join(extras)})"
 
@@ -68,6 +69,23 @@ def comparisons(plan, base=None, constraints: Constraints | None = None, **searc
         if best is not None:
             chosen.append((f"best, {label}", best))
     return chosen
+
+
+def sharding_bought(row, profiles=None, calibration=None) -> list[str]:
+    """What the row's ZeRO stage buys: the same layout estimated at each lower stage, one sentence each (the most
+    memory of any stage's GPU, and the step time); [] at stage 0."""
+    if not row.zero_stage or row.spec is None:
+        return []
+    out = []
+    for lower in range(row.zero_stage - 1, -1, -1):
+        spec = replace(row.spec, optimizer=replace(row.spec.optimizer, zero_stage=lower, distributed=lower >= 1))
+        est = estimate(spec, profiles, calibration=calibration)
+        saved = max(est.memory_gb_per_stage) - max(row.memory_gb_per_stage)
+        faster = est.iteration_time_s - row.estimated_s
+        out.append(f"optimizer.zero_stage {row.zero_stage} saves {saved:.1f} GB per GPU over stage {lower} "
+                   f"({max(est.memory_gb_per_stage):.1f} GB, {'fits' if est.fits_in_memory else 'does not fit'}) "
+                   f"and is {abs(faster):.4f} s per step {'faster' if faster >= 0 else 'slower'}")
+    return out
 
 
 def explain_table(plan, base=None, constraints: Constraints | None = None, **search_options) -> pd.DataFrame:
@@ -101,6 +119,7 @@ def explain_text(plan, base=None, constraints: Constraints | None = None, **sear
     lines = [table.to_string(index=False), ""]
     top = table.iloc[0]
     lines.append(f"top: {top['layout']} at {top['s/step']} s per step, {top['headroom GB']} GB of headroom")
+    lines += sharding_bought(comparisons(plan)[0][1], search_options.get("profiles"), search_options.get("calibration"))
     for _, rec in table.iloc[1:].iterrows():
         worst = max(PARTS, key=lambda name: rec[f"{name} vs top"])
         lines.append(f"{rec['row']}: {rec['layout']} is {rec['s/step'] - top['s/step']:+.4f} s per step; most of it "

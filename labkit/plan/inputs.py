@@ -45,6 +45,8 @@ class Constraints:
     """recompute: a RecomputeSpec, or None for no recompute."""
     distributed_optimizer: object = SEARCHED
     """optimizer.distributed."""
+    zero_stage: object = SEARCHED
+    """optimizer.zero_stage (optimizer.distributed, its stage-1 spelling, fixes it too)."""
 
     @classmethod
     def written(cls, data: dict, spec: RunSpec) -> "Constraints":
@@ -60,6 +62,9 @@ class Constraints:
             fixed["recompute"] = spec.recompute
         if isinstance(data.get("optimizer"), dict) and data["optimizer"].get("distributed") is not None:
             fixed["distributed_optimizer"] = spec.optimizer.distributed
+        if isinstance(data.get("optimizer"), dict) and any(data["optimizer"].get(key) is not None
+                                                           for key in ("distributed", "zero_stage")):
+            fixed["zero_stage"] = spec.optimizer.zero_stage
         return cls(**fixed)
 
     def allows(self, name: str, value) -> bool:

@@ -46,7 +46,7 @@ class Row:
     pp: int
     virtual_stages: int
     recompute: bool
-    distributed_optimizer: bool
+    distributed_optimizer: bool     # optimizer states sharded: ZeRO stage 1 or more
     sequence_parallel: bool
     recompute_granularity: str | None  # selective or full; None without recompute
     cp: int                         # context-parallel size
@@ -62,6 +62,7 @@ class Row:
     stage_times_s: list[float]
     breakdown: dict[str, float] = field(default_factory=dict)  # the estimator's seconds per part of the step
     idle_gpus: int = 0              # GPUs of stages without transformer layers (they hold only embedding/output)
+    zero_stage: int = 0             # optimizer.zero_stage: 1 the distributed optimizer, 2 and 3 Megatron-FSDP
     within_budget: bool = True
     spec: RunSpec | None = field(default=None, repr=False)
     pipeline: Pipeline | None = field(default=None, repr=False)   # what pipeline_s was timed from, to draw it
@@ -263,6 +264,7 @@ def _memory_caps(spec: RunSpec, shape: Shape, links: _Links, flash: bool) -> lis
               recompute=spec.recompute.granularity if spec.recompute else None,
               recompute_layers=spec.recompute.num_layers if spec.recompute else 1,
               virtual_stages=spec.parallel.virtual_stages, distributed_optimizer=spec.optimizer.distributed,
+              zero_stage=spec.optimizer.zero_stage, zero_backend=spec.optimizer.zero_backend,
               optimizer=spec.optimizer.name, flash_attention=flash, context=spec.parallel.context,
               grad_reduce_in_bf16=spec.optimizer.grad_reduce_in_bf16,
               overlap_grad_reduce=spec.kernels.overlap_grad_reduce)
@@ -332,9 +334,10 @@ def _bound(shape: Shape, precision: str, t: int, d: int, b: int, v: int, links: 
     pipe_s = pipeline_lower_bound(totals, boundaries, costs.global_batch // (d * b), v, chunk_shares=shares)
     # the gradient and tied-embedding all-reduces that follow the last backward, as estimate() charges them
     grad_bytes = GRAD_REDUCE_BYTES.get(precision, 4)
-    # overlapped with the backward (kernels.overlap_grad_reduce), the reduce may hide entirely: 0 stays a lower bound
+    # overlapped with the backward (kernels.overlap_grad_reduce), or reduce-scattered as the backward goes (ZeRO
+    # stages 2 and 3, tried without pipeline parallelism), the reduce may hide entirely: 0 stays a lower bound
     per_stage = zip(costs.stage_params(tuple(layers), t), links.dp)
-    dp_s = 0.0 if costs.overlap_dp else max(allreduce_time(n * grad_bytes, d, gbps, latency)
+    dp_s = 0.0 if costs.overlap_dp or len(layers) == 1 else max(allreduce_time(n * grad_bytes, d, gbps, latency)
                                             for n, (gbps, latency) in per_stage)
     embedding_s = (allreduce_time(shape.vocab * shape.hidden / t * grad_bytes, 2, *links.ends)
                    if len(layers) > 1 and shape.tied else 0.0)
@@ -353,19 +356,24 @@ def _balanced_partition(spec: RunSpec, shape: Shape, costs: _StageCosts, links: 
 
 
 def _variants(spec: RunSpec, constraints: Constraints):
-    """The layout and its memory-saving variants the constraints allow, least costly first (each is slower or equal,
-    never faster): the distributed optimizer, then selective recompute, then full recompute."""
+    """The layout and its memory-saving variants the constraints allow, least costly first: ZeRO stages sharding more
+    and more over the data-parallel ranks (1 the distributed optimizer; 2 and 3, which communicate every micro-batch,
+    only without pipeline parallelism, as the backends run them), then selective recompute, then full recompute."""
     recomputes = [None, SELECTIVE_RECOMPUTE, FULL_RECOMPUTE] if constraints.recompute is SEARCHED \
         else [constraints.recompute]
-    distributed = ([False, True] if spec.data_parallel > 1 else [False]) \
-        if constraints.distributed_optimizer is SEARCHED else [constraints.distributed_optimizer]
+    stages = ([0, 1] + ([2, 3] if spec.parallel.pipeline == 1 else [])) if spec.data_parallel > 1 else [0]
+    if constraints.zero_stage is not SEARCHED:
+        stages = [constraints.zero_stage]
+    elif constraints.distributed_optimizer is not SEARCHED:
+        stages = [z for z in stages if (z >= 1) == constraints.distributed_optimizer]
     for recompute in recomputes:
-        for dist in distributed:
-            yield _with(spec, recompute=recompute, distributed=dist)
+        for stage in stages:
+            yield _with(spec, recompute=recompute, zero_stage=stage)
 
 
-def _with(spec: RunSpec, recompute, distributed: bool) -> RunSpec:
-    return replace(spec, recompute=recompute, optimizer=replace(spec.optimizer, distributed=distributed))
+def _with(spec: RunSpec, recompute, zero_stage: int) -> RunSpec:
+    return replace(spec, recompute=recompute,
+                   optimizer=replace(spec.optimizer, zero_stage=zero_stage, distributed=zero_stage >= 1))
 
 
 def _row(spec: RunSpec, est, order_names: list[str], price_s: float) -> Row:
@@ -374,7 +382,8 @@ def _row(spec: RunSpec, est, order_names: list[str], price_s: float) -> Row:
     idle = sum(1 for n in layers_per_stage if n == 0) * par.tensor * par.context * spec.data_parallel
     return Row(mbs=spec.batch.micro, tp=par.tensor, dp=spec.data_parallel, pp=par.pipeline, cp=par.context,
                virtual_stages=par.virtual_stages, recompute=spec.recompute is not None,
-               distributed_optimizer=spec.optimizer.distributed, sequence_parallel=par.sequence_parallel,
+               distributed_optimizer=spec.optimizer.distributed, zero_stage=spec.optimizer.zero_stage,
+               sequence_parallel=par.sequence_parallel,
                recompute_granularity=spec.recompute.granularity if spec.recompute else None,
                breakdown={k: float(v) for k, v in bd.items()}, idle_gpus=idle, placement=order_names,
                partition=spec.layer_partition, estimated_s=est.iteration_time_s,
@@ -476,7 +485,7 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
         # tensor-parallel overlap hides sequence parallelism's transfers: on where the layout has them
         kernels = replace(base.kernels, tp_comm_overlap=base.kernels.tp_comm_overlap and layout.sequence_parallel)
         spec = replace(base, cluster=placed, batch=replace(base.batch, micro=b), recompute=None, parallel=layout,
-                       kernels=kernels, optimizer=replace(base.optimizer, distributed=False))
+                       kernels=kernels, optimizer=replace(base.optimizer, distributed=False, zero_stage=0))
         links = _Links.of(spec, cal)
         names = [kinds[k].gpu for k in order]
         for attempt in _variants(spec, constraints):
@@ -519,7 +528,7 @@ def _distinct(rows: list[Row]) -> list[Row]:
     seen, out = set(), []
     for row in rows:
         key = (row.tp, row.pp, row.dp, row.cp, row.mbs, row.virtual_stages, row.sequence_parallel, row.recompute_granularity,
-               row.distributed_optimizer, tuple(row.spec.stage_gpus), tuple(row.partition), round(row.estimated_s, 9))
+               row.zero_stage, tuple(row.spec.stage_gpus), tuple(row.partition), round(row.estimated_s, 9))
         if key not in seen:
             seen.add(key)
             out.append(row)

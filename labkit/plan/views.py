@@ -53,6 +53,8 @@ def layout_name(row) -> str:
     sequence parallel, distributed optimizer, no recompute, partition 10-10-..., on H100-SXMx8'."""
     parts = [f"tp{row.tp} cp{row.cp} pp{row.pp} vp{row.virtual_stages} dp{row.dp} micro {row.mbs}",
              "sequence parallel" if row.sequence_parallel else "no sequence parallel",
+             ("ZeRO stage 2 (optimizer states and gradients sharded)" if row.zero_stage == 2 else
+              "ZeRO stage 3 (optimizer states, gradients and parameters sharded)") if row.zero_stage > 1 else
              "distributed optimizer" if row.distributed_optimizer else "no distributed optimizer",
              f"{row.recompute_granularity} recompute" if row.recompute_granularity else "no recompute"]
     if row.pp > 1:
