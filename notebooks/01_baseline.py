@@ -70,8 +70,26 @@ for name, text in script.scripts.items():
     print(f"# ===== {name} =====\n{text}")
 
 # %% [markdown]
-# Before it runs: how long do you expect one training iteration of this tiny GPT to take here, in milliseconds? 1.4
-# sets your guess beside labkit's estimate and the measurement.
+# Before it runs: how long do you expect one training iteration of this tiny GPT to take here, in milliseconds? Not a
+# blind guess: below are the work one iteration does (its floating-point operations, forward and backward, counted
+# as lab 05 will teach) and how fast this machine multiplies fp32 matrices. Work divided by speed is a floor: the
+# operations between the matrix products, the optimizer step and the processes' communication come on top. 1.4 sets
+# your guess beside labkit's estimate and the measurement.
+
+# %%
+import time
+
+import torch
+
+work = estimate(spec).flops_per_iteration
+a = torch.randn(512, 512)
+a @ a  # the first product picks the kernel
+start = time.perf_counter()
+for _ in range(10):
+    a @ a
+speed = 10 * 2 * 512 ** 3 / (time.perf_counter() - start)
+print(f"one iteration: {work / 1e9:.2f} GFLOP; this machine's fp32 matrix products: {speed / 1e9:.1f} GFLOP/s; "
+      f"work / speed: {work / speed * 1e3:.1f} ms")
 
 # %% tags=["prediction"]
 my_prediction = {"time per iteration (ms)": ...}  # a number

@@ -49,6 +49,15 @@ from labkit.paths import runs_dir
 from labkit.spec import load_spec
 
 # %% [markdown]
+# FASOP's question first. GPT-2 XL has 48 transformer layers; put them on a pipeline of 8 stages, one per node of
+# this cluster: one node of A100s, seven of A10s. Spread evenly, each stage takes 6. The A100-40GB's fp16 peak is
+# 312 TFLOP/s, the A10's 125. How many layers should the A100 stage take so that no stage holds the others up?
+# 6.1 answers it after the search.
+
+# %% tags=["prediction"]
+my_partition = {"layers on the A100 stage": ...}  # a number, 0 to 48
+
+# %% [markdown]
 # ## 6.1 Search
 #
 # The planner enumerates tensor sizes up to a node's GPUs, the pipeline and data sizes they leave, micro-batches,
@@ -66,8 +75,64 @@ ranked_table(plan, top=10)
 
 # %% [markdown]
 # FASOP's Megatron-LM scripts ran `PARTITION="0-11-8-8-8-8-5-0"` (PP 8, DP 4) and measured 1.4 s per step on 32 A10s;
-# FASOP's planner ranked mbs 1, tp 1, dp 2, pp 16 first at about 1.07 s. Compare with the rows above; in the
-# pipelined rows, see how the partition gives each stage a share of layers that matches its GPU's speed and memory.
+# FASOP's planner ranked mbs 1, tp 1, dp 2, pp 16 first at about 1.07 s. The rows above are interleaved (`vp` model
+# chunks per stage), whose partitions are even, and many differ only in where the A100 node sits in the pipeline.
+# FASOP's question is about the plain pipeline: 8 stages, one per node, no interleaving. The same search with those
+# fixed:
+
+# %%
+one_per_node = search(base, constraints=Constraints(pipeline=8, virtual_stages=1, tensor=1), top=5)
+matched = one_per_node.best
+a100_stage = next(i for i, gpu in enumerate(matched.placement) if gpu.startswith("A100"))
+print(f"partition {'-'.join(map(str, matched.partition))} on {' '.join(matched.placement)}: "
+      f"stage times {', '.join(f'{1e3 * t:.1f}' for t in matched.stage_times_s)} ms per micro-batch")
+prediction_table(my_partition, estimated={"layers on the A100 stage": matched.partition[a100_stage]}, measured={})
+
+# %% [markdown]
+# The A100 stage takes more layers than any A10 stage, by its speed per layer at this micro-batch (about 1.4 times
+# an A10's, well below the ratio of the peaks: one sequence at a time leaves much of an A100 idle), so that every
+# stage takes about as long as the slowest.
+
+# %% tags=["check-claim"]
+assert matched.partition[a100_stage] > max(n for i, n in enumerate(matched.partition) if i != a100_stage), matched
+
+# %% [markdown]
+# **From scratch.** FASOP's partitioner is a min-max problem: choose the layers of each stage so that the slowest
+# stage is as fast as it can be. With each GPU's measured forward time per layer (FASOP's profiles, shipped with
+# labkit), a stage's forward and backward take its layers' time times $1 + 2$ (the backward costs about twice the
+# forward), plus the embedding on the first stage and the output layer on the last. Dynamic programming over the
+# stages finds the best split of the first $k$ layers for every $k$:
+
+# %%
+from labkit.estimate.profiles import find_profile
+
+
+def stage_s(profile, layers, first, last):
+    forward = layers * profile.layers_s[0] + (profile.embedding_s if first else 0) + (profile.output_s if last else 0)
+    return forward * (1 + profile.backward_factor)
+
+
+def min_max_partition(profiles, layers):
+    """(the slowest stage's seconds, layers per stage) over the stages' profiles, in pipeline order."""
+    last = len(profiles) - 1
+    best = {k: (stage_s(profiles[0], k, True, last == 0), [k]) for k in range(layers + 1)}
+    for i, profile in enumerate(profiles[1:], start=1):
+        best = {k: min((max(best[k - n][0], stage_s(profile, n, False, i == last)), best[k - n][1] + [n])
+                       for n in range(k + 1))
+                for k in range(layers + 1)}
+    return best[layers]
+
+
+profiles = {gpu: find_profile(model, gpu, 1) for gpu in set(matched.placement)}
+slowest_s, mine = min_max_partition([profiles[gpu] for gpu in matched.placement], matched.spec.model.num_layers)
+print(f"from scratch: {'-'.join(map(str, mine))}, slowest stage {1e3 * slowest_s:.1f} ms; "
+      f"the planner: {'-'.join(map(str, matched.partition))}, {1e3 * max(matched.stage_times_s):.1f} ms")
+assert mine[a100_stage] == matched.partition[a100_stage]
+assert abs(slowest_s - max(matched.stage_times_s)) < 0.02 * slowest_s
+
+# %% [markdown]
+# Where the two partitions differ, they tie: several splits share the same slowest stage, and the planner breaks the
+# tie by the whole step's estimate (sends between stages, the bubble), which the from-scratch version leaves out.
 #
 # ## 6.2 Time or money: the Pareto front over cluster compositions
 

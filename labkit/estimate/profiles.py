@@ -223,7 +223,10 @@ def _search_path(directory) -> list[str]:
 
 
 def find_profile(model: str, gpu: str, tensor: int, directory=None) -> Profile | None:
-    """The profile for a model preset on a GPU type at a tensor size, or None when none was measured."""
+    """The profile for a model preset on a GPU type at a tensor size, or None when none was measured.
+
+    Taught in lab 06.
+    """
     key = (model, catalog.resolve_gpu_name(gpu) or gpu, int(tensor))
     for root in _search_path(directory):
         if key in _index(root):
