@@ -54,4 +54,5 @@ def test_sizing_table_sizes_each_model_at_its_layout():
 
 def test_sizing_table_reports_a_layout_the_cluster_cannot_take():
     row = sizing_table("A100-80GB", 1, layouts={"llama2-70b": (8, 2)}).iloc[0]
-    assert row["problem"].startswith("parallel.pipeline: world size 8 is not divisible by tensor 8 x pipeline 2")
+    assert row["problem"].startswith("parallel.pipeline: world size 8 is not divisible by parallel.tensor 8 x "
+                                     "parallel.pipeline 2")

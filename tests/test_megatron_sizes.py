@@ -256,3 +256,71 @@ def test_tiny_swiglu_estimate_is_the_drivers_model(driver):
     (a 4h MLP) while the driver built 153,344 (Megatron-LM's 128-wide SwiGLU MLP)."""
     spec = load_spec({"model": {"preset": "tiny", "swiglu": True}})
     assert estimate(spec).params == estimate(spec).params_with_padding == driver(spec) == 153_344
+
+
+# --- how many virtual stages split a model -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layers, pipeline, counts", [
+    (80, 8, [1, 2, 5, 10]),     # NVIDIA's Llama 3 70B: pipeline 8, 5 virtual stages
+    (80, 4, [1, 2, 4, 5, 10, 20]),
+    (126, 16, [1, 2, 4, 8]),    # Llama 3.1 405B: only with the embedding and the loss counted
+    (24, 1, [1]),
+])
+def test_virtual_stage_counts_are_the_splits_megatron_accepts(layers, pipeline, counts):
+    assert sizes.virtual_stage_counts(layers, pipeline) == counts
+    for v in range(2, layers + 3):
+        splits = []
+        for accounted in (False, True):
+            try:
+                chunks = sizes.chunk_layers(layers, pipeline, v, account_for_embedding=accounted,
+                                            account_for_loss=accounted)
+                splits.append(sum(map(sum, chunks)) == layers)
+            except sizes.SizeError:
+                pass
+        assert (v in counts) == (pipeline > 1 and any(splits)), v
+
+
+# --- the rules that tie sizes together, worded for the spec and for the driver ------------------------------------
+
+@pytest.mark.parametrize("heads, hidden, groups, tensor", [
+    (12, 96, None, 5), (12, 100, None, 1), (12, 96, 5, 1), (12, 96, 6, 4), (16, 128, 8, 4), (8, 64, None, 2)])
+def test_shape_rules_are_megatrons_and_both_callers_word_them(heads, hidden, groups, tensor):
+    from labkit.megatron import rules
+    from labkit.megatron.flags import ArgumentError, build_parser
+    from labkit.spec import SpecError
+    from labkit.spec.checks import SPEC_FIELDS
+    from labkit.train.arguments import finish
+
+    problems = rules.shape_problems(str, heads=heads, hidden=hidden, groups=groups, tensor=tensor)
+    try:  # megatron-core refuses heads or query groups that do not split over the tensor ranks
+        core_config(num_attention_heads=heads, hidden_size=hidden, num_query_groups=groups,
+                    tensor_model_parallel_size=tensor)
+        core_refuses = False
+    except (ValueError, AssertionError):
+        core_refuses = True
+    assert core_refuses == any("tensor_model_parallel_size" in p.message for p in problems)
+    # Megatron-LM's validate_args adds the rest: hidden size over heads, heads over query groups
+    assert (hidden % heads != 0 or (groups is not None and heads % groups != 0)) == \
+        any("tensor_model_parallel_size" not in p.message for p in problems)
+
+    spec = {"model": {"preset": "tiny", "num_attention_heads": heads, "hidden_size": hidden,
+                      "num_query_groups": groups}, "parallel": {"tensor": tensor},
+            "cluster": {"nodes": [{"gpu": "A100-80GB", "count": 1, "gpus_per_node": tensor}]}}
+    argv = ["--num-layers", "2", "--hidden-size", str(hidden), "--num-attention-heads", str(heads), "--seq-length",
+            "16", "--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-4", "--mock-data", "--vocab-size",
+            "64", "--tensor-model-parallel-size", str(tensor)]
+    if groups is not None:
+        argv += ["--group-query-attention", "--num-query-groups", str(groups)]
+    if not problems:
+        load_spec(spec)
+        finish(build_parser().parse_args(argv), tensor, 0, False)
+        return
+    worded = rules.shape_problems(SPEC_FIELDS.get, heads=heads, hidden=hidden, groups=groups, tensor=tensor)
+    with pytest.raises(SpecError) as spec_refused:
+        load_spec(spec)
+    assert f"{SPEC_FIELDS[worded[0].argument]}: {worded[0].message}" in spec_refused.value.errors
+    with pytest.raises(ArgumentError) as driver_refused:
+        finish(build_parser().parse_args(argv), tensor, 0, False)
+    message = str(driver_refused.value)
+    assert message.startswith("--" + problems[0].argument.replace("_", "-") + ": ")
+    assert "--tensor-model-parallel-size" in message or "--num-attention-heads" in message

@@ -78,7 +78,8 @@ def test_lower_bound_never_exceeds_the_estimate(full_plan):
         costs = _StageCosts(shape, "fp16", 64, _lookup(row.spec), flash=True,  # auto attention on A100 and A10
                             sequence_parallel=par.sequence_parallel)
         layers, bound = _split_and_bound(shape, "fp16", par.tensor, par.pipeline, row.dp, row.mbs, par.virtual_stages,
-                                         None, _Links.of(row.spec), costs, sequence_parallel=par.sequence_parallel)
+                                         None, _Links.of(row.spec), costs, sequence_parallel=par.sequence_parallel,
+                                         accounted=par.account_for_embedding_in_pipeline_split)
         same_split = replace(row.spec, parallel=replace(par, partition=layers if par.partition else None))
         assert bound <= estimate(same_split).iteration_time_s * (1 + 1e-12)
         checked += 1

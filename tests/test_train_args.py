@@ -86,7 +86,7 @@ def test_sequence_parallel_without_transformer_engine_names_the_flag(capsys):
     (["--num-lay", "2"], "unrecognized arguments: --num-lay"),  # no silent abbreviations
     (["--mock-data", "--vocab-size", "64", "--fp16", "--bf16"], "--fp16/--bf16: choose one precision"),
     (["--mock-data", "--vocab-size", "64", "--micro-batch-size", "3", "--global-batch-size", "8"],
-     "--global-batch-size: 8 is not divisible by micro-batch 3 x data-parallel 1"),
+     "--global-batch-size: 8 is not divisible by --micro-batch-size 3 x data-parallel 1"),
     (["--data-path", "/nonexistent/corpus_text_document"],
      "--data-path: /nonexistent/corpus_text_document has no /nonexistent/corpus_text_document.bin"),
     ([], "--data-path: missing"),

@@ -31,6 +31,8 @@ class Stack:
     tp_allreduce_s: fixed cost of each tensor-parallel all-reduce, beyond the ring's bytes and latency.
     p2p_message_s: fixed cost of each pipeline send or receive.
     p2p_messages: blocking transfers per neighbour per micro-batch on the pipeline's critical path (k in timing).
+    overlap_p2p: whether the interleaved schedule overlaps its sends and receives with compute on GPUs (megatron-core's
+        overlap_p2p_comm; see labkit.estimate.timing).
     description: what the stack is and why its figures are what they are.
     """
     name: str
@@ -38,6 +40,7 @@ class Stack:
     tp_allreduce_s: float
     p2p_message_s: float
     p2p_messages: int
+    overlap_p2p: bool
     description: str = ""
 
 
@@ -144,7 +147,8 @@ def calibration_from_dict(data: Mapping) -> Calibration:
         sources[f"stacks.{name}"] = entry["source"]
         stacks[name] = Stack(name, memory_passes=float(entry["memory_passes"]),
                              tp_allreduce_s=float(entry["tp_allreduce_s"]), p2p_message_s=float(entry["p2p_message_s"]),
-                             p2p_messages=int(entry["p2p_messages"]), description=entry.get("description", ""))
+                             p2p_messages=int(entry["p2p_messages"]), overlap_p2p=bool(entry["overlap_p2p"]),
+                             description=entry.get("description", ""))
     return Calibration(
         efficiency={gpu: value(f"efficiency.{gpu}", e) for gpu, e in data["efficiency"].items()},
         fp8_efficiency={gpu: value(f"fp8_efficiency.{gpu}", e) for gpu, e in data.get("fp8_efficiency", {}).items()},

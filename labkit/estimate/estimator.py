@@ -195,9 +195,11 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     boundaries = [p2p_time(message, topo.pair_gbps(i, i + 1), latency + stack.p2p_message_s) for i in range(p - 1)]
     # interleaved, the last stage's chunk c feeds the first stage's chunk c + 1
     wrap = p2p_time(message, topo.pair_gbps(p - 1, 0), latency + stack.p2p_message_s) if v > 1 and p > 1 else 0.0
+    # interleaved on GPUs, NCCL's sends and receives overlap compute; gloo's block (labkit.train.model)
+    on_gpus = not any(catalog.gpu(gpu).is_cpu for gpu in gpus)
     pipeline = Pipeline(tuple(s.total_s for s in stages), tuple(boundaries), m, v, messages=stack.p2p_messages,
                         backward_shares=tuple(s.backward_share for s in stages), wrap_time_s=wrap,
-                        chunk_shares=shares)
+                        chunk_shares=shares, overlap_sends=stack.overlap_p2p and on_gpus)
     pipe = pipeline.time()
 
     # After the last backward: gradient all-reduce per stage, tied-embedding all-reduce, optimizer step.

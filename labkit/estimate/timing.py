@@ -27,6 +27,11 @@ With v > 1 model chunks per stage the same player runs Megatron's interleaved 1F
 arXiv:2104.04473, section 2.2): stage i holds the model chunks i, p + i, 2p + i, ..., each 1/v of its work, and runs
 (p - i - 1) x 2 + (v - 1) p warm-up forwards. The fill and drain shrink by v (for equal stages the bubble is
 (p - 1)/v stage times against m, SC21's (p - 1)/(v m)) while every micro-batch crosses v times as many boundaries.
+Interleaved on GPUs, Megatron overlaps these transfers with compute (megatron-core's
+`forward_backward_pipelining_with_interleaving` with `overlap_p2p_comm`, on by default in Megatron-LM and in labkit's
+driver on NCCL): each send and receive is posted asynchronously and waited for only when its data is needed, so a
+stage is not held while its output travels (`overlap_sends`); the sends one stage posts still leave one after the
+other, so a stage whose transfers outlast its work is paced by them. gloo and 1F1B without interleaving block.
 Chunks need not be equal: where the layers do not split evenly over p x v chunks, Megatron-LM's
 --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split give the first chunk of the first
 stage and the last chunk of the last one a layer fewer, and --pipeline-model-parallel-layout places any count in each
@@ -269,16 +274,19 @@ class Event(NamedTuple):
 
 def pipeline_time(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
                   virtual_stages: int = 1, messages: int = 1, backward_shares: list[float] | None = None,
-                  wrap_time: float = 0.0, chunk_shares: list[list[float]] | None = None) -> PipelineTime:
+                  wrap_time: float = 0.0, chunk_shares: list[list[float]] | None = None,
+                  overlap_sends: bool = False) -> PipelineTime:
     """1F1B (interleaved when virtual_stages > 1) over stages with per-micro-batch times `stage_times` (forward +
     backward) and per-micro-batch, one-way send times `boundary_times` (one per boundary, len = stages - 1), played
     out by `schedule_1f1b`; `messages`: transfers per neighbour per micro-batch in the steady state (k in the
     module's formula); `backward_shares`: each stage's backward as a share of its time (BACKWARD_SHARE where not
     given); `wrap_time`: interleaved only, the send from the last stage back to the first between model chunks;
-    `chunk_shares`: interleaved only, each stage's chunks' shares of its time (1/v each where None)."""
+    `chunk_shares`: interleaved only, each stage's chunks' shares of its time (1/v each where None);
+    `overlap_sends`: interleaved only, sends and receives overlap compute (see the module docstring)."""
     p, m, v = len(stage_times), num_micro_batches, max(1, virtual_stages)
-    total = schedule_span(stage_times, boundary_times, m, messages, backward_shares, v, wrap_time, chunk_shares)
-    steady = steady_times(stage_times, boundary_times, messages, v, wrap_time)
+    total = schedule_span(stage_times, boundary_times, m, messages, backward_shares, v, wrap_time, chunk_shares,
+                          overlap_sends)
+    steady = steady_times(stage_times, boundary_times, messages, v, wrap_time, overlap_sends)
     k = max(range(p), key=lambda i: steady[i])
     busy = m * stage_times[k]
     pp_comm = min((m - 1) * (steady[k] - stage_times[k]) + 2 * sum(boundary_times), total - busy)
@@ -287,18 +295,21 @@ def pipeline_time(stage_times: list[float], boundary_times: list[float], num_mic
 
 
 def steady_times(stage_times: list[float], boundary_times: list[float], messages: int = 1, virtual_stages: int = 1,
-                 wrap_time: float = 0.0) -> list[float]:
+                 wrap_time: float = 0.0, overlap_sends: bool = False) -> list[float]:
     """Each stage's time per micro-batch once the pipeline is full: its work and its transfers to both neighbours
-    (each model chunk's, interleaved, the wrap-around send included)."""
+    (each model chunk's, interleaved, the wrap-around send included); with `overlap_sends`, the longer of the two."""
     v = max(1, virtual_stages)
     wrap = wrap_time if v > 1 else 0.0
     edges = [wrap, *boundary_times, wrap]
-    return [t + messages * v * (edges[i] + edges[i + 1]) for i, t in enumerate(stage_times)]
+    sends = [messages * v * (edges[i] + edges[i + 1]) for i in range(len(stage_times))]
+    if overlap_sends and v > 1:
+        return [max(t, out) for t, out in zip(stage_times, sends)]
+    return [t + out for t, out in zip(stage_times, sends)]
 
 
 def schedule_span(stage_times: list[float], boundary_times: list[float], num_micro_batches: int, messages: int = 1,
                   backward_shares: list[float] | None = None, virtual_stages: int = 1, wrap_time: float = 0.0,
-                  chunk_shares: list[list[float]] | None = None) -> float:
+                  chunk_shares: list[list[float]] | None = None, overlap_sends: bool = False) -> float:
     """First start to last end of `schedule_1f1b`, without playing out every micro-batch of a long step.
 
     Every operation starts at the max of its inputs' ends plus fixed times, so the schedule is a max-plus linear
@@ -312,12 +323,13 @@ def schedule_span(stage_times: list[float], boundary_times: list[float], num_mic
     args = (messages, backward_shares, virtual_stages, wrap_time)
 
     def span(micro_batches: int) -> float:
-        return _play_1f1b(stage_times, boundary_times, micro_batches, *args, events=None, chunk_shares=chunk_shares)
+        return _play_1f1b(stage_times, boundary_times, micro_batches, *args, events=None, chunk_shares=chunk_shares,
+                          overlap_sends=overlap_sends)
 
     start = 2 * p + (m - 2 * p) % p  # at least two groups of warm-up, and m's remainder
     if m <= start + p:
         return span(m)
-    cycle = max(steady_times(stage_times, boundary_times, messages, v, wrap_time))
+    cycle = max(steady_times(stage_times, boundary_times, messages, v, wrap_time, overlap_sends))
     first, second = span(start), span(start + p)
     if abs(second - first - p * cycle) > 1e-9 * second:
         return span(m)
@@ -353,6 +365,8 @@ class Pipeline:
     wrap_time_s: interleaved only, one send from the last stage to the first (chunk c to chunk c + 1).
     chunk_shares: interleaved only, each stage's model chunks' shares of its time, [stage][chunk] (chunk c of stage i
         is virtual stage c x p + i); None: 1/v each, the even split.
+    overlap_sends: interleaved only, sends and receives overlap compute, as Megatron's interleaved schedule does on
+        GPUs (see the module docstring); False: each send holds its stage.
     """
     stage_times_s: tuple[float, ...]
     boundary_times_s: tuple[float, ...]
@@ -362,18 +376,19 @@ class Pipeline:
     backward_shares: tuple[float, ...] | None = None
     wrap_time_s: float = 0.0
     chunk_shares: tuple[tuple[float, ...], ...] | None = None
+    overlap_sends: bool = False
 
     def time(self) -> PipelineTime:
         return pipeline_time(list(self.stage_times_s), list(self.boundary_times_s), self.num_micro_batches,
                              self.virtual_stages, self.messages,
                              list(self.backward_shares) if self.backward_shares else None, self.wrap_time_s,
-                             self._shares())
+                             self._shares(), self.overlap_sends)
 
     def events(self) -> list[Event]:
         """Every forward and backward of every model chunk, ordered by end time; see `schedule_1f1b`."""
         return schedule_1f1b(list(self.stage_times_s), list(self.boundary_times_s), self.num_micro_batches,
                              self.messages, list(self.backward_shares) if self.backward_shares else None,
-                             self.virtual_stages, self.wrap_time_s, self._shares())
+                             self.virtual_stages, self.wrap_time_s, self._shares(), self.overlap_sends)
 
     def _shares(self) -> list[list[float]] | None:
         return [list(row) for row in self.chunk_shares] if self.chunk_shares else None
@@ -381,17 +396,19 @@ class Pipeline:
 
 def pipeline_lower_bound(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
                          virtual_stages: int = 1, messages: int = 1,
-                         chunk_shares: list[list[float]] | None = None) -> float:
+                         chunk_shares: list[list[float]] | None = None, overlap_sends: bool = False) -> float:
     """A bound that pipeline_time never goes below, in O(stages): some stage k cannot start before the first
     micro-batch's first-chunk forwards (and sends) before it are done, then does m forwards and backwards of all its
     chunks with their sends, and its last gradient (a first-chunk backward) still has to go back through the stages
     before it. `messages` and the interleaved wrap-around send only lengthen the schedule, so the bound leaves them
-    out. `chunk_shares` as in `pipeline_time`."""
+    out. `chunk_shares` and `overlap_sends` as in `pipeline_time`: with overlap, a stage's work and its sends run
+    side by side."""
     m, v = num_micro_batches, max(1, virtual_stages)
     send = [0.0, *boundary_times, 0.0]
     best = upstream = 0.0
     for k, t in enumerate(stage_times):
-        best = max(best, upstream + m * (t + v * (send[k] + send[k + 1])))
+        sends = v * (send[k] + send[k + 1])
+        best = max(best, upstream + m * (max(t, sends) if overlap_sends and v > 1 else t + sends))
         first_chunk = t * chunk_shares[k][0] if chunk_shares else t / v
         upstream += first_chunk + send[k + 1] + send[k]  # a first-chunk forward with its send, later its backward
     return best
@@ -423,7 +440,8 @@ def _stage_order(stage: int, stages: int, micro_batches: int, chunks: int) -> tu
 
 def schedule_1f1b(stage_times: list[float], boundary_times: list[float], num_micro_batches: int,
                   messages: int = 1, backward_shares: list[float] | None = None, virtual_stages: int = 1,
-                  wrap_time: float = 0.0, chunk_shares: list[list[float]] | None = None) -> list[Event]:
+                  wrap_time: float = 0.0, chunk_shares: list[list[float]] | None = None,
+                  overlap_sends: bool = False) -> list[Event]:
     """Every forward and backward of one 1F1B step (interleaved when virtual_stages > 1), ordered by end time.
 
     Each stage runs its operations in Megatron's order (`_stage_order`); an operation starts when its stage is free
@@ -431,18 +449,20 @@ def schedule_1f1b(stage_times: list[float], boundary_times: list[float], num_mic
     i follows chunk c on stage i - 1, and chunk c on the last stage feeds chunk c + 1 on the first over `wrap_time`),
     a backward the next chunk's backward (or, on the model's last chunk, its own forward). A chunk's work is its
     share of its stage's (`chunk_shares[stage][chunk]`, 1/v each where None); its time includes the send that follows
-    it (see the module docstring).
+    it (see the module docstring), unless `overlap_sends` (interleaved only): then the send leaves after the work,
+    behind the stage's earlier sends, while the stage moves on.
     """
     events: list[Event] = []
     _play_1f1b(stage_times, boundary_times, num_micro_batches, messages, backward_shares, virtual_stages, wrap_time,
-               events, chunk_shares)
+               events, chunk_shares, overlap_sends)
     events.sort(key=lambda e: e.end_s)
     return events
 
 
 def _play_1f1b(stage_times: list[float], boundary_times: list[float], num_micro_batches: int, messages: int,
                backward_shares: list[float] | None, virtual_stages: int, wrap_time: float,
-               events: list[Event] | None, chunk_shares: list[list[float]] | None = None) -> float:
+               events: list[Event] | None, chunk_shares: list[list[float]] | None = None,
+               overlap_sends: bool = False) -> float:
     """Play `schedule_1f1b` out; appends each operation to `events` unless it is None. Returns the last end."""
     p, m, v = len(stage_times), num_micro_batches, max(1, virtual_stages)
     if len(boundary_times) != max(0, p - 1):
@@ -466,6 +486,8 @@ def _play_1f1b(stage_times: list[float], boundary_times: list[float], num_micro_
     backward_done = [[None] * m for _ in range(p * v)]
     orders = [_stage_order(i, p, m, v) for i in range(p)]
     position, free = [0] * p, [0.0] * p
+    overlap = overlap_sends and v > 1
+    sent = [0.0] * p  # overlapped: when the stage's last posted send has left
     remaining = 2 * p * m * v
     while remaining:
         progressed = False
@@ -483,8 +505,13 @@ def _play_1f1b(stage_times: list[float], boundary_times: list[float], num_micro_
                 if arrived is None:
                     break
                 start = max(free[i], arrived - hold * into) + hold * into
-                end = start + work + out
-                (forward_done if forward else backward_done)[u][j] = end
+                end = start + work
+                if overlap:  # the output leaves behind the stage's earlier sends; the stage moves on
+                    sent[i] = max(sent[i], end) + out
+                    delivered = sent[i]
+                else:
+                    end = delivered = end + out
+                (forward_done if forward else backward_done)[u][j] = delivered
                 free[i] = end
                 if events is not None:
                     events.append(Event(i, c, j, "forward" if forward else "backward", start, end))

@@ -205,3 +205,17 @@ def chunk_layers(num_layers: int, pipeline: int, virtual_stages: int = 1, *, acc
     if account_for_loss:
         counts[-1][-1] -= 1
     return counts
+
+
+def virtual_stage_counts(num_layers: int, pipeline: int) -> list[int]:
+    """1 and every virtual-stage count whose model chunks split `num_layers` evenly over `pipeline` stages, with or
+    without the embedding and the loss counted as layers (`split_layers`): NVIDIA's recipes go down to one layer per
+    chunk (Llama 2 70B: 80 layers, pipeline 4, 20 virtual stages)."""
+    if pipeline == 1:
+        return [1]
+    counts = {1}
+    for total in (num_layers, split_layers(num_layers, True, True)):
+        if total % pipeline == 0:
+            per_stage = total // pipeline
+            counts.update(v for v in range(1, per_stage + 1) if per_stage % v == 0)
+    return sorted(counts)

@@ -1,7 +1,8 @@
 """Search the parallel layouts of one model on one cluster and rank them by the estimator's iteration time or price.
 
 The space: tensor size (divisors of the GPUs per node that split the heads), pipeline and data sizes that use every
-GPU, micro-batch (divisors of global/data), interleaved virtual stages, sequence parallelism, recompute (none,
+GPU, micro-batch (divisors of global/data), interleaved virtual stages (every count whose chunks split the layers
+evenly, down to NVIDIA's one layer per chunk), sequence parallelism, recompute (none,
 selective, full), the distributed optimizer, and the node order (placement.py: one order per class no cost can tell
 apart). Fields the input spec wrote are kept (inputs.Constraints). Each point gets the exact min-max layer partition
 (partition.py) under the estimator's own per-stage costs, then `labkit.estimate.estimate` of the resulting run spec
@@ -146,18 +147,23 @@ def splits(base: RunSpec, world: int, gpus_per_node: int, constraints: Constrain
                     yield t, p, d, c
 
 
-def schedules(base: RunSpec, pipeline: int, data: int, virtual_stages=(1, 2, 4),
+def schedules(base: RunSpec, pipeline: int, data: int, virtual_stages=None,
               constraints: Constraints = Constraints()):
     """(micro-batch, virtual stages, accounted) for a split: micro-batches divide global/data; interleaving needs a
     micro-batch count that is a multiple of the pipeline size and an even split of the layers into pipeline x v
     chunks, or one once the embedding and the loss count as a layer each (`accounted`: Megatron-LM's
     --account-for-embedding/loss-in-pipeline-split, tried only where the layers alone do not split, as Llama 3.1
-    405B's 126 layers over 16 x 8 chunks)."""
+    405B's 126 layers over 16 x 8 chunks). `virtual_stages`: the counts to try; None: every one that splits
+    (labkit.megatron.sizes.virtual_stage_counts)."""
     layers, batch = base.model.num_layers, base.batch.global_
+    if constraints.virtual_stages is not SEARCHED:
+        tried = (constraints.virtual_stages,)
+    else:
+        tried = sizes.virtual_stage_counts(layers, pipeline) if virtual_stages is None else virtual_stages
     for b in divisors(batch // data):
         if not constraints.allows("micro_batch", b):
             continue
-        for v in (virtual_stages if constraints.virtual_stages is SEARCHED else (constraints.virtual_stages,)):
+        for v in tried:
             if v == 1:
                 yield b, v, False
             elif pipeline > 1 and (batch // (b * data)) % pipeline == 0:
@@ -182,9 +188,12 @@ class _StageCosts:
 
     def __init__(self, shape: Shape, precision: str, global_batch: int, lookup,
                  calibration: Calibration | None = None, flash: bool = False, overlap_dp: bool = False,
-                 overlap_tp: bool = False, sequence_parallel: bool = False, stack: str | None = None):
+                 overlap_tp: bool = False, sequence_parallel: bool = False, stack: str | None = None,
+                 on_gpus: bool = True):
         self.shape, self.precision, self.global_batch, self.lookup = shape, precision, global_batch, lookup
         self.calibration, self.overlap_dp = resolve(calibration), overlap_dp
+        # interleaved, the pipeline's sends overlap compute as the estimator plays them (NCCL, not gloo)
+        self.overlap_p2p = on_gpus and self.calibration.stack(stack).overlap_p2p
         # as the estimator reads the spec
         self.kernels = {"flash_attention": flash, "tp_comm_overlap": overlap_tp, "stack": stack}
         self.sequence_parallel = sequence_parallel  # on every layout with tensor > 1
@@ -331,7 +340,8 @@ def _bound(shape: Shape, precision: str, t: int, d: int, b: int, v: int, links: 
             times[u % p][u // p] = sum(per_layer[u % p][start:start + n]) + (ends[u % p] if u // p == v - 1 else 0.0)
             start += n
         shares = [[x / total if total else 1 / v for x in row] for row, total in zip(times, totals)]
-    pipe_s = pipeline_lower_bound(totals, boundaries, costs.global_batch // (d * b), v, chunk_shares=shares)
+    pipe_s = pipeline_lower_bound(totals, boundaries, costs.global_batch // (d * b), v, chunk_shares=shares,
+                                  overlap_sends=costs.overlap_p2p)
     # the gradient and tied-embedding all-reduces that follow the last backward, as estimate() charges them
     grad_bytes = GRAD_REDUCE_BYTES.get(precision, 4)
     # overlapped with the backward (kernels.overlap_grad_reduce), or reduce-scattered as the backward goes (ZeRO
@@ -396,13 +406,15 @@ def _row(spec: RunSpec, est, order_names: list[str], price_s: float) -> Row:
 
 def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None = None,
            max_price_per_step: float | None = None, top: int | None = None, profiles=None,
-           virtual_stages=(1, 2, 4), orders: str = "auto", progress: bool = False,
+           virtual_stages=None, orders: str = "auto", progress: bool = False,
            calibration: Calibration | None = None, prices: dict[str, float] | None = None,
            constraints: Constraints | None = None) -> Plan:
     """Rank every layout of `base.model` on `base.cluster` for `base.batch.global_` sequences per step.
 
     objective "time": fastest step, among those within `max_price_per_step` if given; "cost": cheapest step, among
     those within `max_step_s` if given. `profiles` is passed to the estimator (see labkit.estimate.estimate).
+    `virtual_stages`: the interleavings tried where the spec leaves them open; None: every even split
+    (labkit.megatron.sizes.virtual_stage_counts).
     `top`: only the best `top` rows are wanted, so layouts whose pipeline time alone (a lower bound on the step time)
     cannot reach them are not estimated further. `orders`: "all" node orders up to symmetry, "grouped" (the nodes
     of each kind kept together), or "auto" (all when there are at most MAX_ORDERS, else grouped). `calibration`: the
@@ -436,7 +448,7 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
     costs = _StageCosts(shape, base.precision, base.batch.global_, cached_lookup, cal,
                         flash=flash_attention(base.kernels.attention_backend, [g.gpu for g in cluster.nodes]),
                         overlap_dp=base.kernels.overlap_grad_reduce, overlap_tp=base.kernels.tp_comm_overlap,
-                        sequence_parallel=sequence_parallel, stack=base.kernels.stack)
+                        sequence_parallel=sequence_parallel, stack=base.kernels.stack, on_gpus=on_gpus)
     flash = costs.kernels["flash_attention"]
     layout_splits = list(splits(base, world, min(k.gpus_per_node for k in kinds), constraints,
                                 context_sizes(base, on_gpus, flash, constraints)))

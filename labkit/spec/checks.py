@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from labkit import catalog
-from labkit.megatron import sizes
+from labkit.megatron import rules, sizes
 from labkit.megatron.flags import (ATTENTION_BACKENDS, NORMALIZATIONS, POSITION_EMBEDDING_TYPES, TOKENIZER_TYPES,
                                    flag_errors)
 from labkit.megatron_args import ALWAYS, HF_TOKENIZER_FILE, huggingface_tokenizer_file, spec_flags
@@ -54,6 +54,21 @@ def quote(value) -> str:
     """repr(value) for an error message, at most about QUOTE_CHARS characters, without building the whole repr."""
     text = _QUOTE.repr(value)
     return text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS - 3] + "..."
+
+# The spec field that sets each Megatron argument labkit.megatron.rules speaks of.
+SPEC_FIELDS = {"num_attention_heads": "model.num_attention_heads", "hidden_size": "model.hidden_size",
+               "num_query_groups": "model.num_query_groups", "tensor_model_parallel_size": "parallel.tensor",
+               "context_parallel_size": "parallel.context", "pipeline_model_parallel_size": "parallel.pipeline",
+               "global_batch_size": "batch.global", "micro_batch_size": "batch.micro"}
+
+
+def _field(argument: str) -> str:
+    return SPEC_FIELDS[argument]
+
+
+def _worded(problems: list[rules.Problem]) -> list[str]:
+    """Megatron's rules broken by a spec, each as an error naming its field."""
+    return [f"{_field(problem.argument)}: {problem.message}" for problem in problems]
 
 
 def _clip(error: str) -> str:
@@ -122,18 +137,8 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
         return _finish(errors, raise_errors)  # the layout checks below need sane sizes
 
     t, p = par.tensor, par.pipeline
-    if m.num_attention_heads % t:
-        errors.append(f"model.num_attention_heads: {m.num_attention_heads} heads do not split over parallel.tensor={t}; "
-                      f"use a tensor size that divides {m.num_attention_heads}")
-    if m.hidden_size % m.num_attention_heads:
-        errors.append(f"model.hidden_size: {m.hidden_size} is not divisible by num_attention_heads="
-                      f"{m.num_attention_heads}; each head needs an equal share")
-    groups = m.query_groups
-    if m.num_query_groups is not None and m.num_attention_heads % groups:
-        errors.append(f"model.num_query_groups: {groups} does not divide num_attention_heads={m.num_attention_heads}")
-    elif m.num_query_groups is not None and groups % t:
-        errors.append(f"model.num_query_groups: {groups} query groups do not split over parallel.tensor={t}; "
-                      f"use a tensor size that divides {groups}")
+    errors += _worded(rules.shape_problems(_field, heads=m.num_attention_heads, hidden=m.hidden_size,
+                                           groups=m.num_query_groups, tensor=t))
     if par.sequence_parallel and t == 1:
         errors.append("parallel.sequence_parallel: needs parallel.tensor > 1 (it splits activations across tensor ranks); "
                       "set it to false or raise parallel.tensor")
@@ -142,20 +147,20 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
     split = t * c * p
     split_sizes = f"tensor {t} x context {c} x pipeline {p}" if c > 1 else f"tensor {t} x pipeline {p}"
     if spec.cluster is not None and spec.cluster.nodes and par.data is not None and world != split * par.data:
+        fix = (f"set parallel.data to {sizes.data_parallel_size(world, t, c, p)} or change cluster.nodes"
+               if world % split == 0 else f"give cluster.nodes {split * par.data} GPUs in all, or change "
+               f"parallel.tensor/context/pipeline so that their product divides {world}")
         errors.append(f"parallel.data: world size {world} (cluster.nodes) != {split_sizes} x data {par.data} "
-                      f"= {split * par.data}; set parallel.data to "
-                      f"{sizes.data_parallel_size(world, t, c, p) if world % split == 0 else '?'} or change cluster.nodes")
-    elif world % split:
-        errors.append(f"parallel.pipeline: world size {world} is not divisible by {split_sizes}; "
-                      "change parallel.tensor/context/pipeline or cluster.nodes")
+                      f"= {split * par.data}; {fix}")
+    else:
+        errors += _worded(rules.split_problems(_field, world=world, tensor=t, context=c, pipeline=p))
     errors += _check_kernels(spec)
     d = spec.data_parallel
 
     errors += _check_partition(spec)
-    if b.global_ % (b.micro * d):
-        errors.append(f"batch.global: {b.global_} is not divisible by batch.micro {b.micro} x data {d} = {b.micro * d}; "
-                      f"use a multiple of {b.micro * d}, e.g. {max(1, b.global_ // (b.micro * d)) * b.micro * d}")
-    elif par.virtual_stages > 1:
+    errors += _worded(rules.batch_problems(_field, global_batch=b.global_, micro=b.micro, data=d, pipeline=p,
+                                           interleaved=par.virtual_stages > 1))
+    if b.global_ % (b.micro * d) == 0 and par.virtual_stages > 1:
         if p == 1:
             errors.append("parallel.virtual_stages: the interleaved schedule needs parallel.pipeline > 1")
         per_stage = m.num_layers // p if m.num_layers % p == 0 else None
@@ -167,9 +172,6 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
         elif per_stage is None or per_stage % par.virtual_stages:
             errors.append(f"parallel.virtual_stages: {par.virtual_stages} does not divide the layers per stage "
                           f"({m.num_layers}/{p}); choose a divisor of {per_stage or 'the even split'}")
-        if spec.num_micro_batches % p:
-            errors.append(f"parallel.virtual_stages: the interleaved schedule needs the micro-batch count "
-                          f"({spec.num_micro_batches}) to be a multiple of parallel.pipeline ({p}); raise batch.global")
     if not errors:  # the flags render only from sane sizes
         errors += repeated_flag_errors(spec)
     return _finish(errors, raise_errors)

@@ -12,8 +12,9 @@ import argparse
 import os
 from pathlib import Path
 
-from labkit.megatron import sizes
-from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB, SHARDING_STRATEGIES, ArgumentError, FLAG, build_parser
+from labkit.megatron import rules, sizes
+from labkit.megatron.flags import (DEFAULT_MERGES, DEFAULT_VOCAB, SHARDING_STRATEGIES, ArgumentError, FLAG, FLAGS,
+                                   build_parser)
 
 
 def _te_importable() -> bool:
@@ -37,6 +38,16 @@ def _data_blend(paths: list[str]) -> tuple[list[str], list[float] | None]:
     return list(paths), None
 
 
+def _flag_name(argument: str) -> str:
+    """The flag that sets a Megatron argument, for labkit.megatron.rules' messages."""
+    return next(flag.name for flag in FLAGS if (flag.dest or flag.key) == argument)
+
+
+def _raise_first(problems: list[rules.Problem]) -> None:
+    if problems:
+        raise ArgumentError(f"{_flag_name(problems[0].argument)}: {problems[0].message}")
+
+
 def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> argparse.Namespace:
     """Check flag combinations and derive Megatron's derived arguments. Raises ArgumentError naming the flag."""
     args.world_size, args.rank = world_size, rank
@@ -45,34 +56,24 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
                  "tensor_model_parallel_size", "pipeline_model_parallel_size", "log_interval"):
         if getattr(args, flag) <= 0:
             raise ArgumentError(f"--{flag.replace('_', '-')}: must be positive, got {getattr(args, flag)}")
-    if world_size % (tp * pp):
-        raise ArgumentError(f"--tensor-model-parallel-size/--pipeline-model-parallel-size: world size {world_size} "
-                            f"is not divisible by tensor {tp} x pipeline {pp}; launch {tp * pp} x N processes")
     cp = args.context_parallel_size
-    if cp <= 0 or world_size % (tp * cp * pp):
-        raise ArgumentError(f"--context-parallel-size: world size {world_size} is not divisible by tensor {tp} x "
-                            f"context {cp} x pipeline {pp}")
+    if cp <= 0:
+        raise ArgumentError(f"--context-parallel-size: must be positive, got {cp}")
+    _raise_first(rules.split_problems(_flag_name, world=world_size, tensor=tp, context=cp, pipeline=pp))
     args.data_parallel_size = sizes.data_parallel_size(world_size, tp, cp, pp)
     dp = args.data_parallel_size
     if args.global_batch_size is None:
         args.global_batch_size = args.micro_batch_size * dp
-    if args.global_batch_size % (args.micro_batch_size * dp):
-        raise ArgumentError(f"--global-batch-size: {args.global_batch_size} is not divisible by micro-batch "
-                            f"{args.micro_batch_size} x data-parallel {dp}")
-    if args.num_attention_heads % tp:
-        raise ArgumentError(f"--num-attention-heads: {args.num_attention_heads} heads do not split over "
-                            f"--tensor-model-parallel-size {tp}")
-    if args.hidden_size % args.num_attention_heads:
-        raise ArgumentError(f"--hidden-size: {args.hidden_size} is not divisible by --num-attention-heads "
-                            f"{args.num_attention_heads}")
+    _raise_first(rules.batch_problems(_flag_name, global_batch=args.global_batch_size, micro=args.micro_batch_size,
+                                      data=dp, pipeline=pp, interleaved=False))
     if not args.group_query_attention:
         if args.num_query_groups not in (None, args.num_attention_heads):
             raise ArgumentError("--num-query-groups: needs --group-query-attention")
         args.num_query_groups = None
-    elif args.num_query_groups is None or args.num_attention_heads % args.num_query_groups \
-            or args.num_query_groups % tp:
-        raise ArgumentError(f"--num-query-groups: {args.num_query_groups} must divide --num-attention-heads "
-                            f"{args.num_attention_heads} and be divisible by --tensor-model-parallel-size {tp}")
+    elif args.num_query_groups is None:
+        raise ArgumentError("--num-query-groups: needed with --group-query-attention")
+    _raise_first(rules.shape_problems(_flag_name, heads=args.num_attention_heads, hidden=args.hidden_size,
+                                      groups=args.num_query_groups, tensor=tp))
     if args.max_position_embeddings is None:
         args.max_position_embeddings = args.seq_length
     if args.seq_length > args.max_position_embeddings:
@@ -147,10 +148,9 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
         raise ArgumentError("--no-overlap-p2p-communication: the interleaved schedule with "
                             "--pipeline-model-parallel-size 2 needs overlapped sends and receives; leave the flag out "
                             "or use more than 2 pipeline stages")
-    num_micro = args.global_batch_size // (args.micro_batch_size * dp)
-    if args.virtual_pipeline_model_parallel_size and num_micro % pp:
-        raise ArgumentError(f"--global-batch-size: the interleaved schedule needs the {num_micro} micro-batches to be "
-                            f"a multiple of --pipeline-model-parallel-size {pp}")
+    _raise_first(rules.batch_problems(_flag_name, global_batch=args.global_batch_size, micro=args.micro_batch_size,
+                                      data=dp, pipeline=pp,
+                                      interleaved=bool(args.virtual_pipeline_model_parallel_size)))
 
     # Implementation and backend.
     te = _te_importable()
