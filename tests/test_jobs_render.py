@@ -35,7 +35,8 @@ def full_options_spec():
 GOLDEN_CASES = {
     "multinode.sbatch": lambda: render(full_options_spec(), "/runs/RUN/logs", run_id="RUN", torchrun="torchrun"),
     "enroot.sbatch": lambda: render(two_node_spec(job={"container": {"image": "/images/megatron.sqsh",
-                                                                     "runtime": "enroot"}}),
+                                                                     "runtime": "enroot"},
+                                                       "cluster_paths": ["/images"]}),
                                     "/runs/RUN/logs", run_id="RUN"),
     "hetjob.sbatch": lambda: render(load_spec(ROOT / "examples/gpt2-xl-hetero.yaml"), "/runs/RUN/logs",
                                     run_id="RUN", torchrun="torchrun"),
@@ -54,8 +55,10 @@ GOLDEN_CASES = {
 
 
 def requeue_spec(**job):
-    """A preemptible hetjob on a catalog cluster that knows its nodes' CPUs, with tensor parallelism."""
-    return two_node_spec(job={"requeue": True, "time_limit": "2:00:00", **job}, cluster="a100-a10-hetero",
+    """A preemptible hetjob on whole nodes of a catalog cluster that knows its A10 nodes' CPUs (not its A100 node's),
+    with tensor parallelism."""
+    return two_node_spec(job={"requeue": True, "time_limit": "2:00:00", "exclusive": True, **job},
+                         cluster="a100-a10-hetero",
                          parallel={"tensor": 2, "pipeline": 2}, batch={"micro": 1, "global": 16},
                          train={"iters": 1000, "save": "/scratch/ckpt", "save_interval": 200})
 

@@ -260,7 +260,7 @@ def test_cli_dry_run_prints_the_script_and_submits_nothing(tmp_path):
     assert "#SBATCH hetjob" in done.stdout and "#SBATCH --gres=gpu:a100:4" in done.stdout
     assert not (tmp_path / "index.sqlite").exists()
     bad = tmp_path / "bad.yaml"
-    bad.write_text(spec.read_text() + "job: {time_limit: soon}\n")
+    bad.write_text(spec.read_text().replace("job: {exclusive: true}", "job: {exclusive: true, time_limit: soon}"))
     refused = labkit("run", str(bad), "--backend", "slurm", "--dry-run")
     assert refused.returncode == 2 and "job.time_limit: 'soon' is not a Slurm time limit" in refused.stderr
 

@@ -132,7 +132,8 @@ CLUSTER_SPEC = {"model": {"preset": "tiny-llama", "vocab_size": 128256},
                 "data": {"path": "/fsx/data/corpus_text_document",
                          "tokenizer": {"type": "HuggingFaceTokenizer", "model": "/fsx/tokenizers/llama3"}},
                 "job": {**MEGATRON_LM, "container": {"image": "/fsx/images/megatron.sqsh"}},
-                "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 1, "gpus_per_node": 8}]},
+                "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 1, "gpus_per_node": 8,
+                                       "cpus_per_node": 192}]},  # a p5.48xlarge's vCPUs
                 "batch": {"micro": 1, "global": 8}}
 
 

@@ -245,3 +245,68 @@ def test_an_unknown_preset_is_one_error_not_five_missing_fields():
         load_spec({"name": "x", "model": {"preset": "gpt2-smal"}})
     assert len(refused.value.errors) == 1
     assert refused.value.errors[0].startswith("model.preset: unknown preset 'gpt2-smal'; closest: gpt2-small")
+
+
+# --- what a cluster admin would flag: the CPUs of a node's task, a container image that is not there ---------------
+def test_a_slurm_node_group_of_several_processes_must_say_its_cpus_naming_the_field():
+    from labkit.jobs.render import render
+    from labkit.spec import check_job
+
+    data = changed(hetero(), "job", {})  # FASOP's nodes: 4 processes each, no cpus_per_node
+    spec = load_spec(data)
+    errors = check_job(spec, "hetjob")
+    assert [e.split(":")[0] for e in errors] == ["cluster.nodes[0].cpus_per_node", "cluster.nodes[1].cpus_per_node"]
+    assert "4 training processes a single CPU" in errors[0] and "job.exclusive: true" in errors[0]
+    with pytest.raises(SpecError, match=r"cluster.nodes\[1\].cpus_per_node"):
+        render(spec, "/runs/RUN/logs", layout="hetjob")
+    assert check_job(spec) == [] and check_job(spec, "local") == []  # validate and a laptop run need no Slurm CPUs
+    known = load_spec(changed(data, "cluster.nodes.1.cpus_per_node", 96))
+    assert [e.split(":")[0] for e in check_job(known, "hetjob")] == ["cluster.nodes[0].cpus_per_node"]
+    for job in ({"cpus_per_task": 8}, {"exclusive": True}):
+        fixed = load_spec(changed(data, "job", job))
+        assert check_job(fixed, "hetjob") == [] and check_job(fixed, "pair") == []
+    script = render(load_spec(hetero()), "/runs/RUN/logs", layout="hetjob").scripts["job.sbatch"]
+    assert script.count("#SBATCH --exclusive") == 2 and "--cpus-per-task" not in script  # every CPU of each node
+    one_each = load_spec(changed(data, "cluster.nodes", [{"gpu": "A10", "count": 2, "gpus_per_node": 1}]) |
+                         {"parallel": {"tensor": 1, "pipeline": 1}, "batch": {"micro": 1, "global": 2}})
+    assert check_job(one_each, "multinode") == []  # one process per task: Slurm's one CPU is its own
+
+
+def test_a_container_image_file_must_exist_here_unless_it_lives_on_the_cluster_only(tmp_path):
+    from labkit.spec.checks import path_notes
+
+    base = {"model": {"preset": "tiny"}, "batch": {"micro": 2, "global": 8}}
+    missing = str(tmp_path / "images" / "megatron.sqsh")
+    [error] = errors_of({**base, "job": {"container": {"image": missing}}})
+    assert error.startswith(f"job.container.image: '{missing}' does not exist on this machine")
+    assert "job.cluster_paths" in error
+    assert errors_of({**base, "job": {"container": {"image": "~/no-such-labkit-image.sqsh", "runtime": "enroot"}}})
+    on_cluster = load_spec({**base, "job": {"container": {"image": missing}, "cluster_paths": [str(tmp_path)]}})
+    assert any("not checked here (under job.cluster_paths): job.container.image" in n for n in path_notes(on_cluster))
+    load_spec({**base, "job": {"container": {"image": "nvcr.io#nvidia/pytorch:25.04-py3"}}})  # a registry image
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "megatron.sqsh").write_bytes(b"hsqs")
+    here = load_spec({**base, "job": {"container": {"image": missing}}})
+    assert f"note: checked here: job.container.image {missing}" in path_notes(here)
+
+
+def test_every_env_preset_variable_names_its_source_and_aws_efa_cites_the_right_ones():
+    from labkit import catalog
+    from labkit.jobs.render import render
+
+    for name, preset in catalog.env_presets().items():
+        assert set(preset["sources"]) == set(preset["env"]), name
+    efa = catalog.env_presets()["aws-efa"]
+    # AWS's Megatron-LM sbatch scripts export none of the FI_* variables: those come from AWS's EFA documentation.
+    for variable in ("FI_PROVIDER", "FI_EFA_USE_HUGE_PAGE"):
+        assert "aws-ofi-nccl doc/efa-env-var.md" in efa["sources"][variable]
+    assert "fi_efa(7)" in efa["sources"]["FI_EFA_SET_CUDA_SYNC_MEMOPS"]
+    assert all("3.test_cases/megatron" not in efa["sources"][v] for v in efa["env"] if v.startswith("FI_"))
+    for variable, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_NCCL_AVOID_RECORD_STREAMS", "1")):
+        assert efa["env"][variable] == value
+        assert "3.test_cases/megatron/megatron-lm/slurm/llama2/pretrain-llama2.sbatch" in efa["sources"][variable]
+    spec = load_spec({"model": {"preset": "tiny"}, "batch": {"micro": 2, "global": 8},
+                      "job": {"env_preset": "aws-efa"}, "cluster": {"nodes": [{"gpu": "A10", "count": 2}]}})
+    lines = render(spec, "/runs/RUN/logs").scripts["job.sbatch"].splitlines()
+    assert {"export NCCL_NVLS_ENABLE=0", "export TORCH_NCCL_AVOID_RECORD_STREAMS=1", "export FI_PROVIDER=efa"} <= \
+        set(lines)

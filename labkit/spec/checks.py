@@ -131,6 +131,7 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
     errors += _check_train(spec)
     errors += _check_architecture(spec)
     errors += _check_tokenizer_file(spec)
+    errors += _check_container_image(spec)
     errors += _check_recompute(spec)
     errors += _check_cluster(spec)
     if unknown_preset or any(e.startswith(("model.", "parallel.", "batch.", "cluster.")) for e in errors):
@@ -232,6 +233,24 @@ def _check_tokenizer_file(spec: RunSpec) -> list[str]:
     return []
 
 
+def _check_container_image(spec: RunSpec) -> list[str]:
+    """A container image given as a file must exist here, so that a job is never submitted to fail on it; one under
+    job.cluster_paths is left to the job script, which checks it at start."""
+    image = container_image_file(spec)
+    if image is None or spec.job.on_cluster_only(image) or Path(image).expanduser().exists():
+        return []
+    return [f"job.container.image: {quote(image)} does not exist on this machine; give the image file's path here, a "
+            "registry image (nvcr.io#nvidia/pytorch:25.04-py3), or list the directory it lives in under "
+            "job.cluster_paths if it exists only on the cluster"]
+
+
+def container_image_file(spec: RunSpec) -> str | None:
+    """The container image as a file path (/images/megatron.sqsh, ./megatron.sqsh, ~/megatron.sqsh); None for a
+    registry reference (nvcr.io#nvidia/pytorch:25.04-py3) or no container."""
+    image = spec.job.container.image if spec.job.container else None
+    return image if image and image.startswith(("/", "./", "../", "~")) else None
+
+
 def tokenizer_file(spec: RunSpec) -> str | None:
     """The file the spec's tokenizer reads (a HuggingFace directory's tokenizer.json), as written; None when its type
     reads none."""
@@ -254,9 +273,8 @@ def input_paths(spec: RunSpec) -> list[tuple[str, str]]:
                       if getattr(data, key)]
     if tokenizer_file(spec) and data.path and not data.mock:
         paths.append(("data.tokenizer.model", tokenizer_file(spec)))
-    image = spec.job.container.image if spec.job.container else None
-    if image and image.startswith(("/", "./", "../", "~")):  # a registry reference (nvcr.io#...) is no file
-        paths.append(("job.container.image", image))
+    if container_image_file(spec):
+        paths.append(("job.container.image", container_image_file(spec)))
     return paths
 
 
@@ -278,9 +296,9 @@ def job_start_checks(spec: RunSpec) -> list[tuple[str, list[str]]]:
 
 
 def checked_paths(spec: RunSpec) -> list[tuple[str, str]]:
-    """(field, path) of the files `validate` read on this machine."""
-    file = tokenizer_file(spec)
-    return [("data.tokenizer.model", file)] if file and not spec.job.on_cluster_only(file) else []
+    """(field, path) of the files `validate` read (or, for a container image, found) on this machine."""
+    files = [("data.tokenizer.model", tokenizer_file(spec)), ("job.container.image", container_image_file(spec))]
+    return [(field, path) for field, path in files if path and not spec.job.on_cluster_only(path)]
 
 
 def path_notes(spec: RunSpec) -> list[str]:
@@ -642,6 +660,20 @@ def _check_scheduler_options(spec: RunSpec) -> list[str]:
     return errors
 
 
+def _check_task_cpus(spec: RunSpec, layout: str | None) -> list[str]:
+    """On Slurm one task per node starts torchrun, whose training processes share that task's CPUs: what
+    --cpus-per-task asks (job.cpus_per_task, else the node group's cpus_per_node), or every CPU of the node with
+    job.exclusive (a step uses all of the job's CPUs on a node unless srun asks for fewer; srun(1), --exact). Asking
+    for neither leaves Slurm's default of one CPU per task to all of a node's processes, so it is refused."""
+    if layout in (None, "local") or spec.job.cpus_per_task or spec.job.exclusive:
+        return []
+    return [f"cluster.nodes[{i}].cpus_per_node: not given, so Slurm would give the one task that starts this group's "
+            f"{group.gpus_per_node} training processes a single CPU; set it to the node's CPUs (sinfo -N -o '%N %c'), "
+            "or set job.cpus_per_task, or job.exclusive: true for whole nodes"
+            for i, group in enumerate(spec.cluster_or_default().nodes)
+            if group.cpus_per_node is None and group.gpus_per_node > 1]
+
+
 def _check_requeue(spec: RunSpec, layout: str | None) -> list[str]:
     """job.requeue: true needs a checkpoint directory to resume from, and one Slurm job to requeue."""
     job, train, errors = spec.job, spec.train, []
@@ -729,6 +761,7 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
     if job.cpus_per_task is not None and job.cpus_per_task <= 0:
         errors.append(f"job.cpus_per_task: must be a positive number, got {job.cpus_per_task}")
     errors += _check_requeue(spec, layout)
+    errors += _check_task_cpus(spec, layout)
     if job.master_port is not None and not 0 < job.master_port < 65536:
         errors.append(f"job.master_port: {job.master_port} is not a TCP port; use 1024-65535")
     if job.gpu_monitor_interval_s <= 0:

@@ -264,7 +264,8 @@ class NodeGroup:
     """Link rate between GPUs of one node in Gbit/s; None: the cluster's, else the GPU catalog's."""
     cpus_per_node: int | None = None
     """CPUs of one node as Slurm counts them; the default job.cpus_per_task (one torchrun task per node gets them
-    all). None: unknown, Slurm's default applies."""
+    all). None: unknown; a Slurm job then needs job.cpus_per_task or job.exclusive when the group runs several
+    processes per node, which Slurm's default of one CPU per task would leave sharing one CPU."""
 
 
 @dataclass
@@ -301,7 +302,8 @@ class JobSpec:
     """Slurm time limit (--time): minutes, H:MM:SS, D-HH or UNLIMITED."""
     cpus_per_task: int | None = None
     """CPUs per task (--cpus-per-task); None: each node group's cpus_per_node divided by the one torchrun task that
-    runs on each node, or Slurm's own default (one CPU) where the group does not say how many CPUs it has."""
+    runs on each node; where a group does not say how many CPUs it has, every CPU with job.exclusive, else Slurm's
+    own default of one CPU, accepted only for a group of one process per node."""
     exclusive: bool = False
     """Whole nodes only (--exclusive)."""
     mem: str | None = None
