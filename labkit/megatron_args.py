@@ -240,8 +240,10 @@ def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike 
     if load:
         out.add("train.load" if tr.load else "job.requeue", F.load, load)
     if spec.job.requeue:
-        # SIGTERM (Slurm's requeue or time limit) -> save a checkpoint and stop; the next attempt loads it.
+        # Slurm's warning before the time limit, passed on as USR1 by the job script (templates/node.sh.j2) -> save a
+        # checkpoint at the end of the iteration and stop; the job is requeued after that and the next attempt loads it.
         out.add("job.requeue", F.exit_signal_handler)
+        out.add("job.requeue", F.exit_signal, "SIGUSR1")
 
     if data.path and not data.mock:
         out.add("data.path", F.data_path, _as_read_here(data.path))

@@ -292,10 +292,15 @@ def test_requeue_renders_the_signal_the_trap_and_a_resumable_driver():
     script = render(requeue_spec(), "/runs/RUN/logs", run_id="RUN").scripts["job.sbatch"]
     lines = script.splitlines()
     assert {"#SBATCH --requeue", "#SBATCH --signal=B:USR1@120", "#SBATCH --open-mode=append"} <= set(lines)
-    assert "trap 'echo" in script and 'scontrol requeue "$SLURM_JOB_ID"' in script
+    # The warning goes on to the steps; the job is requeued only once they ended (in wait_steps), never in the trap.
+    [warning] = re.findall(r"\ntrap '(.*?)' USR1\n", script, re.S)
+    assert 'scancel --signal=USR1 "$SLURM_JOB_ID"' in warning and "requeue" not in warning
+    wait_steps = script[script.index("wait_steps() {"):]
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in wait_steps[:wait_steps.index("\n}\n")]
+    assert "trap '' USR1" in script  # the node's shell and torchrun ignore it
     args = megatron_args(requeue_spec())
     assert args[args.index("--save") + 1] == args[args.index("--load") + 1] == "/scratch/ckpt"
-    assert "--exit-signal-handler" in args
+    assert "--exit-signal-handler" in args and args[args.index("--exit-signal") + 1] == "SIGUSR1"
     # Later attempts log into their own directory.
     assert 'logs="$logs/attempt-$SLURM_RESTART_COUNT"' in script
 

@@ -16,7 +16,7 @@ import pandas as pd
 from labkit.jobs.diagnose import LogText, explain, explain_attempt
 from labkit.jobs.state import State, Status
 from labkit.jobs.watcher import WATCHER, Backoff
-from labkit.logs.parse import ParsedLog, jsonable, parse_log, parse_text, records
+from labkit.logs.parse import ParsedLog, checkpoint_events, jsonable, parse_log, parse_text, records
 
 if TYPE_CHECKING:
     from labkit.jobs.record import RunRecord
@@ -164,9 +164,11 @@ class Job:
             if attempt.number in recorded or not settled:
                 continue
             log_dir = dirs.get(attempt.number, self.record.logs / self.job_id / f"attempt-{attempt.number}")
-            cause = explain_attempt(attempt, self._log_texts(log_dir, batch=False))
-            self.record.add_attempt(attempt.number, attempt.outcome, attempt.exit_code, attempt.reason, cause,
-                                    str(log_dir.relative_to(self.record.path)))
+            texts = list(self._log_texts(log_dir, batch=False))
+            checkpoints = checkpoint_events("\n".join(log.text for log in texts))
+            self.record.add_attempt(attempt.number, attempt.outcome, attempt.exit_code, attempt.reason,
+                                    explain_attempt(attempt, texts), str(log_dir.relative_to(self.record.path)),
+                                    saved_iteration=checkpoints["saved"], stopped_on=checkpoints["stopped_on"])
 
     # --- actions -------------------------------------------------------------------------------------------------
     def cancel(self) -> bool:

@@ -210,10 +210,12 @@ class RunRecord:
         return [e for e in self.events() if "attempt" in e and "state" not in e]
 
     def add_attempt(self, number: int, outcome: str, exit_code: str | None, reason: str | None, cause: str,
-                    logs: str) -> None:
-        """Record that attempt `number` ended (Slurm requeued the job): its outcome, cause and log directory."""
+                    logs: str, saved_iteration: int | None = None, stopped_on: str | None = None) -> None:
+        """Record that attempt `number` ended (Slurm requeued the job): its outcome, cause and log directory, the
+        iteration of the last checkpoint it saved (where the next attempt resumes) and the signal it stopped on."""
         self._append_event({"attempt": number, "outcome": outcome, "exit_code": exit_code, "reason": reason,
-                            "cause": cause, "logs": logs})
+                            "cause": cause, "logs": logs, "saved_iteration": saved_iteration,
+                            "stopped_on": stopped_on})
 
     def metrics(self) -> dict | None:
         path = self.path / "metrics.json"

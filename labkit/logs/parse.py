@@ -1155,21 +1155,37 @@ def _combine(parts: list[dict], sources: list[str]) -> ParsedLog:
                      restarts=restarts)
 
 
+_ATTEMPT_DIR = re.compile(r"attempt-(\d{1,9})")
+
+
+def _attempt_of(source: str) -> int:
+    """A requeued job's later attempts log into JOBID/attempt-N/ beside the first one's files (labkit.jobs.record):
+    N for a file there, 0 for any other."""
+    found = _ATTEMPT_DIR.fullmatch(Path(source).parent.name)
+    return int(found.group(1)) if found else 0
+
+
 def _one_row_per_iteration(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-    """Merge the rows several ranks print for one iteration; after a restart keep the re-run's rows."""
+    """Merge the rows several ranks print for one iteration; after a restart keep the re-run's rows. Restarts: each
+    later attempt of a requeued job read (it may resume just after the iteration its predecessor saved, so its
+    iterations need not go back), and each time a stream goes back to an iteration it already passed."""
     if df.empty:
         return df, 0
+    codes, sources = pd.factorize(df["source"])
+    attempt = np.array([_attempt_of(str(source)) for source in sources] + [0])[codes]  # (code -1: no source)
+    later_attempts = len(set(attempt[attempt > 0].tolist()))
     it = df["iteration"].to_numpy(dtype=float, na_value=np.nan)
     if np.all(np.diff(it) > 0):
-        return df, 0
+        return df, later_attempts
     stream = df.groupby(["source", "node", "task", "rank", "local_rank"], dropna=False, sort=False).ngroup()
     order = np.arange(len(df))
     # A stream that goes back to an iteration it already passed was restarted (e.g. resumed from a checkpoint).
     keys = stream.to_numpy()
     previous = pd.Series(it).groupby(keys).shift().to_numpy()
     back = pd.Series((it <= previous).astype(int))
-    segment = back.groupby(keys).cumsum().to_numpy()
-    restarts = int(back.sum())
+    # A later attempt's rows win over an earlier one's, as a stream's rows after it went back win over those before.
+    segment = back.groupby(keys).cumsum().to_numpy() + attempt * (len(df) + 1)
+    restarts = int(back.sum()) + later_attempts
     work = df.assign(_segment=segment, _order=order)
     work = work.sort_values(["iteration", "_segment", "_order"], ascending=[True, False, True], kind="stable")
     if work["iteration"].duplicated().any():

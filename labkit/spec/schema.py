@@ -336,11 +336,13 @@ class JobSpec:
     """Seconds between GPU utilisation samples."""
     requeue: bool | None = None
     """true: the job may be requeued (#SBATCH --requeue), warns itself before its time limit, saves a checkpoint
-    (train.save) on SIGTERM and resumes from the latest one on its next attempt; false: never requeued
-    (--no-requeue); None: the cluster's default (JobRequeue), with nothing to resume from."""
+    (train.save) at the end of the iteration, requeues itself and resumes from the latest checkpoint on its next
+    attempt; false: never requeued (--no-requeue); None: the cluster's default (JobRequeue), with nothing to resume
+    from."""
     requeue_signal_s: int = 120
     """With requeue: seconds before the time limit at which Slurm signals the batch script (--signal=B:USR1@N),
-    which then requeues the job; leave time for one iteration and a checkpoint."""
+    which passes the signal on to the training processes and requeues the job once they have saved and exited; leave
+    time for one iteration and a checkpoint."""
     cluster_paths: list[str] = field(default_factory=list)
     """Absolute prefixes of paths that exist only on the cluster (e.g. /fsx, /lustre/datasets): a dataset, tokenizer
     or container image under one is not looked for on the machine that validates the spec (`labkit validate` lists

@@ -1,10 +1,17 @@
 """--exit-signal-handler: stop at the end of an iteration when a signal arrives, after saving a checkpoint.
 
-Slurm ends a job that is requeued (`scontrol requeue`, a job's own requeue ahead of its time limit, a preemption) or
-that reaches its limit with SIGTERM to every process of every step, and SIGKILL KillWait seconds later; torchrun
-passes the SIGTERM on to its workers. The handler only notes the signal: the training loop asks every rank, once per
-iteration, whether any of them received it (one all-reduce of a single number), so that all ranks save the same
-iteration and stop together. As Megatron-LM's `--exit-signal-handler` and `--exit-signal`, which default to SIGTERM.
+The handler only notes the signal: the training loop asks every rank, once per iteration, whether any of them received
+it (one all-reduce of a single number), so that all ranks save the same iteration and stop together. As Megatron-LM's
+`--exit-signal-handler` and `--exit-signal`, which default to SIGTERM; like Megatron-LM (global_vars.py
+set_global_variables) the driver installs the handler before it builds the model, so a signal that comes during the
+set-up is kept.
+
+Which signal: Slurm ends a job that is cancelled, preempted, requeued or past its time limit with SIGTERM to every
+process of every step, and SIGKILL KillWait seconds later (30 s by default), too soon for a large model's checkpoint;
+torchrun, too, kills its workers 30 s after a SIGTERM. A job with job.requeue therefore runs the driver with
+`--exit-signal SIGUSR1`: its script receives Slurm's warning ahead of the time limit (`#SBATCH --signal=B:USR1@N`),
+passes it on as USR1 to the processes of its steps (the node's shell and torchrun ignore it), and requeues the job
+once they have saved and exited (labkit/templates/node.sh.j2).
 """
 from __future__ import annotations
 

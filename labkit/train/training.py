@@ -244,6 +244,17 @@ def log_timers(timers, names, normalizer=1.0) -> None:
 # The run
 
 def run(args) -> int:
+    # Installed first, as Megatron-LM's set_global_variables does: a signal that comes while the model is built or a
+    # checkpoint loads (minutes for a large model) stops the run after its first iteration instead of being lost.
+    exit_signal = ExitSignal(args.exit_signal) if args.exit_signal_handler else None
+    try:
+        return _run(args, exit_signal)
+    finally:
+        if exit_signal is not None:
+            exit_signal.restore()
+
+
+def _run(args, exit_signal: ExitSignal | None) -> int:
     start = time.time()
     args.barrier_with_L1_time = True
     args.num_micro_batches = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
@@ -316,7 +327,6 @@ def run(args) -> int:
         chunk.train()
     print_rank_0(megatron_log.datetime_line("before the start of training step"))
     timers("interval-time", log_level=0).start(barrier=True)
-    exit_signal = ExitSignal(args.exit_signal) if args.exit_signal_handler else None
     stopped_by_signal = False
     try:
         while iteration < args.train_iters:
@@ -353,8 +363,6 @@ def run(args) -> int:
         if args.save and (not args.save_interval or iteration % args.save_interval):
             _save(args, timers, iteration, model, optimizer, scheduler)
     finally:
-        if exit_signal is not None:
-            exit_signal.restore()
         profiler.finish()
         tensorboard.close()
     if stopped_by_signal:

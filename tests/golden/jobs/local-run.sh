@@ -90,8 +90,8 @@ node_main() {
         --node_rank "$node_rank" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
         -m labkit.train "$@" &
     local launcher=$!
-    # A SIGTERM from Slurm (requeue, cancel, time limit) reaches torchrun and its workers too: wait while they stop
-    # (saving a checkpoint first when job.requeue is on), so that the node's processes end as one tree.
+    # A SIGTERM from Slurm (cancel, time limit) reaches torchrun and its workers too: wait while they stop, so that
+    # the node's processes end as one tree.
     trap 'kill -TERM "$launcher" 2>/dev/null' TERM
     wait "$launcher"
     status=$?
