@@ -21,7 +21,7 @@
 # - check the software the labs use (PyTorch, megatron-core, labkit) and whether a GPU is visible;
 # - tell which backend runs your jobs: `local` (processes on this machine), or `slurm` (labkit's local Slurm with
 #   emulated nodes, or a real cluster);
-# - list the cluster's nodes and GPUs with `sinfo`, as the workshop does;
+# - list the cluster's nodes and GPUs with `sinfo`, as the NVIDIA DLI workshop *Model Parallelism* does;
 # - submit a first tiny training job and read its last lines.
 
 # %% tags=["parameters"]

@@ -297,8 +297,8 @@ profile_views.memory_figure(traces).show()
 
 # %% [markdown]
 # The 16-bit runs keep less for the backward pass (their activations are half the size; the logits stay in fp32).
-# Communication here is mostly one rank waiting for the other at the gradient all-reduce, as both share two cores
-# with the other runs; the matmul share is of what is left. On a GPU, `tensor_core_share` would show how much
+# Communication here is mostly one rank waiting for the other at the gradient all-reduce, as both share this
+# machine's cores with the other runs; the matmul share is of what is left. On a GPU, `tensor_core_share` would show how much
 # kernel time ran on tensor cores; a CPU trace has no kernels.
 #
 # To browse the scalars interactively, open the run in TensorBoard. The workshop browsed its traces in TensorBoard's

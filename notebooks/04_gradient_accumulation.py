@@ -135,21 +135,28 @@ prediction_table(my_prediction, estimated={
 
 # %% tags=["check-claim"]
 ratio = measured.loc[most, "iteration_ms"] / measured.loc[fewest, "iteration_ms"]
-assert ratio > 0.5 * estimated.loc[most, "num_micro_batches"], measured  # "nearly in proportion", with a wide margin
-assert measured.loc[most, "samples_per_s"] > 0.8 * measured.loc[fewest, "samples_per_s"], measured
+assert ratio > 0.4 * estimated.loc[most, "num_micro_batches"], measured  # "by most of their number", a wide margin
+assert measured.loc[most, "samples_per_s"] > measured.loc[fewest, "samples_per_s"], measured
 
 # %%
 iteration_time_figure(sweep.logs).show()
 
 # %% [markdown]
-# The time per iteration grows with the micro-batches, nearly in proportion, and samples per second grow a little,
-# by what the optimizer step and the other per-iteration costs were taking (the prediction in 4.2). A loaded machine
-# adds noise of a few percent on top of the trend; on a cluster each run has its own GPUs.
+# The time per iteration grows with the micro-batches, by most of their number, and samples per second grow: the
+# optimizer step and the other per-iteration costs are shared by more samples (the prediction in 4.2). On this CPU
+# those costs are a larger share of a one-micro-batch iteration than the estimate allows, so the growth measured
+# here can be larger than estimated. A loaded machine adds noise on top of the trend; on a cluster each run has its
+# own GPUs.
 #
-# On a GPU one micro-batch of 8 is faster than four of 2: larger matrices keep the tensor cores busier. On this CPU
-# it can come out slower: a CPU gains little from larger matrices, and the larger micro-batch's activations no longer
-# fit its caches. That is a property of the hardware, not of accumulation: compare on the GPU you will train on.
-#
+# On a GPU one micro-batch of 8 is faster than four of 2: larger matrices keep the tensor cores busier. For this tiny
+# model it is faster on this CPU too, as every operator's fixed cost per call is paid once instead of four times;
+# with a larger model, whose micro-batch of 8 no longer fits the CPU's caches, it can come out slower. That is a
+# property of the hardware, not of accumulation: compare on the GPU you will train on.
+
+# %% tags=["check-claim"]
+assert measured.loc[pair[1], "samples_per_s"] > measured.loc[pair[0], "samples_per_s"], measured
+
+# %% [markdown]
 # ## 4.5 Memory: one micro-batch at a time
 #
 # The workshop's memory trace showed four rises and falls per step with four accumulated micro-batches. The same in the
