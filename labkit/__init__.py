@@ -6,6 +6,7 @@ Data flows one way, and each module imports only from the rows above it (tests/t
     megatron/      Megatron's own rules, below everything else: flags (every Megatron-LM flag labkit writes or reads;
                    the driver's parser is built from it) and sizes (derived sizes, pipeline splits and layouts)
     net            a free TCP port for rendezvous
+    extras         which optional extra (labkit[train], labkit[lab]) installs a missing module, for the message
     catalog        GPUs, model presets, clusters and the calibration, read from labkit/data/
     spec/          the run spec: schema (dataclasses), load (presets under the user's values), checks (every rule,
                    job checks included), layout (Megatron's rank order, stage -> ranks -> GPUs)
@@ -18,7 +19,8 @@ Data flows one way, and each module imports only from the rows above it (tests/t
     diagrams       SVGs drawn from estimate's schedule and activation bookkeeping
     jobs/          state, render (jinja2 templates), diagnose, record, watcher, job (Job, Backend), local and slurm
                    backends, report, dashboard, sweep
-    lab, cli       the course runner (papermill, HTML index, `labkit workspace`) and the command line
+    lab, cli,      the course runner (papermill, HTML index, `labkit workspace`), the command line and its shell
+    completion     completion script
 """
 from importlib.metadata import PackageNotFoundError as _NotInstalled
 from importlib.metadata import version as _version

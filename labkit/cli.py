@@ -22,18 +22,23 @@ COMMAND_MODULES = [
     "labkit.profiling.cli",
     "labkit.jobs.cli",
     "labkit.logs.cli",
+    "labkit.completion",
 ]
 
 
 def register(sub) -> None:
     p = sub.add_parser("validate", help="check a run spec and print it resolved (exit 2 with every error)")
     p.add_argument("spec", help="YAML or JSON run spec")
-    p.add_argument("--json", action="store_true", help="print the resolved spec as JSON")
+    p.add_argument("--json", action="store_true", help="print the resolved spec, or its errors, as JSON")
     p.set_defaults(func=_validate)
 
 
-def print_spec_errors(where, exc) -> int:
-    """Every error of a SpecError on stderr, one per line; returns the exit status for invalid input (2)."""
+def print_spec_errors(where, exc, as_json: bool = False) -> int:
+    """Every error of a SpecError on stderr, one per line (as_json: {"spec": where, "errors": [...]} on stdout, for a
+    program to read); returns the exit status for invalid input (2)."""
+    if as_json:
+        print(json.dumps({"spec": str(where), "errors": exc.errors}, indent=2))
+        return 2
     print(f"{where}: {len(exc.errors)} error(s)", file=sys.stderr)
     for error in exc.errors:
         print(f"  - {error}", file=sys.stderr)
@@ -47,7 +52,7 @@ def _validate(args) -> int:
     try:
         spec = load_spec(args.spec)
     except SpecError as exc:
-        return print_spec_errors(args.spec, exc)
+        return print_spec_errors(args.spec, exc, as_json=args.json)
     resolved = {"spec": spec.to_dict(), "resolved": resolved_summary(spec)}
     if args.json:
         print(json.dumps(resolved, indent=2))
@@ -76,7 +81,16 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 1
-    return args.func(args) or 0
+    try:
+        return args.func(args) or 0
+    except ModuleNotFoundError as exc:  # a module of an extra this install left out: say which extra, not a traceback
+        from labkit.extras import install_hint
+
+        hint = install_hint(f"labkit {args.command}", exc.name or "")
+        if hint is None:
+            raise
+        print(hint, file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

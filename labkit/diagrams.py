@@ -12,11 +12,14 @@ import html
 import sys
 from pathlib import Path
 
-from labkit.estimate.recompute import stored_activations
-from labkit.estimate.timing import Event, Pipeline, bubble_fraction
+from typing import TYPE_CHECKING
+
 from labkit.paths import course_dir, example
 from labkit.spec import RunSpec, load_spec
 from labkit.spec.layout import layout_of
+
+if TYPE_CHECKING:
+    from labkit.estimate.timing import Event
 
 FORWARD_COLOR = "#4c78a8"
 CHUNK_SHADES = ("#4c78a8", "#72b7b2", "#54a24b", "#b279a2")  # forward colour per model chunk (virtual stage)
@@ -75,6 +78,8 @@ def pipeline_schedule(stages: int, micro_batches: int, chunks: int = 1, forward_
 
     Taught in lab 07.
     """
+    from labkit.estimate.timing import Pipeline  # numpy, with the estimator: not for `labkit --help`
+
     if stages < 1 or micro_batches < 1 or chunks < 1:
         raise ValueError("stages, micro_batches and chunks must be >= 1")
     work = forward_time + backward_time
@@ -94,6 +99,8 @@ def _schedule_title(stages, micro_batches, chunks):
 
 
 def _schedules_svg(panels, stages, time_scale=26.0) -> str:
+    from labkit.estimate.timing import bubble_fraction
+
     left, row_h, panel_gap = 70, 26, 54
     span = max(max(op.end_s for op in ops) for _, ops in panels)
     width = left + span * time_scale + 30
@@ -134,6 +141,8 @@ def pipeline_schedules_svg(stages: int = 4, micro_batches: int = 8, chunks: int 
 # --- activation checkpointing -----------------------------------------------------------------------------------------
 
 def activation_checkpointing_svg(layers: int = 8) -> str:
+    from labkit.estimate.recompute import stored_activations  # pandas: not for `labkit --help`
+
     rows = [("no recompute", stored_activations(layers, None)),
             ("full, uniform, 2 layers per group", stored_activations(layers, "full", "uniform", 2)),
             ("full, block, first 3 layers", stored_activations(layers, "full", "block", 3)),

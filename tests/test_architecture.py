@@ -81,7 +81,7 @@ def test_the_cycle_check_sees_a_deferred_import(tmp_path):
 # Data flows one way: a module imports only from its own layer or the layers before it. Command-line modules sit on
 # top (each registers its subcommands and may use anything).
 LAYERS = (
-    ("labkit.paths", "labkit.net"),
+    ("labkit.paths", "labkit.net", "labkit.extras"),
     # Megatron's own rules (labkit.megatron.sizes), beneath everything that speaks Megatron.
     ("labkit.megatron",),
     ("labkit.catalog",),
@@ -93,7 +93,7 @@ LAYERS = (
      "labkit.exercises"),
     ("labkit.plan", "labkit.diagrams"),
     ("labkit.jobs",),
-    ("labkit.lab", "labkit.cli", "labkit.__main__", "labkit"),
+    ("labkit.lab", "labkit.cli", "labkit.completion", "labkit.__main__", "labkit"),
 )
 
 

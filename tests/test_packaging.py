@@ -1,7 +1,9 @@
-"""The install story: pins agree between pip and conda, the conda environment is CPU-only, CI runs exactly
-`make test`, the package finds its data wherever it is installed, and the command line starts without reading it."""
+"""The install story: the base install plans and the extras add training and the labs, pins agree between pip and
+conda, the conda environment is CPU-only, CI runs exactly `make test`, the package finds its data wherever it is
+installed, and the command line starts without reading it or importing pandas."""
 import contextlib
 import dataclasses
+import importlib.util
 import io
 import re
 import subprocess
@@ -13,7 +15,7 @@ import jinja2
 import pytest
 import yaml
 
-from labkit import __version__, catalog, cli, lab, paths
+from labkit import __version__, catalog, cli, extras, lab, paths
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,8 +35,10 @@ def pyproject() -> dict:
 
 
 def pyproject_requirements() -> dict[str, str]:
+    """Every distribution the package names, in its base install and its extras ("all" names the other extras)."""
     project = pyproject()
-    return requirement_map(project["dependencies"] + project["optional-dependencies"]["test"])
+    extras = project["optional-dependencies"]
+    return requirement_map(project["dependencies"] + [r for name, reqs in extras.items() if name != "all" for r in reqs])
 
 
 def conda_environment() -> tuple[list[str], list[str]]:
@@ -58,14 +62,63 @@ def test_the_two_pins_that_matter_are_exact_for_make_and_ci():
     assert constraints() == {"torch": "==2.13.0", "megatron-core": "==0.16.1"}
     makefile = (ROOT / "Makefile").read_text()
     assert makefile.count("-c constraints.txt") == 2  # torch first, then labkit with its dependencies
+    assert "-c constraints.txt -e '.[all,test]'" in makefile  # make lab and make test: training and the labs
+    assert "-e '.[all,test]'" in (ROOT / "tests" / "other_pythons.sh").read_text()
+
+
+def test_the_base_install_plans_and_the_extras_train_and_run_the_labs():
+    """The base install is what validate, estimate, plan, render and submit import (tests/wheel_check.sh runs them
+    in an environment with nothing else); torch and megatron-core come with labkit[train], Jupyter with labkit[lab]."""
+    project = pyproject()
+    base = set(requirement_map(project["dependencies"]))
+    assert base == {"numpy", "pandas", "jinja2", "pyyaml", "termcolor", "tqdm", "tokenizers", "sentencepiece"}
+    extras = {name: set(requirement_map(reqs)) for name, reqs in project["optional-dependencies"].items()}
+    assert {"torch", "megatron-core"} <= extras["train"] and {"jupyterlab", "papermill"} <= extras["lab"]
+    assert project["optional-dependencies"]["all"] == ["labkit[train,lab]"]
+
+
+def test_each_extra_distribution_has_its_module_in_the_hint_table():
+    """labkit.extras.MODULES names the extra to install for a missing module: every distribution of an extra is there
+    under that extra (by its import name)."""
+    import_name = {"megatron-core": "megatron"}
+    for extra in ("train", "lab"):
+        for dist in requirement_map(pyproject()["optional-dependencies"][extra]):
+            module = import_name.get(dist, dist.replace("-", "_"))
+            assert extras.MODULES.get(module) == extra, dist
+    assert set(extras.MODULES.values()) == {"train", "lab"}
+
+
+def test_a_missing_extra_is_named_with_its_pip_command(monkeypatch, capsys, tmp_path):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real_find_spec(name, *a))
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text("name: t\nmodel: {preset: tiny}\nbatch: {micro: 2, global: 4}\ntrain: {iters: 2, log_interval: 1}\n")
+    assert cli.main(["run", str(spec), "--backend", "local", "--runs-dir", str(tmp_path / "runs")]) == 1
+    assert capsys.readouterr().err == ("labkit run needs torch, which the base install leaves out: "
+                                       "pip install 'labkit[train]'\n")
+    assert not (tmp_path / "runs").exists()  # refused before anything was recorded
+    assert extras.install_hint("labkit lab", "nbformat.v4") == ("labkit lab needs nbformat, which the base install "
+                                                               "leaves out: pip install 'labkit[lab]'")
+    assert extras.install_hint("labkit plan", "yaml") is None  # a base dependency missing is a broken install
+
+
+def test_license_file_is_the_apache_text_the_metadata_names():
+    assert pyproject()["license"] == "Apache-2.0" and pyproject()["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text()
+    assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"] and "END OF TERMS AND CONDITIONS" in text
+
+
+def test_the_package_is_typed():
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert "py.typed" in package_data["labkit"] and (ROOT / "labkit" / "py.typed").is_file()
     for script in ("wheel_check.sh", "other_pythons.sh"):
         assert '-c "$repo/constraints.txt" torch' in (ROOT / "tests" / script).read_text()
 
 
 def test_the_package_admits_the_torch_a_gpu_machine_brings():
-    """megatron-core 0.16.1 needs torch>=2.6; the package asks no more, so it installs beside a cluster's own CUDA
+    """megatron-core 0.16.1 needs torch>=2.6; labkit[train] asks no more, so it installs beside a cluster's own CUDA
     PyTorch. megatron-core itself stays exact: the CPU compatibility layer patches its private names."""
-    reqs = pyproject_requirements()
+    reqs = requirement_map(pyproject()["optional-dependencies"]["train"])
     assert reqs["torch"] == ">=2.6"
     assert reqs["megatron-core"] == "==0.16.1"
 
@@ -106,6 +159,16 @@ def test_help_reads_no_catalog(monkeypatch):
     assert done.value.code == 0 and "validate" in out.getvalue()
     for cached in (catalog.gpus, catalog.models, catalog.clusters):
         cached.cache_clear()
+
+
+def test_help_imports_neither_pandas_nor_torch():
+    """`labkit --help` builds every command's parser: none of them may import the heavy libraries, which the commands
+    load when they run (pandas alone took half a second of the help's second)."""
+    code = ("import contextlib, io, sys\nfrom labkit import cli\nwith contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try: cli.main(['--help'])\n    except SystemExit: pass\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'pandas', 'torch', 'megatron', 'plotly', 'jinja2'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_version_comes_from_the_installed_metadata():

@@ -12,14 +12,43 @@ widget of one job), dashboard (widgets over every recorded run), sweep (several 
 from __future__ import annotations
 
 import shutil
+from typing import TYPE_CHECKING
 
-from labkit.jobs.job import Backend, Job
-from labkit.jobs.local import LocalBackend
-from labkit.jobs.record import RecordError, RunRecord
-from labkit.jobs.slurm import SlurmBackend, SlurmError
 from labkit.jobs.state import State, Status
 
-BACKENDS = {"local": LocalBackend, "slurm": SlurmBackend}
+if TYPE_CHECKING:
+    from labkit.jobs.job import Backend, Job
+    from labkit.jobs.record import RunRecord
+
+# Job, the backends and the run record read logs with pandas: they load on first use (__getattr__), because the
+# command line imports this package (for labkit.jobs.cli) to build its parser and `labkit --help` needs none of them.
+_ON_FIRST_USE = ("Backend", "Job", "LocalBackend", "SlurmBackend", "SlurmError", "RecordError", "RunRecord")
+
+
+def __getattr__(name: str):
+    if name not in _ON_FIRST_USE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from labkit.jobs.job import Backend, Job
+    from labkit.jobs.local import LocalBackend
+    from labkit.jobs.record import RecordError, RunRecord
+    from labkit.jobs.slurm import SlurmBackend, SlurmError
+
+    return locals()[name]
+
+
+def _local(**options) -> Backend:
+    from labkit.jobs.local import LocalBackend
+
+    return LocalBackend(**options)
+
+
+def _slurm(**options) -> Backend:
+    from labkit.jobs.slurm import SlurmBackend
+
+    return SlurmBackend(**options)
+
+
+BACKENDS = {"local": _local, "slurm": _slurm}  # name -> backend(**options)
 
 
 def backend_named(name: str, **options) -> Backend:
@@ -48,6 +77,8 @@ def job_of(record: RunRecord, backend: Backend | None = None) -> Job:
         last = record.last_status()
         why = f": {last['state']}, {last['cause']}" if last.get("cause") else ""
         raise RuntimeError(f"run {record.run_id} has no job (no job.json){why}")
+    from labkit.jobs.job import Job
+
     last = record.last_status()
     status = Status(State(last["state"]), last.get("exit_code"), last.get("reason")) \
         if last.get("state") in State.__members__ else None

@@ -22,6 +22,8 @@ def register(sub) -> None:
     p.add_argument("--layout", choices=("multinode", "hetjob", "pair"),
                    help="Slurm script layout (default: multinode for one node group, hetjob for several)")
     p.add_argument("--runs-dir", help="where run records go (default: $LABKIT_RUNS_DIR or ./runs)")
+    p.add_argument("--json", action="store_true",
+                   help="print the run (with --wait: and how it ended; with --dry-run: the scripts) as JSON")
     p.set_defaults(func=_run)
 
     p = sub.add_parser("status", help="state, cause, per-node log tails, job info and iteration times of a run")
@@ -33,6 +35,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("cancel", help="cancel a submitted run")
     p.add_argument("run", help="run id (or unique prefix, or directory)")
+    p.add_argument("--json", action="store_true", help="print the run and whether it was cancelled as JSON")
     p.add_argument("--runs-dir", help="where run records are (default: $LABKIT_RUNS_DIR or ./runs)")
     p.set_defaults(func=_cancel)
 
@@ -40,6 +43,7 @@ def register(sub) -> None:
     p.add_argument("--runs-dir", help="where run records are (default: $LABKIT_RUNS_DIR or ./runs)")
     p.add_argument("--rebuild", action="store_true",
                    help="rebuild the index (runs/index.sqlite) from the run directories, keeping their times")
+    p.add_argument("--json", action="store_true", help="print the runs as a JSON list")
     p.set_defaults(func=_runs)
 
 
@@ -70,6 +74,9 @@ def _run(args) -> int:
             backend = args.backend or default_backend().name
             layout = "local" if backend == "local" else args.layout
             rendered = render(spec, runs_dir(args.runs_dir) / "RUN_ID" / "logs", layout=layout)
+            if args.json:
+                print(json.dumps({"scripts": rendered.scripts}, indent=2))
+                return 0
             for name, text in rendered.scripts.items():
                 if len(rendered.scripts) > 1:
                     print(f"# ===== {name} =====")
@@ -79,25 +86,35 @@ def _run(args) -> int:
         backend = backend_named(args.backend, **options) if args.backend else default_backend(**options)
         job = backend.submit(spec, layout=args.layout) if backend.name == "slurm" else backend.submit(spec)
     except SpecError as exc:
-        return print_spec_errors(args.spec, exc)
+        return print_spec_errors(args.spec, exc, as_json=args.json)
     except SlurmError as exc:
         print(f"sbatch refused the job: {exc}", file=sys.stderr)
         return 1
     except RecordError as exc:
         print(exc, file=sys.stderr)
         return 1
-    print(f"run {job.record.run_id}: {backend.name} job {', '.join(job.job_ids)} ({job.record.path})")
+    submitted = {"run_id": job.record.run_id, "backend": backend.name, "job_ids": job.job_ids,
+                 "path": str(job.record.path)}
+    if not args.json:
+        print(f"run {job.record.run_id}: {backend.name} job {', '.join(job.job_ids)} ({job.record.path})")
     if not args.wait:
+        if args.json:
+            print(json.dumps(submitted, indent=2))
         return 0
+    # The bar redraws itself in place: only on a terminal, never into a file or pipe that collects the output.
+    progress = not args.json and sys.stdout.isatty() and sys.stderr.isatty()
     try:
-        state = job.wait(progress=True, poll_s=args.poll)
+        state = job.wait(progress=progress, poll_s=args.poll)
     except RecordError as exc:
         print(f"{job.record.run_id}: {exc}", file=sys.stderr)
         return 1
+    if args.json:
+        print(json.dumps({**submitted, "state": state.name, "cause": job.cause()}, indent=2))
+        return 0 if state.name == "COMPLETED" else 1
     if state.name == "COMPLETED":
         print(f"{job.record.run_id}: COMPLETED")
         return 0
-    print(format_report(report(job), color=sys.stdout.isatty()))
+    print(format_report(report(job)))
     print(f"{job.record.run_id}: {state}: {job.cause()}", file=sys.stderr)
     return 1
 
@@ -127,7 +144,7 @@ def _status(args) -> int:
     if args.json:
         print(json.dumps(rep.to_dict(), indent=2, default=str))
     else:
-        print(format_report(rep, color=sys.stdout.isatty()))
+        print(format_report(rep))
     return 0
 
 
@@ -141,6 +158,10 @@ def _cancel(args) -> int:
     except (FileNotFoundError, RuntimeError, SlurmError) as exc:
         print(exc, file=sys.stderr)
         return 1
+    if args.json:
+        print(json.dumps({"run_id": job.record.run_id, "backend": job.backend.name, "job_ids": job.job_ids,
+                          "cancelled": stopped, "state": job.status(refresh=False).state.name}, indent=2))
+        return 0 if stopped else 1
     if not stopped:
         print(f"{job.record.run_id}: nothing to cancel ({job.backend.name} job {', '.join(job.job_ids)} is not "
               f"running; recorded state {job.status(refresh=False).state})", file=sys.stderr)
@@ -192,6 +213,9 @@ def _runs(args) -> int:
     except RecordError as exc:
         print(exc, file=sys.stderr)
         return 1
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
     if not rows:
         print("no runs yet")
         return 0

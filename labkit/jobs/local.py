@@ -16,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from labkit.extras import require
 from labkit.jobs.job import Job
 from labkit.jobs.render import check_job, render
 from labkit.jobs.record import RunRecord
@@ -36,6 +37,8 @@ class LocalBackend:
         self._children: dict[str, subprocess.Popen] = {}
 
     def submit(self, spec: RunSpec | str | os.PathLike, after: Job | list[Job] | None = None) -> Job:
+        if self.torchrun is None:  # this interpreter's torchrun runs the driver
+            require("the local backend", "torch", "megatron")
         spec = spec if isinstance(spec, RunSpec) else load_spec(spec)
         for job in [after] if isinstance(after, Job) else list(after or []):
             if job.wait(progress=False) != State.COMPLETED:

@@ -68,19 +68,22 @@ def report(job: Job, lines: int = 5) -> Report:
 _STATE_COLOURS = {State.COMPLETED: "green", State.RUNNING: "cyan", State.PENDING: "yellow"}
 
 
-def format_report(rep: Report, color: bool = True) -> str:
-    """The report as text, coloured with `color` unless NO_COLOR is set (https://no-color.org).
+def format_report(rep: Report, color: bool | None = None) -> str:
+    """The report as text. Coloured as termcolor decides by default (off with NO_COLOR or ANSI_COLORS_DISABLED, on with
+    FORCE_COLOR, else off for TERM=dumb and when stdout is not a terminal); `color=True` colours it unless NO_COLOR is
+    set (https://no-color.org), `color=False` never.
 
     Taught in labs 01 and 07.
     """
     from termcolor import colored
 
-    color = color and not os.environ.get("NO_COLOR")
+    if color is not None:
+        color = color and not os.environ.get("NO_COLOR")
 
     def paint(text: str, colour: str | None = None, bold: bool = False) -> str:
-        if not color:
+        if color is False:
             return text
-        return colored(text, colour, attrs=["bold"] if bold else None, force_color=True)
+        return colored(text, colour, attrs=["bold"] if bold else None, force_color=color)
 
     def banner(title: str) -> str:
         return paint(f"******************* {title} *******************", "blue", bold=True)

@@ -6,6 +6,13 @@ import traceback
 
 
 def main(argv: list[str] | None = None) -> int:
+    from labkit.extras import MissingExtra, require
+
+    try:
+        require("labkit-train", "torch", "megatron")
+    except MissingExtra as exc:
+        print(exc, file=sys.stderr)
+        return 1
     import torch
     import torch.distributed as dist
 
