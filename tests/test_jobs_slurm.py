@@ -329,7 +329,8 @@ def _start_again(job, timeout: float = 120) -> None:
 def test_a_requeued_job_saves_resumes_from_its_checkpoint_and_keeps_both_attempts(early, slurm, runs):
     job = slurm.submit(_requeue_spec(runs, "requeued"))
     _run_to(job, 5)
-    # What `#SBATCH --signal=B:USR1@N` sends ahead of the time limit: the script's trap runs `scontrol requeue`.
+    # What `#SBATCH --signal=B:USR1@N` sends ahead of the time limit: the script passes it on to the training
+    # processes, which save and stop, then requeues the job.
     subprocess.run(["scancel", "--batch", "--signal=USR1", job.job_id], check=True)
     _start_again(job)
     assert wait(job) == State.COMPLETED, report(job).cause
