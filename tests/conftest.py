@@ -100,3 +100,35 @@ def _scratch_user_directory(tmp_path_factory):
     patch.setenv("LABKIT_HOME", str(tmp_path_factory.mktemp("labkit-home")))
     yield
     patch.undo()
+
+
+@pytest.fixture(scope="session")
+def train_in_parallel(tmp_path_factory):
+    """train(specs) starts labkit's driver on each run spec ({name: spec}) under torchrun with two gloo processes, all
+    at once (they share the cores), then waits for every one: {name: (spec, log text)}; a run that fails fails the
+    test with its log."""
+    return lambda specs: _train_in_parallel(specs, tmp_path_factory)
+
+
+def _train_in_parallel(specs: dict, tmp_path_factory, processes: int = 2) -> dict:
+    import sys
+
+    from labkit.megatron_args import megatron_args
+    from labkit.net import free_port
+
+    runs = {}
+    for name, spec in specs.items():
+        directory = tmp_path_factory.mktemp(name)
+        with open(directory / "train.log", "w") as log:
+            cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={processes}",
+                   f"--master-port={free_port()}", "-m", "labkit.train", *map(str, megatron_args(spec))]
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=directory,
+                                    env=dict(os.environ, OMP_NUM_THREADS="1"))
+        runs[name] = (spec, proc, directory / "train.log")
+    results = {}
+    for name, (spec, proc, log) in runs.items():
+        proc.wait(timeout=600)
+        text = log.read_text()
+        assert proc.returncode == 0, text[-4000:]
+        results[name] = (spec, text)
+    return results

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
@@ -17,7 +16,6 @@ import pytest
 from labkit.data_prep import prepare
 from labkit.estimate.params import rank_params
 from labkit.megatron_args import megatron_args
-from labkit.net import free_port
 from labkit.spec import SpecError, load_spec
 from labkit.train.arguments import finish, build_parser
 from labkit.train.tokenizer import HuggingFaceTokenizer, SentencePieceTokenizer
@@ -156,27 +154,14 @@ LAYOUTS = {
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(train_in_parallel):
     """tiny-llama for 3 iterations with each layout, two gloo processes each, all started at once."""
-    runs = {}
-    for name, changes in LAYOUTS.items():
-        spec = load_spec({"model": {"preset": "tiny-llama"}, "precision": "fp32",
-                          "batch": {"micro": 2, "global": 8}, "train": {"iters": 3, "log_interval": 1},
-                          "cluster": {"nodes": [{"gpu": "cpu", "count": 1, "gpus_per_node": 2}]}, **changes})
-        directory = tmp_path_factory.mktemp(name)
-        log = open(directory / "train.log", "w")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}",
-               "-m", "labkit.train", *megatron_args(spec)]
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=directory,
-                                env=dict(os.environ, OMP_NUM_THREADS="1"))
-        runs[name] = (spec, proc, directory / "train.log")
-    results = {}
-    for name, (spec, proc, log) in runs.items():
-        proc.wait(timeout=600)
-        text = log.read_text()
-        assert proc.returncode == 0, text[-4000:]
-        results[name] = (spec, text)
-    return results
+    return train_in_parallel({name: load_spec({"model": {"preset": "tiny-llama"}, "precision": "fp32",
+                                               "batch": {"micro": 2, "global": 8},
+                                               "train": {"iters": 3, "log_interval": 1},
+                                               "cluster": {"nodes": [{"gpu": "cpu", "count": 1, "gpus_per_node": 2}]},
+                                               **changes})
+                              for name, changes in LAYOUTS.items()})
 
 
 @pytest.mark.slow
