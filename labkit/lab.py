@@ -285,21 +285,48 @@ def taught_phrase(labs) -> str:
     return f"Taught in labs {', '.join(labs[:-1])} and {labs[-1]}."
 
 
-def labkit_calls(source: str) -> set[tuple[str, str]]:
-    """(module, name) of each labkit function or class a notebook's code calls: a name imported from labkit
-    (`from labkit.x import f`, then `f(...)`) or an attribute of an imported labkit module (`views.f(...)`)."""
-    import importlib
+def _module_file(module: str, package: Path) -> Path | None:
+    """The source file of a labkit module (`package` is labkit's folder), or None when `module` is not one."""
+    base = package.parent.joinpath(*module.split("."))
+    return next((path for path in (base.with_suffix(".py"), base / "__init__.py") if path.is_file()), None)
 
+
+@functools.lru_cache(maxsize=None)
+def _module_tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
+def _home(module: str, name: str, package: Path) -> str | None:
+    """Where labkit defines what `module` calls `name` (module.name), following its re-exports; None when it is not
+    a function or class of labkit's."""
+    path = _module_file(module, package)
+    if path is None:
+        return None
+    for node in _module_tree(path).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return f"{module}.{name}"
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "labkit":
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    return _home(node.module, alias.name, package)
+    return None
+
+
+def labkit_calls(source: str, package: Path | str | None = None) -> set[str]:
+    """Where labkit defines each function or class a notebook's code calls (module.name): a name imported from labkit
+    (`from labkit.x import f`, then `f(...)`) or an attribute of an imported labkit module (`views.f(...)`). Read from
+    the sources alone, nothing imported."""
+    package = Path(package) if package is not None else Path(__file__).resolve().parent
     tree = ast.parse(source)
     names: dict[str, tuple[str, str]] = {}
     modules: dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "labkit":
             for alias in node.names:
-                try:
-                    importlib.import_module(f"{node.module}.{alias.name}")
-                    modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-                except ModuleNotFoundError:
+                submodule = f"{node.module}.{alias.name}"
+                if _module_file(submodule, package):
+                    modules[alias.asname or alias.name] = submodule
+                else:
                     names[alias.asname or alias.name] = (node.module, alias.name)
         elif isinstance(node, ast.Import):
             modules.update({alias.asname or alias.name: alias.name for alias in node.names
@@ -309,24 +336,21 @@ def labkit_calls(source: str) -> set[tuple[str, str]]:
         if not isinstance(node, ast.Call):
             continue
         if isinstance(node.func, ast.Name) and node.func.id in names:
-            called.add(names[node.func.id])
+            called.add(_home(*names[node.func.id], package))
         elif isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
                 and node.func.value.id in modules:
-            called.add((modules[node.func.value.id], node.func.attr))
-    return called
+            called.add(_home(modules[node.func.value.id], node.func.attr, package))
+    return called - {None}
 
 
 def taught_in(notebook_dir: Path | str | None = None) -> dict[str, set[str]]:
-    """{home of a labkit function or class (module.qualname, where it is defined): the labs that call it}, read from
-    the labs' jupytext sources (NN_name.py): what each docstring's "Taught in" back-link must say."""
-    import importlib
-
+    """{where labkit defines a function or class (module.name): the labs that call it}, read from the labs' jupytext
+    sources (NN_name.py): what each docstring's "Taught in" back-link must say."""
     notebook_dir = Path(notebook_dir) if notebook_dir is not None else default_notebook_dir()
     labs: dict[str, set[str]] = {}
     for path in sorted(notebook_dir.glob("[0-9][0-9]_*.py")):
-        for module, name in labkit_calls(path.read_text(encoding="utf-8")):
-            obj = getattr(importlib.import_module(module), name)
-            labs.setdefault(f"{obj.__module__}.{obj.__qualname__}", set()).add(path.name[:2])
+        for home in labkit_calls(path.read_text(encoding="utf-8")):
+            labs.setdefault(home, set()).add(path.name[:2])
     return labs
 
 

@@ -60,7 +60,10 @@ def test_the_link_check_reads_calls_through_names_and_modules(tmp_path):
 
     source = ("from labkit.paths import example as ex\nfrom labkit.profiling import views\nimport labkit.catalog\n"
               "ex('tiny-cpu.yaml')\nviews.memory_figure({})\nlabkit.catalog.gpus\nfrom labkit.spec import load_spec\n")
-    assert lab.labkit_calls(source) == {("labkit.paths", "example"), ("labkit.profiling.views", "memory_figure")}
+    assert lab.labkit_calls(source) == {"labkit.paths.example", "labkit.profiling.views.memory_figure"}
+    # a re-export is followed to where the function is defined
+    assert lab.labkit_calls("from labkit.estimate import estimate\nestimate(spec)") == {
+        "labkit.estimate.estimator.estimate"}
     (tmp_path / "03_x.py").write_text(source)
     assert lab.taught_in(tmp_path) == {"labkit.paths.example": {"03"},
                                        "labkit.profiling.views.memory_figure": {"03"}}
