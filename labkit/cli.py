@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 
 import yaml
@@ -82,7 +83,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 1
     try:
-        return args.func(args) or 0
+        code = args.func(args) or 0
+        sys.stdout.flush()  # a reader that left (`labkit runs | head`) shows here, while the handler below runs
+        return code
+    except BrokenPipeError:
+        # Python's docs on SIGPIPE (the signal module's "Note on SIGPIPE"): point stdout at devnull, so that the
+        # flush at exit cannot fail again, and exit quietly with status 1.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except ModuleNotFoundError as exc:  # a module of an extra this install left out: say which extra, not a traceback
         from labkit.extras import install_hint
 

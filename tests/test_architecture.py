@@ -122,7 +122,7 @@ def test_the_layer_check_sees_an_upward_import():
 HOMES = {
     "repository-root computation": ("labkit/paths.py", re.compile(r"__file__|resources\.files\(")),
     "free-port helper": ("labkit/net.py", re.compile(r"\.bind\(\(\s*['\"][^'\"]*['\"]\s*,\s*0\s*\)\)")),
-    "iteration-line parser": ("labkit/logs/parse.py", re.compile(r"re\.compile\([^\n]*iteration[^\n]*\(\\d\+\)")),
+    "iteration-line parser": ("labkit/logs/parse.py", re.compile(r"re\.compile\([^\n]*iteration[^\n]*\(\\d[+{]")),
     "pipeline simulator": ("labkit/estimate/timing.py",
                            re.compile(r"def \w*(1f1b|interleav|simulate_pipeline|play_schedule)\w*\(")),
     "rank-order mapping": ("labkit/spec/layout.py", re.compile(r"def \w*(rank_order|rank_to_stage|stage_ranks)\w*\(")),

@@ -193,6 +193,10 @@ def test_cancel_after_the_runner_was_killed_stops_the_whole_group(tmp_path, caps
     os.kill(pgid, signal.SIGKILL)  # run.sh alone: its node and the stand-in torchrun run on
     backend._children[job.job_id].wait()  # reaped, as it would be once this process is gone
     assert _group_alive(pgid)
+    # Not FAILED while its processes run: RUNNING, saying that the runner is gone and how to stop the rest.
+    status = job.status()
+    assert status.state == State.RUNNING and "labkit cancel" in status.reason
+    assert job.record.last_status()["state"] == "RUNNING"
     assert cli("cancel", job.record.run_id, "--runs-dir", str(tmp_path / "runs")) == 0
     assert not _group_alive(pgid)
     assert load_run(job.record.run_id, tmp_path / "runs").last_status()["state"] == "CANCELLED"
@@ -339,3 +343,123 @@ def test_sbatch_script_starts_no_node_before_labkit_recorded_it(tmp_path, submit
         env["LABKIT_SUBMITTED"] = "1"
     subprocess.run(["timeout", "1", "bash", str(script)], env=env, cwd=run, capture_output=True)
     assert (tmp_path / "started").exists() == starts
+
+
+def test_a_run_killed_while_labkit_creates_it_is_never_seen_half_made(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    code = ("import os, signal; from labkit.jobs.record import RunRecord; from labkit.spec import load_spec;"
+            "RunRecord._append_event = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL);"
+            f"RunRecord.create(load_spec({str(tmp_path / 'tiny.yaml')!r}), {str(runs)!r})")
+    (tmp_path / "tiny.yaml").write_text(json.dumps(SPEC))
+    assert subprocess.run([sys.executable, "-c", code]).returncode == -signal.SIGKILL  # spec written, no event
+    assert RunIndex(runs).run_dirs() == [] and len(list(runs.glob(".*.draft"))) == 1
+    assert cli("runs", "--runs-dir", str(runs)) == 0 and "no runs yet" in capsys.readouterr().out
+    later = RunRecord.create(spec("later"), runs)  # removes the dead creator's draft
+    later.attach("local", "local", ["999999"], pgid=999999)
+    later.set_status(State.FAILED, exit_code="1:0", cause="boom")
+    assert not list(runs.glob(".*.draft")) and RunIndex(runs).run_dirs() == [later.path]
+    assert cli("status", "--json", "--runs-dir", str(runs)) == 0
+    assert json.loads(capsys.readouterr().out)["run_id"] == later.run_id
+
+
+def test_a_half_made_run_of_an_older_labkit_is_failed_and_dated_by_its_spec(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    done = RunRecord.create(spec("done"), runs)
+    done.attach("local", "local", ["999999"], pgid=999999)
+    done.set_status(State.FAILED, exit_code="1:0", cause="boom")
+    half = runs / "20200101-000000-half"  # a spec and no event: killed between the two, before drafts
+    (half / "logs").mkdir(parents=True)
+    (half / "spec.yaml").write_text(spec("half").to_yaml())
+    os.utime(half / "spec.yaml", (1577836800, 1577836800))
+    (runs / "index.sqlite").unlink()
+    assert cli("runs", "--runs-dir", str(runs)) == 0
+    rows = {row["run_id"]: row for row in RunIndex(runs).rows()}
+    assert rows[half.name]["state"] == "FAILED" and rows[half.name]["created"] < rows[done.run_id]["created"]
+    assert "NaN" not in capsys.readouterr().out
+    assert cli("status", "--json", "--runs-dir", str(runs)) == 0  # the latest run is the one that ran
+    assert json.loads(capsys.readouterr().out)["run_id"] == done.run_id
+
+
+def test_a_job_whose_record_fills_the_disk_reads_failed_not_pending(tmp_path, monkeypatch):
+    def full(*args, **kwargs):
+        raise RecordError("cannot write the run records in runs: No space left on device")
+    backend = local(tmp_path)
+    with monkeypatch.context() as patch:
+        patch.setattr(RunIndex, "update", full)  # job.json and its event written, the index row not
+        with pytest.raises(RecordError):
+            backend.submit(spec())
+    (run,) = RunIndex(tmp_path / "runs").run_dirs()
+    record = RunRecord(run)
+    assert record.last_status()["state"] == "FAILED" and "No space left on device" in record.last_status()["cause"]
+    # Had not even that line fitted, a poll would read FAILED once its runner is gone, never PENDING for ever.
+    (child,) = backend._children.values()
+    child.wait(timeout=10)
+    job = job_of(RunRecord(run), backend)
+    status = backend.poll([job])[job]
+    assert status.state == State.FAILED and "before starting any node" in status.reason
+    assert not list(run.rglob("*.tmp"))
+
+
+def test_metrics_that_could_not_be_written_are_written_by_the_next_look(tmp_path, monkeypatch):
+    job = local(tmp_path).submit(spec())
+    job.backend._children[job.job_id].wait()
+    write_once = RunRecord._write_once
+
+    def full(self, name, *args):
+        if name == "metrics.json":  # the end's event and status.json fit; metrics.json does not
+            raise RecordError(f"cannot write the run records in {self.path}: No space left on device")
+        return write_once(self, name, *args)
+    with monkeypatch.context() as patch:
+        patch.setattr(RunRecord, "_write_once", full)
+        with pytest.raises(RecordError):
+            job.status()
+    assert job.record.last_status()["state"] == "COMPLETED" and job.record.metrics() is None
+    assert job.status().state == State.COMPLETED
+    assert job.record.metrics()["iterations"]
+
+
+def _read_only(patch, runs: Path):
+    """A read-only runs directory: every write fails, and SQLite may open the index only to read."""
+    patch.setattr(RunIndex, "writable", lambda self: False)
+    _fail_the_nth_write(patch, 0, errno.EROFS)
+    connect = sqlite3.connect
+
+    def read_only_connect(database, *args, **kwargs):
+        if "mode=ro" not in str(database):
+            raise sqlite3.OperationalError("attempt to write a readonly database")
+        return connect(database, *args, **kwargs)
+    patch.setattr(record_module.sqlite3, "connect", read_only_connect)
+
+
+@pytest.mark.parametrize("with_index", [True, False])
+def test_a_read_only_runs_directory_is_listed_and_its_runs_reported(tmp_path, monkeypatch, capsys, with_index):
+    runs = tmp_path / "runs"
+    record = RunRecord.create(spec("kept"), runs)
+    record.attach("local", "local", ["999999"], pgid=999999)
+    record.set_status(State.RUNNING)
+    if not with_index:
+        (runs / "index.sqlite").unlink()
+    events = (record.path / "events.jsonl").read_bytes()
+    with monkeypatch.context() as patch:
+        _read_only(patch, runs)
+        assert cli("runs", "--runs-dir", str(runs)) == 0
+        out, err = capsys.readouterr()
+        assert record.run_id in out and "read-only" in err and "Traceback" not in err
+        assert cli("status", "--json", "--runs-dir", str(runs)) == 0
+        assert json.loads(capsys.readouterr().out)["run_id"] == record.run_id
+    assert (record.path / "events.jsonl").read_bytes() == events  # nothing written
+
+
+def test_a_damaged_index_is_rebuilt_and_the_error_says_how(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    record = RunRecord.create(spec("kept"), runs)
+    (runs / "index.sqlite").write_text("junk\n")
+    assert cli("status", "--runs-dir", str(runs)) == 1
+    assert "labkit runs --rebuild" in capsys.readouterr().err
+    assert cli("runs", "--rebuild", "--runs-dir", str(runs)) == 0
+    assert "index.sqlite.damaged" in capsys.readouterr().err
+    assert [row["run_id"] for row in RunIndex(runs).rows()] == [record.run_id]
+    assert (runs / "index.sqlite.damaged").read_text() == "junk\n"
+    (runs / "index.sqlite").write_bytes(b"\0" * 4096)
+    assert cli("runs", "--runs-dir", str(runs)) == 0  # plain `labkit runs` rebuilds it too
+    assert record.run_id in capsys.readouterr().out

@@ -4,10 +4,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from labkit.logs import parse_text
+from labkit.logs.parse import checkpoint_events
 
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
 LOGS = {p.name: p.read_bytes() for p in sorted(FIXTURES.glob("0*.log"))}
@@ -87,3 +89,30 @@ def test_bytes_spliced_into_a_log_never_raise(name, where, junk):
     data = LOGS[name]
     k = where % (len(data) + 1)
     parse_text(data[:k] + junk + data[k:]).summary()
+
+
+INTERVAL = (b" [2025-01-01 00:00:00] iteration %s/      10 | consumed samples: 8 | elapsed time per iteration (ms): "
+            b"100.0 | lm loss: 1.0E+01 |\n")
+ARGUMENTS = (b"------------------------ arguments ------------------------\n  seq_length ............ %s\n"
+             b"  num_layers ............ 2\n-------------------- end of arguments ---------------------\n")
+
+
+@pytest.mark.parametrize("log", [
+    INTERVAL % b"4611686018427387904",  # 2**62: beyond what the int64 columns hold
+    INTERVAL % (b"9" * 500), INTERVAL % (b"9" * 5000), b"[Rank " + b"9" * 900 + b"] " + INTERVAL % b"1",
+    b"9" * 600 + b": " + INTERVAL % b"1", ARGUMENTS % b"inf", ARGUMENTS % (b"9" * 5001), ARGUMENTS % (b"9" * 400),
+    b"\n******************* job info 1 *******************\nNODE: n1\nDP_SIZE: " + b"9" * 5001 + b"\n",
+    b"virtual stages per pipeline stage: " + b"9" * 5001 + b"\n",
+    b"successfully saved checkpoint from iteration " + b"9" * 5001 + b"\n",
+])
+def test_numbers_beyond_any_count_are_not_read_as_one(log):
+    parsed = parse_text(log)
+    parsed.summary()
+    parsed.to_json()
+    assert parsed.iterations.empty or parsed.iterations["iteration"].max() < 2**62
+    assert checkpoint_events(log.decode())["saved"] is None or checkpoint_events(log.decode())["saved"] < 2**62
+
+
+def test_an_iteration_at_the_largest_count_is_still_read():
+    parsed = parse_text(INTERVAL % b"100000000000000000")  # 18 digits (a float64 holds 10**17 exactly)
+    assert parsed.iterations["iteration"].tolist() == [10**17]

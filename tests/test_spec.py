@@ -204,7 +204,7 @@ def test_missing_spec_file_is_a_spec_error(tmp_path):
         load_spec(broken)
 
 
-@pytest.mark.parametrize("field, value", [("hidden_size", 0), ("seq_length", 0), ("num_layers", None),
+@pytest.mark.parametrize("field, value", [("hidden_size", 0), ("seq_length", 0), ("num_layers", -2),
                                           ("vocab_size", 0.0)])
 def test_a_value_the_user_wrote_wins_over_the_preset_and_is_checked(field, value):
     errors = errors_of({"model": {"preset": "gpt2-xl", field: value}})

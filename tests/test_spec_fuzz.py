@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from labkit.cli import main
-from labkit.spec import load_spec
+from labkit.spec import SpecError, load_spec
 
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 HANG_S = 5
@@ -156,7 +156,14 @@ def validate(path) -> tuple[int, dict | None, str]:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
     assert time.process_time() - start < HANG_S, f"hang: {path.read_bytes()[:300]!r}"
-    return rc, json.loads(out.getvalue()) if rc == 0 else None, err.getvalue()
+    return rc, json.loads(out.getvalue()) if rc == 0 else None, error_lines(rc, out.getvalue()) + err.getvalue()
+
+
+def error_lines(rc: int, out: str) -> str:
+    """The errors `validate --json` printed as JSON on stdout, as the '  - field: ...' lines it prints without --json."""
+    printed = json.loads(out) if rc == 2 and out.strip() else {}
+    errors = printed.get("errors", [])
+    return f"{printed.get('spec')}: {len(errors)} error(s)\n" + "".join(f"  - {e}\n" for e in errors) if errors else ""
 
 
 def check_outcome(rc: int, printed: dict | None, err: str):
@@ -241,3 +248,68 @@ def test_whole_file_oddities_exit_2(tmp_path, content):
     rc, _, err = validate(path)
     assert rc == 2 and err
     check_outcome(rc, None, err)
+
+
+# --- the classes of issue-style input the fuzzing found last: each refused naming its field, or kept as written -----
+
+def test_null_in_a_model_field_keeps_the_presets_value():
+    spec = load_spec({"model": {"preset": "tiny-llama", "swiglu": None, "normalization": None, "num_layers": None,
+                                "rotary_base": None}})
+    assert (spec.model.swiglu, spec.model.normalization, spec.model.num_layers, spec.model.rotary_base) \
+        == (True, "RMSNorm", 4, 10000)
+    assert "swiglu" in spec.derived_model_keys  # not written: a new preset brings its own
+    assert spec.replace(**{"model.preset": "tiny"}).model.swiglu is False
+
+
+@pytest.mark.parametrize("data, fix", [({"mock": False}, "give data.path"),
+                                       ({"mock": False, "path": ""}, "remove data.mock")])
+def test_mock_false_without_a_dataset_is_refused(data, fix):
+    with pytest.raises(SpecError) as info:
+        load_spec({"model": {"preset": "tiny"}, "data": data})
+    assert any(e.startswith("data.mock:") and fix in e for e in info.value.errors), info.value.errors
+
+
+@pytest.mark.parametrize("text, shown", [("[a, b]", "['a', 'b']"), ("{a: 1}", "{'a': 1}"), ("1e3", "'1e3'"),
+                                         ("true", "'true'")])
+def test_a_preset_that_is_no_name_is_one_error_naming_the_field(tmp_path, text, shown):
+    path = tmp_path / "spec.yaml"
+    path.write_text(f"name: x\nmodel: {{preset: {text}}}\n")
+    rc, _, err = validate(path)
+    errors = [line for line in err.splitlines() if line.startswith("  - ")]
+    assert rc == 2 and len(errors) == 1 and errors[0].startswith("  - model.preset: unknown preset"), err
+    assert shown in errors[0] and "known: tiny" in errors[0]
+
+
+@pytest.mark.parametrize("field", ["data.tokenizer.model", "train.save", "train.load", "data.vocab_file",
+                                   "data.split", "name", "job.env.VALUE"])
+def test_a_nul_byte_in_text_is_refused_never_cut(tmp_path, field):
+    data = {"model": {"preset": "tiny"}, "data": {"path": "corpus", "tokenizer": {"type": "HuggingFaceTokenizer",
+                                                                                   "model": "tok"}}}
+    node, *parents, leaf = data, *field.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = "a\0b"
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(data))
+    rc, _, err = validate(path)
+    assert rc == 2 and f"\n  - {field}: contains a NUL byte" in err, err
+
+
+@pytest.mark.parametrize("change, field", [({"optimizer": {"lr": 65}}, "optimizer.lr"),
+                                           ({"optimizer": {"lr": 1e300}}, "optimizer.lr"),
+                                           ({"data": {"path": "corpus", "split": "abc"}}, "data.split"),
+                                           ({"data": {"path": "corpus", "split": "0,0,0"}}, "data.split"),
+                                           ({"train": {"iters": 5, "log_interval": 10}}, "train.log_interval")])
+def test_nonsense_values_are_refused_naming_the_field_and_the_fix(change, field):
+    with pytest.raises(SpecError) as info:
+        load_spec({"model": {"preset": "tiny"}, **change})
+    (error,) = [e for e in info.value.errors if e.startswith(f"{field}:")]
+    assert re.search(r"; (write|set) ", error), error
+
+
+def test_a_world_the_sizes_cannot_split_says_what_to_change():
+    with pytest.raises(SpecError) as info:
+        load_spec({"model": {"preset": "tiny"}, "parallel": {"tensor": 2, "data": 3},
+                   "cluster": {"nodes": [{"gpu": "cpu", "count": 1, "gpus_per_node": 3}]}})
+    (error,) = [e for e in info.value.errors if e.startswith("parallel.data:")]
+    assert "?" not in error and "give cluster.nodes 6 GPUs" in error

@@ -48,7 +48,7 @@ TEXTS = ["2:00:00", "30:00", "0123", "010", "0x1F", "0o17", "1_000", "1.50", "1e
 @pytest.mark.parametrize("text", TEXTS)
 def test_every_text_field_keeps_the_text_as_written(tmp_path, text):
     yaml_text = BASE.format(name=text) + f"""\
-data: {{split: {text}, path: {text}, vocab_file: {text}}}
+data: {{path: {text}, vocab_file: {text}}}
 job:
   partition: {text}
   account: {text}
@@ -61,7 +61,7 @@ train: {{save: {text}}}
     spec = load_spec(spec_file(tmp_path, yaml_text))
     job = spec.job
     assert spec.name == text
-    assert (spec.data.split, spec.data.path, spec.data.vocab_file, spec.train.save) == (text,) * 4
+    assert (spec.data.path, spec.data.vocab_file, spec.train.save) == (text,) * 3
     assert (job.partition, job.account, job.env["VALUE"], job.extra_args, job.container.image, job.container.mounts) \
         == (text, text, text, ["--data-cache-path", text], text, [text])
 

@@ -129,12 +129,14 @@ def _status(args) -> int:
             record = load_run(args.run, args.runs_dir)
         else:
             index = RunIndex(args.runs_dir)
-            index.catch_up()  # the latest run, even one a crash left out of the index
+            if index.writable():
+                index.catch_up()  # the latest run, even one a crash left out of the index
             rows = index.rows()
             if not rows:
                 print("no runs yet", file=sys.stderr)
                 return 1
             record = load_run(rows[-1]["run_id"], args.runs_dir)
+        record.read_only = not RunIndex(record.root).writable()  # a read-only runs directory is read, not written
         record.settle_abandoned()
         job = job_of(record)
         rep = report(job, lines=args.lines)
@@ -176,18 +178,23 @@ def _runs(args) -> int:
     from labkit.jobs.watcher import WATCHER
 
     index = RunIndex(args.runs_dir)
+    writable = index.writable()  # a read-only runs directory is listed as recorded, and polled without recording
     try:
-        if args.rebuild or (not index.exists() and index.run_dirs()):
+        lost = writable and not index.exists() and index.run_dirs()
+        if args.rebuild or lost or (writable and index.damaged()):
+            damaged = index.damaged()
             count = index.rebuild()
-            print(f"rebuilt {index.path} from {count} run directories", file=sys.stderr)
-        index.catch_up()
+            print(f"rebuilt {index.path} from {count} run directories"
+                  + (f" (the damaged index is kept as {index.path.name}.damaged)" if damaged else ""), file=sys.stderr)
+        if writable:
+            index.catch_up()
         rows = index.rows()
     except RecordError as exc:
         print(exc, file=sys.stderr)
         return 1
     # A CREATED run has no job to poll yet; one whose labkit stopped before recording its job never will.
     for row in rows:
-        if row["state"] == "CREATED":
+        if row["state"] == "CREATED" and writable:
             try:
                 load_run(row["run_id"], args.runs_dir).settle_abandoned()
             except (FileNotFoundError, RecordError):
@@ -198,6 +205,7 @@ def _runs(args) -> int:
     for row in unfinished:
         try:
             record = load_run(row["run_id"], args.runs_dir)
+            record.read_only = not writable
             name = record.job_info.get("backend", "")
             backends[name] = backends.get(name) or backend_named(name)
             jobs.append(job_of(record, backends[name]))
@@ -213,6 +221,10 @@ def _runs(args) -> int:
     except RecordError as exc:
         print(exc, file=sys.stderr)
         return 1
+    if not writable:
+        polled = {job.record.run_id: job.status(refresh=False).state.name for job in jobs}
+        rows = [{**row, "state": polled.get(row["run_id"], row["state"])} for row in rows]
+        print(f"note: {index.root} is read-only: states are as polled now, and nothing is recorded", file=sys.stderr)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
         return 0
@@ -221,7 +233,8 @@ def _runs(args) -> int:
         return 0
     import pandas as pd
     table = pd.DataFrame(rows, columns=["run_id", "name", "backend", "job_ids", "state", "cause", "created"])
-    table["cause"] = table["cause"].fillna("").str.slice(0, 60)
+    table = table.fillna("")  # a run not submitted yet has no backend or job ids: blank, not NaN
+    table["cause"] = table["cause"].str.slice(0, 60)
     with pd.option_context("display.max_rows", None, "display.width", 200, "display.max_colwidth", 60):
         print(table.to_string(index=False))
     return 0

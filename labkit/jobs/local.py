@@ -9,6 +9,7 @@ job.json: a job never runs untracked.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -19,7 +20,7 @@ from pathlib import Path
 from labkit.extras import require
 from labkit.jobs.job import Job
 from labkit.jobs.render import check_job, render
-from labkit.jobs.record import RunRecord
+from labkit.jobs.record import RecordError, RunRecord
 from labkit.paths import runs_dir
 from labkit.jobs.state import State, Status
 from labkit.jobs.watcher import Backoff
@@ -60,6 +61,12 @@ class LocalBackend:
         try:
             record.attach(self.name, "local", [job_id], host=socket.gethostname(), pgid=process.pid)
             process.stdin.write(b"start\n")
+        except RecordError as exc:
+            # Not recorded (a full disk), so not started: say so in the record if a line still fits, rather than
+            # leave the run to read as abandoned by labkit.
+            with contextlib.suppress(RecordError):
+                record.set_status(State.FAILED, cause=f"not started: labkit could not record its job ({exc})")
+            raise
         finally:
             process.stdin.close()  # without "start" (or if this process dies first) run.sh exits at once
         job = Job(self, [job_id], record)
@@ -83,9 +90,14 @@ class LocalBackend:
         end = end or _recorded_end(state_file)
         if end is not None:
             return end
+        left = self._group(job, int(job.record.job_info.get("pgid", job.job_id)))
+        if left:  # run.sh was killed on its own: its nodes, torchrun and workers still run
+            return Status(State.RUNNING, reason=f"the local runner was killed; {len(left)} of its processes still "
+                                                "run (`labkit cancel` stops them)")
         if job.log_dir.exists():  # started, but ended without recording how
             return Status(State.FAILED, reason="the local runner stopped without recording an end")
-        return Status(State.PENDING)
+        # Gone before it made its log directory: it started no node (not told to start, or it could not write).
+        return Status(State.FAILED, reason="the local runner stopped before starting any node (see logs/runner.out)")
 
     def _alive(self, job: Job) -> bool:
         """Whether the job's run.sh still runs (its pid could have been reused by another program since)."""
@@ -118,8 +130,12 @@ class LocalBackend:
         state_file = job.log_dir / "state"
         if _recorded_end(state_file) is None:
             tmp = state_file.with_name("state.tmp")
-            tmp.write_text("CANCELLED 137\n")
-            os.replace(tmp, state_file)
+            try:
+                state_file.parent.mkdir(parents=True, exist_ok=True)  # a run.sh killed before it made the directory
+                tmp.write_text("CANCELLED 137\n")
+                os.replace(tmp, state_file)
+            finally:
+                tmp.unlink(missing_ok=True)  # left only when the write failed (a full disk)
         return True
 
     def _group(self, job: Job, pgid: int) -> list[int]:

@@ -11,17 +11,21 @@ runs/<run-id>/
 runs/index.sqlite one row per run, for `labkit runs`
 
 Append-only: a new run never reuses a directory, and a record is readable at every point of its life (an interrupted
-run keeps its spec, script and logs; its last event says how far it got). Every file is written whole and synced
-(the file, then its directory) before the next step, and events.jsonl is the truth: status.json and the index are
-copies of it that a reader can do without, and the index can be rebuilt from the run directories. A record only
-stores what it is given (a spec, scripts, states, causes, metrics); labkit.jobs.job decides what to store.
+run keeps its spec, script and logs; its last event says how far it got). A run directory is put together under a
+hidden draft name (.STEM.HOST-PID-START-THREAD.draft) and renamed into place holding its spec and CREATED event, so
+that no run is ever seen half made; a draft whose creator died is removed by the next run created on its host. Every
+file is written whole and synced (the file, then its directory) before the next step, and events.jsonl is the truth:
+status.json and the index are copies of it that a reader can do without, and the index can be rebuilt from the run
+directories (a damaged one too). A record only stores what it is given (a spec, scripts, states, causes, metrics); labkit.jobs.job decides what to store.
 """
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import json
 import os
+import shutil
 import socket
 import re
 import sqlite3
@@ -86,51 +90,63 @@ def _write_synced(path: Path, data: bytes, flags: int) -> None:
 
 
 class RunRecord:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, read_only: bool = False):
         self.path = Path(path)
+        self.read_only = read_only
+        """A view of a record this process cannot write (a read-only runs directory): the states it is told stay in
+        memory, nothing is written."""
 
     # --- creation ------------------------------------------------------------------------------------------------
     @classmethod
     def create(cls, spec: RunSpec, root: str | os.PathLike | None = None) -> "RunRecord":
-        """A new run directory holding the spec and a CREATED event, then its index row. A directory that could not
-        be completed (a full disk) is removed again, so that every run directory holds a readable spec."""
+        """A new run directory holding the spec and a CREATED event, then its index row. The directory is made under
+        a draft name and renamed into place whole, so that every run directory holds a readable spec and its
+        creation, whatever stops labkit meanwhile (a kill, a full disk); a draft that could not be completed is
+        removed again."""
         root = runs_dir(root)
         with _storing(root):
             root.mkdir(parents=True, exist_ok=True)
+        _remove_dead_drafts(root)
         stem = f"{dt.datetime.now():%Y%m%d-%H%M%S}-{_slug(spec.name)}"
-        for attempt in range(1, 1000):
-            path = root / (stem if attempt == 1 else f"{stem}-{attempt}")
-            try:
+        me = _this_process()
+        draft = cls(root / f".{stem}.{me['host']}-{me['pid']}-{me['started']}-{threading.get_ident()}.draft")
+        try:
+            with _storing(root):
+                draft.path.mkdir()
+                draft.logs.mkdir()
+                # The spec is written under a temporary name and renamed, so spec.yaml is never a partial file.
+                _write_synced(_tmp(draft.path / "spec.yaml"), spec.to_yaml().encode(),
+                              os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                os.rename(_tmp(draft.path / "spec.yaml"), draft.path / "spec.yaml")
+                created = draft._append_event({"state": "CREATED", **me})
+                _sync_dir(draft.path)
+            for attempt in range(1, 1000):
+                path = root / (stem if attempt == 1 else f"{stem}-{attempt}")
+                try:
+                    os.rename(draft.path, path)  # refused onto another run's directory, which is never empty
+                except OSError as exc:
+                    if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
+                        continue
+                    with _storing(root):
+                        raise
                 with _storing(root):
-                    path.mkdir()
-            except FileExistsError:
-                continue
-            record = cls(path)
-            try:
-                with _storing(root):
-                    record.logs.mkdir()
-                    # The spec is written under a temporary name and renamed, so spec.yaml is never a partial file.
-                    _write_synced(_tmp(path / "spec.yaml"), spec.to_yaml().encode(),
-                                  os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-                    os.rename(_tmp(path / "spec.yaml"), path / "spec.yaml")
-                    created = record._append_event({"state": "CREATED", **_this_process()})
-                    _sync_dir(path)
                     _sync_dir(root)
-            except RecordError:
-                for leftover in (_tmp(path / "spec.yaml"), path / "spec.yaml", path / "events.jsonl"):
-                    leftover.unlink(missing_ok=True)
-                for directory in (record.logs, path):
-                    with contextlib.suppress(OSError):
-                        directory.rmdir()
-                raise
-            RunIndex(root).add(record, spec.name, created)
-            return record
+                record = cls(path)
+                RunIndex(root).add(record, spec.name, created)
+                return record
+        except BaseException:
+            if draft.path.exists():
+                shutil.rmtree(draft.path, ignore_errors=True)
+            raise
+        shutil.rmtree(draft.path, ignore_errors=True)
         raise RecordError(f"could not create a new run directory under {root}")
 
     def _write_once(self, name: str, text: str, mode: int = 0o644) -> Path:
         """A file written whole or not at all, never overwritten: a temporary file synced, then linked to its name
         (os.link fails if the name exists, where a rename would replace it)."""
         path = self.path / name
+        if self.read_only:
+            return path
         tmp = _tmp(path)
         with _storing(self.path):
             try:
@@ -226,6 +242,8 @@ class RunRecord:
         """One whole line per event, in one write to a file opened for appending, so that events of several
         processes never interleave; after a line cut short (a crash mid-write), the event starts a line of its own."""
         time = _now()
+        if self.read_only:
+            return time
         line = (json.dumps({"time": time, **event}, default=str) + "\n").encode()
         with _storing(self.path):
             fd = os.open(self.path / "events.jsonl", os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
@@ -243,14 +261,18 @@ class RunRecord:
         """A CREATED run without job.json whose creating process, on this host, is gone: labkit stopped between
         creating the run and recording its job. Such a job starts nothing (a Slurm job waits for job.json, a local one
         for labkit's go-ahead), so the run will never leave CREATED by itself."""
-        creation = next((e for e in self.events() if e.get("state") == "CREATED"), {})
-        if self.job_info or creation.get("host") != socket.gethostname() or not creation.get("pid"):
+        creation = next((e for e in self.events() if e.get("state") == "CREATED"), None)
+        if self.job_info:
+            return False
+        if creation is None:  # made in place by an older labkit, which stopped before it recorded the creation
+            return True
+        if creation.get("host") != socket.gethostname() or not creation.get("pid"):
             return False
         return _process_started(creation["pid"]) != creation.get("started")
 
     def settle_abandoned(self) -> bool:
         """Record an abandoned run (see `abandoned`) as FAILED, saying why; True if it was one."""
-        if self.last_status().get("state") != "CREATED" or not self.abandoned():
+        if self.last_status().get("state", "CREATED") != "CREATED" or not self.abandoned():
             return False
         self.set_status("FAILED", cause=ABANDONED)
         return True
@@ -260,6 +282,8 @@ class RunRecord:
         """Append a state change to events.jsonl, and make it status.json and the index's row."""
         event = {"state": str(state), "exit_code": exit_code, "reason": reason, "cause": cause}
         time = self._append_event(event)
+        if self.read_only:
+            return
         tmp = _tmp(self.path / "status.json")
         with _storing(self.path):
             try:
@@ -284,6 +308,27 @@ class RunRecord:
 
 ABANDONED = ("labkit stopped after creating this run and before recording its job; that job started nothing (it "
              "waits for job.json)")
+
+
+def _remove_dead_drafts(root: Path) -> None:
+    """Remove the drafts of run directories (see RunRecord.create) whose creating process on this host is gone: it
+    was killed while making one, before any job of it could start."""
+    for draft in root.glob(".*.draft"):
+        owner = _DRAFT.fullmatch(draft.name)
+        if owner and owner["host"] == socket.gethostname() \
+                and str(_process_started(int(owner["pid"]))) != owner["started"]:
+            shutil.rmtree(draft, ignore_errors=True)
+
+
+_DRAFT = re.compile(r"\.[^.]*\.(?P<host>.+)-(?P<pid>\d+)-(?P<started>\w+)-\d+\.draft")
+"""A draft's name: .STEM.HOST-PID-START-THREAD.draft (the stem holds no dot)."""
+
+
+def _damaged(exc: sqlite3.DatabaseError) -> bool:
+    """Whether SQLite refused a file as no database or a malformed one (not: locked, read-only, full)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT) if code is not None \
+        else type(exc) is sqlite3.DatabaseError
 
 
 def _this_process() -> dict:
@@ -332,13 +377,49 @@ class RunIndex:
         return con
 
     def _execute(self, sql: str, values: tuple = ()) -> list[tuple]:
-        with _storing(self.root):
+        with _storing(self.root), self._intact():
             con = self._connect()
             try:
                 with con:
                     return con.execute(sql, values).fetchall()
             finally:
                 con.close()
+
+    @contextmanager
+    def _intact(self):
+        """A damaged index (not an SQLite file, or a malformed one) is an error that says how to rebuild it."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            if not _damaged(exc):
+                raise
+            raise RecordError(f"the run index {self.path} is damaged ({exc}); `labkit runs --rebuild` rebuilds it "
+                              "from the run directories") from exc
+
+    def writable(self) -> bool:
+        """Whether this process can write the runs directory and its index (not on a read-only one); a directory yet
+        to be made counts as writable."""
+        if not self.root.is_dir():
+            return True
+        return os.access(self.root, os.W_OK) and (not self.path.exists() or os.access(self.path, os.W_OK))
+
+    def damaged(self) -> bool:
+        """Whether the index file exists and is not a readable SQLite database."""
+        try:
+            self._read_only_rows()
+        except RecordError as exc:
+            return isinstance(exc.__cause__, sqlite3.DatabaseError) and _damaged(exc.__cause__)
+        return False
+
+    def _read_only_rows(self) -> list[tuple]:
+        con = None
+        with _storing(self.root), self._intact():
+            try:
+                con = sqlite3.connect(f"{self.path.absolute().as_uri()}?mode=ro", uri=True, timeout=30)
+                return con.execute(f"SELECT {', '.join(self.COLUMNS)} FROM runs ORDER BY created, run_id").fetchall()
+            finally:
+                if con is not None:
+                    con.close()
 
     def add(self, record: RunRecord, name: str, created: str | None = None) -> None:
         created = created or _now()
@@ -355,18 +436,31 @@ class RunIndex:
         return self.path.exists()
 
     def rows(self) -> list[dict]:
+        """Every run's row, oldest first. In a read-only runs directory the index is only read, and without one the
+        rows are read from the run directories."""
         if not self.root.is_dir():
             return []
-        found = self._execute(f"SELECT {', '.join(self.COLUMNS)} FROM runs ORDER BY created, run_id")
+        if not self.writable():
+            if not self.exists():
+                rows = [self.row_of(RunRecord(path, read_only=True)) for path in self.run_dirs()]
+                return sorted(rows, key=lambda row: (row["created"] or "", row["run_id"]))
+            found = self._read_only_rows()
+        else:
+            found = self._execute(f"SELECT {', '.join(self.COLUMNS)} FROM runs ORDER BY created, run_id")
         return [dict(zip(self.COLUMNS, row)) for row in found]
 
     def run_dirs(self) -> list[Path]:
-        """The run directories under the root (those holding a spec)."""
-        return sorted(p for p in self.root.iterdir() if (p / "spec.yaml").exists()) if self.root.is_dir() else []
+        """The run directories under the root (those holding a spec; not the hidden drafts of runs being made)."""
+        return sorted(p for p in self.root.iterdir() if not p.name.startswith(".") and (p / "spec.yaml").exists()) \
+            if self.root.is_dir() else []
 
     def rebuild(self) -> int:
         """Re-read every run directory into the index (after the index was deleted or copied without it): the row
-        of each run as its own files have it, with the times of its first and last events."""
+        of each run as its own files have it, with the times of its first and last events. A damaged index is kept
+        beside it as index.sqlite.damaged and replaced."""
+        if self.damaged():
+            with _storing(self.root):
+                os.replace(self.path, self.path.with_name(self.path.name + ".damaged"))
         count = 0
         for path in self.run_dirs():
             self.restore(RunRecord(path))
@@ -384,11 +478,21 @@ class RunIndex:
 
     def restore(self, record: RunRecord) -> None:
         """Make the row of `record` what its files say (its job.json and its last recorded state)."""
+        row = self.row_of(record)
+        self.add(record, row["name"], row["created"])
+        self.update(record.run_id, **{k: v for k, v in row.items() if k not in ("run_id", "name", "created")})
+
+    @staticmethod
+    def row_of(record: RunRecord) -> dict:
+        """The row of `record` as its files have it: its name, job.json, last recorded state, and the times of its
+        first and last events (a run without events is dated by its spec, not by the time it is read)."""
         name = re.search(r"^name: (.*)$", (record.path / "spec.yaml").read_text(errors="replace"), re.M)
         events = record.events()
-        created = events[0].get("time") if events else None
-        self.add(record, name.group(1).strip().strip("'\"") if name else record.run_id, created)
+        made = dt.datetime.fromtimestamp((record.path / "spec.yaml").stat().st_mtime).astimezone()
+        created = events[0].get("time") if events else made.isoformat(timespec="seconds")
         info, last = record.job_info, record.last_status()
-        self.update(record.run_id, backend=info.get("backend"), layout=info.get("layout"),
-                    job_ids=",".join(info.get("job_ids", [])) or None, state=last.get("state"),
-                    cause=last.get("cause"), updated=events[-1].get("time") if events else None)
+        return {"run_id": record.run_id, "name": name.group(1).strip().strip("'\"") if name else record.run_id,
+                "backend": info.get("backend"), "layout": info.get("layout"),
+                "job_ids": ",".join(info.get("job_ids", [])) or None, "state": last.get("state", "CREATED"),
+                "cause": last.get("cause"), "created": created,
+                "updated": events[-1].get("time") if events else created}

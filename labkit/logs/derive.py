@@ -239,7 +239,7 @@ def _int(value) -> int | None:
         return None
     try:
         value = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite float (`seq_length inf`)
         return None
     return value if value > 0 else None
 

@@ -45,24 +45,27 @@ from labkit.logs import job_info
 from labkit.megatron import sizes
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Record patterns. Each starts with a literal so the regex engine can skip ahead quickly.
+# Record patterns. Each starts with a literal so the regex engine can skip ahead quickly. A count is at most 18 digits
+# (\d{1,18}(?!\d)): below 2**62, which the int64 columns hold; a longer number is damage, not an iteration or a size.
 
-_ITERATION = re.compile(rb"iteration[ =]+(\d+) */ *(\d+) *\|")
-_GET_RESULT_TIME = re.compile(rb"\niteration (\d+) : ([\d.]+) s(?=\n)")  # FASOP's get_result.sh summary
+_ITERATION = re.compile(rb"iteration[ =]+(\d{1,18}(?!\d)) */ *(\d{1,18}(?!\d)) *\|")
+_GET_RESULT_TIME = re.compile(rb"\niteration (\d{1,18}(?!\d)) : ([\d.]+) s(?=\n)")  # FASOP's get_result.sh summary
 _MEMORY = re.compile(rb"memory \(MB\) *\|([^\n]*)")
 _TIMER_LINE = re.compile(rb"time \(ms\) *\|([^\n]*)")
 _TIMER_BLOCK = re.compile(rb"across ranks \(ms\):")
 _ARGS_NEW = re.compile(rb" arguments -{4}")
 _ARGS_OLD = re.compile(rb"\narguments:[ \t]*(?=\n)")
 _WORLD = re.compile(rb"using world size[^\n]*")
-_MICRO_BATCHES = re.compile(rb"micro-?batches to constant (\d+)")
+_MICRO_BATCHES = re.compile(rb"micro-?batches to constant (\d{1,18}(?!\d))")
 _PARAMS = re.compile(rb"number of parameters on (?:\(tensor, pipeline\) )?model parallel rank "
-                     rb"(?:\((\d+), *(\d+)\)|(\d+)): *(\d+)")
+                     rb"(?:\((\d{1,18}(?!\d)), *(\d{1,18}(?!\d))\)|(\d{1,18}(?!\d))): *(\d{1,18}(?!\d))")
 _VIRTUAL = re.compile(rb"virtual stages per pipeline stage: *(\w+)")
 _TOPOLOGY = re.compile(rb"Using topology: \{[^\n]*")
 _PARAMS_DTYPE = re.compile(rb"using (torch\.\w+) for parameters")
-_PADDED_VOCAB = re.compile(rb"padded vocab \(size: (\d+)\) with (\d+) dummy tokens \(new size: (\d+)\)")
-_VALIDATION = re.compile(rb"validation loss at (?:iteration +(\d+)(?: on (\w+) set)?|the end of training for (\w+) data)"
+_PADDED_VOCAB = re.compile(rb"padded vocab \(size: (\d{1,18}(?!\d))\) with (\d{1,18}(?!\d)) dummy tokens "
+                           rb"\(new size: (\d{1,18}(?!\d))\)")
+_VALIDATION = re.compile(rb"validation loss at (?:iteration +(\d{1,18}(?!\d))(?: on (\w+) set)?"
+                         rb"|the end of training for (\w+) data)"
                          rb" *\|([^\n]*)")
 _TAIL_HEADER = re.compile(rb"^==> ([^\n]*) <==[ \t]*$", re.M)  # tail prints each header on a line of its own
 _JOB_INFO = re.compile(rb"\n(" + "|".join(job_info.PARALLEL).encode() + rb"): ([\w-]+)(?=\n)")
@@ -77,20 +80,21 @@ _ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\n\x1b]*\x07")
 
 _STAMP = re.compile(rb"\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)[^\]\n]*\]")
 _LAUNCHER_PREFIX = re.compile(rb" *\d+: |\[[A-Za-z_]+\d+\]:|[\w.-]+: ")  # srun -l, torchrun, pdsh
-_NEMO_PREFIX = re.compile(rb"Training epoch (\d+), *$")
+_NEMO_PREFIX = re.compile(rb"Training epoch (\d{1,18}(?!\d)), *$")
 _TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d")
 _PREFIX_TOKEN = re.compile(r"\s*(?:\[([^\]]*)\]:?|([^\s:\[\]]+):(?=\s|\[|$)|(\S+))")
-_BRACKET_RANK = re.compile(r"(?:Rank |rank)(\d+)$")
-_BRACKET_ROLE = re.compile(r"([A-Za-z_]+)(\d+)$")
+_BRACKET_RANK = re.compile(r"(?:Rank |rank)(\d{1,18}(?!\d))$")
+_BRACKET_ROLE = re.compile(r"([A-Za-z_]+)(\d{1,18}(?!\d))$")
 _HOST = re.compile(r"[A-Za-z0-9][\w.-]*$")
-_AFTER_ITERS = re.compile(rb"after (\d+) iterations")
+_AFTER_ITERS = re.compile(rb"after (\d{1,18}(?!\d)) iterations")
 _ARG_ENTRY = re.compile(rb"\s*([A-Za-z_][A-Za-z0-9_]*) \.* ?(.*?)\s*$")
 _ARG_ENTRY_INDENTED = re.compile(rb"\s+([A-Za-z_][A-Za-z0-9_]*) \.* ?(.*?)\s*$")
 _TIMER_MAX = re.compile(rb"\s+(\S.*?) \.*: ([-+.\deEnaif]+)\s*$")
 _TIMER_ALL_NAME = re.compile(rb"  (\S.*?):\s*$")
-_TIMER_ALL_RANK = re.compile(rb"\s+rank +(\d+): ([-+.\deEnaif]+)\s*$")
-_SIZE = re.compile(rb"(?<![A-Za-z-])([A-Za-z-]{1,80})[ -]sizes?: *(\d+)")  # bounded: a long run of letters is linear
-_COORD = re.compile(rb"ProcessCoord\(pipe=(\d+), data=(\d+), model=(\d+)\)")
+_TIMER_ALL_RANK = re.compile(rb"\s+rank +(\d{1,18}(?!\d)): ([-+.\deEnaif]+)\s*$")
+# bounded: a long run of letters is linear
+_SIZE = re.compile(rb"(?<![A-Za-z-])([A-Za-z-]{1,80})[ -]sizes?: *(\d{1,18}(?!\d))")
+_COORD = re.compile(rb"ProcessCoord\(pipe=(\d{1,18}(?!\d)), data=(\d{1,18}(?!\d)), model=(\d{1,18}(?!\d))\)")
 _NOT_ALNUM = re.compile(rb"[^a-z0-9]")
 
 # Bounds that keep the work per line linear whatever a line holds (a log of one 500 KB line, megabytes of '|'):
@@ -182,8 +186,8 @@ class ParsedLog:
         }
 
 
-_CHECKPOINT_SAVED = re.compile(r"successfully saved checkpoint from iteration +(\d+)")
-_CHECKPOINT_LOADED = re.compile(r"successfully loaded checkpoint from .* at iteration (\d+)")
+_CHECKPOINT_SAVED = re.compile(r"successfully saved checkpoint from iteration +(\d{1,18}(?!\d))")
+_CHECKPOINT_LOADED = re.compile(r"successfully loaded checkpoint from .* at iteration (\d{1,18}(?!\d))")
 _STOPPED_ON_SIGNAL = re.compile(r"exiting program after receiving (\S+?)\.")
 
 
@@ -557,7 +561,7 @@ def _prefix_info(prefix: str) -> tuple:
             elif m := _BRACKET_ROLE.fullmatch(bracket):
                 local_rank = int(m.group(2))
         elif label:
-            if label.isdigit():
+            if label.isdigit() and len(label) <= 18:  # a longer number is damage (see the record patterns)
                 task = int(label)
             elif _HOST.match(label) and stamp is None:
                 node = label
@@ -1073,9 +1077,11 @@ def _arg_value(text: str):
         return None
     for kind in (int, float):
         try:
-            return kind(text)
+            value = kind(text)
         except ValueError:
-            pass
+            continue
+        # An integer beyond int64 is no argument Megatron prints (a damaged line): kept as the text it is.
+        return value if kind is float or abs(value) < 2**63 else text
     if text[:1] in "[({" and len(text) < 10_000:
         try:
             return ast.literal_eval(text)
@@ -1104,7 +1110,7 @@ def _parallel(s: _Scan, end: int) -> dict:
         out.setdefault("num_micro_batches", int(m.group(1)))
     for m in _VIRTUAL.finditer(buf, 0, end):
         value = _text(m.group(1))
-        out.setdefault("virtual_stages", int(value) if value.isdigit() else None)
+        out.setdefault("virtual_stages", int(value) if value.isdigit() and len(value) <= 18 else None)
     params = {}
     for m in _PARAMS.finditer(buf, 0, end):
         t, p = (int(m.group(1)), int(m.group(2))) if m.group(1) else (int(m.group(3)), 0)
@@ -1113,7 +1119,8 @@ def _parallel(s: _Scan, end: int) -> dict:
         out["parameters_per_rank"] = params
     for m in _JOB_INFO.finditer(buf, 0, end) if buf.find(b"_SIZE: ", 0, end) >= 0 else ():
         value = _text(m.group(2))
-        out.setdefault(job_info.PARALLEL[_text(m.group(1))], int(value) if value.isdigit() else value)
+        count = value.isdigit() and len(value) <= 18  # a longer number is damage (see the record patterns)
+        out.setdefault(job_info.PARALLEL[_text(m.group(1))], int(value) if count else value)
     return out
 
 

@@ -32,6 +32,12 @@ sizes far beyond any cluster are typing errors, and checking them must not build
 MAX_SPLIT = 1024
 """Most tensor ranks, pipeline stages or virtual stages: far beyond any model's layers or any GPU domain, and small
 enough that what is listed per stage (the partition, each stage's GPU) stays short."""
+MAX_LR = 1.0
+"""Highest peak learning rate accepted: GPT pretraining peaks far below it (Megatron-LM's examples/pretrain_gpt.sh
+at 1.5e-4, labkit's default); a rate above 1 is a typing error (65, 1e300)."""
+_SPLIT = re.compile(r"^\s*\d+(?:\.\d*)?(?:\s*,\s*\d+(?:\.\d*)?){0,2}\s*$")
+"""data.split as Megatron-LM reads it (megatron/core/datasets/utils.py, parse_and_normalize_split): up to three
+non-negative shares, separated by commas."""
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TIME_LIMIT = re.compile(r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
@@ -347,6 +353,9 @@ def _check_optimizer(spec: RunSpec) -> list[str]:
     opt, errors = spec.optimizer, []
     if opt.lr is not None and opt.lr <= 0:
         errors.append(f"optimizer.lr: must be positive, got {opt.lr}")
+    elif opt.lr is not None and opt.lr > MAX_LR:
+        errors.append(f"optimizer.lr: {opt.lr:g} is above {MAX_LR:g}, a rate at which any GPT diverges; write the "
+                      "peak rate, e.g. 1.5e-4 (Megatron-LM's examples/pretrain_gpt.sh)")
     for key in ("min_lr", "weight_decay", "clip_grad"):
         if getattr(opt, key) is not None and getattr(opt, key) < 0:
             errors.append(f"optimizer.{key}: must be zero or more, got {getattr(opt, key)}")
@@ -438,6 +447,14 @@ def needs_gpus_error(key: str) -> str:
 
 def _check_train(spec: RunSpec) -> list[str]:
     train, errors = spec.train, []
+    if train.iters is not None and train.log_interval is not None and train.log_interval > train.iters > 0:
+        # Megatron-LM logs an interval line when iteration % log_interval == 0 (training.py, training_log): none here.
+        errors.append(f"train.log_interval: {train.log_interval} is more than train.iters {train.iters}, so no "
+                      f"iteration would be logged (no loss, no time); set train.log_interval to at most {train.iters}")
+    shares = spec.data.split
+    if shares is not None and not (_SPLIT.match(shares) and sum(float(x) for x in re.findall(r"[.0-9]+", shares))):
+        errors.append(f"data.split: {quote(spec.data.split)} is not the train, validation and test shares; write up "
+                      "to three numbers separated by commas with a positive sum, e.g. 90,5,5 or 100,0,0")
     for key in ("eval_interval", "save_interval"):
         if getattr(train, key) is not None and getattr(train, key) <= 0:
             errors.append(f"train.{key}: must be a positive number of steps, got {getattr(train, key)}; "

@@ -1,8 +1,9 @@
 """Reading a run spec: a YAML/JSON file, a mapping or a RunSpec -> plain data -> the dataclasses.
 
 The model preset is merged under the model mapping as plain data, before any dataclass is built: every key the spec
-writes wins, whatever its value (0, false and null included), and a value that is not valid is then an error naming
-its field, not replaced by the preset's. Building names every unknown key and every value of the wrong type.
+writes a value for wins, whatever its value (0 and false included), and a value that is not valid is then an error
+naming its field, not replaced by the preset's. A key written null is not set: the preset's value stands, as each
+model field's doc says. Building names every unknown key and every value of the wrong type.
 """
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ def read_source(source) -> tuple[dict, list[str], frozenset[str]]:
     if isinstance(model, dict):
         data["model"] = _with_preset(model, errors)
         _data_source(data, wrote_vocab="vocab_size" in model, errors=errors)
-        derived = frozenset(data["model"]) - frozenset(model)
+        derived = frozenset(data["model"]) - frozenset(k for k, v in model.items() if v is not None)
     return data, errors, derived
 
 
@@ -131,6 +132,10 @@ def _data_source(data: dict, wrote_vocab: bool, errors: list[str]) -> None:
     path = _text(source.get("path"))
     if source.get("mock") is None:
         source["mock"] = not path
+    elif source["mock"] is False and not path:
+        errors.append("data.mock: false trains on a dataset, and data.path names none; give data.path (the prefix of "
+                      "the dataset's .bin/.idx pair), or remove data.mock to train on mock tokens")
+        return
     elif source["mock"] is True and path:
         errors.append(f"data.mock: true trains on random tokens, but data.path {quote(source['path'])} names a "
                       "dataset; remove data.mock to train on the dataset, or data.path to train on mock tokens")
@@ -226,9 +231,16 @@ def _text(value) -> str | None:
 
 
 def _with_preset(model: dict, errors: list[str]) -> dict:
-    """The model mapping over its preset's values: every key the spec wrote wins, whatever its value."""
+    """The model mapping over its preset's values: every key the spec wrote a value for wins, whatever its value; a key
+    written null keeps the preset's value (null means "not set", as in a Python-built ModelSpec)."""
     name = model.get("preset")
     merged = {}
+    if name is not None and not isinstance(name, str):
+        # A number is a name as written (1e3, not 1000.0). A list or a mapping is none: it stands as the unknown
+        # preset it is named by below, so that the checks ask for a preset name rather than for every size.
+        name = quote(name) if isinstance(name, (list, dict)) else \
+            yaml12.source_text(name) or (json.dumps(name) if isinstance(name, bool) else str(name))
+        model = {**model, "preset": name}
     if name is not None:
         presets = catalog.models()
         if name in presets:
@@ -237,8 +249,8 @@ def _with_preset(model: dict, errors: list[str]) -> dict:
             hint = catalog.closest(str(name), presets)
             errors.append(f"model.preset: unknown preset {quote(name)}; "
                           + (f"closest: {', '.join(hint)}; " if hint else "") + f"known: {', '.join(presets)}")
-    merged.update(model)
-    if merged.get("position_embedding_type") != "rope" and "rotary_base" not in model:
+    merged.update({k: v for k, v in model.items() if v is not None or k not in merged})
+    if merged.get("position_embedding_type") != "rope" and model.get("rotary_base") is None:
         merged.pop("rotary_base", None)  # the preset's base belongs to the rotary positions the spec turned off
     for key, default in _MODEL_DEFAULTS.items():
         if merged.get(key) is None:
@@ -300,6 +312,10 @@ def _coerce(value: Any, tp, path: str, errors: list[str]) -> Any:
     if tp is float:
         return _number(value, path, errors)
     if tp is str:
+        if isinstance(value, str) and "\0" in value:
+            # No path, name, flag or variable can hold a NUL byte (the OS ends C strings there): refused, never cut.
+            errors.append(f"{path}: contains a NUL byte (\\0) at character {value.index(chr(0)) + 1}; remove it")
+            return None
         if isinstance(value, str):
             return value
         if isinstance(value, bool):
