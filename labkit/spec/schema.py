@@ -20,7 +20,7 @@ from labkit.spec.load import DEFAULT_PRESET, build, read_source, to_plain, with_
 @dataclass
 class ModelSpec:
     """The model's shape. A preset fills every field the spec does not set; a field the spec sets wins, whatever its
-    value (in a Python-built ModelSpec, None means not set)."""
+    value. null (None) means not set, in YAML as in a Python-built ModelSpec: the preset's value stands."""
     preset: str | None = None
     """A model preset from labkit/data/models.yaml (tiny, gpt2-xl, llama2-7b, ...)."""
     num_layers: int | None = None
@@ -165,7 +165,7 @@ class OptimizerSpec:
     """megatron (megatron-core's distributed optimizer and Megatron-FSDP) or deepspeed (DeepSpeed's ZeRO engine, as
     Megatron-DeepSpeed runs it): which implementation shards, and so what the estimate counts."""
     lr: float = 1.5e-4
-    """Peak learning rate (--lr)."""
+    """Peak learning rate (--lr); above 0 and at most 1."""
     min_lr: float = 1.0e-5
     """Learning rate at the end of the decay (--min-lr)."""
     lr_decay_style: str = "cosine"
@@ -195,7 +195,7 @@ class TrainSpec:
     iters: int = 50
     """Optimizer steps (--train-iters)."""
     log_interval: int = 10
-    """Steps between log lines (--log-interval)."""
+    """Steps between log lines (--log-interval); at most train.iters, or no iteration is logged."""
     eval_interval: int | None = None
     """Steps between evaluations (--eval-interval); None: no evaluation."""
     eval_iters: int = 0
@@ -230,9 +230,10 @@ class DataSpec:
     path: str | None = None
     """Dataset prefix of the .bin/.idx pair (--data-path)."""
     mock: bool | None = None
-    """Random tokens instead of a dataset (--mock-data); None: mock tokens when data.path is not given."""
+    """Random tokens instead of a dataset (--mock-data); None: mock tokens when data.path is not given; false needs
+    data.path."""
     split: str = "90,5,5"
-    """Train, validation and test shares (--split)."""
+    """Train, validation and test shares (--split): up to three numbers separated by commas, with a positive sum."""
     vocab_file: str | None = None
     """GPT-2 BPE vocabulary (--vocab-file); None: the one shipped in labkit/data/tokenizer."""
     merge_file: str | None = None
