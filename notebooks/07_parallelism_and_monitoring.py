@@ -152,7 +152,7 @@ print(format_report(report(sweep.jobs["pp2"], lines=3), color=False))
 # %% [markdown]
 # ## 7.5 The layouts side by side, measured
 #
-# On a laptop every "node" shares the same two cores with the other runs, so times say less than they would on a
+# Here every "node" shares this machine's cores with the other runs, so times say less than they would on a
 # cluster; the memory and the communication pattern are the layouts' own.
 
 # %%
