@@ -210,9 +210,18 @@ def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike 
     if opt.name == "adam":
         out.add("optimizer.adam_beta1", F.adam_beta1, opt.adam_beta1)
         out.add("optimizer.adam_beta2", F.adam_beta2, opt.adam_beta2)
-    if opt.distributed:
+    sharded = opt.zero_stage in (2, 3) and opt.zero_backend == "megatron"
+    fsdp2 = sharded and spec.job.entrypoint != "megatron-lm"
+    if opt.distributed and not fsdp2:
         out.add("optimizer.distributed", F.use_distributed_optimizer)
-    if opt.zero_stage in (2, 3) and opt.zero_backend == "megatron":
+    if fsdp2:
+        # labkit's driver shards with PyTorch FSDP2 through megatron-core (Megatron-FSDP runs its reduce-scatters and
+        # all-gathers on CUDA streams, and the driver runs on CPUs too); stage 2 keeps each layer's gathered
+        # parameters from its forward to its backward (Megatron-LM's help: "Set to enable FSDP ZeRO-2")
+        out.add("optimizer.zero_stage", F.use_torch_fsdp2)
+        if opt.zero_stage == 2:
+            out.add("optimizer.zero_stage", F.torch_fsdp2_no_reshard_after_forward)
+    elif sharded:
         # Megatron-FSDP as Megatron-LM's user guide runs it (docs/discussions/megatron-fsdp-user-guide): beside the
         # distributed optimizer, and saving only its own checkpoint format (validate_args asserts fsdp_dtensor)
         out.add("optimizer.zero_stage", F.use_megatron_fsdp)

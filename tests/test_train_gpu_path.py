@@ -176,7 +176,10 @@ DERIVED = {
     "use_pytorch_profiler": None,  # Megatron-LM's choice between profilers; the driver's --profile is torch.profiler
     "help": None,
 }
-REFUSED = {"tp_comm_overlap": ["--tp-comm-overlap"], "context_parallel_size": ["--context-parallel-size", "2"]}
+REFUSED = {"tp_comm_overlap": ["--tp-comm-overlap"], "context_parallel_size": ["--context-parallel-size", "2"],
+           "use_megatron_fsdp": ["--use-megatron-fsdp"],
+           "data_parallel_sharding_strategy": ["--data-parallel-sharding-strategy", "optim"],
+           "ckpt_format": ["--ckpt-format", "torch_dist"]}
 
 
 def _attributes_read_outside_the_parser() -> set[str]:

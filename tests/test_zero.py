@@ -83,11 +83,39 @@ def test_megatron_fsdp_renders_megatron_lms_flags_and_leaves_cuda_connections_al
     assert job_env(spec.replace(**{"optimizer.zero_stage": 1}))["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
 
 
+def test_labkits_driver_shards_stages_2_and_3_with_torch_fsdp2():
+    spec = load_spec({"model": {"preset": "tiny", "untie_embeddings": True}, "parallel": {"data": 2},
+                      "optimizer": {"zero_stage": 2}})
+    args = megatron_args(spec)
+    assert [str(FLAG.use_torch_fsdp2), str(FLAG.torch_fsdp2_no_reshard_after_forward)] == \
+        [a for a in args if "fsdp" in a]
+    assert str(FLAG.use_distributed_optimizer) not in args  # FSDP2 replaces it (Megatron-LM's validate_args)
+    stage_3 = megatron_args(spec.replace(**{"optimizer.zero_stage": 3}))
+    assert [a for a in stage_3 if "fsdp" in a] == [str(FLAG.use_torch_fsdp2)]
+    parsed = finish(build_parser().parse_args(stage_3), world_size=2, rank=0, cuda=False)
+    assert parsed.use_torch_fsdp2 and parsed.torch_fsdp2_reshard_after_forward
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--pipeline-model-parallel-size", "2"], "pipeline parallelism"),
+    (["--use-distributed-optimizer"], "replaces megatron-core's distributed optimizer"),
+    ([], "needs --untie-embeddings-and-output-weights")])
+def test_the_driver_checks_torch_fsdp2_as_megatron_lm_does(extra, message):
+    argv = ["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "2", "--seq-length", "8", "--lr",
+            "1", "--train-iters", "1", "--mock-data", "--vocab-size", "64", "--use-torch-fsdp2", *extra]
+    if "untie" not in message:
+        argv.append("--untie-embeddings-and-output-weights")
+    with pytest.raises(ArgumentError, match=f"--use-torch-fsdp2: .*{message}"):
+        finish(build_parser().parse_args(argv), world_size=4, rank=0, cuda=False)
+
+
 def test_at_submission_a_stage_the_entrypoint_cannot_run_is_refused():
-    fsdp = load_spec({"parallel": {"data": 2}, "optimizer": {"zero_stage": 2}})
+    fsdp = load_spec({"parallel": {"data": 2}, "optimizer": {"zero_stage": 2}})  # tiny: tied embeddings
     assert check_job(fsdp) == []  # a valid plan: estimated as Megatron-LM runs it
-    assert any(e.startswith("optimizer.zero_stage: 2 (zero_backend megatron) runs through Megatron-FSDP")
+    assert any(e.startswith("model.untie_embeddings: optimizer.zero_stage 2 runs PyTorch FSDP2 on labkit's driver")
                for e in check_job(fsdp, layout="multinode"))
+    untied = check_job(fsdp.replace(**{"model.untie_embeddings": True}), layout="multinode")
+    assert not [e for e in untied if "zero_stage" in e]
     deepspeed = fsdp.replace(**{"optimizer.zero_backend": "deepspeed"})
     assert any(e.startswith("optimizer.zero_backend: deepspeed (zero_stage 2)")
                for e in check_job(deepspeed, layout="multinode"))

@@ -122,6 +122,13 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--data-parallel-sharding-strategy", choices=SHARDING_STRATEGIES, default="no_shard",
          help="with --use-megatron-fsdp, what the data-parallel ranks shard: optim (ZeRO-1), optim_grads (ZeRO-2), "
               "optim_grads_params (ZeRO-3)", group=PARALLEL),
+    Flag("--use-torch-fsdp2", action="store_true",
+         help="wrap the model in PyTorch FSDP2 through megatron-core (TorchFullyShardedDataParallel): parameters, "
+              "gradients and optimizer states sharded over the data-parallel ranks (ZeRO-3); runs on CPU with gloo",
+         group=PARALLEL),
+    Flag("--torch-fsdp2-no-reshard-after-forward", action="store_false", dest="torch_fsdp2_reshard_after_forward",
+         help="with --use-torch-fsdp2, keep each layer's gathered parameters from its forward to its backward "
+              "(ZeRO-2's memory at the peak, one all-gather per micro-batch)", group=PARALLEL),
     Flag("--overlap-grad-reduce", action="store_true",
          help="reduce gradient buckets while the backward pass goes on (megatron-core's DDP)", group=PARALLEL),
     Flag("--overlap-param-gather", action="store_true",

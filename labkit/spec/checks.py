@@ -812,9 +812,16 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
                 errors.append(f"{key}: labkit's driver (job.entrypoint: labkit) does not run it; set job.entrypoint: "
                               "megatron-lm with job.megatron_lm, or leave it out")
         if layout is not None and spec.optimizer.zero_stage in (2, 3) and spec.optimizer.zero_backend == "megatron":
-            errors.append(f"optimizer.zero_stage: {spec.optimizer.zero_stage} (zero_backend megatron) runs through "
-                          "Megatron-FSDP, which labkit's driver does not wrap the model in (its reduce-scatter and "
-                          "all-gather pipelines run on CUDA streams); set job.entrypoint: megatron-lm, or zero_stage 1")
+            # labkit's driver shards with PyTorch FSDP2 (megatron_args): Megatron-LM's validate_args conditions
+            for key, bad, fix in (("model.untie_embeddings", not spec.model.untie_embeddings, "set it true"),
+                                  ("precision", spec.precision == "fp16", "use bf16 or fp32"),
+                                  ("train.save", spec.train.save or spec.train.load or spec.job.requeue,
+                                   "leave out train.save, train.load and job.requeue")):
+                if bad:
+                    errors.append(f"{key}: optimizer.zero_stage {spec.optimizer.zero_stage} runs PyTorch FSDP2 on "
+                                  "labkit's driver (Megatron-FSDP needs CUDA streams), which needs untied embeddings, "
+                                  "no fp16 and checkpoints the driver does not write (torch_dist); "
+                                  f"{fix}, or set job.entrypoint: megatron-lm (Megatron-FSDP)")
     if layout is not None and spec.optimizer.zero_stage and spec.optimizer.zero_backend == "deepspeed":
         errors.append(f"optimizer.zero_backend: deepspeed (zero_stage {spec.optimizer.zero_stage}) needs DeepSpeed's "
                       "engine, which neither labkit's driver nor Megatron-LM's pretrain_gpt.py starts; use "

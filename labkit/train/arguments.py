@@ -160,6 +160,16 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
         raise ArgumentError("--transformer-impl transformer_engine: Transformer Engine needs a GPU and the "
                             "transformer_engine package; use --transformer-impl local")
     # What labkit's driver does not set up on any machine: refused, never accepted and ignored.
+    if args.use_megatron_fsdp or args.data_parallel_sharding_strategy != "no_shard":
+        stage = SHARDING_STRATEGIES.index(args.data_parallel_sharding_strategy)
+        raise ArgumentError(f"--use-megatron-fsdp/--data-parallel-sharding-strategy: ZeRO stage {stage} through "
+                            "Megatron-FSDP (optimizer.zero_backend megatron) is not run by labkit's driver: "
+                            "Megatron-FSDP reduce-scatters and all-gathers on CUDA streams (megatron_fsdp.py), which "
+                            "this driver does not set up; use --use-torch-fsdp2 (PyTorch FSDP2 through "
+                            "megatron-core), or Megatron-LM's pretrain_gpt.py (job.entrypoint megatron-lm)")
+    if args.ckpt_format not in (None, "torch"):
+        raise ArgumentError(f"--ckpt-format {args.ckpt_format}: labkit's driver saves Megatron-LM's legacy torch "
+                            "format only; leave the flag out")
     if args.tp_comm_overlap:
         raise ArgumentError("--tp-comm-overlap: labkit's driver does not start Transformer Engine's userbuffers, "
                             "which it needs; leave it out, or run Megatron-LM's pretrain_gpt.py (job.entrypoint: "
@@ -194,16 +204,21 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
         raise ArgumentError("--distributed-backend nccl: needs GPUs; use gloo on CPU")
     if args.use_distributed_optimizer and args.optimizer != "adam":
         raise ArgumentError("--use-distributed-optimizer: megatron-core's distributed optimizer needs --optimizer adam")
-    if args.use_megatron_fsdp or args.data_parallel_sharding_strategy != "no_shard":
-        stage = SHARDING_STRATEGIES.index(args.data_parallel_sharding_strategy)
-        raise ArgumentError(f"--use-megatron-fsdp/--data-parallel-sharding-strategy: ZeRO stage {stage} through "
-                            "Megatron-FSDP (optimizer.zero_backend megatron) is not run by labkit's driver: "
-                            "Megatron-FSDP reduce-scatters and all-gathers on CUDA streams (megatron_fsdp.py), which "
-                            "this driver does not set up; run it with Megatron-LM's pretrain_gpt.py (job.entrypoint "
-                            "megatron-lm)")
-    if args.ckpt_format not in (None, "torch"):
-        raise ArgumentError(f"--ckpt-format {args.ckpt_format}: labkit's driver saves Megatron-LM's legacy torch "
-                            "format only; leave the flag out")
+    if args.use_torch_fsdp2:
+        # Megatron-LM's validate_args, for --use-torch-fsdp2
+        for bad, why in ((pp > 1, "is not supported with pipeline parallelism (--pipeline-model-parallel-size 1)"),
+                         (args.use_distributed_optimizer, "replaces megatron-core's distributed optimizer; leave out "
+                                                          "--use-distributed-optimizer"),
+                         (not args.untie_embeddings_and_output_weights, "needs "
+                                                                        "--untie-embeddings-and-output-weights"),
+                         (args.fp16, "does not run fp16; use --bf16 or fp32"),
+                         (args.save or args.load, "needs Megatron-LM's torch_dist or torch_dcp checkpoints, and "
+                                                  "labkit's driver writes its legacy torch format; leave out "
+                                                  "--save and --load")):
+            if bad:
+                raise ArgumentError(f"--use-torch-fsdp2: {why}")
+    elif not args.torch_fsdp2_reshard_after_forward:
+        raise ArgumentError("--torch-fsdp2-no-reshard-after-forward: needs --use-torch-fsdp2")
 
     # Data.
     if args.mock_data and args.data_path:

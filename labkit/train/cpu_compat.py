@@ -21,6 +21,7 @@ import types
 import warnings
 
 import torch
+from torch.distributed import DeviceMesh
 
 MEGATRON_MODULES = (
     "megatron.core.utils",
@@ -40,6 +41,7 @@ MEGATRON_MODULES = (
     "megatron.core.optimizer.distrib_optimizer",
     "megatron.core.datasets.blended_megatron_dataset_builder",
     "megatron.core.models.gpt.gpt_layer_specs",
+    "megatron.core.distributed.torch_fully_sharded_data_parallel",
 )
 
 _FACTORIES = ("empty", "zeros", "ones", "full", "tensor", "arange", "rand", "randn", "randint", "as_tensor")
@@ -118,6 +120,15 @@ def _tensor_type(self, dtype=None, non_blocking=False, **kwargs):
     return _state["type"](self, dtype, non_blocking, **kwargs)
 
 
+class _MeshOnCPU:
+    """torch's DeviceMesh for megatron-core's FSDP2 wrapper, which builds its mesh with device type "cuda"
+    (TorchFullyShardedDataParallel.__init__): the same mesh on the CPU, where FSDP2 shards over gloo."""
+
+    @staticmethod
+    def from_group(group, device_type, *args, **kwargs):
+        return DeviceMesh.from_group(group, "cpu" if device_type == "cuda" else device_type, *args, **kwargs)
+
+
 def _cpu_rng_get(device="cuda", clone=False, graph_safe=False):
     return torch.get_rng_state()
 
@@ -172,6 +183,9 @@ def apply() -> bool:
     _state.update(modules=replaced, rng=(rng._get_cuda_rng_state, rng._set_cuda_rng_state),
                   cuda=torch.Tensor.cuda, type=torch.Tensor.type)
     rng._get_cuda_rng_state, rng._set_cuda_rng_state = _cpu_rng_get, _cpu_rng_set
+    fsdp2 = sys.modules["megatron.core.distributed.torch_fully_sharded_data_parallel"]
+    _state["mesh"] = fsdp2.DeviceMesh
+    fsdp2.DeviceMesh = _MeshOnCPU
     torch.Tensor.cuda = _tensor_cuda
     torch.Tensor.type = _tensor_type
     logging.getLogger(rng.__name__).addFilter(_RNG_FILTER)
@@ -186,6 +200,7 @@ def remove() -> None:
         module.torch = torch
     rng = sys.modules["megatron.core.tensor_parallel.random"]
     rng._get_cuda_rng_state, rng._set_cuda_rng_state = _state["rng"]
+    sys.modules["megatron.core.distributed.torch_fully_sharded_data_parallel"].DeviceMesh = _state["mesh"]
     torch.Tensor.cuda = _state["cuda"]
     torch.Tensor.type = _state["type"]
     logging.getLogger(rng.__name__).removeFilter(_RNG_FILTER)

@@ -6,7 +6,8 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
+                                       TorchFullyShardedDataParallel, TorchFullyShardedDataParallelConfig)
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
@@ -37,6 +38,7 @@ def transformer_config(args, timers=None) -> TransformerConfig:
         hidden_dropout=args.hidden_dropout,
         attention_dropout=args.attention_dropout,
         init_method_std=args.init_method_std,
+        transformer_impl=args.transformer_impl,  # as Megatron-LM's config from args; FSDP2's wrapping reads it
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
@@ -122,8 +124,17 @@ def layer_spec(args):
     return get_gpt_layer_local_spec(normalization=args.normalization)
 
 
+class _TorchFSDP2(TorchFullyShardedDataParallel):
+    """megatron-core 0.16.1's FSDP2 wrapper as its finalize_model_grads calls it: that passes force_all_reduce to
+    finish_grad_sync, which the wrapper inherits from _BaseDataParallel without the argument (a TypeError in every
+    step). FSDP2 has reduce-scattered each gradient in its backward hooks by then: nothing is left to finish."""
+
+    def finish_grad_sync(self, force_all_reduce: bool = False):
+        pass
+
+
 def build_model(args, config: TransformerConfig) -> list[torch.nn.Module]:
-    """This rank's model chunks (one, or one per virtual pipeline stage), wrapped for precision and DDP."""
+    """This rank's model chunks (one, or one per virtual pipeline stage), wrapped for precision and DDP (or FSDP2)."""
     spec = layer_spec(args)
     vpp = args.virtual_pipeline_model_parallel_size
     chunks = []
@@ -151,6 +162,10 @@ def build_model(args, config: TransformerConfig) -> list[torch.nn.Module]:
             chunk.cuda(torch.cuda.current_device())
     if args.fp16 or args.bf16:
         chunks = [Float16Module(config, chunk) for chunk in chunks]
+    if args.use_torch_fsdp2:
+        # Megatron-LM's get_model: PyTorch FSDP2 shards each transformer layer and embedding, then the whole chunk
+        fsdp_config = TorchFullyShardedDataParallelConfig(reshard_after_forward=args.torch_fsdp2_reshard_after_forward)
+        return [_TorchFSDP2(config=config, ddp_config=fsdp_config, module=chunk) for chunk in chunks]
     ddp_config = DistributedDataParallelConfig(
         # Megatron-LM's validate_args: bf16 accumulates and reduces gradients in fp32 unless --grad-reduce-in-bf16;
         # fp16 keeps fp16 gradients (the optimizer step makes fp32 copies)

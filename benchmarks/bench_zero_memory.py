@@ -1,0 +1,158 @@
+"""Per-rank model state at ZeRO stages 0-3: the bytes labkit's driver really holds, beside the estimate.
+
+    .venv/bin/python benchmarks/bench_zero_memory.py [--data 2 4]
+
+For each data-parallel size (gloo processes on the CPU) and each stage, the driver's model and optimizer are built
+from the command line the spec renders for labkit's driver (labkit.megatron_args): stage 0 megatron-core's DDP, stage
+1 its distributed optimizer, stages 2 and 3 PyTorch FSDP2 through megatron-core (--use-torch-fsdp2, without and with
+resharding after forward; Megatron-FSDP, which the spec renders for Megatron-LM, runs its reduce-scatters and
+all-gathers on CUDA streams). One optimizer step makes Adam's moments; then each rank sums the storage it holds:
+parameters (FSDP2: the local shards), gradients (DDP's buffers, or FSDP2's sharded gradients) and the optimizer's
+main parameters, their gradients and Adam's moments, each storage once.
+
+The estimate is labkit.estimate.memory.model_state_bytes for the same model in fp32 on the data-parallel rank that
+holds the most: exact for stages 0 and 1 (megatron-core's padded buffers); for stages 2 and 3 its sharded terms
+(Megatron-FSDP's ceil(elements / ranks)), without the working buffers it adds for the layer being computed, which
+are not held between steps. FSDP2 pads each parameter's first dimension to a multiple of the ranks (a few elements
+per parameter), and keeps stage 2's parameters sharded between steps, gathering them for the forward and keeping them
+to the backward: ZeRO-2's memory only at the peak, which the estimate's weights (Megatron-FSDP's, never sharded at
+stage 2) count all the time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from labkit.estimate.memory import model_state_bytes  # noqa: E402
+from labkit.estimate.params import Shape  # noqa: E402
+from labkit.megatron_args import megatron_args  # noqa: E402
+from labkit.spec import load_spec  # noqa: E402
+
+# A GPT with odd widths (hidden 72: gaps before 64-element-aligned parameters; vocabulary 1000, padded to 1024) and
+# untied embeddings, which FSDP2 needs.
+MODEL = {"num_layers": 2, "hidden_size": 72, "num_attention_heads": 4, "seq_length": 32, "vocab_size": 1000,
+         "untie_embeddings": True}
+STAGES = (0, 1, 2, 3)
+
+
+def spec(stage: int, data: int):
+    return load_spec({"model": MODEL, "precision": "fp32", "parallel": {"data": data},
+                      "batch": {"micro": 1, "global": data}, "optimizer": {"zero_stage": stage}})
+
+
+def held_bytes(model, optimizer) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer state) bytes these objects hold, each storage once (DTensors by their local
+    shard)."""
+    import torch
+    from megatron.core.distributed import DistributedDataParallel
+    from torch.distributed.tensor import DTensor
+
+    seen: set[int] = set()
+
+    def new(tensors) -> int:
+        total = 0
+        for x in tensors:
+            if x is None:
+                continue
+            storage = (x.to_local() if isinstance(x, DTensor) else x).untyped_storage()
+            if storage.nbytes() and storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        return total
+
+    params = [p for chunk in model for p in chunk.parameters()]
+    weights = new(params)
+    buffers = [b.grad_data for chunk in model if isinstance(chunk, DistributedDataParallel) for b in chunk.buffers]
+    gradients = new(buffers) if buffers else new(p.grad for p in params)
+    inner = [o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer])]
+    main = [p for o in inner for group in o.param_groups for p in group["params"]]
+    state = [v for o in inner for st in o.state.values() for k, v in st.items() if k != "step" and torch.is_tensor(v)]
+    return weights, gradients, new(main) + new(p.grad for p in main) + new(state)
+
+
+def _worker(rank: int, world: int, address: str, out: str) -> None:
+    import contextlib
+    import io
+
+    import torch
+    import torch.distributed as dist
+
+    from labkit.train import cpu_compat, data
+    from labkit.train.arguments import parse_args
+    from labkit.train.model import build_model, transformer_config
+    from labkit.train.training import build_optimizer, initialize, padded_vocab_size
+
+    torch.set_num_threads(1)
+    cpu_compat.apply()
+    dist.init_process_group("gloo", init_method=address, world_size=world, rank=rank)
+    rows = []
+    for i, stage in enumerate(STAGES):
+        args = parse_args(megatron_args(spec(stage, world)), world_size=world, rank=rank, cuda=False)
+        args.padded_vocab_size = padded_vocab_size(data.build_tokenizer(args).vocab_size,
+                                                   args.make_vocab_size_divisible_by, 1)
+        if i == 0:
+            with contextlib.redirect_stdout(io.StringIO()):
+                initialize(args)
+        config = transformer_config(args)
+        model = build_model(args, config)
+        optimizer, _ = build_optimizer(args, model, config)
+        for chunk in model:
+            chunk.zero_grad_buffer()
+        optimizer.zero_grad()
+        if args.use_torch_fsdp2:  # FSDP2 keeps sharded .grad tensors, where DDP has its buffers
+            for p in (p for chunk in model for p in chunk.parameters()):
+                p.grad = torch.zeros_like(p)
+        optimizer.step()
+        rows.append(held_bytes(model, optimizer))
+        del model, optimizer
+    Path(out, f"rank{rank}.json").write_text(json.dumps(rows))
+    dist.destroy_process_group()
+
+
+def measure(world: int) -> list[list[tuple[int, int, int]]]:
+    """[stage][rank] -> (weights, gradients, optimizer) bytes."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_worker, args=(world, address, tmp), nprocs=world, join=True)
+        ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
+    return [[tuple(ranks[r][s]) for r in range(world)] for s in range(len(STAGES))]
+
+
+def estimate(stage: int, data: int) -> tuple[int, int, int]:
+    """The estimate's bytes held between steps: weights, gradients and optimizer state, working buffers left out."""
+    s = spec(stage, data)
+    state = model_state_bytes(Shape.of(s.model), [s.model.num_layers], data_parallel=data, precision="fp32",
+                              distributed_optimizer=s.optimizer.distributed, zero_stage=stage)
+    return (state.weights - state.weights_working, state.gradients - state.gradients_working, state.optimizer)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=int, nargs="+", default=[2, 4], help="data-parallel sizes (gloo processes)")
+    sizes = parser.parse_args().data
+    print(f"{'dp':>2} {'stage':>5} {'runs as':<28} {'measured weights/grads/optimizer (bytes, fullest rank)':>56} "
+          f"{'estimate':>30} {'total diff':>10}")
+    for world in sizes:
+        for stage, ranks in zip(STAGES, measure(world)):
+            fullest = max(ranks, key=sum)
+            est = estimate(stage, world)
+            runs = ("megatron-core DDP", "distributed optimizer", "torch FSDP2, no reshard", "torch FSDP2")[stage]
+            print(f"{world:>2} {stage:>5} {runs:<28} {'/'.join(f'{x:,}' for x in fullest):>56} "
+                  f"{'/'.join(f'{x:,}' for x in est):>30} {sum(fullest) - sum(est):>+10,}")
+    print("stage 2: FSDP2 keeps the parameters sharded between steps and gathers them from forward to backward; the "
+          "estimate counts Megatron-FSDP's optim_grads, whose 16-bit parameters are never sharded")
+
+
+if __name__ == "__main__":
+    main()
