@@ -277,8 +277,10 @@ def report_published() -> None:
     for name, group in table.groupby("set", sort=False):
         e = group["error"].abs()
         role = "held out" if group["held_out"].all() else "dev: constants fitted to it"
+        misfits = ", ".join(f"{r.run} {r.peak_gib:.1f} GiB" for r in group.itertuples() if not r.fits)
         print(f"  {name:<18} n={len(e):>2}  median |err| {100 * e.median():4.1f}%  max {100 * e.max():4.1f}%  "
-              f"mean {100 * e.mean():4.1f}%   ({role})")
+              f"mean {100 * e.mean():4.1f}%   fit in memory {group['fits'].sum()}/{len(group)}"
+              f"{' (not: ' + misfits + ')' if misfits else ''}   ({role})")
     report_tp_overlap(table)
 
 

@@ -93,7 +93,8 @@ def _spec(name: str, group: dict, run: dict, data: dict) -> tuple[RunSpec, str]:
 
 def published_table(path=PUBLISHED_RUNS, calibration: Calibration | None = None) -> pd.DataFrame:
     """Each published run with the figure its paper prints, labkit's prediction of it (under `calibration`, the
-    shipped one by default) and the relative error.
+    shipped one by default) and the relative error, and whether its memory estimate admits the run that trained
+    (`fits`, with the fullest stage's GiB in `peak_gib`).
 
     Taught in lab 05.
     """
@@ -103,5 +104,6 @@ def published_table(path=PUBLISHED_RUNS, calibration: Calibration | None = None)
         predicted = est.tflops_per_gpu if run.measured_key == "tflops_per_gpu" else est.iteration_time_s
         rows.append({"set": run.set, "run": run.label, "figure": run.measured_key, "measured": run.measured,
                      "predicted": predicted, "error": predicted / run.measured - 1, "mfu": est.mfu,
-                     "held_out": run.held_out})
+                     "held_out": run.held_out, "fits": est.fits_in_memory,
+                     "peak_gib": max(est.memory_gb_per_stage)})
     return pd.DataFrame(rows)
