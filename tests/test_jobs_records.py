@@ -463,3 +463,16 @@ def test_a_damaged_index_is_rebuilt_and_the_error_says_how(tmp_path, capsys):
     (runs / "index.sqlite").write_bytes(b"\0" * 4096)
     assert cli("runs", "--runs-dir", str(runs)) == 0  # plain `labkit runs` rebuilds it too
     assert record.run_id in capsys.readouterr().out
+
+
+def test_a_run_whose_index_row_does_not_fit_says_why_it_never_started(tmp_path, monkeypatch, capsys):
+    def full(*args, **kwargs):
+        raise RecordError("cannot write the run records in runs: database or disk is full")
+    with monkeypatch.context() as patch:
+        patch.setattr(RunIndex, "add", full)
+        with pytest.raises(RecordError):
+            RunRecord.create(spec(), tmp_path / "runs")
+    (run,) = RunIndex(tmp_path / "runs").run_dirs()
+    assert cli("runs", "--runs-dir", str(tmp_path / "runs")) == 0  # not settled as abandoned by a stopped labkit
+    (row,) = RunIndex(tmp_path / "runs").rows()
+    assert row["state"] == "FAILED" and "disk is full" in row["cause"], row

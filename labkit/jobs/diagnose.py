@@ -41,6 +41,7 @@ _COMM = re.compile(r"NCCL error|nccl\w*Error|ProcessGroupNCCL.*(?:error|timeout)
 _NO_FILE = re.compile(r"No such file|not found|does not exist|FileNotFoundError|cannot open|has no ", re.I)
 _TIME_LIMIT = re.compile(r"DUE TO TIME LIMIT")
 _ERROR_LINE = re.compile(r"^ERROR: .*|srun: error: .*")
+_DISK_FULL = re.compile(r"No space left on device|Disk quota exceeded|database or disk is full")
 
 
 @dataclass
@@ -94,6 +95,9 @@ def explain(status: Status, spec, texts: Iterable[LogText]) -> str | None:
     evidence = _first(_NAN, texts)
     if evidence:
         return f"NaN loss: {evidence}"
+    evidence = _first(_DISK_FULL, texts)
+    if evidence:
+        return f"disk full: {evidence}"
     if spec.data.path and not spec.data.mock:
         evidence = _first(re.compile(f"{re.escape(spec.data.path)}.*(?:{_NO_FILE.pattern})|"
                                      f"(?:{_NO_FILE.pattern}).*{re.escape(spec.data.path)}", re.I), texts)
@@ -113,7 +117,8 @@ def explain(status: Status, spec, texts: Iterable[LogText]) -> str | None:
     evidence = _first(_ERROR_LINE, texts)
     if evidence:
         return f"failed: {evidence}"
-    return f"failed with exit code {status.exit_code}" if status.exit_code else "failed"
+    ended = f"failed with exit code {status.exit_code}" if status.exit_code else "failed"
+    return f"{ended}: {status.reason}" if status.reason else ended  # e.g. the local runner's account of its end
 
 
 def explain_attempt(attempt: Attempt, texts: Iterable[LogText]) -> str:

@@ -50,25 +50,27 @@ class LocalBackend:
         # This host runs every node: a port that is free here, rather than a fixed one two local runs would share.
         spec = spec.replace(**{"job.master_port": free_port()})
         record = RunRecord.create(spec, runs_dir(self.runs_dir))
-        script = record.write_script("run.sh", render(spec, record.logs, layout="local", run_id=record.run_id,
-                                                      torchrun=self.torchrun).scripts["run.sh"])
-        with record.new_log("runner.out") as runner_log:
-            process = subprocess.Popen(["bash", str(script)], cwd=record.path, stdout=runner_log,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True,
-                                       env={**os.environ, "LABKIT_LAUNCH_GATE": "1"})
-        job_id = str(process.pid)  # also its process group's id (a new session)
-        self._children[job_id] = process
+        process = None
         try:
+            script = record.write_script("run.sh", render(spec, record.logs, layout="local", run_id=record.run_id,
+                                                          torchrun=self.torchrun).scripts["run.sh"])
+            with record.new_log("runner.out") as runner_log:
+                process = subprocess.Popen(["bash", str(script)], cwd=record.path, stdout=runner_log,
+                                           stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True,
+                                           env={**os.environ, "LABKIT_LAUNCH_GATE": "1"})
+            job_id = str(process.pid)  # also its process group's id (a new session)
+            self._children[job_id] = process
             record.attach(self.name, "local", [job_id], host=socket.gethostname(), pgid=process.pid)
             process.stdin.write(b"start\n")
         except RecordError as exc:
             # Not recorded (a full disk), so not started: say so in the record if a line still fits, rather than
-            # leave the run to read as abandoned by labkit.
+            # leave the run to read as abandoned by a labkit that stopped.
             with contextlib.suppress(RecordError):
                 record.set_status(State.FAILED, cause=f"not started: labkit could not record its job ({exc})")
             raise
         finally:
-            process.stdin.close()  # without "start" (or if this process dies first) run.sh exits at once
+            if process is not None:
+                process.stdin.close()  # without "start" (or if this process dies first) run.sh exits at once
         job = Job(self, [job_id], record)
         job.update(Status(State.RUNNING))
         return job

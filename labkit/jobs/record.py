@@ -132,7 +132,14 @@ class RunRecord:
                 with _storing(root):
                     _sync_dir(root)
                 record = cls(path)
-                RunIndex(root).add(record, spec.name, created)
+                try:
+                    RunIndex(root).add(record, spec.name, created)
+                except RecordError as exc:
+                    # The run is whole but labkit stops here (a full disk): its record says why, if a line fits,
+                    # rather than read later as abandoned by a labkit that stopped.
+                    with contextlib.suppress(RecordError):
+                        record._append_event({"state": "FAILED", "cause": f"not started: {exc}"})
+                    raise
                 return record
         except BaseException:
             if draft.path.exists():
