@@ -151,7 +151,9 @@ print(format_report(report(job), color=False))
 
 # %% [markdown]
 # The first iterations are slower (warm-up: memory allocation, first data reads); the steady-state time excludes
-# them. Lab 02 starts from this baseline.
+# them. labkit's estimate above prices a CPU at the catalog's placeholder peak, not at the speed 1.2 measured, so on
+# a CPU it can sit far from the measurement, even below the work / speed floor; lab 06 replaces the placeholder with
+# a profile measured here. Lab 02 starts from this baseline.
 #
 # ## Exercise
 #
