@@ -324,3 +324,33 @@ def test_shape_rules_are_megatrons_and_both_callers_word_them(heads, hidden, gro
     message = str(driver_refused.value)
     assert message.startswith("--" + problems[0].argument.replace("_", "-") + ": ")
     assert "--tensor-model-parallel-size" in message or "--num-attention-heads" in message
+
+
+@pytest.mark.parametrize("case", ["sequence parallel on one tensor rank", "overlapped gather without the optimizer"])
+def test_paired_settings_are_refused_alike_by_the_spec_and_the_driver(case):
+    from labkit.megatron.flags import ArgumentError, build_parser
+    from labkit.spec import SpecError
+    from labkit.train.arguments import finish
+
+    spec = {"model": {"preset": "tiny"}, "cluster": {"nodes": [{"gpu": "A100-80GB", "count": 1, "gpus_per_node": 2}]}}
+    argv = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "16",
+            "--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-4", "--mock-data", "--vocab-size", "64"]
+    if case.startswith("sequence"):
+        spec["parallel"] = {"tensor": 1, "data": 2, "sequence_parallel": True}
+        argv += ["--sequence-parallel"]
+        field, flag = "parallel.sequence_parallel", "--sequence-parallel"
+    else:
+        spec["kernels"] = {"overlap_param_gather": True}
+        spec["optimizer"] = {"distributed": False}
+        argv += ["--overlap-param-gather"]
+        field, flag = "kernels.overlap_param_gather", "--overlap-param-gather"
+    with pytest.raises(SpecError) as spec_refused:
+        load_spec(spec)
+    with pytest.raises(ArgumentError) as driver_refused:
+        finish(build_parser().parse_args(argv), 2, 0, True)
+    spec_error = next(e for e in spec_refused.value.errors if e.startswith(field + ": "))
+    # one rule, two vocabularies: the same words once each caller's names are swapped in
+    assert spec_error.split(": ", 1)[1].replace("parallel.tensor", "T").replace("optimizer.distributed", "D") == \
+        str(driver_refused.value).split(": ", 1)[1].replace("--tensor-model-parallel-size", "T") \
+        .replace("--use-distributed-optimizer", "D")
+    assert str(driver_refused.value).startswith(flag + ": ")

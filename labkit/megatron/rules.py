@@ -32,7 +32,8 @@ def shape_problems(name: Name, *, heads: int, hidden: int, groups: int | None, t
     problems = []
     if heads % tensor:
         problems.append(Problem("num_attention_heads", f"{heads} heads do not split over "
-                                f"{name('tensor_model_parallel_size')} {tensor}; use a tensor size that divides {heads}"))
+                                f"{name('tensor_model_parallel_size')} {tensor}; use a tensor size that divides "
+                                f"{heads}"))
     if hidden % heads:
         problems.append(Problem("hidden_size", f"{hidden} is not divisible by {name('num_attention_heads')} {heads}; "
                                 "each head needs an equal share"))
@@ -73,3 +74,22 @@ def batch_problems(name: Name, *, global_batch: int, micro: int, data: int, pipe
                         f"multiple of {name('pipeline_model_parallel_size')} {pipeline}; raise it to a multiple of "
                         f"{pipeline * micro * data}")]
     return []
+
+
+def pairing_problems(name: Name, *, tensor: int, sequence_parallel: bool, tp_comm_overlap: bool,
+                     overlap_param_gather: bool, distributed_optimizer: bool) -> list[Problem]:
+    """Settings that only work beside another (Megatron-LM's validate_args): sequence parallelism splits activations
+    over the tensor ranks; Transformer Engine's tensor-parallel overlap pipelines sequence parallelism's all-gathers
+    and reduce-scatters; the overlapped parameter gather gathers the distributed optimizer's shards."""
+    problems = []
+    if sequence_parallel and tensor == 1:
+        problems.append(Problem("sequence_parallel", f"needs {name('tensor_model_parallel_size')} > 1 (it splits "
+                                "activations across the tensor ranks); leave it out or raise the tensor size"))
+    if tp_comm_overlap and not sequence_parallel:
+        problems.append(Problem("tp_comm_overlap", "overlaps sequence parallelism's all-gathers and reduce-scatters; "
+                                f"needs {name('sequence_parallel')} (with {name('tensor_model_parallel_size')} > 1), "
+                                "or leave it out"))
+    if overlap_param_gather and not distributed_optimizer:
+        problems.append(Problem("overlap_param_gather", "gathers the distributed optimizer's parameter shards; needs "
+                                f"{name('use_distributed_optimizer')}, or leave it out"))
+    return problems

@@ -65,7 +65,10 @@ def quote(value) -> str:
 SPEC_FIELDS = {"num_attention_heads": "model.num_attention_heads", "hidden_size": "model.hidden_size",
                "num_query_groups": "model.num_query_groups", "tensor_model_parallel_size": "parallel.tensor",
                "context_parallel_size": "parallel.context", "pipeline_model_parallel_size": "parallel.pipeline",
-               "global_batch_size": "batch.global", "micro_batch_size": "batch.micro"}
+               "global_batch_size": "batch.global", "micro_batch_size": "batch.micro",
+               "sequence_parallel": "parallel.sequence_parallel", "tp_comm_overlap": "kernels.tp_comm_overlap",
+               "overlap_param_gather": "kernels.overlap_param_gather",
+               "use_distributed_optimizer": "optimizer.distributed"}
 
 
 def _field(argument: str) -> str:
@@ -146,9 +149,6 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
     t, p = par.tensor, par.pipeline
     errors += _worded(rules.shape_problems(_field, heads=m.num_attention_heads, hidden=m.hidden_size,
                                            groups=m.num_query_groups, tensor=t))
-    if par.sequence_parallel and t == 1:
-        errors.append("parallel.sequence_parallel: needs parallel.tensor > 1 (it splits activations across tensor ranks); "
-                      "set it to false or raise parallel.tensor")
 
     world, c = spec.world_size, par.context
     split = t * c * p
@@ -411,12 +411,10 @@ def _check_kernels(spec: RunSpec) -> list[str]:
     if k.attention_backend not in ATTENTION_BACKENDS:
         errors.append(f"kernels.attention_backend: {quote(k.attention_backend)} is not one of "
                       f"{', '.join(ATTENTION_BACKENDS)}")
-    if k.overlap_param_gather and not spec.optimizer.distributed:
-        errors.append("kernels.overlap_param_gather: gathers the distributed optimizer's parameter shards; set "
-                      "optimizer.distributed: true, or leave it out")
-    if k.tp_comm_overlap and not par.sequence_parallel:
-        errors.append("kernels.tp_comm_overlap: overlaps sequence parallelism's all-gathers and reduce-scatters; set "
-                      "parallel.sequence_parallel: true (with parallel.tensor > 1), or leave it out")
+    errors += _worded(rules.pairing_problems(_field, tensor=par.tensor, sequence_parallel=par.sequence_parallel,
+                                             tp_comm_overlap=k.tp_comm_overlap,
+                                             overlap_param_gather=k.overlap_param_gather,
+                                             distributed_optimizer=spec.optimizer.distributed))
     if par.context > 1 and spec.model.seq_length and spec.model.seq_length % (2 * par.context):
         errors.append(context_split_error(spec.model.seq_length, par.context))
     gpus = {g.gpu for g in spec.cluster_or_default().nodes}

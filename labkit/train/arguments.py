@@ -188,12 +188,11 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
         raise ArgumentError(f"--distributed-timeout-minutes: must be positive, got {args.distributed_timeout_minutes}")
     if args.fp8_format and not args.bf16:
         raise ArgumentError("--fp8-format: FP8 GEMMs run inside a bf16 model; add --bf16")
-    if args.overlap_param_gather and not args.use_distributed_optimizer:
-        raise ArgumentError("--overlap-param-gather: gathers the distributed optimizer's parameter shards; add "
-                            "--use-distributed-optimizer")
+    _raise_first(rules.pairing_problems(_flag_name, tensor=tp, sequence_parallel=args.sequence_parallel,
+                                        tp_comm_overlap=args.tp_comm_overlap,
+                                        overlap_param_gather=args.overlap_param_gather,
+                                        distributed_optimizer=args.use_distributed_optimizer))
     if args.sequence_parallel:
-        if tp == 1:
-            raise ArgumentError("--sequence-parallel: needs --tensor-model-parallel-size > 1")
         if args.transformer_impl != "transformer_engine":
             raise ArgumentError("--sequence-parallel: megatron-core's local layers use torch LayerNorm, which sequence "
                                 "parallelism does not support; it needs Transformer Engine on a GPU "
