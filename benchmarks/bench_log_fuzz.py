@@ -1,23 +1,31 @@
 """`labkit logs parse` on 10,000 seeded mutations of real logs (goal: 0 crashes, 0 hangs over 5 s, 0 invented rows).
 
-    .venv/bin/python benchmarks/bench_log_fuzz.py [--n 10000] [--seed 0]
+    .venv/bin/python benchmarks/bench_log_fuzz.py [--n 10000] [--seed 0] [--pipes 5]
 
 Each mutation takes one of the logs in tests/fixtures/logs and does one of: cut it anywhere, delete, repeat or swap
 lines, splice random bytes or log-shaped fragments (interval, timer, memory, argument and tail-header pieces, colour
-codes, carriage returns, NULs, invalid UTF-8) at random places, or blow one line up to a megabyte. It parses the
-result in this process, builds the summary and the JSON (as `labkit logs parse --json` does) and counts:
+codes, carriage returns, NULs, invalid UTF-8) at random places, blow one line up to a megabyte, or write a number
+beyond any count where the log has one (an iteration of 2**62 or of hundreds of digits, `inf` or thousands of digits
+as an argument, a size in the job info, a rank in a prefix). It parses the result in this process, builds the
+summary and the JSON (as `labkit logs parse --json` does) and counts:
 
-  crash          an exception out of parse_text, summary or to_json
+  crash          an exception out of parse_text, summary or to_json (a traceback)
   hang           a parse over 5 s
   invented row   after a cut or a deletion (which only take text away), an iteration row whose values the whole
-                 log does not have
+                 log does not have; or an iteration number no int64 column holds
+
+Then --pipes mutated logs go through `labkit logs parse` in a new process whose reader has left (as `| head`): a
+traceback on stderr counts as a crash.
 """
 from __future__ import annotations
 
 import argparse
 import math
 import random
+import re
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -41,10 +49,25 @@ FRAGMENTS = [
 KEY = ["iteration", "lm_loss", "elapsed_ms"]
 
 
+HUGE = [str(2**62).encode(), str(2**63).encode(), b"9" * 19, b"9" * 500, b"9" * 5001, b"inf", b"1e999", b"-9" * 30]
+BEYOND = [  # where a log holds a count: each with a number no count reaches
+    lambda n: b" iteration %s/      10 | elapsed time per iteration (ms): 100.0 | lm loss: 1.0E+01 |\n" % n,
+    lambda n: b" iteration        1/%s | elapsed time per iteration (ms): 100.0 | lm loss: 1.0E+01 |\n" % n,
+    lambda n: b"------------------------ arguments ------------------------\n  seq_length ............ %s\n"
+              b"  micro_batch_size ............ %s\n-------------------- end of arguments ---------------------\n" % (n, n),
+    lambda n: b"\n******************* job info 1 *******************\nNODE: n1\nDP_SIZE: %s\nTP_SIZE: %s\n" % (n, n),
+    lambda n: b"[Rank %s] (after 5 iterations) memory (MB) | allocated: %s |\n" % (n, n),
+    lambda n: b"%s: iteration        1/      10 | lm loss: 1.0E+01 |\n" % n,
+    lambda n: b"using world size: %s, data-parallel size: %s, tensor-model-parallel size: 1\n" % (n, n),
+    lambda n: b"setting number of micro-batches to constant %s\nvirtual stages per pipeline stage: %s\n" % (n, n),
+    lambda n: b"successfully saved checkpoint from iteration %s to ckpt\n" % n,
+]
+
+
 def mutate(data: bytes, rng: random.Random) -> tuple[bytes, bool]:
     """A mutated log, and whether the mutation only took text away (so every row read must be one of the log's)."""
     lines = data.split(b"\n")
-    kind = rng.randrange(7)
+    kind = rng.randrange(8)
     mutate.kind = kind
     if kind == 0:
         return data[:rng.randrange(len(data) + 1)], True
@@ -67,6 +90,15 @@ def mutate(data: bytes, rng: random.Random) -> tuple[bytes, bool]:
             at = rng.randrange(len(data) + 1)
             data = data[:at] + rng.choice(FRAGMENTS) * rng.randrange(1, 5) + data[at:]
         return data, False
+    elif kind == 6:
+        for _ in range(rng.randrange(1, 4)):  # a number beyond any count, in a line of the log or one of its kind
+            i = rng.randrange(len(lines))
+            digits = list(re.finditer(rb"\d+", lines[i]))
+            if digits and rng.random() < 0.5:
+                m = rng.choice(digits)
+                lines[i] = lines[i][:m.start()] + rng.choice(HUGE) + lines[i][m.end():]
+            else:
+                lines.insert(i, rng.choice(BEYOND)(rng.choice(HUGE)))
     else:
         i = rng.randrange(len(lines))
         lines[i] = lines[i] + rng.choice(FRAGMENTS) * rng.randrange(1000, 60_000)
@@ -94,11 +126,13 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", type=Path, help="write each failing mutated log into this directory")
+    ap.add_argument("--pipes", type=int, default=5, help="mutated logs parsed by a new process with the reader gone")
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     logs = {p.name: p.read_bytes() for p in sorted(FIXTURES.iterdir()) if p.is_file() and p.suffix != ".md"}
     whole = {name: rows(parse_text(data)) for name, data in logs.items()}
     counts = {"crash": 0, "hang": 0, "invented row": 0}
+    beyond = 0
     slowest, start = 0.0, time.perf_counter()
     def keep(number: int, kind: str, name: str, data: bytes) -> None:
         print(f"  mutation {number} ({kind}, kind {mutate.kind}) of {name}", file=sys.stderr)
@@ -125,11 +159,33 @@ def main(argv=None) -> int:
         if took > 5:
             counts["hang"] += 1
             keep(number, "hang", name, data)
-        if only_removed and invented(rows(parsed), whole[name]):
+        beyond += mutate.kind == 6
+        found = parsed.iterations["iteration"] if "iteration" in parsed.iterations else []
+        if len(found) and found.max() >= 2**62:
             counts["invented row"] += 1
             keep(number, "invented row", name, data)
+        elif only_removed and invented(rows(parsed), whole[name]):
+            counts["invented row"] += 1
+            keep(number, "invented row", name, data)
+    quiet = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for number in range(args.pipes):
+            name = rng.choice(sorted(logs))
+            path = Path(tmp) / name
+            path.write_bytes(mutate(logs[name], rng)[0])
+            process = subprocess.Popen([sys.executable, "-m", "labkit", "logs", "parse", str(path)], cwd=ROOT,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            process.stdout.close()  # the reader has left
+            err = process.stderr.read().decode(errors="replace")
+            process.wait()
+            if "Traceback" in err:
+                counts["crash"] += 1
+                print(f"  piped {number} of {name}: {err[-300:]}", file=sys.stderr)
+            else:
+                quiet += 1
     print(f"{args.n} seeded log mutations (seed {args.seed}) of {len(logs)} logs in "
-          f"{time.perf_counter() - start:.0f} s; slowest parse {slowest * 1000:.0f} ms")
+          f"{time.perf_counter() - start:.0f} s; slowest parse {slowest * 1000:.0f} ms; {beyond} with numbers beyond "
+          f"any count; {args.pipes} parsed with the reader gone ({quiet} quiet)")
     for kind, count in counts.items():
         print(f"  {kind:<14} {count}")
     return 1 if any(counts.values()) else 0

@@ -1,17 +1,28 @@
 """`labkit validate` on 10,000 seeded spec mutations (goal: 0 tracebacks, 0 silent changes, 0 hangs over 5 s).
 
-    .venv/bin/python benchmarks/bench_spec_fuzz.py [--n 10000] [--seed 0]
+    .venv/bin/python benchmarks/bench_spec_fuzz.py [--n 10000] [--seed 0] [--pipes 10]
 
-Failures print with the end of the spec that caused them (--show N of each kind). Each mutation takes the spec of tests/test_spec_fuzz.py and does one of: put a hostile value in a field (YAML 1.1
-look-alikes, numbers at and past the bounds, NaN, tags, aliases, long and deep values, random text), delete, repeat,
-swap or re-indent lines, splice random bytes, or replace the whole file (empty, scalars, lists, BOMs, bombs). It runs
+Failures print with the end of the spec that caused them (--show N of each kind). Each mutation takes the spec of
+tests/test_spec_fuzz.py and does one of: put a hostile value in a field (YAML 1.1 look-alikes, numbers at and past the
+bounds, NaN, tags, aliases, long and deep values, random text), delete, repeat, swap or re-indent lines, splice random
+bytes, replace the whole file (empty, scalars, lists, BOMs, bombs), or write one of the classes found by the last
+attack (CLASSES: null in a model field, data.mock false without a path, a preset that is no name, a NUL byte in text,
+a learning rate, split or log interval that means nothing, a world the sizes cannot split). It runs
 `labkit validate --json` in this process and counts:
 
-  traceback      an exception out of labkit.cli.main
-  silent change  exit 0 with a field's value other than the text written (or a YAML 1.2 number other than its value)
-  unnamed        exit 2 without every error naming a field, or a value of the wrong kind refused without its field
-  hang           a run over 5 s
-  big output     stderr over 100 KB
+  traceback          an exception out of labkit.cli.main
+  silent change      exit 0 with a field's value other than the text written (or a YAML 1.2 number other than its
+                     value), a quoted text changed, a null model field not the preset's value, or data.mock false
+                     taken as mock data
+  nonsense accepted  exit 0 for a value no run means (a NUL byte, a learning rate above 1, a split of no numbers, a
+                     log interval above the iterations)
+  unnamed            exit 2 without every error naming a field, a value of the wrong kind or nonsense refused without
+                     its field, or an error that quotes "?" or a number other than as written
+  hang               a run over 5 s
+  big output         stderr over 100 KB
+
+Then --pipes mutated specs go through `labkit validate` in a new process whose reader has left (as `| true`): any
+traceback on stderr is counted as one.
 """
 from __future__ import annotations
 
@@ -22,6 +33,7 @@ import io
 import json
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +43,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_spec_fuzz import BASE, BOOLS, FIELDS, NULLS, PLAIN, TOKENS, fits, resolved, with_value, yaml12_number  # noqa: E402
+from test_spec_fuzz import (BASE, BOOLS, FIELDS, NULLS, PLAIN, TOKENS, error_lines, fits, resolved,  # noqa: E402
+                            with_value, yaml12_number)
+
+from labkit import catalog  # noqa: E402
 
 from labkit.cli import main  # noqa: E402
 
@@ -62,10 +77,58 @@ def random_token(rng: random.Random) -> str:
     return json.dumps(text)  # any text, written as a double-quoted scalar
 
 
-def mutate(rng: random.Random) -> tuple[bytes, tuple[str, str] | None]:
-    """A mutated spec, and the (field, token) it set when it set one value."""
+def issue_case(rng: random.Random) -> tuple[bytes, dict]:
+    """One spec of the classes the last attack found, and what must become of it: {"keep": (field, value)} (exit 0
+    with that value), or {"refuse": field, "silent": bool} (exit 2 naming the field; exit 0 is a silent change when
+    silent, else nonsense accepted), with "not": text an error must not hold."""
+    kind = rng.choice(CLASSES)
+    if kind == "null in a model field":
+        preset = rng.choice(["tiny-llama", "llama2-7b", "gpt2-small", "mistral-7b"])
+        values = {k: v for k, v in catalog.models()[preset].items() if k != "source"}
+        field = rng.choice(sorted(values))
+        null = rng.choice(["null", "~"])
+        text = BASE.replace("model: {preset: tiny}", f"model: {{preset: {preset}, {field}: {null}}}")
+        text = text.replace("  data: 2\n", "")  # a preset's heads and layers need not split as tiny's do
+        return text.encode(), {"keep": (f"model.{field}", values[field])}
+    if kind == "data.mock false without a path":
+        return BASE.replace("  path: corpus\n", "  mock: false\n").encode(), {"refuse": "data.mock", "silent": True}
+    if kind == "a preset that is no name":
+        token = rng.choice(["[a, b]", "{a: 1}", "1e3", "12", "true", "[[]]", "{}", "-.inf", "0x1F"])
+        return BASE.replace("{preset: tiny}", f"{{preset: {token}}}").encode(), \
+            {"refuse": "model.preset", "silent": False, "not": "1000.0" if token == "1e3" else "Traceback"}
+    if kind == "a NUL byte in text":
+        field = rng.choice(sorted(f for f, (_, k) in FIELDS.items() if k is str))
+        text = "".join(rng.choice("abc/._-") for _ in range(rng.randint(0, 6)))
+        at = rng.randint(0, len(text))
+        return with_value(field, json.dumps(text[:at] + "\0" + text[at:])).encode(), {"refuse": field, "silent": False}
+    if kind == "a learning rate that means nothing":
+        token = rng.choice(["65", "1e300", "2", "1.5e2", "10", "1e9"])
+        return with_value("optimizer.lr", token).encode(), {"refuse": "optimizer.lr", "silent": False}
+    if kind == "a split that means nothing":
+        token = rng.choice(["abc", "0,0,0", "a,b,c", "90;5;5", "1,2,3,4", "-1,5,5", "x" * rng.randint(1, 9)])
+        return with_value("data.split", token).encode(), {"refuse": "data.split", "silent": False}
+    if kind == "a log interval above the iterations":
+        iters = rng.randint(1, 50)
+        text = BASE.replace("  iters: 20\n", f"  iters: {iters}\n  log_interval: {iters + rng.randint(1, 100)}\n")
+        return text.encode(), {"refuse": "train.log_interval", "silent": False}
+    tensor = rng.choice([2, 4, 8])  # a world the sizes cannot split
+    gpus = rng.choice([g for g in range(1, 16) if g % tensor])
+    text = BASE.replace("  tensor: 1\n", f"  tensor: {tensor}\n")
+    text = text.replace("gpus_per_node: 2", f"gpus_per_node: {gpus}")
+    return text.encode(), {"refuse": "parallel.data", "silent": False, "not": "?"}
+
+
+CLASSES = ["null in a model field", "data.mock false without a path", "a preset that is no name", "a NUL byte in text",
+           "a learning rate that means nothing", "a split that means nothing", "a log interval above the iterations",
+           "a world the sizes cannot split"]
+
+
+def mutate(rng: random.Random) -> tuple[bytes, tuple[str, str] | dict | None]:
+    """A mutated spec, and the (field, token) it set when it set one value, or what an issue case expects."""
     lines = BASE.splitlines()
-    op = rng.randrange(10)
+    op = rng.randrange(12)
+    if op >= 10:
+        return issue_case(rng)
     if op < 5:
         field = rng.choice(sorted(FIELDS))
         token = random_token(rng)
@@ -110,6 +173,20 @@ def _alarm(signum, frame):
     raise TimeoutError
 
 
+def issue_outcome(rc: int, printed: dict | None, err: str, expect: dict) -> tuple[str, str]:
+    """What became of an issue case (see issue_case)."""
+    if "keep" in expect:
+        field, value = expect["keep"]
+        got = resolved(printed["spec"], field) if rc == 0 else None
+        return ("exit 0", "") if rc == 0 and got == value else ("silent change", f"{field}: preset's {value!r}, "
+                                                                                 f"got {got!r} (exit {rc}) {err[:200]}")
+    if rc == 0:
+        return ("silent change" if expect["silent"] else "nonsense accepted"), f"{expect['refuse']} accepted"
+    if f"\n  - {expect['refuse']}:" not in err or expect.get("not", "Traceback") in err:
+        return "unnamed", f"{expect}: {err[:300]}"
+    return "exit 2", ""
+
+
 def run_one(path: Path, data: bytes, target) -> tuple[str, str]:
     """(outcome, detail) of validating one mutated spec."""
     path.write_bytes(data)
@@ -125,13 +202,15 @@ def run_one(path: Path, data: bytes, target) -> tuple[str, str]:
         return "traceback", traceback.format_exc(limit=-3)
     finally:
         signal.alarm(0)
-    seconds, err = time.perf_counter() - start, err.getvalue()
+    seconds, err = time.perf_counter() - start, error_lines(rc, out.getvalue()) + err.getvalue()
     if seconds > HANG_S:
         return "hang", f"{seconds:.1f} s"
     if len(err) > 100_000:
         return "big output", f"{len(err)} bytes"
     if rc not in (0, 2):
         return "traceback", f"exit {rc}: {err[:300]}"
+    if isinstance(target, dict):
+        return issue_outcome(rc, json.loads(out.getvalue()) if rc == 0 else None, err, target)
     if rc == 2:
         errors = [line[4:] for line in err.splitlines() if line.startswith("  - ")]
         if not errors or any(":" not in e or e[0].isspace() for e in errors):
@@ -142,10 +221,28 @@ def run_one(path: Path, data: bytes, target) -> tuple[str, str]:
             return "unnamed", f"{target}: {err[:300]}"
         return "exit 2", ""
     if target:
-        problem = silent_change(json.loads(out.getvalue()), *target)
+        printed = json.loads(out.getvalue())
+        problem = silent_change(printed, *target)
+        if target[1].startswith('"') and FIELDS[target[0]][1] is str:  # a quoted text is kept exactly
+            written = json.loads(target[1])
+            if resolved(printed["spec"], target[0]) != written:
+                problem = f"{target[0]}: wrote {written!r}, got {resolved(printed['spec'], target[0])!r}"
+            elif "\0" in written:
+                return "nonsense accepted", f"{target[0]}: a NUL byte"
         if problem:
             return "silent change", problem
     return "exit 0", ""
+
+
+def run_piped(path: Path, data: bytes) -> tuple[str, str]:
+    """`labkit validate` in a new process whose reader has left: a traceback on stderr is one."""
+    path.write_bytes(data)
+    process = subprocess.Popen([sys.executable, "-m", "labkit", "validate", str(path)], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()
+    err = process.stderr.read().decode(errors="replace")
+    process.wait()
+    return ("traceback", err[-300:]) if "Traceback" in err else (f"exit {process.returncode}", "")
 
 
 def main_bench() -> None:
@@ -153,10 +250,12 @@ def main_bench() -> None:
     parser.add_argument("--n", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--show", type=int, default=1, help="failures of each kind to print")
+    parser.add_argument("--pipes", type=int, default=10, help="mutated specs validated with the reader gone")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     signal.signal(signal.SIGALRM, _alarm)
     counts, examples, slowest = collections.Counter(), collections.defaultdict(list), 0.0
+    issues, pipes = collections.Counter(), collections.Counter()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "spec.yaml"
@@ -167,11 +266,21 @@ def main_bench() -> None:
             slowest = max(slowest, time.perf_counter() - t0)
             counts[outcome] += 1
             examples[outcome].append((data[-300:], detail))
+            if isinstance(target, dict):
+                issues[outcome in ("exit 0", "exit 2")] += 1
+        for _ in range(args.pipes):
+            outcome, detail = run_piped(path, mutate(rng)[0])
+            pipes[outcome != "traceback"] += 1
+            if outcome == "traceback":
+                counts[outcome] += 1
+                examples[outcome].append((b"(stdout closed)", detail))
     print(f"{args.n} seeded mutations (seed {args.seed}) in {time.perf_counter() - start:.0f} s; "
-          f"slowest {slowest * 1000:.0f} ms")
-    for outcome in ("exit 0", "exit 2", "traceback", "silent change", "unnamed", "hang", "big output"):
-        print(f"  {outcome:14s} {counts[outcome]}")
-    for outcome in ("traceback", "silent change", "unnamed", "hang", "big output"):
+          f"slowest {slowest * 1000:.0f} ms; {sum(issues.values())} of them of the last attack's classes "
+          f"({issues[True]} as they should be); {args.pipes} with the reader gone ({pipes[True]} quiet)")
+    kinds = ("traceback", "silent change", "nonsense accepted", "unnamed", "hang", "big output")
+    for outcome in ("exit 0", "exit 2") + kinds:
+        print(f"  {outcome:18s} {counts[outcome]}")
+    for outcome in kinds:
         for data, detail in examples[outcome][:args.show]:
             print(f"\n{outcome}: ...{data!r}\n{detail}")
 

@@ -104,6 +104,8 @@ ARGUMENTS = (b"------------------------ arguments ------------------------\n  se
     b"\n******************* job info 1 *******************\nNODE: n1\nDP_SIZE: " + b"9" * 5001 + b"\n",
     b"virtual stages per pipeline stage: " + b"9" * 5001 + b"\n",
     b"successfully saved checkpoint from iteration " + b"9" * 5001 + b"\n",
+    ARGUMENTS.replace(b"num_layers ............ 2", b"global_batch_size ............ 8") % (b"9" * 50)
+    + b"".join(INTERVAL % str(i).encode() for i in range(1, 5)),  # a throughput of that many tokens per sample
 ])
 def test_numbers_beyond_any_count_are_not_read_as_one(log):
     parsed = parse_text(log)

@@ -241,13 +241,14 @@ def _int(value) -> int | None:
         value = int(value)
     except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite float (`seq_length inf`)
         return None
-    return value if value > 0 else None
+    return value if 0 < value < 2**63 else None  # beyond int64 it is a damaged line's number, not a size
 
 
 def _median_int(df: pd.DataFrame, column: str) -> int | None:
     if column not in df:
         return None
     values = pd.to_numeric(df[column], errors="coerce").dropna()
+    values = values[values.abs() < 2**63]  # infinite or beyond int64: a damaged line's number
     return int(values.median()) if len(values) else None
 
 
