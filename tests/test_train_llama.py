@@ -150,6 +150,9 @@ LAYOUTS = {
     # A fixed loss scale: dynamic scaling skips the first steps, which then log no loss.
     "pp2-interleaved-fp16": {"parallel": {"pipeline": 2, "virtual_stages": 2}, "precision": "fp16",
                              "optimizer": {"loss_scale": 128.0}},
+    # ZeRO stages 2 and 3: PyTorch FSDP2 through megatron-core on labkit's driver (tests/test_zero.py)
+    "dp2-zero2": {"optimizer": {"zero_stage": 2}},
+    "dp2-zero3": {"optimizer": {"zero_stage": 3}},
 }
 
 
@@ -162,6 +165,20 @@ def trained(train_in_parallel):
                                                "cluster": {"nodes": [{"gpu": "cpu", "count": 1, "gpus_per_node": 2}]},
                                                **changes})
                               for name, changes in LAYOUTS.items()})
+
+
+@pytest.mark.slow
+def test_zero_stages_2_and_3_train_to_plain_data_parallelisms_losses(trained):
+    """The same data and seed: sharding changes where the model state lives, not the arithmetic beyond fp32
+    rounding (the reductions' order)."""
+    def losses(name):
+        return [float(x) for x in re.findall(r"lm loss: ([0-9.E+-]+)", trained[name][1])]
+
+    # the driver's arguments block, as Megatron-LM prints it
+    assert re.search(r"use_torch_fsdp2 \.+ True", trained["dp2-zero3"][1])
+    assert re.search(r"torch_fsdp2_reshard_after_forward \.+ False", trained["dp2-zero2"][1])
+    for name in ("dp2-zero2", "dp2-zero3"):
+        assert losses(name) == pytest.approx(losses("dp2"), rel=1e-5)
 
 
 @pytest.mark.slow
