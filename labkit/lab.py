@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from labkit.paths import COURSE_NAMES, course_dir, runs_dir
+from labkit.paths import COURSE_NAMES, DATA_DIR, course_dir, runs_dir
 
 BACKENDS = ("local", "slurm")
 
@@ -316,7 +316,7 @@ def labkit_calls(source: str, package: Path | str | None = None) -> set[str]:
     """Where labkit defines each function or class a notebook's code calls (module.name): a name imported from labkit
     (`from labkit.x import f`, then `f(...)`) or an attribute of an imported labkit module (`views.f(...)`). Read from
     the sources alone, nothing imported."""
-    package = Path(package) if package is not None else Path(__file__).resolve().parent
+    package = Path(package) if package is not None else DATA_DIR.parent
     tree = ast.parse(source)
     names: dict[str, tuple[str, str]] = {}
     modules: dict[str, str] = {}
@@ -357,7 +357,7 @@ def taught_in(notebook_dir: Path | str | None = None) -> dict[str, set[str]]:
 def taught_links(package: Path | str | None = None) -> dict[str, set[str]]:
     """{home of a function or class in labkit's source: the labs its docstring's "Taught in" back-link names}, read
     from the source without importing it."""
-    package = Path(package) if package is not None else Path(__file__).resolve().parent
+    package = Path(package) if package is not None else DATA_DIR.parent
     links = {}
     for path in sorted(package.rglob("*.py")):
         module = ".".join(path.relative_to(package.parent).with_suffix("").parts).removesuffix(".__init__")
