@@ -35,10 +35,14 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from labkit.estimate.params import Shape, stage_params
+
+# numpy loads with the first buffer laid out, not with this module: the command line imports it (through
+# labkit.estimate) to build its parser, and `labkit --help` needs none of it.
+if TYPE_CHECKING:
+    import numpy as np
 
 GIB = 2 ** 30
 
@@ -174,6 +178,8 @@ def _grad_buffer(shape: Shape, layers: int, tensor: int, pre_process: bool, post
                  shards: int, distributed: bool, bucket_size: int | None) -> tuple[int, np.ndarray, np.ndarray]:
     """One model chunk's _ParamAndGradBuffer: (its elements, padding included; the [start, end) of each parameter;
     the [start, end) of each bucket). Parameters are laid out last to first, roughly in backward order."""
+    import numpy as np
+
     divisor = math.lcm(shards, BUCKET_ALIGNMENT)
     spans, buckets = [], []
     start = bucket_start = end = 0
@@ -203,6 +209,8 @@ def _grad_buffer(shape: Shape, layers: int, tensor: int, pre_process: bool, post
 
 def _elements_below(spans: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Parameter elements (not padding) in [0, x) of a buffer whose parameters occupy `spans`, for each x."""
+    import numpy as np
+
     if not len(spans):
         return np.zeros_like(x)
     starts, sizes = spans[:, 0], spans[:, 1] - spans[:, 0]
@@ -218,6 +226,8 @@ def grad_buffer_elements(shape: Shape, layers: int, *, tensor: int = 1, pre_proc
                          bucket_size: int | None = None) -> tuple[int, np.ndarray]:
     """One model chunk's DDP buffer: (its elements, padding included; the parameter elements each of the `shards`
     ranks of the data x context group updates). Without the distributed optimizer every rank updates them all."""
+    import numpy as np
+
     numel, spans, buckets = _grad_buffer(shape, layers, tensor, pre_process, post_process, pipeline, shards,
                                          distributed, bucket_size)
     total = int((spans[:, 1] - spans[:, 0]).sum())
@@ -259,6 +269,8 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
     most elements (slices differ by a few alignment gaps). `zero_stage` 1 is the distributed optimizer; 2 and 3 are
     Megatron-FSDP (`fsdp_model_state_bytes`).
     """
+    import numpy as np
+
     param_bytes, grad_bytes, per_element = _state_dtypes(precision, grad_reduce_in_bf16, optimizer)
     if zero_stage in (2, 3):
         return fsdp_model_state_bytes(shape, chunks, zero_stage, stage=stage, pipeline=pipeline, tensor=tensor,
