@@ -146,12 +146,12 @@ def _purged_by_the_controller(monkeypatch, backend, keep_jobcomp: bool) -> None:
     know it; the jobcomp file is there only when `keep_jobcomp`."""
     real_run = slurm_backend._run
 
-    def run(args, check=True, cwd=None):
+    def run(args, check=True, cwd=None, **where):
         if args[0] == "squeue":
             return subprocess.CompletedProcess(args, 1, "", "slurm_load_jobs error: Invalid job id specified")
         if args[:3] == ["scontrol", "-o", "show"]:
             return subprocess.CompletedProcess(args, 0, "", "")
-        return real_run(args, check, cwd)
+        return real_run(args, check, cwd, **where)
 
     monkeypatch.setattr(slurm_backend, "_run", run)
     if not keep_jobcomp:

@@ -517,6 +517,28 @@ def _check_cluster(spec: RunSpec) -> list[str]:
     for key in ("inter_node_gbps", "intra_node_gbps"):
         if getattr(spec.cluster, key) is not None and getattr(spec.cluster, key) <= 0:
             errors.append(f"cluster.{key}: must be a positive link speed in Gbit/s, got {getattr(spec.cluster, key)}")
+    return errors + login_errors(spec.cluster.login, spec.cluster.remote_dir)
+
+
+LOGIN = re.compile(r"(?:[A-Za-z0-9._][A-Za-z0-9._-]*@)?[A-Za-z0-9_][A-Za-z0-9._-]*")
+"""cluster.login: user@host or a Host of the ssh config; nothing ssh would read as an option or a second word."""
+
+REMOTE_PATH = re.compile(r"[A-Za-z0-9_./+-]+")
+"""cluster.remote_dir: a path the remote shell, rsync and scp all read as the same one path."""
+
+
+def login_errors(login, remote_dir) -> list[str]:
+    """Problems with cluster.login and cluster.remote_dir (labkit.jobs.remote), each naming its field and the fix."""
+    errors = []
+    if login is not None and (not isinstance(login, str) or not LOGIN.fullmatch(login)):
+        errors.append(f"cluster.login: {quote(login)} is not user@host; write the login node as user@host (e.g. "
+                      "alice@login.cluster.org) or a Host of your ~/.ssh/config")
+    if remote_dir is not None:
+        if login is None:
+            errors.append("cluster.remote_dir: only used with cluster.login; set cluster.login or leave it out")
+        if not isinstance(remote_dir, str) or not REMOTE_PATH.fullmatch(remote_dir) or ".." in remote_dir.split("/"):
+            errors.append(f"cluster.remote_dir: {quote(remote_dir)} is not a plain path; use letters, digits and "
+                          "_ . / + - (absolute, or under your home on the login node, e.g. labkit-runs), without '..'")
     return errors
 
 
@@ -838,6 +860,9 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
             if "," in mount or CONTROL_CHARS.search(mount) or not mount.strip():
                 errors.append(f"job.container.mounts[{i}]: {quote(mount)} must be SRC[:DST[:FLAGS]] without commas or "
                               "line breaks (pyxis separates mounts with commas)")
+    if layout == "local" and spec.cluster is not None and spec.cluster.login:
+        errors.append(f"cluster.login: the local backend runs the job on this host, not on {spec.cluster.login}; "
+                      "submit with the Slurm backend (--backend slurm) or leave cluster.login out")
     groups = spec.cluster_or_default().nodes
     if layout is not None and layout not in LAYOUTS:
         errors.append(f"layout: {quote(layout)} is not one of {', '.join(LAYOUTS)}")

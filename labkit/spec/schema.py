@@ -278,6 +278,12 @@ class ClusterSpec:
     """Network link rate in Gbit/s for every group that names none."""
     intra_node_gbps: float | None = None
     """Intra-node link rate in Gbit/s for every group that names none."""
+    login: str | None = None
+    """The cluster's login node as user@host (or a Host of your ~/.ssh/config): the Slurm backend sends the job there
+    and runs sbatch, squeue, sacct and scancel over ssh, with your own ssh config and agent (labkit.jobs.remote);
+    None: Slurm runs on this host."""
+    remote_dir: str | None = None
+    """With login: where run directories go on the cluster, absolute or under your home there; None: labkit-runs."""
 
 
 @dataclass
