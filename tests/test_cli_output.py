@@ -186,7 +186,7 @@ def complete(shell: str, *lines: str) -> list[list[str]]:
 def test_bash_completion_completes_commands_options_and_choices():
     assert complete("bash", "labkit ru", "labkit run --ba", "labkit run spec.yaml --backend ''", "labkit logs parse --j",
                     "labkit run ''", "labkit completion ''") == [
-        ["run", "runs"], ["--backend"], ["local", "slurm"], ["--json"],
+        ["run", "runs"], ["--backend"], ["local", "slurm", "k8s"], ["--json"],
         [],  # a spec file: left to the shell's file names
         ["bash", "zsh", "-h", "--help"]]
 
@@ -195,4 +195,4 @@ def test_bash_completion_completes_commands_options_and_choices():
 def test_zsh_completion_reads_the_same_script():
     # zsh filters the candidates by what is typed itself; the script picks them by the command typed so far.
     backend, logs = complete("zsh", "labkit run spec.yaml --backend ''", "labkit logs ''")
-    assert backend == ["local", "slurm"] and "parse" in logs
+    assert backend == ["local", "slurm", "k8s"] and "parse" in logs

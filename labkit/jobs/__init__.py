@@ -6,7 +6,7 @@
 
 Layers, each importing only those above it in this list: state (State, Status), render (spec -> scripts),
 diagnose (status, spec, log text -> cause), record (the run record: stores what it is given), watcher (one poll for
-every live job of a backend), job (Job, the Backend protocol), local and slurm (the backends), report (report and
+every live job of a backend), job (Job, the Backend protocol), local, slurm and k8s (the backends), report (report and
 widget of one job), dashboard (widgets over every recorded run), sweep (several runs together), cli.
 """
 from __future__ import annotations
@@ -22,13 +22,15 @@ if TYPE_CHECKING:
 
 # Job, the backends and the run record read logs with pandas: they load on first use (__getattr__), because the
 # command line imports this package (for labkit.jobs.cli) to build its parser and `labkit --help` needs none of them.
-_ON_FIRST_USE = ("Backend", "Job", "LocalBackend", "SlurmBackend", "SlurmError", "RecordError", "RunRecord")
+_ON_FIRST_USE = ("Backend", "Job", "LocalBackend", "SlurmBackend", "SlurmError", "RecordError", "RunRecord",
+                 "K8sBackend", "K8sError")
 
 
 def __getattr__(name: str):
     if name not in _ON_FIRST_USE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from labkit.jobs.job import Backend, Job
+    from labkit.jobs.k8s import K8sBackend, K8sError
     from labkit.jobs.local import LocalBackend
     from labkit.jobs.record import RecordError, RunRecord
     from labkit.jobs.slurm import SlurmBackend, SlurmError
@@ -48,11 +50,17 @@ def _slurm(**options) -> Backend:
     return SlurmBackend(**options)
 
 
-BACKENDS = {"local": _local, "slurm": _slurm}  # name -> backend(**options)
+def _k8s(**options) -> Backend:
+    from labkit.jobs.k8s import K8sBackend
+
+    return K8sBackend(**options)
+
+
+BACKENDS = {"local": _local, "slurm": _slurm, "k8s": _k8s}  # name -> backend(**options)
 
 
 def backend_named(name: str, **options) -> Backend:
-    """The backend called `name` ("local" or "slurm"), built with `options`.
+    """The backend called `name` ("local", "slurm" or "k8s"), built with `options`.
 
     Taught in labs 00, 01, 02, 03, 04, 06, 07 and 08.
     """
@@ -85,5 +93,5 @@ def job_of(record: RunRecord, backend: Backend | None = None) -> Job:
     return Job(backend or backend_named(info["backend"]), info["job_ids"], record, status)
 
 
-__all__ = ["Backend", "Job", "State", "Status", "LocalBackend", "SlurmBackend", "SlurmError", "RecordError",
-           "backend_named", "default_backend", "job_of"]
+__all__ = ["Backend", "Job", "State", "Status", "LocalBackend", "SlurmBackend", "SlurmError", "K8sBackend", "K8sError",
+           "RecordError", "backend_named", "default_backend", "job_of"]

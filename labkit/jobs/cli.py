@@ -12,7 +12,9 @@ from labkit.spec import SpecError
 def register(sub) -> None:
     p = sub.add_parser("run", help="submit a run spec to Slurm or run it here (--dry-run prints the job script)")
     p.add_argument("spec", help="YAML or JSON run spec")
-    p.add_argument("--backend", choices=("local", "slurm"), help="default: slurm where sbatch exists, else local")
+    p.add_argument("--backend", choices=("local", "slurm", "k8s"),
+                   help="default: slurm where sbatch exists, else local; k8s: a Kubeflow PyTorchJob, applied with "
+                        "kubectl to its current context")
     p.add_argument("--dry-run", action="store_true", help="print the job script(s) and submit nothing")
     p.add_argument("--wait", action="store_true",
                    help="follow the job; exit 0 only if it COMPLETED, else print its state and cause and exit 1")
@@ -58,7 +60,7 @@ def _seconds(text: str) -> float:
 
 
 def _run(args) -> int:
-    from labkit.jobs import SlurmError, backend_named, default_backend
+    from labkit.jobs import K8sError, SlurmError, backend_named, default_backend
     from labkit.jobs.record import RecordError
     from labkit.jobs.report import format_report, report
     from labkit.jobs.render import render
@@ -70,6 +72,15 @@ def _run(args) -> int:
         return 2
     try:
         spec = load_spec(args.spec)
+        if args.dry_run and args.backend == "k8s":
+            from labkit.jobs.k8s import render_pytorchjob
+
+            text = render_pytorchjob(spec)
+            if args.json:
+                print(json.dumps({"scripts": {"pytorchjob.yaml": text}}, indent=2))
+            else:
+                print(text, end="")
+            return 0
         if args.dry_run:
             backend = args.backend or default_backend().name
             layout = "local" if backend == "local" else args.layout
@@ -89,6 +100,9 @@ def _run(args) -> int:
         return print_spec_errors(args.spec, exc, as_json=args.json)
     except SlurmError as exc:
         print(f"sbatch refused the job: {exc}", file=sys.stderr)
+        return 1
+    except K8sError as exc:
+        print(f"kubectl refused the job: {exc}", file=sys.stderr)
         return 1
     except RecordError as exc:
         print(exc, file=sys.stderr)
