@@ -248,6 +248,10 @@ def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike 
     load = tr.load or (save if spec.job.requeue else None)
     if load:
         out.add("train.load" if tr.load else "job.requeue", F.load, load)
+    if tr.ckpt_format and (save or load):
+        # the same flag for both entrypoints; left out, each writes its own default (the driver torch, Megatron-LM
+        # torch_dist), which is what the spec's docs promise
+        out.add("train.ckpt_format", F.ckpt_format, tr.ckpt_format)
     if spec.job.requeue:
         # Slurm's warning before the time limit, passed on as USR1 by the job script (templates/node.sh.j2) -> save a
         # checkpoint at the end of the iteration and stop; the job is requeued after that and the next attempt loads it.

@@ -179,7 +179,7 @@ DERIVED = {
 REFUSED = {"tp_comm_overlap": ["--tp-comm-overlap"], "context_parallel_size": ["--context-parallel-size", "2"],
            "use_megatron_fsdp": ["--use-megatron-fsdp"],
            "data_parallel_sharding_strategy": ["--data-parallel-sharding-strategy", "optim"],
-           "ckpt_format": ["--ckpt-format", "torch_dist"]}
+           "ckpt_format": ["--ckpt-format", "torch_dcp"]}
 
 
 def _attributes_read_outside_the_parser() -> set[str]:

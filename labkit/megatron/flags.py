@@ -208,7 +208,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--save", group=SCHEDULE),
     Flag("--ckpt-format", choices=("torch", "torch_dist", "torch_dcp", "fsdp_dtensor"),
          help="Megatron-LM's checkpoint format (default torch_dist; Megatron-FSDP saves only fsdp_dtensor); labkit's "
-              "driver writes the legacy torch format and refuses the others", group=SCHEDULE),
+              "driver writes torch (its default) and torch_dist, which resumes under another tensor/pipeline layout",
+         group=SCHEDULE),
     Flag("--save-interval", type=int, group=SCHEDULE),
     Flag("--load", group=SCHEDULE),
     Flag("--ckpt-step", type=int, help="load this iteration instead of the latest", group=SCHEDULE),

@@ -462,6 +462,13 @@ def _check_train(spec: RunSpec) -> list[str]:
     if train.seed is not None and not 0 <= train.seed < SEED_LIMIT:
         errors.append(f"train.seed: must be from 0 to {SEED_LIMIT - 1:,}, got {train.seed}; Megatron seeds NumPy with "
                       "it plus 100 per pipeline stage, and NumPy takes 32-bit seeds")
+    if train.ckpt_format not in (None, "torch", "torch_dist"):
+        errors.append(f"train.ckpt_format: {quote(train.ckpt_format)} is not torch or torch_dist (torch_dist resumes "
+                      "under another tensor/pipeline layout); or leave it out for the entrypoint's default")
+    elif train.ckpt_format and spec.optimizer.zero_stage in (2, 3) and spec.optimizer.zero_backend == "megatron" \
+            and spec.job.entrypoint == "megatron-lm":
+        errors.append(f"train.ckpt_format: Megatron-FSDP (optimizer.zero_stage {spec.optimizer.zero_stage}) saves only "
+                      "fsdp_dtensor checkpoints (Megatron-LM's validate_args); leave train.ckpt_format out")
     if train.timing_log_level not in (0, 1, 2):
         errors.append(f"train.timing_log_level: {quote(train.timing_log_level)} is not 0, 1 or 2 (Megatron's timer "
                       "levels; 0 logs the iteration time only)")
@@ -840,7 +847,7 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
                 if bad:
                     errors.append(f"{key}: optimizer.zero_stage {spec.optimizer.zero_stage} runs PyTorch FSDP2 on "
                                   "labkit's driver (Megatron-FSDP needs CUDA streams), which needs untied embeddings, "
-                                  "no fp16 and checkpoints the driver does not write (torch_dist); "
+                                  "no fp16 and no checkpoints (the driver does not save FSDP2's DTensor parameters); "
                                   f"{fix}, or set job.entrypoint: megatron-lm (Megatron-FSDP)")
     if layout is not None and spec.optimizer.zero_stage and spec.optimizer.zero_backend == "deepspeed":
         errors.append(f"optimizer.zero_backend: deepspeed (zero_stage {spec.optimizer.zero_stage}) needs DeepSpeed's "

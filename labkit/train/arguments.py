@@ -167,9 +167,12 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
                             "Megatron-FSDP reduce-scatters and all-gathers on CUDA streams (megatron_fsdp.py), which "
                             "this driver does not set up; use --use-torch-fsdp2 (PyTorch FSDP2 through "
                             "megatron-core), or Megatron-LM's pretrain_gpt.py (job.entrypoint megatron-lm)")
-    if args.ckpt_format not in (None, "torch"):
-        raise ArgumentError(f"--ckpt-format {args.ckpt_format}: labkit's driver saves Megatron-LM's legacy torch "
-                            "format only; leave the flag out")
+    # The driver's default stays the legacy format; torch_dist (Megatron-LM's default) goes through megatron-core's
+    # dist_checkpointing and can resume under another tensor/pipeline layout (checkpoint.py).
+    args.ckpt_format = args.ckpt_format or "torch"
+    if args.ckpt_format not in ("torch", "torch_dist"):
+        raise ArgumentError(f"--ckpt-format {args.ckpt_format}: labkit's driver writes Megatron-LM's torch and "
+                            "torch_dist formats; use one of them")
     if args.tp_comm_overlap:
         raise ArgumentError("--tp-comm-overlap: labkit's driver does not start Transformer Engine's userbuffers, "
                             "which it needs; leave it out, or run Megatron-LM's pretrain_gpt.py (job.entrypoint: "
@@ -211,9 +214,8 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
                          (not args.untie_embeddings_and_output_weights, "needs "
                                                                         "--untie-embeddings-and-output-weights"),
                          (args.fp16, "does not run fp16; use --bf16 or fp32"),
-                         (args.save or args.load, "needs Megatron-LM's torch_dist or torch_dcp checkpoints, and "
-                                                  "labkit's driver writes its legacy torch format; leave out "
-                                                  "--save and --load")):
+                         (args.save or args.load, "shards parameters as DTensors, which neither of the driver's "
+                                                  "checkpoint formats saves; leave out --save and --load")):
             if bad:
                 raise ArgumentError(f"--use-torch-fsdp2: {why}")
     elif not args.torch_fsdp2_reshard_after_forward:

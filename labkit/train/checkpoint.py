@@ -1,4 +1,6 @@
-"""Checkpoints in Megatron-LM's legacy `torch` format (torch.save per model-parallel rank), which works on gloo/CPU.
+"""Checkpoints in Megatron-LM's two formats: the legacy `torch` (torch.save per model-parallel rank, the driver's
+default) and `torch_dist` (megatron-core's distributed checkpointing, Megatron-LM's default), which a run can resume
+under another tensor/pipeline layout.
 
     SAVE/latest_checkpointed_iteration.txt
     SAVE/iter_0000020/mp_rank_TT[_PPP]/model_optim_rng.pt   model, optimizer, scheduler, RNG states, counters
@@ -10,17 +12,33 @@ Resuming restores the weights, the optimizer (fp32 master weights and moments), 
 so the next iteration's loss is the one the uninterrupted run would have printed. A distributed-optimizer checkpoint
 is read back with the same data-parallel size (each rank reloads its own shard); megatron-core 0.16.1's gather-to-rank-0
 path (`save_parameter_state`) drops Adam's step counters and cannot be read back.
+
+    SAVE/iter_0000020/common.pt, metadata.json, __0_0.distcp ...   --ckpt-format torch_dist: every tensor saved once
+                                                                  as a slice of the global tensor it belongs to
+
+A torch_dist checkpoint stores each weight and Adam moment by its place in the whole model (megatron-core's
+`sharded_state_dict`), so loading asks for the slices the new layout needs: tensor 2 / pipeline 1 resumes at tensor 1 /
+pipeline 2. The distributed optimizer saves its state `fully_reshardable` (Megatron-LM's
+--dist-ckpt-optim-fully-reshardable) for the same reason. The RNG states are kept per (pipeline, tensor) rank and
+restored only under the layout that wrote them, as Megatron-LM's load_checkpoint does: under another layout the run
+keeps the streams it seeded, so dropout masks differ from the uninterrupted run's.
 """
 from __future__ import annotations
 
 import os
 import random
+import warnings
 from pathlib import Path
 
 import numpy
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state, tensor_parallel
+from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
+from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.dist_checkpointing.serialization import (get_default_load_sharded_strategy,
+                                                            get_default_save_sharded_strategy)
+from megatron.core.dist_checkpointing.utils import _clean_metadata_for_serialization
+from megatron.core.utils import unwrap_model
 
 from labkit.train.megatron_log import print_rank_0
 
@@ -81,7 +99,21 @@ def _load_shard_state(optimizer, states: list[dict]) -> None:
 
 
 def save(args, iteration: int, model, optimizer, scheduler) -> None:
-    print_rank_0("saving checkpoint at iteration {:7d} to {} in torch format".format(iteration, args.save))
+    print_rank_0("saving checkpoint at iteration {:7d} to {} in {} format".format(iteration, args.save,
+                                                                                 args.ckpt_format))
+    if args.ckpt_format == "torch_dist":
+        _save_dist(args, iteration, model, optimizer, scheduler)
+    else:
+        _save_torch(args, iteration, model, optimizer, scheduler)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        (Path(args.save) / TRACKER).write_text(str(iteration))
+    print_rank_0("  successfully saved checkpoint from iteration {:7d} to {} {}".format(iteration, args.save,
+                                                                                         _where()))
+    dist.barrier()
+
+
+def _save_torch(args, iteration: int, model, optimizer, scheduler) -> None:
     folder = _rank_dir(args.save, iteration)
     dp_group = parallel_state.get_data_parallel_group()
     rng_states = [None] * parallel_state.get_data_parallel_world_size()
@@ -105,12 +137,6 @@ def save(args, iteration: int, model, optimizer, scheduler) -> None:
         tmp = folder / "model_optim_rng.pt.tmp"
         torch.save(state, tmp)
         os.replace(tmp, folder / "model_optim_rng.pt")
-    dist.barrier()
-    if dist.get_rank() == 0:
-        (Path(args.save) / TRACKER).write_text(str(iteration))
-    print_rank_0("  successfully saved checkpoint from iteration {:7d} to {} {}".format(iteration, args.save,
-                                                                                         _where()))
-    dist.barrier()
 
 
 def load(args, model, optimizer, scheduler) -> int:
@@ -124,8 +150,18 @@ def load(args, model, optimizer, scheduler) -> int:
         print_rank_0(f"WARNING: could not find the metadata file {tracker} ")
         print_rank_0("    will not load any checkpoints and will start from random")
         return 0
-    folder = _rank_dir(args.load, iteration)
     print_rank_0(f" loading checkpoint from {args.load} at iteration {iteration}")
+    if args.ckpt_format == "torch_dist":
+        _load_dist(args, iteration, model, optimizer, scheduler)
+    else:
+        _load_torch(args, iteration, model, optimizer, scheduler)
+    dist.barrier()
+    print_rank_0(f"  successfully loaded checkpoint from {args.load} {_where()} at iteration {iteration}")
+    return iteration
+
+
+def _load_torch(args, iteration: int, model, optimizer, scheduler) -> None:
+    folder = _rank_dir(args.load, iteration)
     path = folder / "model_optim_rng.pt"
     if not path.is_file():
         raise FileNotFoundError(f"--load: {path} is missing; check --ckpt-step, and that the checkpoint was written "
@@ -147,8 +183,89 @@ def load(args, model, optimizer, scheduler) -> int:
     rng_states = state["rng_state"]
     dp_rank = parallel_state.get_data_parallel_rank()
     _set_rng_state(rng_states[dp_rank] if dp_rank < len(rng_states) else rng_states[0])
-    saved_args = state["args"]
-    args.consumed_train_samples = saved_args.consumed_train_samples
+    args.consumed_train_samples = state["args"].consumed_train_samples
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# torch_dist: megatron-core's distributed checkpointing (Megatron-LM's checkpointing.py, generate_state_dict)
+
+def _layout() -> tuple[int, int]:
+    return (parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_world_size())
+
+
+def _content_metadata(args) -> dict:
+    """What shapes the sharded state dicts (Megatron-LM's _build_sharded_state_dict_metadata): saved with the
+    checkpoint so that loading builds the same structure."""
+    metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
+    if args.use_distributed_optimizer:
+        # dp_reshardable, Megatron-LM's default, ties the optimizer state to the tensor/pipeline layout
+        metadata["distrib_optim_sharding_type"] = "fully_reshardable"
+        metadata["distrib_optim_fully_reshardable_mem_efficient"] = False
+    return metadata
+
+
+def _sharded_rng_state() -> ShardedObject:
+    """Every data-parallel rank's RNG states, stored once per (pipeline, tensor) rank."""
+    states = [None] * parallel_state.get_data_parallel_world_size()
+    dist.all_gather_object(states, _rng_state(), group=parallel_state.get_data_parallel_group())
+    return ShardedObject("rng_state", states,
+                         (parallel_state.get_pipeline_model_parallel_world_size(), _layout()[0]),
+                         (parallel_state.get_pipeline_model_parallel_rank(),
+                          parallel_state.get_tensor_model_parallel_rank()),
+                         replica_id=parallel_state.get_data_parallel_rank())
+
+
+def _sharded_state(args, model, optimizer, scheduler, metadata: dict, rng: bool, is_loading: bool) -> dict:
+    metadata = dict(metadata, dp_cp_group=parallel_state.get_data_parallel_group(with_context_parallel=True))
+    state = {"args": args, "checkpoint_version": 3.0, "opt_param_scheduler": scheduler.state_dict()}
+    for i, chunk in enumerate(unwrap_model(model)):
+        state["model" if len(model) == 1 else f"model{i}"] = chunk.sharded_state_dict(metadata=metadata)
+    state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=is_loading, metadata=metadata)
+    if rng:
+        state["rng_state"] = _sharded_rng_state()
+    return state
+
+
+def _save_dist(args, iteration: int, model, optimizer, scheduler) -> None:
+    folder = Path(args.save) / f"iter_{iteration:07d}"
+    if dist.get_rank() == 0:
+        folder.mkdir(parents=True, exist_ok=True)
     dist.barrier()
-    print_rank_0(f"  successfully loaded checkpoint from {args.load} {_where()} at iteration {iteration}")
-    return iteration
+    metadata = _content_metadata(args)
+    state = _sharded_state(args, model, optimizer, scheduler, metadata, rng=True, is_loading=False)
+    state["iteration"] = iteration
+    dist_checkpointing.save(state, str(folder), get_default_save_sharded_strategy("torch_dist"),
+                            content_metadata=_clean_metadata_for_serialization(metadata))
+
+
+def _load_dist(args, iteration: int, model, optimizer, scheduler) -> None:
+    folder = Path(args.load) / f"iter_{iteration:07d}"
+    if not dist_checkpointing.check_is_distributed_checkpoint(str(folder)):
+        raise FileNotFoundError(f"--load: {folder} is not a torch_dist checkpoint; check --ckpt-step, and pass the "
+                                "--ckpt-format it was written with")
+    common = dist_checkpointing.load_common_state_dict(str(folder))
+    saved_args = common["args"]
+    saved_layout = (saved_args.tensor_model_parallel_size, saved_args.pipeline_model_parallel_size)
+    same_layout = saved_layout == _layout()
+    if not same_layout:
+        print_rank_0(f" (tensor, pipeline) = {_layout()} resumes a checkpoint written at {saved_layout}: weights and "
+                     "optimizer state are resharded; the RNG states are not restored")
+    metadata = dist_checkpointing.load_content_metadata(preloaded_state_dict=common) or _content_metadata(args)
+    if args.use_distributed_optimizer != ("distrib_optim_sharding_type" in metadata):
+        raise ValueError("--use-distributed-optimizer: pass it when, and only when, the checkpoint was written with it")
+    sharded = _sharded_state(args, model, optimizer, scheduler, metadata, rng=same_layout, is_loading=True)
+    with warnings.catch_warnings():
+        # megatron-core 0.16.1 reads through torch's deprecated ShardedTensor and load_state_dict, and torch says so
+        # on every rank; nothing a user of the driver can change
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed\.checkpoint|megatron")
+        state = dist_checkpointing.load(sharded, str(folder), get_default_load_sharded_strategy(str(folder)))
+    for i, chunk in enumerate(unwrap_model(model)):
+        chunk.load_state_dict(state["model" if len(model) == 1 else f"model{i}"], strict=True)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(common["opt_param_scheduler"])
+    if same_layout:
+        rng_states = state["rng_state"]
+        dp_rank = parallel_state.get_data_parallel_rank()
+        _set_rng_state(rng_states[dp_rank] if dp_rank < len(rng_states) else rng_states[0])
+    args.consumed_train_samples = saved_args.consumed_train_samples

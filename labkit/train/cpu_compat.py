@@ -42,6 +42,11 @@ MEGATRON_MODULES = (
     "megatron.core.datasets.blended_megatron_dataset_builder",
     "megatron.core.models.gpt.gpt_layer_specs",
     "megatron.core.distributed.torch_fully_sharded_data_parallel",
+    # distributed checkpointing (--ckpt-format torch_dist): the writer waits for device-to-host copies with
+    # torch.cuda.synchronize() (filesystem_async.py), and the save's plan check and failure broadcast build their
+    # flags on device="cuda" / torch.cuda.current_device() (state_dict_saver.py)
+    "megatron.core.dist_checkpointing.strategies.filesystem_async",
+    "megatron.core.dist_checkpointing.strategies.state_dict_saver",
 )
 
 _FACTORIES = ("empty", "zeros", "ones", "full", "tensor", "arange", "rand", "randn", "randint", "as_tensor")
