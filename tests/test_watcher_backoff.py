@@ -40,7 +40,7 @@ class Scheduler:
     def state(self, job_id: str) -> str:
         return [state for start, state in self.timetable[job_id] if start <= self.now][-1]
 
-    def run(self, args, check=True, cwd=None, env=None) -> subprocess.CompletedProcess:
+    def run(self, args, check=True, cwd=None, env=None, runner=None) -> subprocess.CompletedProcess:
         ids = args[args.index("-j") + 1].split(",") if "-j" in args else []
         self.calls.append((self.now, args[0], ids))
         if args[0] == "squeue":
@@ -128,7 +128,7 @@ def test_run_wait_takes_poll_seconds(scheduler, tmp_path, monkeypatch, capsys):
     spec.write_text("name: followed\nmodel: {preset: tiny}\nbatch: {micro: 2, global: 8}\n"
                     "cluster: {nodes: [{gpu: A10, count: 2, gpus_per_node: 1}]}\n")
     scheduler.timetable["51"] = [(0, "PENDING"), (40, "RUNNING"), (300, "COMPLETED")]
-    monkeypatch.setattr(SlurmBackend, "_sbatch", lambda self, options, script: "51")
+    monkeypatch.setattr(SlurmBackend, "_sbatch", lambda self, options, script, runner=None: "51")
     runs = str(tmp_path / "runs")
     assert main(["run", str(spec), "--backend", "slurm", "--wait", "--poll", "45", "--runs-dir", runs]) == 0
     assert scheduler.squeue_times() == [0, 45, 90, 135, 180, 225, 270, 315]
