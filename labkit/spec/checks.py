@@ -843,11 +843,14 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
             for key, bad, fix in (("model.untie_embeddings", not spec.model.untie_embeddings, "set it true"),
                                   ("precision", spec.precision == "fp16", "use bf16 or fp32"),
                                   ("train.save", spec.train.save or spec.train.load or spec.job.requeue,
-                                   "leave out train.save, train.load and job.requeue")):
+                                   "leave out train.save, train.load and job.requeue"),
+                                  ("kernels.overlap_param_gather", spec.kernels.overlap_param_gather,
+                                   "leave it out (FSDP2 gathers each layer's parameters itself)")):
                 if bad:
                     errors.append(f"{key}: optimizer.zero_stage {spec.optimizer.zero_stage} runs PyTorch FSDP2 on "
                                   "labkit's driver (Megatron-FSDP needs CUDA streams), which needs untied embeddings, "
-                                  "no fp16 and no checkpoints (the driver does not save FSDP2's DTensor parameters); "
+                                  "no fp16, no checkpoints (the driver does not save FSDP2's DTensor parameters) and "
+                                  "no distributed optimizer's parameter gather; "
                                   f"{fix}, or set job.entrypoint: megatron-lm (Megatron-FSDP)")
     if layout is not None and spec.optimizer.zero_stage and spec.optimizer.zero_backend == "deepspeed":
         errors.append(f"optimizer.zero_backend: deepspeed (zero_stage {spec.optimizer.zero_stage}) needs DeepSpeed's "
