@@ -10,7 +10,8 @@ import importlib.util
 # Importable top-level module -> the extra (pyproject.toml's [project.optional-dependencies]) that installs it.
 # tests/test_packaging.py checks that every distribution an extra lists is here under that extra.
 MODULES = {
-    "torch": "train", "megatron": "train", "psutil": "train", "tensorboard": "train",
+    "torch": "train", "megatron": "train", "psutil": "train", "tensorboard": "train", "wandb": "train",
+    "mlflow": "train",
     "plotly": "lab", "jupyterlab": "lab", "ipywidgets": "lab", "ipykernel": "lab", "IPython": "lab",
     "papermill": "lab", "nbformat": "lab", "nbconvert": "lab", "nbclient": "lab", "jupytext": "lab",
     "jupyter_server_mathjax": "lab",

@@ -109,6 +109,23 @@ def _kernel_flags(spec: RunSpec, out: RenderedFlags) -> None:
             out.add(f"kernels.{key}", flag)
 
 
+def _tracking_flags(spec: RunSpec, save, out: RenderedFlags) -> None:
+    """TensorBoard and W&B. Megatron-LM's training_log sends loss, learning rate and grad norm to W&B only inside its
+    TensorBoard branch (megatron/training/training.py), so W&B brings a TensorBoard directory with it; the timers
+    switch adds iteration time and throughput to both."""
+    tr = spec.train
+    if tr.tensorboard_dir or tr.wandb:
+        out.add("train.tensorboard_dir" if tr.tensorboard_dir else "train.wandb", F.tensorboard_dir,
+                tr.tensorboard_dir or "tensorboard")
+        out.add("train.tensorboard_dir" if tr.tensorboard_dir else "train.wandb", F.log_timers_to_tensorboard)
+    if tr.wandb:
+        out.add("train.wandb.project", F.wandb_project, tr.wandb.project)
+        out.add("train.wandb.exp_name", F.wandb_exp_name, tr.wandb.exp_name or spec.name)
+        # Megatron-LM's default, --save's wandb/, fails without --save (os.path.join(None, ...)): say where instead.
+        out.add("train.wandb.save_dir", F.wandb_save_dir,
+                tr.wandb.save_dir or (os.path.join(save, "wandb") if save else "wandb"))
+
+
 def megatron_args(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike | None = None) -> list[str]:
     """The flags `python -m labkit.train` (and Megatron-LM's pretrain_gpt.py) take for this spec: the spec's own
     (`spec_flags`), then job.extra_args as written.
@@ -257,6 +274,8 @@ def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike 
         # checkpoint at the end of the iteration and stop; the job is requeued after that and the next attempt loads it.
         out.add("job.requeue", F.exit_signal_handler)
         out.add("job.requeue", F.exit_signal, "SIGUSR1")
+
+    _tracking_flags(spec, save, out)
 
     if data.path and not data.mock:
         out.add("data.path", F.data_path, _as_read_here(data.path))

@@ -80,7 +80,7 @@ def test_the_base_install_plans_and_the_extras_train_and_run_the_labs():
 def test_each_extra_distribution_has_its_module_in_the_hint_table():
     """labkit.extras.MODULES names the extra to install for a missing module: every distribution of an extra is there
     under that extra (by its import name)."""
-    import_name = {"megatron-core": "megatron"}
+    import_name = {"megatron-core": "megatron", "mlflow-skinny": "mlflow"}
     for extra in ("train", "lab"):
         for dist in requirement_map(pyproject()["optional-dependencies"][extra]):
             module = import_name.get(dist, dist.replace("-", "_"))

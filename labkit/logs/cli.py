@@ -1,4 +1,5 @@
-"""`labkit logs parse LOG... [--json]`: a run's logs summarised, or everything parsed as one JSON object."""
+"""`labkit logs parse LOG... [--json]`: a run's logs summarised, or everything parsed as one JSON object;
+`labkit logs export --mlflow STORE LOG...`: the run written into an MLflow tracking store (labkit.logs.export)."""
 from __future__ import annotations
 
 import json
@@ -19,6 +20,15 @@ def register(sub) -> None:
     p.add_argument("--spec", help="the run's spec (YAML): model shape, batch and GPUs for TFLOP/s and MFU when the "
                                   "log does not print them")
     p.set_defaults(func=_parse)
+    e = logs_sub.add_parser("export", help="write a finished run's parameters and metrics into an experiment tracker",
+                            description="Write the arguments block as parameters and every logged iteration's "
+                                        "metrics (and validation losses) into MLflow, as one run.")
+    e.add_argument("logs", nargs="+", metavar="LOG", help="log file or run/job directory")
+    e.add_argument("--mlflow", required=True, metavar="STORE",
+                   help="MLflow tracking store: a directory (its file store) or a tracking URI")
+    e.add_argument("--experiment", default="labkit", help="MLflow experiment name (default: labkit)")
+    e.add_argument("--run-name", help="MLflow run name (default: the run directory's or log's name)")
+    e.set_defaults(func=_export)
     logs.set_defaults(func=lambda args: (logs.print_help(), 1)[1])
 
 
@@ -45,6 +55,22 @@ def _parse(args) -> int:
         print()
         return 0
     print(format_summary(summary))
+    return 0
+
+
+def _export(args) -> int:
+    from labkit.extras import MissingExtra
+    from labkit.logs.export import export_mlflow
+
+    try:
+        run_id = export_mlflow(args.logs, args.mlflow, experiment=args.experiment, run_name=args.run_name)
+    except MissingExtra as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"labkit logs export: {exc}", file=sys.stderr)
+        return 2
+    print(f"MLflow run {run_id} in experiment {args.experiment!r} at {args.mlflow}")
     return 0
 
 

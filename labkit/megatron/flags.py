@@ -243,6 +243,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--log-timers-to-tensorboard", action="store_true", group=LOGGING),
     Flag("--log-memory-to-tensorboard", action="store_true", group=LOGGING),
     Flag("--log-validation-ppl-to-tensorboard", action="store_true", group=LOGGING),
+    Flag("--wandb-project", help="log the TensorBoard scalars to this Weights & Biases project too (needs the wandb "
+                                 "package; WANDB_MODE=offline keeps the run on disk); Megatron-LM logs its loss, "
+                                 "learning rate and grad norm there only beside --tensorboard-dir", group=LOGGING),
+    Flag("--wandb-exp-name", help="the W&B run's name", group=LOGGING),
+    Flag("--wandb-save-dir", help="where W&B keeps its run files (default: --save's wandb/)", group=LOGGING),
     Flag("--profile", action="store_true", help="torch.profiler trace of the steps below", group=LOGGING),
     Flag("--use-pytorch-profiler", action="store_true",
          help="accepted: --profile always uses torch.profiler", group=LOGGING),

@@ -13,8 +13,8 @@ from labkit.spec.checks import SpecError, check_job, validate
 from labkit.spec.load import with_changes
 from labkit.spec.schema import (BatchSpec, ClusterSpec, ContainerSpec, DataSpec, JobSpec, KernelsSpec, ModelSpec,
                                 NodeGroup, OptimizerSpec, ParallelSpec, RecomputeSpec, RunSpec, TokenizerSpec, TrainSpec,
-                                load_spec, resolved_summary)
+                                WandbSpec, load_spec, resolved_summary)
 
 __all__ = ["RunSpec", "ModelSpec", "ParallelSpec", "BatchSpec", "RecomputeSpec", "OptimizerSpec", "TrainSpec",
-           "DataSpec", "TokenizerSpec", "KernelsSpec", "NodeGroup", "ClusterSpec", "JobSpec", "ContainerSpec", "SpecError",
+           "WandbSpec", "DataSpec", "TokenizerSpec", "KernelsSpec", "NodeGroup", "ClusterSpec", "JobSpec", "ContainerSpec", "SpecError",
            "load_spec", "validate", "check_job", "resolved_summary", "with_changes"]

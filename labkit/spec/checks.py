@@ -5,12 +5,14 @@ Each check returns 'field: what is wrong; how to fix it' strings and collects ev
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import re
 import reprlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from labkit import catalog
+from labkit.extras import install_hint
 from labkit.megatron import rules, sizes
 from labkit.megatron.flags import (ATTENTION_BACKENDS, NORMALIZATIONS, POSITION_EMBEDDING_TYPES, TOKENIZER_TYPES,
                                    flag_errors)
@@ -472,6 +474,9 @@ def _check_train(spec: RunSpec) -> list[str]:
     if train.timing_log_level not in (0, 1, 2):
         errors.append(f"train.timing_log_level: {quote(train.timing_log_level)} is not 0, 1 or 2 (Megatron's timer "
                       "levels; 0 logs the iteration time only)")
+    if train.wandb is not None and not str(train.wandb.project or "").strip():
+        errors.append("train.wandb.project: the W&B project is needed with train.wandb, e.g. train: {wandb: {project: "
+                      "labkit}}; or leave train.wandb out")
     return errors
 
 
@@ -820,6 +825,8 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
         if "\x00" in arg:
             errors.append(f"job.extra_args[{i}]: contains a NUL byte, which no command-line argument can hold")
     errors += _check_scheduler_options(spec)
+    if layout == "local" and spec.train.wandb is not None and importlib.util.find_spec("wandb") is None:
+        errors.append(install_hint("train.wandb", "wandb"))
     for i, prefix in enumerate(job.cluster_paths):
         if not str(prefix).startswith("/") or CONTROL_CHARS.search(str(prefix)):
             errors.append(f"job.cluster_paths[{i}]: {quote(prefix)} is not an absolute path on one line; write the "

@@ -190,6 +190,19 @@ class OptimizerSpec:
 
 
 @dataclass
+class WandbSpec:
+    """A Weights & Biases run beside the log (the `wandb` package: pip install 'labkit[train]'). Set WANDB_MODE=offline
+    (job.env) to keep it on disk and `wandb sync` it later."""
+    project: str = ""
+    """The W&B project (--wandb-project); required."""
+    exp_name: str | None = None
+    """The W&B run's name (--wandb-exp-name); None: the spec's name."""
+    save_dir: str | None = None
+    """Where W&B writes its run files (--wandb-save-dir), relative to the run directory unless absolute; None:
+    train.save's wandb/ (Megatron-LM's default), or wandb/ without train.save."""
+
+
+@dataclass
 class TrainSpec:
     """How long to train, and checkpoints."""
     iters: int = 50
@@ -216,6 +229,13 @@ class TrainSpec:
     """Megatron's timers in the log (--timing-log-level): 0 (Megatron-LM's default) the iteration time only; 1 adds
     forward-backward and optimizer; 2 adds forward/backward compute, pipeline and all-reduce timers, paid for with
     device synchronisations and barriers in every iteration (on a GPU it slows the run it measures)."""
+    tensorboard_dir: str | None = None
+    """TensorBoard event files (--tensorboard-dir, with --log-timers-to-tensorboard so iteration time and throughput
+    are there too), relative to the run directory unless absolute; None: none, or tensorboard/ with train.wandb
+    (Megatron-LM's training_log sends loss, learning rate and grad norm to W&B only where it has a TensorBoard
+    writer)."""
+    wandb: WandbSpec | None = None
+    """Log the same scalars to Weights & Biases (--wandb-project, --wandb-exp-name, --wandb-save-dir); None: no W&B."""
 
 
 @dataclass

@@ -279,9 +279,29 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
     for flag in ("log_timers_to_tensorboard", "log_memory_to_tensorboard", "log_validation_ppl_to_tensorboard"):
         if getattr(args, flag) and not args.tensorboard_dir:
             raise ArgumentError(f"--{flag.replace('_', '-')}: needs --tensorboard-dir DIR")
+    if args.wandb_project:
+        _check_wandb(args)
     args.consumed_train_samples = 0
     args.iteration = 0
     return args
+
+
+def _check_wandb(args) -> None:
+    """W&B as Megatron-LM's _set_wandb_writer (megatron/training/global_vars.py) starts it: a named run, its files
+    under --wandb-save-dir or else --save's wandb/."""
+    import importlib.util
+
+    from labkit.extras import install_hint
+
+    if importlib.util.find_spec("wandb") is None:
+        raise ArgumentError(install_hint(FLAG.wandb_project.name, "wandb"))
+    if args.wandb_exp_name == "":
+        raise ArgumentError(f"{FLAG.wandb_exp_name}: an empty name; name the W&B run")
+    if not args.wandb_save_dir:
+        if not args.save:
+            raise ArgumentError(f"{FLAG.wandb_project}: W&B keeps its files under --save's wandb/; add "
+                                f"{FLAG.wandb_save_dir} DIR or --save DIR")
+        args.wandb_save_dir = os.path.join(args.save, "wandb")
 
 
 def parse_args(argv: list[str] | None = None, world_size: int | None = None, rank: int | None = None,

@@ -28,7 +28,8 @@ from labkit.train import checkpoint, data, megatron_log
 from labkit.train.exit_signal import ExitSignal
 from labkit.train.megatron_log import print_logging_rank, print_rank_0
 from labkit.train.model import build_model, fusions_line, transformer_config
-from labkit.train.profiling import StepProfiler, TensorBoard
+from labkit.train.profiling import StepProfiler
+from labkit.train.tracking import Tracking
 
 TIMERS_TO_LOG = [
     "forward-backward", "forward-compute", "backward-compute", "batch-generator",
@@ -210,7 +211,7 @@ class IntervalStats:
         return {k: v / max(1, self.advanced) for k, v in self.losses.items() if v / max(1, self.advanced) > 0.0}
 
 
-def training_log(args, timers, iteration, stats, optimizer, grad_norm, tensorboard, report_memory) -> None:
+def training_log(args, timers, iteration, stats, optimizer, grad_norm, tracking, report_memory) -> None:
     lr = optimizer.param_groups[0]["lr"]
     elapsed = timers("interval-time").elapsed(barrier=True)
     per_iteration = elapsed / args.log_interval
@@ -218,9 +219,8 @@ def training_log(args, timers, iteration, stats, optimizer, grad_norm, tensorboa
     if args.log_throughput:
         throughput = num_floating_point_operations(args, args.global_batch_size) / (
             per_iteration * 1e12 * args.world_size)
-    tensorboard.interval(iteration, per_iteration, throughput)
-    if args.log_timers_to_tensorboard:
-        timers.write(TIMERS_TO_LOG, tensorboard.writer, iteration, normalizer=args.log_interval, reset=False)
+    tracking.interval(iteration, per_iteration, throughput)
+    tracking.timers(timers, TIMERS_TO_LOG, iteration, normalizer=args.log_interval)
     print_logging_rank(megatron_log.iteration_line(
         iteration=iteration, train_iters=args.train_iters, consumed_samples=args.consumed_train_samples,
         elapsed_ms=per_iteration * 1000.0, throughput=throughput, learning_rate=lr,
@@ -319,7 +319,7 @@ def _run(args, exit_signal: ExitSignal | None) -> int:
     print_rank_0("training ...")
 
     forward_backward_func = get_forward_backward_func()
-    tensorboard = TensorBoard(args, megatron_log.is_logging_rank())
+    tracking = Tracking(args, megatron_log.is_logging_rank())
     profiler = StepProfiler(args)
     stats = IntervalStats()
     report_memory = True
@@ -343,15 +343,15 @@ def _run(args, exit_signal: ExitSignal | None) -> int:
             stats.add(losses, skipped)
             profiler.after_step(iteration)
             if losses:
-                tensorboard.iteration(iteration, args.consumed_train_samples, optimizer.param_groups[0]["lr"],
+                tracking.iteration(iteration, args.consumed_train_samples, optimizer.param_groups[0]["lr"],
                                       losses, optimizer.get_loss_scale().item(), grad_norm)
             if iteration % args.log_interval == 0:
-                training_log(args, timers, iteration, stats, optimizer, grad_norm, tensorboard, report_memory)
+                training_log(args, timers, iteration, stats, optimizer, grad_norm, tracking, report_memory)
                 report_memory = False
             # As in Megatron-LM, evaluation and checkpointing do not count towards the iteration time.
             if args.eval_iters and valid_iter is not None and iteration % args.eval_interval == 0:
                 timers("interval-time").stop()
-                _validate(args, forward_backward_func, valid_iter, model, timers, tensorboard, f"iteration {iteration}")
+                _validate(args, forward_backward_func, valid_iter, model, timers, tracking, f"iteration {iteration}")
                 timers("interval-time", log_level=0).start(barrier=True)
             if args.save and args.save_interval and iteration % args.save_interval == 0:
                 timers("interval-time").stop()
@@ -364,7 +364,7 @@ def _run(args, exit_signal: ExitSignal | None) -> int:
             _save(args, timers, iteration, model, optimizer, scheduler)
     finally:
         profiler.finish()
-        tensorboard.close()
+        tracking.close()
     if stopped_by_signal:
         print_rank_0(megatron_log.datetime_line(f"exiting program after receiving {args.exit_signal}."))
         dist.barrier()
@@ -400,16 +400,16 @@ def _guarded(step, *args, iteration: int, **kwargs):
                             f"{str(exc).strip().splitlines()[0]}; {OOM_HINT}") from exc
 
 
-def _validate(args, forward_backward_func, data_iterator, model, timers, tensorboard, prefix: str) -> None:
+def _validate(args, forward_backward_func, data_iterator, model, timers, tracking, prefix: str) -> None:
     timers("evaluate", log_level=0).start(barrier=True)
     losses = evaluate(args, forward_backward_func, data_iterator, model, timers)
     timers("evaluate").stop()
     log_timers(timers, ["evaluate"])
     if losses:
         print_logging_rank(megatron_log.validation_lines(prefix, losses))
-        if tensorboard is not None:
-            tensorboard.validation(args.iteration, args.consumed_train_samples, losses)
-            tensorboard.flush()
+        if tracking is not None:
+            tracking.validation(args.iteration, args.consumed_train_samples, losses)
+            tracking.flush()
 
 
 def _save(args, timers, iteration, model, optimizer, scheduler):
