@@ -8,7 +8,8 @@ from labkit.estimate.timing import Event, Pipeline
 
 TABLE_COLUMNS = {
     "mbs": "micro", "tp": "tp", "cp": "cp", "dp": "dp", "pp": "pp", "virtual_stages": "vp", "sequence_parallel": "sp",
-    "recompute_granularity": "recompute", "distributed_optimizer": "dist opt", "placement": "placement",
+    "recompute_granularity": "recompute", "distributed_optimizer": "dist opt", "zero_stage": "ZeRO",
+    "placement": "placement",
     "partition": "partition", "idle_gpus": "idle GPUs",
     "estimated_s": "s/step", "pipeline_s": "pipeline s", "dp_allreduce_s": "DP all-reduce s",
     "embedding_allreduce_s": "embedding all-reduce s", "price_per_step": "USD/step", "oom": "oom",
