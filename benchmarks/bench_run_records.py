@@ -1,34 +1,49 @@
-"""Run records under concurrent pollers and random kills (goal: 0 wrong final states in 1,000 runs).
+"""Run records under concurrent pollers, random kills and faults (goal: 0 runs recorded wrongly or stuck).
 
     .venv/bin/python benchmarks/bench_run_records.py [--runs 1000] [--at-once 50] [--pollers 3] [--seed 0]
+                                                     [--faults 24]
 
 Submits --runs local runs of a trivial job (tests/fake_torchrun.sh stands in for torchrun and sleeps a random
-0-0.4 s per logged iteration), at most --at-once running together, while --pollers other processes follow every run
-as `labkit status` would (job_of + status, over and over). A random quarter of the runs is interfered with while it
-runs: run.sh alone is SIGKILLed, or the job is cancelled (its process group gets SIGTERM), or one node's stand-in
-torchrun is SIGKILLed.
+0-0.4 s per logged iteration, 0.3-1.5 s in a run interfered with), at most --at-once running together, while --pollers other processes follow every run
+as `labkit status` would (job_of + status, over and over). About a third of the runs is interfered with: run.sh
+alone is SIGKILLed (its nodes run on; a poll that says FAILED while they do is counted), or the job is cancelled (its
+process group gets SIGTERM), or one node's stand-in torchrun is SIGKILLed, or labkit itself is SIGKILLed while it
+submits (before, while or after it makes the run directory). `labkit runs` then settles what no poller follows.
 
-What happened is what run.sh wrote in its state file (LOGDIR/JOBID/state); a run.sh killed before writing an end
-should read FAILED. A run's final state is wrong when its last event, its status.json or its index row says
-anything else. Prints the counts, the wrong runs, and the time taken.
+What happened is what run.sh wrote in its state file (LOGDIR/JOBID/state); a run.sh killed before writing an end,
+and a run whose job labkit never recorded, should read FAILED. A run's final state is wrong when its last event, its
+index row or its status.json (where there is one) says anything else, and stuck when it is still CREATED, SUBMITTED,
+PENDING or RUNNING. Also counted: a run directory without a spec or events (half made), a state.tmp left, an ended job without
+metrics.json, a traceback in a poller.
+
+With root (to mount small tmpfs file systems), --faults more runs are submitted to a runs directory with 0 to 96 KB
+free (the space is freed after the submission, then the runs are polled and listed), the finished runs are listed
+and reported from a read-only copy (with and without its index), and the index is replaced by junk and listed.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import json
 import multiprocessing
 import os
 import random
+import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from labkit.jobs import LocalBackend, job_of  # noqa: E402
+from labkit.cli import main as labkit  # noqa: E402
+from labkit.jobs import LocalBackend, RecordError, State, job_of  # noqa: E402
 from labkit.jobs.record import RunIndex, RunRecord  # noqa: E402
 from labkit.spec import load_spec  # noqa: E402
 
@@ -43,7 +58,7 @@ def spec(name: str, pause_s: float):
                       "cluster": {"nodes": [{"gpu": "A10", "count": 1, "gpus_per_node": 1}]}})
 
 
-def poller(root: str, stop) -> None:
+def poller(root: str, stop, tracebacks) -> None:
     """Follow every submitted run until told to stop, as a `labkit status` in another terminal would."""
     backend = LocalBackend(runs_dir=root)
     while not stop.is_set():
@@ -53,15 +68,33 @@ def poller(root: str, stop) -> None:
                 if (path / "job.json").exists():
                     job_of(record, backend).status()
             except Exception as exc:  # a poller that fails is a finding: show it, go on
+                with tracebacks.get_lock():
+                    tracebacks.value += 1
                 print(f"poller: {path.name}: {type(exc).__name__}: {exc}", file=sys.stderr)
         time.sleep(0.01)
 
 
-def interfere(job, how: str, rng: random.Random) -> None:
+def submit_then_die(root: str, name: str, pause_s: float) -> None:
+    """labkit submitting a run, in a process of its own that is SIGKILLed at some point of it."""
+    LocalBackend(runs_dir=root, torchrun=FAKE_TORCHRUN).submit(spec(name, pause_s))
+    time.sleep(60)
+
+
+def interfere(job, how: str, rng: random.Random, failed_while_running) -> None:
     time.sleep(rng.uniform(0.0, 0.8))
     try:
         if how == "kill-runner":
             os.kill(int(job.job_id), signal.SIGKILL)
+            # What a poller says while the runner's nodes run on: never FAILED while they do.
+            backend = LocalBackend(runs_dir=job.record.root)
+            while any(_in_group(p, int(job.job_id)) for p in Path("/proc").glob("[0-9]*")):
+                seen = job_of(RunRecord(job.record.path), backend).status().state
+                if seen.finished and any(_in_group(p, int(job.job_id)) and not _zombie(p)
+                                         for p in Path("/proc").glob("[0-9]*")):
+                    with failed_while_running.get_lock():
+                        failed_while_running.value += 1
+                    break
+                time.sleep(0.05)
         elif how == "cancel":
             job.cancel()
         elif how == "kill-node":
@@ -83,16 +116,150 @@ def _read(path: Path) -> bytes:
 def _in_group(proc: Path, pgid: int) -> bool:
     stat = _read(proc / "stat").decode(errors="replace")
     try:
-        return int(stat.rsplit(")", 1)[1].split()[2]) == pgid
+        fields = stat.rsplit(")", 1)[1].split()
+        return int(fields[2]) == pgid and fields[0] != "Z"
     except (IndexError, ValueError):
         return False
 
 
-def truth(record: RunRecord, job_id: str) -> str:
-    """What happened, as run.sh recorded it: its end, or FAILED when it was killed before recording one."""
-    state_file = record.logs / job_id / "state"
+def _zombie(proc: Path) -> bool:
+    return ") Z" in _read(proc / "stat").decode(errors="replace")
+
+
+def truth(record: RunRecord) -> str:
+    """What happened, as run.sh recorded it: its end, or FAILED when it was killed before recording one, or when
+    labkit never recorded its job (then it started nothing)."""
+    job_ids = record.job_info.get("job_ids")
+    if not job_ids:
+        return "FAILED"
+    state_file = record.logs / job_ids[0] / "state"
     words = state_file.read_text().split() if state_file.exists() else []
     return words[0] if words and words[0] != "RUNNING" else "FAILED"
+
+
+def quietly(*argv) -> tuple[int, str]:
+    """A labkit command in this process: its exit status and stdout (a traceback out of it is exit 99)."""
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            code = labkit(list(argv))
+    except Exception:  # noqa: BLE001 - a traceback is what this counts
+        traceback.print_exc()
+        return 99, ""
+    return code, out.getvalue()
+
+
+def check_runs(root: Path, plans: dict, findings: Counter, wrong: list, outcomes: Counter) -> None:
+    """Compare every run's record with what happened, after `labkit runs` settled what no poller follows."""
+    if quietly("runs", "--runs-dir", str(root))[0] != 0:
+        findings["tracebacks"] += 1
+    index = {row["run_id"]: row for row in RunIndex(root).rows()}
+    for path in sorted(root.iterdir()):
+        if not path.is_dir() or path.name.startswith("."):
+            continue
+        record = RunRecord(path)
+        if not (path / "spec.yaml").exists() or not record.events():
+            findings["half-made runs seen"] += 1
+            wrong.append(f"{path.name}: half made ({sorted(p.name for p in path.iterdir())})")
+            continue
+        expected, how = truth(record), plans.get(record.run_id, "kill-labkit")
+        status = path / "status.json"  # a copy of the last event that a reader can do without (labkit.jobs.record)
+        seen = {"events": record.last_status().get("state"), "index": index.get(record.run_id, {}).get("state"),
+                **({"status.json": json.loads(status.read_text())["state"]} if status.exists() else {})}
+        outcomes[(how, expected)] += 1
+        if any(state in UNFINISHED for state in seen.values()):
+            findings["stuck"] += 1
+            wrong.append(f"{record.run_id} ({how}): run.sh says {expected}, recorded {seen} (stuck)")
+        elif any(state != expected for state in seen.values()):
+            findings["wrong final states"] += 1
+            wrong.append(f"{record.run_id} ({how}): run.sh says {expected}, recorded {seen}")
+        if record.job_info and seen["events"] in State.__members__ and State(seen["events"]).finished \
+                and record.metrics() is None:
+            findings["ended without metrics.json"] += 1
+            wrong.append(f"{record.run_id} ({how}): ended {seen['events']} without metrics.json")
+        if any(p.name.endswith(".tmp") for p in path.rglob("*")):
+            findings["state.tmp or .tmp left"] += 1
+            wrong.append(f"{record.run_id} ({how}): left {[p.name for p in path.rglob('*.tmp')]}")
+
+
+@contextlib.contextmanager
+def tmpfs(size_kb: int):
+    """A small tmpfs mounted for the block (root only)."""
+    where = Path(tempfile.mkdtemp(prefix="bench-run-records-fs-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+        where.rmdir()
+
+
+def can_mount() -> bool:
+    try:
+        with tmpfs(64):
+            return True
+    except (subprocess.CalledProcessError, OSError):
+        return False
+
+
+def full_disk_runs(n: int, rng: random.Random, findings: Counter, wrong: list, outcomes: Counter) -> None:
+    """Each run submitted to its own runs directory with 0 to 96 KB free; the space is freed once its runner has
+    ended, and the run is then polled and listed."""
+    for i in range(n):
+        free_kb = rng.choice([0, 4, 8, 12, 16, 20, 24, 28, 32, 40, 48, 64, 96])
+        with tmpfs(512) as fs:
+            root = fs / "runs"
+            root.mkdir()
+            RunIndex(root)._execute("SELECT 1")  # the index exists, as after the first run
+            avail = os.statvfs(fs).f_bavail * os.statvfs(fs).f_frsize
+            (fs / "filler").write_bytes(b"x" * max(0, avail - free_kb * 1024))
+            backend = LocalBackend(runs_dir=root, torchrun=FAKE_TORCHRUN)
+            with contextlib.suppress(RecordError):
+                backend.submit(spec(f"full{i}", rng.uniform(0.0, 0.1)))
+            for child in backend._children.values():
+                child.wait()
+            (fs / "filler").unlink()
+            for path in RunIndex(root).run_dirs():
+                with contextlib.suppress(RuntimeError, RecordError):
+                    job_of(RunRecord(path), LocalBackend(runs_dir=root)).status()
+            check_runs(root, {p.name: f"full-{free_kb}KB" for p in RunIndex(root).run_dirs()}, findings, wrong,
+                       outcomes)
+
+
+def read_only_runs(root: Path, findings: Counter, wrong: list) -> int:
+    """`labkit runs` and `labkit status` on a read-only copy of some finished runs, with and without its index."""
+    runs = [p for p in RunIndex(root).run_dirs() if (p / "job.json").exists()][:20]
+    with tmpfs(65536) as fs:
+        copy = fs / "runs"
+        copy.mkdir()
+        for path in runs:
+            shutil.copytree(path, copy / path.name)
+        quietly("runs", "--rebuild", "--runs-dir", str(copy))  # the copy's own index
+        checks = 0
+        for with_index in (True, False):
+            if not with_index:
+                (copy / "index.sqlite").unlink()
+            subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
+            for argv in (["runs", "--json"], ["status", "--json"]):
+                code, out = quietly(*argv, "--runs-dir", str(copy))
+                listed = json.loads(out) if code == 0 else None
+                if code != 0 or (argv[0] == "runs" and len(listed) != len(runs)):
+                    findings["read-only: failed"] += 1
+                    wrong.append(f"read-only ({'with' if with_index else 'without'} index): labkit {argv[0]} exit "
+                                 f"{code}")
+                checks += 1
+            subprocess.run(["mount", "-o", "remount,rw", str(fs)], check=True)
+    return checks
+
+
+def damaged_index(root: Path, findings: Counter, wrong: list) -> None:
+    before = {row["run_id"]: row["state"] for row in RunIndex(root).rows()}
+    (root / "index.sqlite").write_text("junk\n")
+    code, _ = quietly("runs", "--runs-dir", str(root))
+    after = {row["run_id"]: row["state"] for row in RunIndex(root).rows()} if code == 0 else {}
+    if after != before:
+        findings["damaged index: not rebuilt"] += 1
+        wrong.append(f"damaged index: labkit runs exit {code}, {len(after)} of {len(before)} runs back")
 
 
 def main() -> int:
@@ -102,6 +269,7 @@ def main() -> int:
     ap.add_argument("--pollers", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--runs-dir", help="default: a new temporary directory")
+    ap.add_argument("--faults", type=int, default=24, help="runs submitted to a full disk (with root)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     root = Path(args.runs_dir or tempfile.mkdtemp(prefix="bench-run-records-"))
@@ -109,29 +277,46 @@ def main() -> int:
     backend = LocalBackend(runs_dir=root, torchrun=FAKE_TORCHRUN)
     context = multiprocessing.get_context("fork")
     stop = context.Event()
-    pollers = [context.Process(target=poller, args=(str(root), stop), daemon=True) for _ in range(args.pollers)]
+    tracebacks, failed_while_running = context.Value("i", 0), context.Value("i", 0)
+    pollers = [context.Process(target=poller, args=(str(root), stop, tracebacks), daemon=True)
+               for _ in range(args.pollers)]
     for p in pollers:
         p.start()
     start = time.monotonic()
     plans: dict[str, str] = {}
     live = []
+    killed_submitters = []
     for i in range(args.runs):
         while len(live) >= args.at_once:
             live = [job for job in live if job.backend._children[job.job_id].poll() is None]
             time.sleep(0.01)
-        job = backend.submit(spec(f"run{i}", rng.uniform(0.0, 0.4)))
-        how = rng.choices(["none", "kill-runner", "cancel", "kill-node"], [75, 9, 8, 8])[0]
+        how = rng.choices(["none", "kill-runner", "cancel", "kill-node", "kill-labkit"], [68, 9, 8, 8, 7])[0]
+        if how == "kill-labkit":  # labkit SIGKILLed at some point of submitting: before, while or after the record
+            submitter = context.Process(target=submit_then_die, args=(str(root), f"run{i}", rng.uniform(0.0, 0.4)))
+            submitter.start()
+            time.sleep(rng.uniform(0.0, 0.3))
+            os.kill(submitter.pid, signal.SIGKILL)
+            killed_submitters.append(submitter)
+            continue
+        # (an interfered run lasts long enough for the interference to land on a busy machine)
+        job = backend.submit(spec(f"run{i}", rng.uniform(0.0, 0.4) if how == "none" else rng.uniform(0.3, 1.5)))
         plans[job.record.run_id] = how
         if how != "none":
-            context.Process(target=interfere, args=(job, how, random.Random(rng.random()))).start()
+            context.Process(target=interfere, args=(job, how, random.Random(rng.random()),
+                                                    failed_while_running)).start()
         live.append(job)
     for job in live:
         job.backend._children[job.job_id].wait()
+    for submitter in killed_submitters:
+        submitter.join()
+    # A killed labkit's run.sh that got its go-ahead runs on: wait for every run.sh of the runs directory.
+    while subprocess.run(["pgrep", "-f", f"{root}/.*/run.sh"], capture_output=True).stdout:
+        time.sleep(0.2)
     # Let the pollers see every end (each run's recorded state settles once some process polls it after run.sh).
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         rows = RunIndex(root).rows()
-        if len(rows) == args.runs and not any(r["state"] in UNFINISHED for r in rows):
+        if not any(r["state"] in UNFINISHED - {"CREATED"} for r in rows):  # (`labkit runs` settles CREATED)
             break
         time.sleep(0.2)
     stop.set()
@@ -139,28 +324,34 @@ def main() -> int:
         p.join()
     elapsed = time.monotonic() - start
 
-    index = {row["run_id"]: row for row in RunIndex(root).rows()}
-    outcomes, wrong = Counter(), []
-    for path in sorted(root.iterdir()):
-        if not path.is_dir():
-            continue
-        record = RunRecord(path)
-        expected = truth(record, record.job_info["job_ids"][0])
-        status = record.path / "status.json"
-        seen = {"events": record.last_status().get("state"),
-                "status.json": __import__("json").loads(status.read_text())["state"] if status.exists() else None,
-                "index": index.get(record.run_id, {}).get("state")}
-        outcomes[(plans[record.run_id], expected)] += 1
-        if any(state != expected for state in seen.values()):
-            wrong.append(f"{record.run_id} ({plans[record.run_id]}): run.sh says {expected}, recorded {seen}")
+    outcomes, wrong, findings = Counter(), [], Counter()
+    check_runs(root, plans, findings, wrong, outcomes)
+    findings["tracebacks"] += tracebacks.value
+    findings["FAILED while its processes ran"] += failed_while_running.value
+    drafts = len(list(root.glob(".*.draft")))
     print(f"{args.runs} local runs, {args.at_once} at once, {args.pollers} pollers, seed {args.seed}: "
-          f"{elapsed:.0f} s; records in {root}")
+          f"{elapsed:.0f} s; records in {root}; {len(killed_submitters)} submissions killed "
+          f"({drafts} drafts of them left for the next run to remove)")
+    faults = ""
+    if args.faults and can_mount():
+        start = time.monotonic()
+        full_disk_runs(args.faults, rng, findings, wrong, outcomes)
+        checks = read_only_runs(root, findings, wrong)
+        damaged_index(root, findings, wrong)
+        faults = (f"{args.faults} runs on a full disk, {checks} read-only listings and reports, a damaged index: "
+                  f"{time.monotonic() - start:.0f} s")
+    elif args.faults:
+        faults = "faults skipped: mounting a small tmpfs needs root"
+    print(faults)
     for (how, state), count in sorted(outcomes.items()):
         print(f"  {how:12s} -> {state:10s} {count}")
-    print(f"wrong final states: {len(wrong)}")
+    for finding in ("wrong final states", "stuck", "FAILED while its processes ran", "half-made runs seen",
+                    "state.tmp or .tmp left", "ended without metrics.json", "tracebacks", "read-only: failed",
+                    "damaged index: not rebuilt"):
+        print(f"{finding}: {findings[finding]}")
     for line in wrong:
         print("  " + line)
-    return 1 if wrong else 0
+    return 1 if wrong or any(findings.values()) else 0
 
 
 if __name__ == "__main__":

@@ -476,3 +476,17 @@ def test_a_run_whose_index_row_does_not_fit_says_why_it_never_started(tmp_path, 
     assert cli("runs", "--runs-dir", str(tmp_path / "runs")) == 0  # not settled as abandoned by a stopped labkit
     (row,) = RunIndex(tmp_path / "runs").rows()
     assert row["state"] == "FAILED" and "disk is full" in row["cause"], row
+
+
+def test_status_json_and_the_index_copy_the_last_event_whatever_the_order_of_writers(tmp_path, monkeypatch):
+    record = RunRecord.create(spec(), tmp_path / "runs")
+    update = RunIndex.update
+
+    def another_poller_records_the_end_meanwhile(self, run_id, **fields):
+        if fields.get("state") == "RUNNING" and len(record.events()) == 2:
+            record._append_event({"state": "COMPLETED", "exit_code": "0:0", "reason": None, "cause": None})
+        return update(self, run_id, **fields)
+    monkeypatch.setattr(RunIndex, "update", another_poller_records_the_end_meanwhile)
+    record.set_status(State.RUNNING)  # this writer's copies land after the other's event
+    assert json.loads((record.path / "status.json").read_text())["state"] == "COMPLETED"
+    assert RunIndex(tmp_path / "runs").rows()[0]["state"] == "COMPLETED"

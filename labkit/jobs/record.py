@@ -288,19 +288,26 @@ class RunRecord:
                    cause: str | None = None) -> None:
         """Append a state change to events.jsonl, and make it status.json and the index's row."""
         event = {"state": str(state), "exit_code": exit_code, "reason": reason, "cause": cause}
-        time = self._append_event(event)
+        last = {"time": self._append_event(event), **event}
         if self.read_only:
             return
-        tmp = _tmp(self.path / "status.json")
-        with _storing(self.path):
-            try:
-                _write_synced(tmp, (json.dumps({"time": time, **event}, indent=2) + "\n").encode(),
-                              os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-                os.replace(tmp, self.path / "status.json")
-            finally:
-                tmp.unlink(missing_ok=True)
-            _sync_dir(self.path)
-        RunIndex(self.root).update(self.run_id, state=str(state), cause=cause, updated=time)
+        # Pollers in several processes record states at once: each copies the last event, then copies again when
+        # another was appended meanwhile, so that the copy written last is of the last event.
+        while True:
+            tmp = _tmp(self.path / "status.json")
+            with _storing(self.path):
+                try:
+                    _write_synced(tmp, (json.dumps(last, indent=2) + "\n").encode(),
+                                  os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                    os.replace(tmp, self.path / "status.json")
+                finally:
+                    tmp.unlink(missing_ok=True)
+                _sync_dir(self.path)
+            RunIndex(self.root).update(self.run_id, state=last["state"], cause=last["cause"], updated=last["time"])
+            latest = self.last_status()
+            if latest.get("time") == last["time"] and latest.get("state") == last["state"]:
+                return
+            last = {"time": latest.get("time"), **{key: latest.get(key) for key in event}}
 
     def save_metrics(self, metrics: dict) -> None:
         """metrics.json, written once: the first end recorded stands."""
