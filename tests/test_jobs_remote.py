@@ -23,7 +23,9 @@ from labkit.cli import main
 from labkit.jobs import SlurmBackend, State, job_of
 from labkit.jobs.record import load_run
 from labkit.jobs.slurm import LoginError
+from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB
 from labkit.net import free_port
+from labkit.paths import shipped_corpus
 from labkit.spec import SpecError, load_spec, validate
 
 SSHD = "/usr/sbin/sshd"
@@ -110,9 +112,10 @@ Host 127.0.0.1
         server.wait(timeout=10)
 
 
-def tiny(login: str | None = None, env: dict | None = None, **cluster) -> dict:
+def tiny(login: str | None = None, env: dict | None = None, data: dict | None = None, **cluster) -> dict:
     return {"name": "tiny-remote", "model": {"preset": "tiny"}, "parallel": {"tensor": 1, "pipeline": 1},
-            "batch": {"micro": 2, "global": 4}, "train": {"iters": 4, "log_interval": 2}, "data": {"mock": True},
+            "batch": {"micro": 2, "global": 4}, "train": {"iters": 4, "log_interval": 2},
+            "data": data or {"mock": True},
             "cluster": {"nodes": [{"gpu": "A10", "count": 1, "gpus_per_node": 1}], "login": login, **cluster},
             "job": {"master_port": free_port(), "env": env or {}}}
 
@@ -121,13 +124,14 @@ def tiny(login: str | None = None, env: dict | None = None, **cluster) -> dict:
 @pytest.mark.slow
 def test_a_tiny_job_runs_through_ssh_and_its_status_and_logs_come_back(login_node, tmp_path, capsys):
     runs, remote = tmp_path / "runs", tmp_path / "login-node"
-    spec = load_spec(tiny(login_node, env={"FAKE_ITERATION_S": "1"}, remote_dir=str(remote)))
+    spec = load_spec(tiny(login_node, env={"FAKE_ITERATION_S": "1"}, data=shipped_corpus(), remote_dir=str(remote)))
     job = SlurmBackend(runs_dir=runs, torchrun=FAKE_TORCHRUN).submit(spec)
     info = json.loads((job.record.path / "job.json").read_text())
     assert (info["login"], info["remote_dir"]) == (login_node, str(remote))
     there = remote / job.record.run_id
     assert sorted(p.name for p in there.iterdir()) == ["job.json", "job.sbatch", "logs", "spec.yaml"]
     assert f"LOGDIR={there / 'logs'}" in (job.record.path / "job.sbatch").read_text()
+    assert (job.record.path / "spec.yaml").read_text() == (there / "spec.yaml").read_text() == spec.to_yaml()
 
     # Followed as `labkit status` follows it from another process: a new backend, which reads job.json.
     follower = job_of(load_run(job.record.run_id, runs), SlurmBackend(runs_dir=runs))
@@ -146,6 +150,12 @@ def test_a_tiny_job_runs_through_ssh_and_its_status_and_logs_come_back(login_nod
     (node,) = follower.node_logs()
     local_out = follower.log_dir / f"{node}.out"
     assert local_out.read_text() == (there / "logs" / job.job_id / f"{node}.out").read_text()
+    # The job read the dataset and tokenizer sent to the login node, not this host's files.
+    args = (follower.log_dir / f"{node}.argv").read_text().split("\0")
+    for flag, local in (("--data-path", spec.data.path + ".bin"), ("--vocab-file", DEFAULT_VOCAB),
+                        ("--merge-file", DEFAULT_MERGES)):
+        sent = Path(args[args.index(flag) + 1] + (".bin" if flag == "--data-path" else ""))
+        assert sent.is_relative_to(remote / "inputs") and sent.read_bytes() == Path(local).read_bytes()
     assert list(follower.result().iterations["iteration"]) == [2, 4]  # fake_torchrun's lines, parsed
     assert follower.record.metrics()["iterations"][-1]["iteration"] == 4
 

@@ -2,8 +2,9 @@
 (SshRunner, from `cluster.login` and `cluster.remote_dir`).
 
 One Slurm backend serves both: a runner runs a command (sbatch, squeue, sacct, scontrol, scancel) and reads a file
-where Slurm is, places a run's directory there, sends it the rendered scripts and job.json, and brings its logs back
-into the local run directory, so that `labkit status`, `labkit logs` and the widgets read them as they read a local
+where Slurm is, places a run's directory there, sends it the rendered scripts, job.json and the files the run reads
+(dataset, tokenizer, a container image file; not those under job.cluster_paths, which are there already), and brings
+its logs back into the local run directory, so that `labkit status`, `labkit logs` and the widgets read them as they read a local
 job's. Over ssh, everything goes through OpenSSH's own client (`ssh`, and `rsync -e ssh`, or `scp` where rsync is
 missing) with the user's ~/.ssh/config and agent: labkit never holds a password or key. ssh runs with BatchMode, so a
 login that would prompt fails with ssh's reason instead of hanging; LABKIT_SSH_COMMAND replaces `ssh` and its
@@ -12,13 +13,17 @@ ControlMaster/ControlPersist, set in the user's config.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
-from labkit.spec.checks import login_errors
+from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB
+from labkit.spec import RunSpec
+from labkit.spec.checks import container_image_file, login_errors
 
 REMOTE_DIR = "labkit-runs"
 """Where run directories go on the login node when cluster.remote_dir is not given (under the user's home)."""
@@ -51,6 +56,10 @@ class LocalRunner:
 
     def send(self, run_dir: Path, names: list[str]) -> None:
         """Make these files of the run directory visible to the job (here they already are)."""
+
+    def send_inputs(self, spec: RunSpec) -> RunSpec:
+        """The spec as the job reads it where Slurm runs (here: as it is)."""
+        return spec
 
     def fetch_logs(self, run_dir: Path) -> None:
         """Bring the job's logs into run_dir/logs (here they are written there)."""
@@ -153,6 +162,52 @@ class SshRunner:
     def send(self, run_dir: Path, names: list[str]) -> None:
         """Copy these files of the local run directory into the run's directory on the login node."""
         self._copy([str(run_dir / name) for name in names], f"{self.login}:{self.remote_run_dir(run_dir)}/")
+
+    def send_inputs(self, spec: RunSpec) -> RunSpec:
+        """Copy the files the run reads to remote_dir/inputs/ on the login node (rsync sends only what changed since
+        an earlier run sent them: each local directory has one directory there, named by a hash of its path), and
+        return the spec with those paths in their place, for rendering its job; the run record keeps the spec as
+        written. Paths under job.cluster_paths are the cluster's own and stay as they are."""
+        sent: dict[str, list[str]] = {}  # directory on the login node -> the local files and directories it gets
+
+        def there(path: str | os.PathLike | None, suffixes: tuple[str, ...] = ("",)) -> str | None:
+            """Where `path` (with each suffix, for a dataset prefix) goes; None where nothing is sent."""
+            if not path or spec.job.on_cluster_only(str(path)):
+                return None
+            local = Path(os.path.abspath(os.path.expanduser(str(path))))  # as megatron_args resolves it
+            if not any(Path(f"{local}{suffix}").exists() for suffix in suffixes):
+                return None  # not a file here (a HuggingFace hub name): the job reads it as written
+            directory = f"{self.root()}/inputs/{hashlib.sha1(str(local.parent).encode()).hexdigest()[:12]}"
+            sent.setdefault(directory, []).extend(f"{local}{suffix}" for suffix in suffixes)
+            return f"{directory}/{local.name}"
+
+        data, tokenizer = spec.data, spec.data.tokenizer
+        changes = {}
+        if data.path and not data.mock:
+            changes["path"] = there(data.path, (".bin", ".idx"))
+        if tokenizer is None or tokenizer.type == "GPT2BPETokenizer":
+            changes["vocab_file"] = there(data.vocab_file or DEFAULT_VOCAB)
+            changes["merge_file"] = there(data.merge_file or DEFAULT_MERGES)
+        elif tokenizer.model:
+            model = there(tokenizer.model)  # a file, or a HuggingFace tokenizer's directory
+            if model:
+                changes["tokenizer"] = dataclasses.replace(tokenizer, model=model)
+        job = spec.job
+        image = there(container_image_file(spec))
+        if image:
+            job = dataclasses.replace(job, container=dataclasses.replace(job.container, image=image))
+        if not sent:
+            return spec
+        # The copies exist on the cluster only: nothing here looks for them, and the job script does before it starts.
+        job = dataclasses.replace(job, cluster_paths=[*job.cluster_paths, f"{self.root()}/inputs"])
+        done = self._ssh("mkdir -p " + " ".join(shlex.quote(d) for d in sent))
+        if done.returncode != 0:
+            raise RemoteError(f"cluster.remote_dir: cannot make {self.root()}/inputs on {self.login}: "
+                              f"{done.stderr.strip()}")
+        for directory, files in sent.items():
+            self._copy(files, f"{self.login}:{directory}/")
+        data = dataclasses.replace(data, **{k: v for k, v in changes.items() if v is not None})
+        return dataclasses.replace(spec, data=data, job=job)
 
     def fetch_logs(self, run_dir: Path) -> None:
         """Copy the run's logs from the login node into run_dir/logs (only what changed, with rsync)."""

@@ -157,7 +157,8 @@ class SlurmBackend:
         # Slurm client there finds torchrun on its own PATH.
         places = self._at_login(records, "not sent", lambda: [Path(runner.place(r.path)) for r in records])
         torchrun = self.torchrun or ("torchrun" if runner.login else None)
-        rendered = render_array(specs, [place / "logs" for place in places], layout=layout,
+        there = self._at_login(records, "not sent", lambda: [runner.send_inputs(spec) for spec in specs])
+        rendered = render_array(there, [place / "logs" for place in places], layout=layout,
                                 run_ids=[r.run_id for r in records], torchrun=torchrun)
         for record in records:
             for name, text in rendered.scripts.items():
