@@ -54,7 +54,8 @@ BEYOND = [  # where a log holds a count: each with a number no count reaches
     lambda n: b" iteration %s/      10 | elapsed time per iteration (ms): 100.0 | lm loss: 1.0E+01 |\n" % n,
     lambda n: b" iteration        1/%s | elapsed time per iteration (ms): 100.0 | lm loss: 1.0E+01 |\n" % n,
     lambda n: b"------------------------ arguments ------------------------\n  seq_length ............ %s\n"
-              b"  micro_batch_size ............ %s\n-------------------- end of arguments ---------------------\n" % (n, n),
+              b"  micro_batch_size ............ %s\n"
+              b"-------------------- end of arguments ---------------------\n" % (n, n),
     lambda n: b"\n******************* job info 1 *******************\nNODE: n1\nDP_SIZE: %s\nTP_SIZE: %s\n" % (n, n),
     lambda n: b"[Rank %s] (after 5 iterations) memory (MB) | allocated: %s |\n" % (n, n),
     lambda n: b"%s: iteration        1/      10 | lm loss: 1.0E+01 |\n" % n,

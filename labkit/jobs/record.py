@@ -16,7 +16,8 @@ hidden draft name (.STEM.HOST-PID-START-THREAD.draft) and renamed into place hol
 that no run is ever seen half made; a draft whose creator died is removed by the next run created on its host. Every
 file is written whole and synced (the file, then its directory) before the next step, and events.jsonl is the truth:
 status.json and the index are copies of it that a reader can do without, and the index can be rebuilt from the run
-directories (a damaged one too). A record only stores what it is given (a spec, scripts, states, causes, metrics); labkit.jobs.job decides what to store.
+directories (a damaged one too). A record only stores what it is given (a spec, scripts, states, causes, metrics);
+labkit.jobs.job decides what to store.
 """
 from __future__ import annotations
 
