@@ -8,7 +8,8 @@ Submits --runs local runs of a trivial job (tests/fake_torchrun.sh stands in for
 --pollers other processes follow every run as `labkit status` would (job_of + status, over and over). About a third
 of the runs is interfered with: run.sh alone is SIGKILLed (its nodes run on; a poll that says FAILED while they do is
 counted), or the job is cancelled (its process group gets SIGTERM), or one node's stand-in torchrun is SIGKILLed, or
-labkit itself is SIGKILLed while it submits (before, while or after it makes the run directory). `labkit runs` then settles what no poller follows.
+labkit itself is SIGKILLed while it submits (before, while or after it makes the run directory). `labkit runs` then
+settles what no poller follows.
 
 What happened is what run.sh wrote in its state file (LOGDIR/JOBID/state); a run.sh killed before writing an end,
 and a run whose job labkit never recorded, should read FAILED. A run's final state is wrong when its last event, its
