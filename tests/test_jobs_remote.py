@@ -166,7 +166,21 @@ def test_a_tiny_job_runs_through_ssh_and_its_status_and_logs_come_back(login_nod
           f"({len(local_out.read_text().splitlines())} lines), last: {local_out.read_text().splitlines()[-1]!r}")
 
 
-def test_an_unreachable_login_node_is_a_clear_error_and_a_failed_run(tmp_path, monkeypatch):
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_labkit_cancel_stops_a_job_on_the_login_node(login_node, tmp_path, capsys):
+    runs = tmp_path / "runs"
+    spec = load_spec(tiny(login_node, env={"FAKE_ITERATION_S": "60"}, remote_dir=str(tmp_path / "login-node")))
+    job = SlurmBackend(runs_dir=runs, torchrun=FAKE_TORCHRUN).submit(spec)
+    deadline = time.monotonic() + 30
+    while job.status().state != State.RUNNING and time.monotonic() < deadline:
+        job.wait(progress=False, timeout=0.5, poll_s=0.5)
+    assert main(["cancel", job.record.run_id, "--runs-dir", str(runs)]) == 0, capsys.readouterr().err
+    assert job.wait(progress=False, timeout=30, poll_s=0.5) == State.CANCELLED
+    assert load_run(job.record.run_id, runs).last_status()["state"] == "CANCELLED"
+
+
+def test_an_unreachable_login_node_is_a_clear_error_and_a_failed_run(tmp_path, monkeypatch, capsys):
     closed = free_port()  # nothing listens there
     monkeypatch.setenv("LABKIT_SSH_COMMAND", f"ssh -p {closed} -o StrictHostKeyChecking=no "
                                              "-o UserKnownHostsFile=/dev/null")
@@ -177,6 +191,12 @@ def test_an_unreachable_login_node_is_a_clear_error_and_a_failed_run(tmp_path, m
     (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     last = load_run(run).last_status()
     assert last["state"] == "FAILED" and last["cause"].startswith("not sent: cluster.login: cannot run commands")
+    # `labkit run` takes the Slurm backend for a spec with a login, and says what ssh said, without a traceback.
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(load_spec(tiny("alice@127.0.0.1")).to_yaml())
+    assert main(["run", str(spec), "--runs-dir", str(tmp_path / "cli-runs")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("cluster.login: cannot run commands on alice@127.0.0.1 over ssh:") and "Traceback" not in err
 
 
 def test_login_fields_are_checked_naming_the_field(capsys, tmp_path):

@@ -72,6 +72,8 @@ def _run(args) -> int:
         return 2
     try:
         spec = load_spec(args.spec)
+        if not args.backend and spec.cluster is not None and spec.cluster.login:
+            args.backend = "slurm"  # the login node's Slurm, whether or not this host has one
         if args.dry_run and args.backend == "k8s":
             from labkit.jobs.k8s import render_pytorchjob
 
@@ -99,7 +101,9 @@ def _run(args) -> int:
     except SpecError as exc:
         return print_spec_errors(args.spec, exc, as_json=args.json)
     except SlurmError as exc:
-        print(f"sbatch refused the job: {exc}", file=sys.stderr)
+        from labkit.jobs.slurm import LoginError
+
+        print(exc if isinstance(exc, LoginError) else f"sbatch refused the job: {exc}", file=sys.stderr)
         return 1
     except K8sError as exc:
         print(f"kubectl refused the job: {exc}", file=sys.stderr)
