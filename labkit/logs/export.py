@@ -68,15 +68,15 @@ def export_mlflow(logs, store: str | os.PathLike, experiment: str = "labkit", ru
     from labkit.extras import require
 
     require("labkit logs export --mlflow", "mlflow")
+    parsed = parse_log(logs)
+    if parsed.iterations.empty:
+        raise ValueError(f"{', '.join(map(str, parsed.sources))}: no logged iteration to export")
     uri = tracking_uri(store)
     if uri.startswith("file:"):
         os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
     from mlflow.entities import Metric, Param, RunStatus
     from mlflow.tracking import MlflowClient
 
-    parsed = parse_log(logs)
-    if parsed.iterations.empty:
-        raise ValueError(f"{', '.join(map(str, parsed.sources))}: no logged iteration to export")
     paths = [Path(p) for p in ([logs] if isinstance(logs, (str, os.PathLike)) else logs)]
     name = run_name or (paths[0].name if paths[0].is_dir() else paths[0].stem)
     client = MlflowClient(tracking_uri=uri)
