@@ -245,6 +245,10 @@ class RunRecord:
         path = self.path / "metrics.json"
         return json.loads(path.read_text()) if path.exists() else None
 
+    def has_metrics(self) -> bool:
+        """Whether metrics.json was written (without reading what may be a long iteration table)."""
+        return (self.path / "metrics.json").exists()
+
     # --- updates -------------------------------------------------------------------------------------------------
     def _append_event(self, event: dict) -> str:
         """One whole line per event, in one write to a file opened for appending, so that events of several
