@@ -21,7 +21,7 @@ import pytest
 
 from labkit.cli import main
 from labkit.jobs import SlurmBackend, State, job_of
-from labkit.jobs.record import load_run
+from labkit.jobs.record import RunRecord, load_run
 from labkit.jobs.slurm import LoginError
 from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB
 from labkit.net import free_port
@@ -162,6 +162,8 @@ def test_a_tiny_job_runs_through_ssh_and_its_status_and_logs_come_back(login_nod
     assert main(["status", job.record.run_id, "--runs-dir", str(runs), "--json", "--lines", "3"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["state"] == "COMPLETED"
+    assert main(["logs", "parse", str(local_out), "--json"]) == 0
+    assert [row["iteration"] for row in json.loads(capsys.readouterr().out)["iterations"]] == [2, 4]
     print(f"\nremote job {job.job_id}: states {seen}; {node}.out read back "
           f"({len(local_out.read_text().splitlines())} lines), last: {local_out.read_text().splitlines()[-1]!r}")
 
@@ -197,6 +199,19 @@ def test_an_unreachable_login_node_is_a_clear_error_and_a_failed_run(tmp_path, m
     assert main(["run", str(spec), "--runs-dir", str(tmp_path / "cli-runs")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("cluster.login: cannot run commands on alice@127.0.0.1 over ssh:") and "Traceback" not in err
+
+
+def test_a_login_node_that_stops_answering_leaves_the_recorded_state(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LABKIT_SSH_COMMAND", f"ssh -p {free_port()} -o StrictHostKeyChecking=no "
+                                             "-o UserKnownHostsFile=/dev/null")
+    record = RunRecord.create(load_spec(tiny("alice@127.0.0.1")), tmp_path)
+    record.attach("slurm", "multinode", ["7"], login="alice@127.0.0.1", remote_dir="/srv/runs")
+    record.set_status("RUNNING")
+    job = job_of(record)
+    assert job.backend.runner_of(job).login == "alice@127.0.0.1"
+    assert job.backend.poll([job]) == {}
+    assert main(["status", record.run_id, "--runs-dir", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "RUNNING"
 
 
 def test_login_fields_are_checked_naming_the_field(capsys, tmp_path):
