@@ -259,6 +259,10 @@ def test_null_in_a_model_field_keeps_the_presets_value():
         == (True, "RMSNorm", 4, 10000)
     assert "swiglu" in spec.derived_model_keys  # not written: a new preset brings its own
     assert spec.replace(**{"model.preset": "tiny"}).model.swiglu is False
+    # With a dataset the vocabulary is the tokenizer's, as when the key is left out.
+    data = {"path": "corpus"}
+    assert load_spec({"model": {"preset": "gpt2-small", "vocab_size": None}, "data": data}).model.vocab_size \
+        == load_spec({"model": {"preset": "gpt2-small"}, "data": data}).model.vocab_size
 
 
 @pytest.mark.parametrize("data, fix", [({"mock": False}, "give data.path"),
