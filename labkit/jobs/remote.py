@@ -4,12 +4,12 @@
 One Slurm backend serves both: a runner runs a command (sbatch, squeue, sacct, scontrol, scancel) and reads a file
 where Slurm is, places a run's directory there, sends it the rendered scripts, job.json and the files the run reads
 (dataset, tokenizer, a container image file; not those under job.cluster_paths, which are there already), and brings
-its logs back into the local run directory, so that `labkit status`, `labkit logs` and the widgets read them as they read a local
-job's. Over ssh, everything goes through OpenSSH's own client (`ssh`, and `rsync -e ssh`, or `scp` where rsync is
-missing) with the user's ~/.ssh/config and agent: labkit never holds a password or key. ssh runs with BatchMode, so a
-login that would prompt fails with ssh's reason instead of hanging; LABKIT_SSH_COMMAND replaces `ssh` and its
-options (as GIT_SSH_COMMAND does for git), e.g. `ssh -F ~/.ssh/cluster_config`. Connection sharing is ssh's own
-ControlMaster/ControlPersist, set in the user's config.
+its logs back into the local run directory, so that `labkit status`, `labkit logs` and the widgets read them as they
+read a local job's. Over ssh, everything goes through OpenSSH's own client (`ssh`, and `rsync -e ssh`, or `scp` where
+either side lacks rsync) with the user's ~/.ssh/config and agent: labkit never holds a password or key. ssh runs
+with BatchMode, so a login that would prompt fails with ssh's reason instead of hanging; LABKIT_SSH_COMMAND replaces
+`ssh` and its options (as GIT_SSH_COMMAND does for git), e.g. `ssh -F ~/.ssh/cluster_config`. Connection sharing is
+ssh's own ControlMaster/ControlPersist, set in the user's config.
 """
 from __future__ import annotations
 
@@ -86,6 +86,7 @@ class SshRunner:
         self.remote_dir = remote_dir or REMOTE_DIR
         # remote_dir as an absolute path on the login node (job scripts name absolute paths), once known
         self._root: str | None = self.remote_dir if self.remote_dir.startswith("/") else None
+        self._rsync: bool | None = None  # whether both sides have rsync, once asked
 
     def __repr__(self) -> str:
         return f"SshRunner({self.login}:{self.remote_dir})"
@@ -212,16 +213,22 @@ class SshRunner:
     def fetch_logs(self, run_dir: Path) -> None:
         """Copy the run's logs from the login node into run_dir/logs (only what changed, with rsync)."""
         source = f"{self.login}:{self.remote_run_dir(run_dir)}/logs"
-        if shutil.which("rsync"):
+        if self.rsync():
             self._copy([source + "/"], str(run_dir / "logs") + "/")
         else:
             self._copy([source], str(run_dir) + "/")
 
+    def rsync(self) -> bool:
+        """Whether this host and the login node both have rsync (asked once)."""
+        if self._rsync is None:
+            self._rsync = bool(shutil.which("rsync")) and self._ssh("command -v rsync").returncode == 0
+        return self._rsync
+
     def _copy(self, sources: list[str], target: str) -> None:
-        """rsync over ssh where this host has rsync (it sends only what changed), else scp; times are kept, so
-        that rsync skips a log that has not grown."""
+        """rsync over ssh where both sides have it (it sends only what changed), else scp; times are kept, so that
+        rsync skips a log that has not grown."""
         ssh = self.ssh_command()
-        if shutil.which("rsync"):
+        if self.rsync():
             command = ["rsync", "-rtp", "-e", " ".join(shlex.quote(w) for w in ssh), "--", *sources, target]
         else:  # scp takes the ssh program with -S and shares ssh's -F, -i and -o options
             command = ["scp", "-r", "-p", "-q", "-S", ssh[0], *ssh[1:], "--", *sources, target]
