@@ -10,7 +10,7 @@ as an argument, a size in the job info, a rank in a prefix). It parses the resul
 summary and the JSON (as `labkit logs parse --json` does) and counts:
 
   crash          an exception out of parse_text, summary or to_json (a traceback)
-  hang           a parse over 5 s
+  hang           a parse over 5 s of CPU time (its own and a forked scanner's)
   invented row   after a cut or a deletion (which only take text away), an iteration row whose values the whole
                  log does not have; or an iteration number no int64 column holds
 
@@ -23,6 +23,7 @@ import argparse
 import math
 import random
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -106,6 +107,12 @@ def mutate(data: bytes, rng: random.Random) -> tuple[bytes, bool]:
     return b"\n".join(lines), False
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and its reaped children (the parser's event scan may run in a forked child)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def rows(parsed) -> set[tuple]:
     df = parsed.iterations
     if df.empty:
@@ -144,7 +151,7 @@ def main(argv=None) -> int:
     for number in range(args.n):
         name = rng.choice(sorted(logs))
         data, only_removed = mutate(logs[name], rng)
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), cpu_seconds()
         try:
             parsed = parse_text(data)
             parsed.summary()
@@ -155,9 +162,8 @@ def main(argv=None) -> int:
             if counts["crash"] <= 3:
                 traceback.print_exc()
             continue
-        took = time.perf_counter() - began
-        slowest = max(slowest, took)
-        if took > 5:
+        slowest = max(slowest, time.perf_counter() - began)
+        if cpu_seconds() - began_cpu > 5:  # CPU time: a busy machine slows a parse but does not make it hang
             counts["hang"] += 1
             keep(number, "hang", name, data)
         beyond += mutate.kind == 6
