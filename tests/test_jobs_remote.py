@@ -22,6 +22,7 @@ import pytest
 from labkit.cli import main
 from labkit.jobs import SlurmBackend, State, job_of
 from labkit.jobs.record import RunRecord, load_run
+from labkit.jobs.remote import SshRunner
 from labkit.jobs.slurm import LoginError
 from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB
 from labkit.net import free_port
@@ -77,6 +78,7 @@ KbdInteractiveAuthentication no
 PermitRootLogin prohibit-password
 StrictModes no
 UsePAM no
+Subsystem sftp internal-sftp
 SetEnv SLURM_CONF={local_slurm.conf}
 """)
     # The user's side: what ~/.ssh/config and known_hosts would hold.
@@ -180,6 +182,27 @@ def test_labkit_cancel_stops_a_job_on_the_login_node(login_node, tmp_path, capsy
     assert main(["cancel", job.record.run_id, "--runs-dir", str(runs)]) == 0, capsys.readouterr().err
     assert job.wait(progress=False, timeout=30, poll_s=0.5) == State.CANCELLED
     assert load_run(job.record.run_id, runs).last_status()["state"] == "CANCELLED"
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("rsync", [True, False], ids=["rsync", "scp"])
+def test_files_go_there_and_logs_come_back_with_rsync_or_scp(login_node, tmp_path, monkeypatch, rsync):
+    if not rsync:  # this host without rsync: scp carries them
+        which = shutil.which
+        monkeypatch.setattr(shutil, "which", lambda name: None if name == "rsync" else which(name))
+    runner = SshRunner(login_node, str(tmp_path / "login-node"))
+    run_dir = tmp_path / "runs" / "20260101-000000-tiny"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "job.sbatch").write_text("#!/bin/bash\n")
+    there = Path(runner.place(run_dir))
+    runner.send(run_dir, ["job.sbatch"])
+    assert (there / "job.sbatch").read_text() == "#!/bin/bash\n"
+    for text in ("iteration 1\n", "iteration 1\niteration 2\n"):  # a log that grows between two looks
+        (there / "logs" / "7").mkdir(exist_ok=True)
+        (there / "logs" / "7" / "n1.out").write_text(text)
+        runner.fetch_logs(run_dir)
+        assert (run_dir / "logs" / "7" / "n1.out").read_text() == text
+    assert runner.rsync() is rsync
 
 
 def test_an_unreachable_login_node_is_a_clear_error_and_a_failed_run(tmp_path, monkeypatch, capsys):
