@@ -111,7 +111,7 @@ def wandb_records(path: Path):
 @pytest.fixture(scope="module")
 def wandb_run(tmp_path_factory):
     pytest.importorskip("wandb")
-    spec = _spec(wandb={"project": "labkit-test"})
+    spec = _spec(timing_log_level=1, wandb={"project": "labkit-test"})
     run_dir = tmp_path_factory.mktemp("wandb-run")
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", OMP_NUM_THREADS="1")
     with open(run_dir / "train.log", "w") as log:
@@ -143,7 +143,7 @@ def test_an_offline_wandb_run_holds_the_scalars_the_log_prints(wandb_run):
     for row in log.iterations.itertuples():
         scalars = history[row.iteration]
         assert {"lm loss", "learning-rate", "grad-norm", "iteration-time", "loss-scale", "batch-size",
-                "samples vs steps", "throughput"} <= set(scalars)
+                "samples vs steps", "throughput", "forward-backward-time", "optimizer-time"} <= set(scalars)
         assert scalars["lm loss"] == pytest.approx(row.lm_loss, rel=1e-5)  # the log prints six digits
         assert scalars["grad-norm"] == pytest.approx(row.grad_norm, abs=1e-3)
         assert scalars["iteration-time"] * 1000 == pytest.approx(row.elapsed_ms, abs=0.1)
@@ -178,6 +178,23 @@ def test_a_megatron_lm_log_exports_to_mlflow_parameters_and_per_iteration_metric
     assert client.get_metric_history(run_id, "elapsed_ms")[0].timestamp == first
     validation = client.get_metric_history(run_id, "validation_lm_loss")
     assert [m.value for m in validation] == list(log.validation[log.validation.split == "validation"].lm_loss)
+
+
+@pytest.mark.slow
+def test_the_drivers_run_directory_exports_to_mlflow_with_the_losses_it_logged(wandb_run, tmp_path):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from labkit.logs.export import export_mlflow
+
+    run_id = export_mlflow(wandb_run, tmp_path / "mlruns")
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
+    run = client.get_run(run_id)
+    assert run.info.run_name == wandb_run.name and run.data.params["wandb_project"] == "labkit-test"
+    log = parse_log(wandb_run)
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "lm_loss")] == list(
+        zip(log.iterations.iteration, log.iterations.lm_loss))
+    assert [m.step for m in client.get_metric_history(run_id, "valid_lm_loss")] == [2]
 
 
 def test_an_export_without_iterations_is_refused(tmp_path, capsys):

@@ -338,7 +338,10 @@ def _expand(paths) -> list[Path]:
     for p in paths:
         p = Path(p)
         if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in (".out", ".err", ".log"))
+            # A W&B directory in the run (train.wandb) holds W&B's copy of the console and its own debug logs, not
+            # more of the job's output: reading them would count every line twice.
+            found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in (".out", ".err", ".log")
+                           and "wandb" not in f.relative_to(p).parts[:-1])
             if not found:
                 raise FileNotFoundError(f"{p}: no *.out, *.err or *.log files in this directory")
             files.extend(found)
