@@ -326,7 +326,8 @@ def test_shape_rules_are_megatrons_and_both_callers_word_them(heads, hidden, gro
     assert "--tensor-model-parallel-size" in message or "--num-attention-heads" in message
 
 
-@pytest.mark.parametrize("case", ["sequence parallel on one tensor rank", "overlapped gather without the optimizer"])
+@pytest.mark.parametrize("case", ["sequence parallel on one tensor rank", "overlapped gather without the optimizer",
+                                  "overlapped gather without the overlapped reduce"])
 def test_paired_settings_are_refused_alike_by_the_spec_and_the_driver(case):
     from labkit.megatron.flags import ArgumentError, build_parser
     from labkit.spec import SpecError
@@ -339,10 +340,15 @@ def test_paired_settings_are_refused_alike_by_the_spec_and_the_driver(case):
         spec["parallel"] = {"tensor": 1, "data": 2, "sequence_parallel": True}
         argv += ["--sequence-parallel"]
         field, flag = "parallel.sequence_parallel", "--sequence-parallel"
-    else:
-        spec["kernels"] = {"overlap_param_gather": True}
+    elif case.endswith("optimizer"):
+        spec["kernels"] = {"overlap_param_gather": True, "overlap_grad_reduce": True}
         spec["optimizer"] = {"distributed": False}
-        argv += ["--overlap-param-gather"]
+        argv += ["--overlap-param-gather", "--overlap-grad-reduce"]
+        field, flag = "kernels.overlap_param_gather", "--overlap-param-gather"
+    else:  # Megatron-LM's validate_args asserts both overlaps together
+        spec["kernels"] = {"overlap_param_gather": True}
+        spec["optimizer"] = {"distributed": True}
+        argv += ["--overlap-param-gather", "--use-distributed-optimizer"]
         field, flag = "kernels.overlap_param_gather", "--overlap-param-gather"
     with pytest.raises(SpecError) as spec_refused:
         load_spec(spec)
@@ -350,7 +356,9 @@ def test_paired_settings_are_refused_alike_by_the_spec_and_the_driver(case):
         finish(build_parser().parse_args(argv), 2, 0, True)
     spec_error = next(e for e in spec_refused.value.errors if e.startswith(field + ": "))
     # one rule, two vocabularies: the same words once each caller's names are swapped in
-    assert spec_error.split(": ", 1)[1].replace("parallel.tensor", "T").replace("optimizer.distributed", "D") == \
-        str(driver_refused.value).split(": ", 1)[1].replace("--tensor-model-parallel-size", "T") \
-        .replace("--use-distributed-optimizer", "D")
+    names = {"parallel.tensor": "--tensor-model-parallel-size", "optimizer.distributed": "--use-distributed-optimizer",
+             "kernels.overlap_grad_reduce": "--overlap-grad-reduce"}
+    for spec_name, flag_name in names.items():
+        spec_error = spec_error.replace(spec_name, flag_name)
+    assert spec_error.split(": ", 1)[1] == str(driver_refused.value).split(": ", 1)[1]
     assert str(driver_refused.value).startswith(flag + ": ")

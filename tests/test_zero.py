@@ -3,6 +3,7 @@ the estimator's per-rank model state and data-parallel traffic by stage, with wo
 from dataclasses import replace
 
 import pytest
+import yaml
 
 from labkit import catalog
 from labkit.estimate.estimator import estimate
@@ -35,6 +36,20 @@ def with_optimizer(**optimizer):
 def test_distributed_is_stage_ones_other_spelling(written, stage, distributed):
     opt = with_optimizer(**written).optimizer
     assert (opt.zero_stage, opt.distributed, opt.zero_backend) == (stage, distributed, "megatron")
+
+
+def test_the_spellings_follow_each_other_in_a_yaml_file_too(tmp_path):
+    # a YAML file's numbers load as int subclasses that remember their line: they are stages all the same
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({**LLAMA2_7B_ON_8_A100, "job": {"entrypoint": "megatron-lm",
+                                                                   "megatron_lm": "/opt/megatron-lm"},
+                                    "optimizer": {"zero_stage": 1}}))
+    spec = load_spec(path)
+    assert spec.optimizer.distributed is True
+    assert str(FLAG.use_distributed_optimizer) in [str(a) for a in megatron_args(spec)]
+    path.write_text(yaml.safe_dump({**LLAMA2_7B_ON_8_A100, "optimizer": {"zero_stage": 2, "distributed": False}}))
+    with pytest.raises(SpecError, match=r"optimizer\.zero_stage: 2 and optimizer\.distributed: false disagree"):
+        load_spec(path)
 
 
 @pytest.mark.parametrize("written", [{"zero_stage": 0, "distributed": True}, {"zero_stage": 1, "distributed": False},

@@ -77,10 +77,12 @@ def batch_problems(name: Name, *, global_batch: int, micro: int, data: int, pipe
 
 
 def pairing_problems(name: Name, *, tensor: int, sequence_parallel: bool, tp_comm_overlap: bool,
-                     overlap_param_gather: bool, distributed_optimizer: bool) -> list[Problem]:
+                     overlap_param_gather: bool, overlap_grad_reduce: bool,
+                     distributed_optimizer: bool) -> list[Problem]:
     """Settings that only work beside another (Megatron-LM's validate_args): sequence parallelism splits activations
     over the tensor ranks; Transformer Engine's tensor-parallel overlap pipelines sequence parallelism's all-gathers
-    and reduce-scatters; the overlapped parameter gather gathers the distributed optimizer's shards."""
+    and reduce-scatters; the overlapped parameter gather gathers the distributed optimizer's shards, bucket by
+    bucket as the overlapped gradient reduce-scatter made them."""
     problems = []
     if sequence_parallel and tensor == 1:
         problems.append(Problem("sequence_parallel", f"needs {name('tensor_model_parallel_size')} > 1 (it splits "
@@ -92,4 +94,8 @@ def pairing_problems(name: Name, *, tensor: int, sequence_parallel: bool, tp_com
     if overlap_param_gather and not distributed_optimizer:
         problems.append(Problem("overlap_param_gather", "gathers the distributed optimizer's parameter shards; needs "
                                 f"{name('use_distributed_optimizer')}, or leave it out"))
+    elif overlap_param_gather and not overlap_grad_reduce:
+        problems.append(Problem("overlap_param_gather", f"needs {name('overlap_grad_reduce')} beside it (megatron-core "
+                                "gathers the parameters bucket by bucket in the overlapped reduce's buckets), or "
+                                "leave it out"))
     return problems

@@ -69,7 +69,7 @@ SPEC_FIELDS = {"num_attention_heads": "model.num_attention_heads", "hidden_size"
                "context_parallel_size": "parallel.context", "pipeline_model_parallel_size": "parallel.pipeline",
                "global_batch_size": "batch.global", "micro_batch_size": "batch.micro",
                "sequence_parallel": "parallel.sequence_parallel", "tp_comm_overlap": "kernels.tp_comm_overlap",
-               "overlap_param_gather": "kernels.overlap_param_gather",
+               "overlap_param_gather": "kernels.overlap_param_gather", "overlap_grad_reduce": "kernels.overlap_grad_reduce",
                "use_distributed_optimizer": "optimizer.distributed"}
 
 
@@ -416,6 +416,7 @@ def _check_kernels(spec: RunSpec) -> list[str]:
     errors += _worded(rules.pairing_problems(_field, tensor=par.tensor, sequence_parallel=par.sequence_parallel,
                                              tp_comm_overlap=k.tp_comm_overlap,
                                              overlap_param_gather=k.overlap_param_gather,
+                                             overlap_grad_reduce=k.overlap_grad_reduce,
                                              distributed_optimizer=spec.optimizer.distributed))
     if par.context > 1 and spec.model.seq_length and spec.model.seq_length % (2 * par.context):
         errors.append(context_split_error(spec.model.seq_length, par.context))

@@ -104,7 +104,9 @@ def _zero_spellings(data: dict, errors: list[str]) -> None:
     if not isinstance(opt, dict):
         return
     stage, distributed = opt.get("zero_stage"), opt.get("distributed")
-    if type(stage) is not int and stage is not None or type(distributed) is not bool and distributed is not None:
+    # a YAML file's numbers are int subclasses that remember their source line; True is an int too
+    stage_is_int = isinstance(stage, int) and not isinstance(stage, bool)
+    if not stage_is_int and stage is not None or not isinstance(distributed, bool) and distributed is not None:
         return  # a value of the wrong type is named when the dataclass is built
     if stage is not None and distributed is not None and distributed != (stage >= 1):
         errors.append(f"optimizer.zero_stage: {stage} and optimizer.distributed: {str(distributed).lower()} disagree "

@@ -194,6 +194,7 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
     _raise_first(rules.pairing_problems(_flag_name, tensor=tp, sequence_parallel=args.sequence_parallel,
                                         tp_comm_overlap=args.tp_comm_overlap,
                                         overlap_param_gather=args.overlap_param_gather,
+                                        overlap_grad_reduce=args.overlap_grad_reduce,
                                         distributed_optimizer=args.use_distributed_optimizer))
     if args.sequence_parallel:
         if args.transformer_impl != "transformer_engine":
