@@ -238,3 +238,28 @@ def test_a_written_stage_is_a_planning_constraint():
     for written, stage in (({"distributed": True}, 1), ({"zero_stage": 2}, 2), ({}, SEARCHED)):
         data = {**LLAMA2_7B_ON_8_A100, "optimizer": written}
         assert Constraints.written(data, load_spec(data)).zero_stage == stage
+
+
+def test_a_written_sharding_stage_is_planned_without_pipeline_parallelism():
+    base = load_spec({**LLAMA2_7B_ON_8_A100, "parallel": {}, "recompute": None})
+    rows = search(base, constraints=Constraints(zero_stage=2, tensor=1, context=1, micro_batch=1, recompute=None)).rows
+    assert rows and {r.pp for r in rows} == {1} and {r.zero_stage for r in rows} == {2}
+
+
+def test_the_planner_offers_stages_2_and_3_only_where_the_entrypoint_runs_them():
+    data = {**LLAMA2_7B_ON_8_A100, "model": {"preset": "llama2-7b", "untie_embeddings": False}, "parallel": {},
+            "recompute": None}
+    fixed = Constraints(tensor=1, pipeline=1, context=1, micro_batch=2, recompute=None)
+    on_driver = search(load_spec(data), constraints=fixed).rows  # FSDP2 on labkit's driver needs untied embeddings
+    assert {r.zero_stage for r in on_driver} == {0, 1}
+    on_megatron_lm = search(load_spec({**data, "job": {"entrypoint": "megatron-lm", "megatron_lm": "/opt/m"}}),
+                            constraints=fixed).rows
+    assert {r.zero_stage for r in on_megatron_lm} == {0, 1, 2, 3}
+
+
+def test_the_driver_refusal_names_the_one_setting_that_stops_fsdp2():
+    spec = load_spec({**LLAMA2_7B_ON_8_A100, "model": {"preset": "llama2-7b", "untie_embeddings": False},
+                      "optimizer": {"zero_stage": 3}})
+    errors = [e for e in check_job(spec, "multinode") if "FSDP2" in e]
+    assert len(errors) == 1 and errors[0].startswith("model.untie_embeddings: ")
+    assert "untied embeddings" in errors[0] and "fp16" not in errors[0] and "job.entrypoint: megatron-lm" in errors[0]

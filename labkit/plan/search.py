@@ -30,6 +30,7 @@ from labkit.plan.inputs import SEARCHED, Constraints
 from labkit.plan.partition import min_max_partition
 from labkit.plan.placement import as_cluster, grouped_orders, node_kinds, order_count, placements
 from labkit.spec import ClusterSpec, ParallelSpec, RecomputeSpec, RunSpec
+from labkit.spec.checks import driver_fsdp2_problems
 
 FULL_RECOMPUTE = RecomputeSpec(granularity="full", method="uniform", num_layers=1)
 SELECTIVE_RECOMPUTE = RecomputeSpec(granularity="selective")
@@ -142,8 +143,10 @@ def splits(base: RunSpec, world: int, gpus_per_node: int, constraints: Constrain
                 continue
             for p in divisors(sizes.data_parallel_size(world, t, c)):  # the pipeline x data ranks of t x c
                 d = sizes.data_parallel_size(world, t, c, p)
+                # a written ZeRO stage 2 or 3 runs without pipeline parallelism (labkit.spec.checks)
+                fsdp = constraints.zero_stage is not SEARCHED and constraints.zero_stage >= 2
                 if p <= m.num_layers and base.batch.global_ % d == 0 and constraints.allows("pipeline", p) \
-                        and constraints.allows("data", d):
+                        and constraints.allows("data", d) and not (fsdp and p > 1):
                     yield t, p, d, c
 
 
@@ -371,7 +374,9 @@ def _variants(spec: RunSpec, constraints: Constraints):
     only without pipeline parallelism, as the backends run them), then selective recompute, then full recompute."""
     recomputes = [None, SELECTIVE_RECOMPUTE, FULL_RECOMPUTE] if constraints.recompute is SEARCHED \
         else [constraints.recompute]
-    stages = ([0, 1] + ([2, 3] if spec.parallel.pipeline == 1 else [])) if spec.data_parallel > 1 else [0]
+    # stages 2 and 3 run without pipeline parallelism, and on labkit's driver only where FSDP2 can (the checks')
+    sharded = spec.parallel.pipeline == 1 and (spec.job.entrypoint == "megatron-lm" or not driver_fsdp2_problems(spec))
+    stages = ([0, 1] + ([2, 3] if sharded else [])) if spec.data_parallel > 1 else [0]
     if constraints.zero_stage is not SEARCHED:
         stages = [constraints.zero_stage]
     elif constraints.distributed_optimizer is not SEARCHED:

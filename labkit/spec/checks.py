@@ -794,6 +794,24 @@ def repeated_flag_errors(spec: RunSpec) -> list[str]:
     return errors
 
 
+def driver_fsdp2_problems(spec: RunSpec) -> list[tuple[str, str, str]]:
+    """(field, why, fix) for each setting that stops labkit's driver from running ZeRO stages 2 and 3, which it shards
+    with PyTorch FSDP2 (megatron_args): Megatron-LM's validate_args conditions for --use-torch-fsdp2, and the driver's
+    legacy checkpoints. The planner leaves those stages out where any holds."""
+    problems = []
+    if not spec.model.untie_embeddings:
+        problems.append(("model.untie_embeddings", "FSDP2 needs untied embeddings", "set it true"))
+    if spec.precision == "fp16":
+        problems.append(("precision", "FSDP2 does not run fp16", "use bf16 or fp32"))
+    if spec.train.save or spec.train.load or spec.job.requeue:
+        problems.append(("train.save", "the driver does not save FSDP2's DTensor parameters",
+                         "leave out train.save, train.load and job.requeue"))
+    if spec.kernels.overlap_param_gather:
+        problems.append(("kernels.overlap_param_gather", "FSDP2 gathers each layer's parameters itself",
+                         "leave it out"))
+    return problems
+
+
 def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
     """Problems with spec.job (and values that cannot be written into a script), each naming its field and the fix."""
     job, errors = spec.job, []
@@ -847,19 +865,9 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
                 errors.append(f"{key}: labkit's driver (job.entrypoint: labkit) does not run it; set job.entrypoint: "
                               "megatron-lm with job.megatron_lm, or leave it out")
         if layout is not None and spec.optimizer.zero_stage in (2, 3) and spec.optimizer.zero_backend == "megatron":
-            # labkit's driver shards with PyTorch FSDP2 (megatron_args): Megatron-LM's validate_args conditions
-            for key, bad, fix in (("model.untie_embeddings", not spec.model.untie_embeddings, "set it true"),
-                                  ("precision", spec.precision == "fp16", "use bf16 or fp32"),
-                                  ("train.save", spec.train.save or spec.train.load or spec.job.requeue,
-                                   "leave out train.save, train.load and job.requeue"),
-                                  ("kernels.overlap_param_gather", spec.kernels.overlap_param_gather,
-                                   "leave it out (FSDP2 gathers each layer's parameters itself)")):
-                if bad:
-                    errors.append(f"{key}: optimizer.zero_stage {spec.optimizer.zero_stage} runs PyTorch FSDP2 on "
-                                  "labkit's driver (Megatron-FSDP needs CUDA streams), which needs untied embeddings, "
-                                  "no fp16, no checkpoints (the driver does not save FSDP2's DTensor parameters) and "
-                                  "no distributed optimizer's parameter gather; "
-                                  f"{fix}, or set job.entrypoint: megatron-lm (Megatron-FSDP)")
+            errors += [f"{key}: optimizer.zero_stage {spec.optimizer.zero_stage} runs PyTorch FSDP2 on labkit's driver "
+                       f"(Megatron-FSDP needs CUDA streams), and {why}; {fix}, or set job.entrypoint: megatron-lm "
+                       "(Megatron-FSDP)" for key, why, fix in driver_fsdp2_problems(spec)]
     if layout is not None and spec.optimizer.zero_stage and spec.optimizer.zero_backend == "deepspeed":
         errors.append(f"optimizer.zero_backend: deepspeed (zero_stage {spec.optimizer.zero_stage}) needs DeepSpeed's "
                       "engine, which neither labkit's driver nor Megatron-LM's pretrain_gpt.py starts; use "
