@@ -159,8 +159,10 @@ class OptimizerSpec:
     true exactly when zero_stage is 1 or more (a spec may write either, or both when they agree)."""
     zero_stage: int = 0
     """What the data-parallel ranks shard (ZeRO, Rajbhandari et al. arXiv:1910.02054): 0 nothing, 1 optimizer states,
-    2 and gradients, 3 and parameters. With zero_backend megatron: 1 is megatron-core's distributed optimizer, 2 and
-    3 are Megatron-FSDP (--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads / optim_grads_params)."""
+    2 and gradients, 3 and parameters. With zero_backend megatron: 1 is megatron-core's distributed optimizer; 2 and
+    3 are Megatron-FSDP under job.entrypoint megatron-lm (--use-megatron-fsdp --data-parallel-sharding-strategy
+    optim_grads / optim_grads_params) and PyTorch FSDP2 through megatron-core on labkit's driver (--use-torch-fsdp2:
+    Megatron-FSDP needs CUDA streams). The estimate counts Megatron-FSDP's working buffers either way."""
     zero_backend: str = "megatron"
     """megatron (megatron-core's distributed optimizer and Megatron-FSDP) or deepspeed (DeepSpeed's ZeRO engine, as
     Megatron-DeepSpeed runs it): which implementation shards, and so what the estimate counts."""
