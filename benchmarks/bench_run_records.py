@@ -295,7 +295,7 @@ def main() -> int:
         if how == "kill-labkit":  # labkit SIGKILLed at some point of submitting: before, while or after the record
             submitter = context.Process(target=submit_then_die, args=(str(root), f"run{i}", rng.uniform(0.0, 0.4)))
             submitter.start()
-            time.sleep(rng.uniform(0.0, 0.3))
+            time.sleep(rng.uniform(0.0, 2.0))  # a submission takes about a second on a busy machine
             os.kill(submitter.pid, signal.SIGKILL)
             killed_submitters.append(submitter)
             continue
