@@ -264,3 +264,15 @@ def test_the_operators_conditions_give_the_state(conditions, state):
                                        "message": "Job x has failed because it was active longer than specified "
                                                   "deadline"}]}}
     assert pytorchjob_status(late).state == State.TIMEOUT
+
+
+def test_a_login_host_is_refused_for_kubernetes_in_its_own_words():
+    with pytest.raises(SpecError) as info:
+        pytorchjob(h100_spec(**{"cluster.login": "me@login.example.org"}))
+    login = next(e for e in info.value.errors if e.startswith("cluster.login:"))
+    assert "kubectl's current context" in login and "this host" not in login
+
+
+def test_a_manifest_is_not_a_slurm_script():
+    with pytest.raises(SpecError, match="layout: k8s is a PyTorchJob manifest"):
+        render(h100_spec(), "/runs/RUN/logs", layout="k8s")

@@ -101,8 +101,9 @@ def _mounts(spec: RunSpec) -> tuple[list[tuple[str, str, bool]], list[str]]:
 
 def k8s_errors(spec: RunSpec) -> list[str]:
     """What keeps the spec from running as a PyTorchJob, each naming its field and the fix; [] when it can."""
-    # As for the local backend, no scheduler task's CPUs are asked for: a pod may use its node's CPUs.
-    errors = check_job(spec, "local")
+    # No scheduler task's CPUs are asked for (a pod may use its node's CPUs), and the container, not this machine,
+    # must hold what the run imports.
+    errors = check_job(spec, "k8s")
     groups = spec.cluster_or_default().nodes
     if len(groups) > 1:
         kinds = ", ".join(f"{g.count} x {g.gpu}" for g in groups)

@@ -196,6 +196,9 @@ def render_array(specs: list[RunSpec], log_dirs: list[Path | str], *, layout: st
     first = specs[0]
     layout = layout or default_layout(first)
     errors = check_job(first, layout)
+    if layout == "k8s":
+        errors.append("layout: k8s is a PyTorchJob manifest (labkit.jobs.k8s.pytorchjob), not a script; choose one of "
+                      "multinode, hetjob, pair or local")
     if len(specs) > 1:
         if layout != "multinode":
             errors.append(f"layout: an array of runs needs the multinode layout, not {layout}")

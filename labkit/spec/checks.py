@@ -26,8 +26,9 @@ RECOMPUTE_GRANULARITIES = ("full", "selective")
 RECOMPUTE_METHODS = ("uniform", "block")
 OPTIMIZERS = ("adam", "sgd")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
-LAYOUTS = ("multinode", "hetjob", "pair", "local")
-"""How labkit.jobs.render lays a job out: see its module docstring."""
+LAYOUTS = ("multinode", "hetjob", "pair", "local", "k8s")
+"""How labkit.jobs.render lays a job out (see its module docstring), or k8s: one Kubeflow PyTorchJob
+(labkit.jobs.k8s)."""
 MAX_WORLD = 2 ** 20
 """Most processes a spec may lay out (a million GPUs), and the bound of parallel.data and of a node group's figures:
 sizes far beyond any cluster are typing errors, and checking them must not build one entry per rank."""
@@ -715,7 +716,7 @@ def _check_task_cpus(spec: RunSpec, layout: str | None) -> list[str]:
     --cpus-per-task asks (job.cpus_per_task, else the node group's cpus_per_node), or every CPU of the node with
     job.exclusive (a step uses all of the job's CPUs on a node unless srun asks for fewer; srun(1), --exact). Asking
     for neither leaves Slurm's default of one CPU per task to all of a node's processes, so it is refused."""
-    if layout in (None, "local") or spec.job.cpus_per_task or spec.job.exclusive:
+    if layout in (None, "local", "k8s") or spec.job.cpus_per_task or spec.job.exclusive:
         return []
     return [f"cluster.nodes[{i}].cpus_per_node: not given, so Slurm would give the one task that starts this group's "
             f"{group.gpus_per_node} training processes a single CPU; set it to the node's CPUs (sinfo -N -o '%N %c'), "
@@ -886,8 +887,9 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
             if "," in mount or CONTROL_CHARS.search(mount) or not mount.strip():
                 errors.append(f"job.container.mounts[{i}]: {quote(mount)} must be SRC[:DST[:FLAGS]] without commas or "
                               "line breaks (pyxis separates mounts with commas)")
-    if layout == "local" and spec.cluster is not None and spec.cluster.login:
-        errors.append(f"cluster.login: the local backend runs the job on this host, not on {spec.cluster.login}; "
+    if layout in ("local", "k8s") and spec.cluster is not None and spec.cluster.login:
+        where = "on this host" if layout == "local" else "in kubectl's current context"
+        errors.append(f"cluster.login: the {layout} backend runs the job {where}, not on {spec.cluster.login}; "
                       "submit with the Slurm backend (--backend slurm) or leave cluster.login out")
     groups = spec.cluster_or_default().nodes
     if layout is not None and layout not in LAYOUTS:
