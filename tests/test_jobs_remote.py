@@ -81,7 +81,8 @@ UsePAM no
 Subsystem sftp internal-sftp
 SetEnv SLURM_CONF={local_slurm.conf}
 """)
-    # The user's side: what ~/.ssh/config and known_hosts would hold.
+    # The user's side: what ~/.ssh/config and known_hosts would hold, with one shared connection for labkit's many
+    # short commands (ssh's ControlMaster, as users set it for a cluster).
     (home / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_key}\n")
     (home / "ssh_config").write_text(f"""\
 Host 127.0.0.1
@@ -91,6 +92,9 @@ Host 127.0.0.1
     UserKnownHostsFile {home}/known_hosts
     StrictHostKeyChecking yes
     LogLevel ERROR
+    ControlMaster auto
+    ControlPath {home}/%C
+    ControlPersist 60
 """)
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory (root only)
     with open(home / "sshd.log", "w") as log:
@@ -110,6 +114,7 @@ Host 127.0.0.1
             patch.setenv("LABKIT_SSH_COMMAND", f"ssh -F {home / 'ssh_config'}")
             yield login
     finally:
+        subprocess.run([*ssh, "-O", "exit", "127.0.0.1"], capture_output=True)  # the shared connection, if any
         server.terminate()
         server.wait(timeout=10)
 
@@ -194,14 +199,19 @@ def test_files_go_there_and_logs_come_back_with_rsync_or_scp(login_node, tmp_pat
     run_dir = tmp_path / "runs" / "20260101-000000-tiny"
     (run_dir / "logs").mkdir(parents=True)
     (run_dir / "job.sbatch").write_text("#!/bin/bash\n")
-    there = Path(runner.place(run_dir))
+    other = tmp_path / "runs" / "20260101-000000-tiny-2"  # a second run of a sweep: fetched with the first
+    other.mkdir()
+    there, elsewhere = Path(runner.place(run_dir)), Path(runner.place(other))
+    (elsewhere / "logs" / "8.out").write_text("iteration 3\n")
     runner.send(run_dir, ["job.sbatch"])
     assert (there / "job.sbatch").read_text() == "#!/bin/bash\n"
     for text in ("iteration 1\n", "iteration 1\niteration 2\n"):  # a log that grows between two looks
         (there / "logs" / "7").mkdir(exist_ok=True)
         (there / "logs" / "7" / "n1.out").write_text(text)
-        runner.fetch_logs(run_dir)
+        runner.fetch_logs([run_dir, other])
         assert (run_dir / "logs" / "7" / "n1.out").read_text() == text
+    assert (other / "logs" / "8.out").read_text() == "iteration 3\n"
+    assert sorted(p.name for p in run_dir.iterdir()) == ["job.sbatch", "logs"]  # logs only came back
     assert runner.rsync() is rsync
 
 

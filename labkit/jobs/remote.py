@@ -61,8 +61,8 @@ class LocalRunner:
         """The spec as the job reads it where Slurm runs (here: as it is)."""
         return spec
 
-    def fetch_logs(self, run_dir: Path) -> None:
-        """Bring the job's logs into run_dir/logs (here they are written there)."""
+    def fetch_logs(self, run_dirs: list[Path]) -> None:
+        """Bring the jobs' logs into each run_dir/logs (here they are written there)."""
 
     def job_info(self, run_dir: Path) -> dict:
         """What job.json records of where the job runs."""
@@ -210,13 +210,20 @@ class SshRunner:
         data = dataclasses.replace(data, **{k: v for k, v in changes.items() if v is not None})
         return dataclasses.replace(spec, data=data, job=job)
 
-    def fetch_logs(self, run_dir: Path) -> None:
-        """Copy the run's logs from the login node into run_dir/logs (only what changed, with rsync)."""
-        source = f"{self.login}:{self.remote_run_dir(run_dir)}/logs"
-        if self.rsync():
-            self._copy([source + "/"], str(run_dir / "logs") + "/")
-        else:
-            self._copy([source], str(run_dir) + "/")
+    def fetch_logs(self, run_dirs: list[Path]) -> None:
+        """Copy the runs' logs from the login node into each run_dir/logs: with rsync, one transfer for all the runs
+        of one runs directory (a sweep's), of what changed only; with scp, one per run."""
+        if not self.rsync():
+            for run_dir in run_dirs:
+                self._copy([f"{self.login}:{self.remote_run_dir(run_dir)}/logs"], f"{run_dir}/")
+            return
+        runs: dict[Path, list[str]] = {}  # local runs directory -> its runs
+        for run_dir in run_dirs:
+            runs.setdefault(run_dir.parent, []).append(run_dir.name)
+        for root, names in runs.items():
+            # remote_dir holds each run under its local name: take their logs/ and nothing else.
+            only = [f"--include=/{name}/" for name in names] + [f"--include=/{name}/logs/***" for name in names]
+            self._copy([f"{self.login}:{self.root()}/"], f"{root}/", [*only, "--exclude=*", "--omit-dir-times"])
 
     def rsync(self) -> bool:
         """Whether this host and the login node both have rsync (asked once)."""
@@ -224,12 +231,13 @@ class SshRunner:
             self._rsync = bool(shutil.which("rsync")) and self._ssh("command -v rsync").returncode == 0
         return self._rsync
 
-    def _copy(self, sources: list[str], target: str) -> None:
-        """rsync over ssh where both sides have it (it sends only what changed), else scp; times are kept, so that
-        rsync skips a log that has not grown."""
+    def _copy(self, sources: list[str], target: str, rsync_options: list[str] | None = None) -> None:
+        """rsync over ssh where both sides have it (it sends only what changed), else scp; file times are kept, so
+        that rsync skips a log that has not grown."""
         ssh = self.ssh_command()
         if self.rsync():
-            command = ["rsync", "-rtp", "-e", " ".join(shlex.quote(w) for w in ssh), "--", *sources, target]
+            command = ["rsync", "-rtp", *(rsync_options or []), "-e", " ".join(shlex.quote(w) for w in ssh), "--",
+                       *sources, target]
         else:  # scp takes the ssh program with -S and shares ssh's -F, -i and -o options
             command = ["scp", "-r", "-p", "-q", "-S", ssh[0], *ssh[1:], "--", *sources, target]
         try:

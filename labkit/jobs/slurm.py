@@ -246,8 +246,7 @@ class SlurmBackend:
             try:
                 polled.update(self._poll(runner, group))
                 # Before the Job takes its status: an end is recorded with the cause and metrics of its logs.
-                for job in group:
-                    runner.fetch_logs(job.record.path)
+                runner.fetch_logs([job.record.path for job in group])
             except (LoginError, RemoteError):
                 polled = {job: status for job, status in polled.items() if job not in group}
         return polled
