@@ -18,7 +18,7 @@ from labkit.net import free_port
 from labkit.spec.schema import load_spec
 from labkit.spec.checks import SpecError
 from labkit.train import cpu_compat
-from labkit.train.arguments import finish
+from labkit.train.arguments import _fused_adam_importable, finish
 
 ITERATION = re.compile(r" iteration +(\d+)/ *\d+ \|.* lm loss: ([0-9.E+-]+) \|")
 
@@ -59,6 +59,17 @@ def test_the_driver_refuses_the_formats_it_does_not_write(fmt):
                                       "--seq-length", "64", "--mock-data", "--vocab-size", "1023", "--train-iters",
                                       "2", "--lr", "1e-3", "--ckpt-format", fmt])
     with pytest.raises(ArgumentError, match=f"^--ckpt-format {fmt}: "):
+        finish(args, world_size=1, rank=0, cuda=False)
+
+
+@pytest.mark.skipif(_fused_adam_importable(), reason="megatron-core reloads FusedAdam's resharded state")
+def test_the_driver_refuses_torch_dist_with_the_distributed_optimizer_on_torch_adam():
+    args = build_parser().parse_args(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                                      "--seq-length", "64", "--mock-data", "--vocab-size", "1023", "--train-iters",
+                                      "2", "--lr", "1e-3", "--ckpt-format", "torch_dist",
+                                      "--use-distributed-optimizer"])
+    with pytest.raises(ArgumentError, match="^--ckpt-format torch_dist: with --use-distributed-optimizer it needs "
+                                            "Transformer Engine's or Apex's FusedAdam"):
         finish(args, world_size=1, rank=0, cuda=False)
 
 

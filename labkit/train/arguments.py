@@ -9,6 +9,7 @@ heavier than the standard library and labkit.megatron until `parse_args` runs.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 from pathlib import Path
 
@@ -23,6 +24,17 @@ def _te_importable() -> bool:
     except Exception:
         return False
     return True
+
+
+def _fused_adam_importable() -> bool:
+    """Whether megatron-core's optimizers run Transformer Engine's or Apex's FusedAdam (else torch's Adam)."""
+    for module in ("transformer_engine.pytorch.optimizers", "apex.optimizers"):
+        try:
+            importlib.import_module(module)
+        except Exception:
+            continue
+        return True
+    return False
 
 
 def _data_blend(paths: list[str]) -> tuple[list[str], list[float] | None]:
@@ -173,6 +185,13 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
     if args.ckpt_format not in ("torch", "torch_dist"):
         raise ArgumentError(f"--ckpt-format {args.ckpt_format}: labkit's driver writes Megatron-LM's torch and "
                             "torch_dist formats; use one of them")
+    if args.ckpt_format == "torch_dist" and args.use_distributed_optimizer and not _fused_adam_importable():
+        # megatron-core 0.16.1 reloads the distributed optimizer's reshardable state in FusedAdam's layout only: with
+        # torch's Adam (its fallback without Transformer Engine or Apex) the per-parameter "step" it keeps stops
+        # load_parameter_state_from_fully_reshardable (distrib_optimizer.py) with a KeyError
+        raise ArgumentError("--ckpt-format torch_dist: with --use-distributed-optimizer it needs Transformer Engine's "
+                            "or Apex's FusedAdam, which this environment lacks (megatron-core cannot reload torch "
+                            "Adam's state from it); use --ckpt-format torch, or leave out --use-distributed-optimizer")
     if args.tp_comm_overlap:
         raise ArgumentError("--tp-comm-overlap: labkit's driver does not start Transformer Engine's userbuffers, "
                             "which it needs; leave it out, or run Megatron-LM's pretrain_gpt.py (job.entrypoint: "

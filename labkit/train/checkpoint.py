@@ -19,7 +19,8 @@ path (`save_parameter_state`) drops Adam's step counters and cannot be read back
 A torch_dist checkpoint stores each weight and Adam moment by its place in the whole model (megatron-core's
 `sharded_state_dict`), so loading asks for the slices the new layout needs: tensor 2 / pipeline 1 resumes at tensor 1 /
 pipeline 2. The distributed optimizer saves its state `fully_reshardable` (Megatron-LM's
---dist-ckpt-optim-fully-reshardable) for the same reason. The RNG states are kept per (pipeline, tensor) rank and
+--dist-ckpt-optim-fully-reshardable) for the same reason; megatron-core reloads that state only from Transformer
+Engine's or Apex's FusedAdam, so without them (on CPU) the driver refuses torch_dist with the distributed optimizer. The RNG states are kept per (pipeline, tensor) rank and
 restored only under the layout that wrote them, as Megatron-LM's load_checkpoint does: under another layout the run
 keeps the streams it seeded, so dropout masks differ from the uninterrupted run's.
 """
