@@ -94,7 +94,7 @@ def argv(job, node):
 def test_slurm_accepts_every_template_with_test_only(early, slurm, tmp_path):
     two = spec_for(TWO_A10, job={"partition": "debug", "time_limit": "0:10:00", "cpus_per_task": 1,
                                  "exclusive": True, "env": {"NCCL_DEBUG": "INFO"}})
-    hetero = spec_for([A100, {"gpu": "A10", "count": 1, "gpus_per_node": 3}])
+    hetero = spec_for([A100, {"gpu": "A10", "count": 1, "gpus_per_node": 3, "cpus_per_node": 4}])
     scripts = dict(render(two, tmp_path).scripts)
     scripts.update({f"het-{k}": v for k, v in render(hetero, tmp_path).scripts.items()})
     scripts.update({f"pair-{k}": v for k, v in render(hetero, tmp_path, layout="pair").scripts.items()})
@@ -118,7 +118,8 @@ def test_slurm_accepts_every_template_with_test_only(early, slurm, tmp_path):
 
 
 def test_impossible_request_reaches_the_user_verbatim(early, slurm, runs, tmp_path):
-    greedy = spec_for([{"gpu": "A100-40GB", "count": 1, "gpus_per_node": 8}], "greedy", **{"batch.micro": 1})
+    greedy = spec_for([{"gpu": "A100-40GB", "count": 1, "gpus_per_node": 8, "cpus_per_node": 4}], "greedy",
+                      **{"batch.micro": 1})
     with pytest.raises(SlurmError, match="Requested node configuration is not available"):
         slurm.submit(greedy)
     spec_file = tmp_path / "greedy.yaml"
