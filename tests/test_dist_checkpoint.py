@@ -51,6 +51,9 @@ def test_an_unknown_format_or_one_megatron_fsdp_cannot_save_is_refused_naming_th
                                         "fsdp_dtensor"):
         _spec("f", 1, 1, {"ckpt_format": "torch_dist"}, optimizer={"distributed": True, "zero_stage": 3},
               job={"entrypoint": "megatron-lm", "megatron_lm": str(tmp_path)})
+    with pytest.raises(SpecError, match=r"- train.ckpt_format: torch_dist with optimizer.distributed needs "
+                                        "Transformer Engine's or Apex's FusedAdam, which CPU nodes lack"):
+        _spec("f", 1, 1, {"ckpt_format": "torch_dist"}, optimizer={"distributed": True})
 
 
 @pytest.mark.parametrize("fmt", ["torch_dcp", "fsdp_dtensor"])

@@ -473,6 +473,13 @@ def _check_train(spec: RunSpec) -> list[str]:
             and spec.job.entrypoint == "megatron-lm":
         errors.append(f"train.ckpt_format: Megatron-FSDP (optimizer.zero_stage {spec.optimizer.zero_stage}) saves only "
                       "fsdp_dtensor checkpoints (Megatron-LM's validate_args); leave train.ckpt_format out")
+    elif train.ckpt_format == "torch_dist" and spec.optimizer.distributed and spec.job.entrypoint != "megatron-lm" \
+            and any(catalog.resolve_gpu_name(g.gpu) and catalog.gpu(g.gpu).is_cpu
+                    for g in spec.cluster_or_default().nodes):
+        # the driver's own refusal (labkit/train/arguments.py), before submission
+        errors.append("train.ckpt_format: torch_dist with optimizer.distributed needs Transformer Engine's or Apex's "
+                      "FusedAdam, which CPU nodes lack (megatron-core cannot reload torch Adam's resharded state); "
+                      "use torch, or set optimizer.distributed false")
     if train.timing_log_level not in (0, 1, 2):
         errors.append(f"train.timing_log_level: {quote(train.timing_log_level)} is not 0, 1 or 2 (Megatron's timer "
                       "levels; 0 logs the iteration time only)")
