@@ -20,9 +20,10 @@ A torch_dist checkpoint stores each weight and Adam moment by its place in the w
 `sharded_state_dict`), so loading asks for the slices the new layout needs: tensor 2 / pipeline 1 resumes at tensor 1 /
 pipeline 2. The distributed optimizer saves its state `fully_reshardable` (Megatron-LM's
 --dist-ckpt-optim-fully-reshardable) for the same reason; megatron-core reloads that state only from Transformer
-Engine's or Apex's FusedAdam, so without them (on CPU) the driver refuses torch_dist with the distributed optimizer. The RNG states are kept per (pipeline, tensor) rank and
-restored only under the layout that wrote them, as Megatron-LM's load_checkpoint does: under another layout the run
-keeps the streams it seeded, so dropout masks differ from the uninterrupted run's.
+Engine's or Apex's FusedAdam, so without them (on CPU) the driver refuses torch_dist with the distributed optimizer.
+The RNG states are kept per (pipeline, tensor) rank and restored only under the layout that wrote them, as Megatron-LM's
+load_checkpoint does: under another layout the run keeps the streams it seeded, so dropout masks differ from the
+uninterrupted run's.
 """
 from __future__ import annotations
 
@@ -164,6 +165,8 @@ def load(args, model, optimizer, scheduler) -> int:
 def _load_torch(args, iteration: int, model, optimizer, scheduler) -> None:
     folder = _rank_dir(args.load, iteration)
     path = folder / "model_optim_rng.pt"
+    if not path.is_file() and dist_checkpointing.check_is_distributed_checkpoint(str(folder.parent)):
+        raise FileNotFoundError(f"--load: {folder.parent} is a torch_dist checkpoint; pass --ckpt-format torch_dist")
     if not path.is_file():
         raise FileNotFoundError(f"--load: {path} is missing; check --ckpt-step, and that the checkpoint was written "
                                 "with the same --tensor-model-parallel-size and --pipeline-model-parallel-size")
