@@ -234,10 +234,13 @@ def test_launch_from_a_killed_labkit_never_runs_untracked(tmp_path):
         time.sleep(0.1)
     assert subprocess.run(["pgrep", "-f", str(run)], capture_output=True).stdout == b""
     assert [p.name for p in (run / "logs").iterdir()] == ["runner.out"]
-    # `labkit runs` says what became of it, instead of CREATED for ever.
+    creator = RunRecord(run).events()[0]["pid"]
+    (run / f".job.json.{creator}-1.tmp").write_text("{")  # as if killed while writing job.json
+    # `labkit runs` says what became of it, instead of CREATED for ever, and removes what it was writing.
     assert cli("runs", "--runs-dir", str(tmp_path / "runs")) == 0
     (row,) = RunIndex(tmp_path / "runs").rows()
     assert row["state"] == "FAILED" and row["cause"] == record_module.ABANDONED
+    assert not list(run.glob(".*.tmp"))
 
 
 def test_concurrent_writers_of_one_record_never_collide(tmp_path):

@@ -287,6 +287,9 @@ class RunRecord:
         if self.last_status().get("state", "CREATED") != "CREATED" or not self.abandoned():
             return False
         self.set_status("FAILED", cause=ABANDONED)
+        creator = next((e.get("pid") for e in self.events() if e.get("state") == "CREATED"), None)
+        for leftover in self.path.glob(f".*.{creator}-*.tmp") if creator else ():
+            leftover.unlink(missing_ok=True)  # a file the killed labkit was writing (a script, job.json)
         return True
 
     def set_status(self, state, exit_code: str | None = None, reason: str | None = None,
