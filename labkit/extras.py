@@ -1,6 +1,6 @@
 """The optional parts of an install. The base install plans and submits (spec, estimate, plan, render, submit, status,
 logs); `labkit[train]` adds the megatron-core driver that trains here, `labkit[lab]` the Jupyter stack the notebooks
-run in, and `labkit[all]` both. A command that reaches a module of an extra that is not installed says which extra
+run in, `labkit[tracking]` Weights & Biases and MLflow, and `labkit[all]` all three. A command that reaches a module of an extra that is not installed says which extra
 to install instead of ending in a traceback.
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ import importlib.util
 # Importable top-level module -> the extra (pyproject.toml's [project.optional-dependencies]) that installs it.
 # tests/test_packaging.py checks that every distribution an extra lists is here under that extra.
 MODULES = {
-    "torch": "train", "megatron": "train", "psutil": "train", "tensorboard": "train", "wandb": "train",
-    "mlflow": "train",
+    "torch": "train", "megatron": "train", "psutil": "train", "tensorboard": "train", "wandb": "tracking",
+    "mlflow": "tracking",
     "plotly": "lab", "jupyterlab": "lab", "ipywidgets": "lab", "ipykernel": "lab", "IPython": "lab",
     "papermill": "lab", "nbformat": "lab", "nbconvert": "lab", "nbclient": "lab", "jupytext": "lab",
     "jupyter_server_mathjax": "lab",

@@ -74,18 +74,19 @@ def test_the_base_install_plans_and_the_extras_train_and_run_the_labs():
     assert base == {"numpy", "pandas", "jinja2", "pyyaml", "termcolor", "tqdm", "tokenizers", "sentencepiece"}
     extras = {name: set(requirement_map(reqs)) for name, reqs in project["optional-dependencies"].items()}
     assert {"torch", "megatron-core"} <= extras["train"] and {"jupyterlab", "papermill"} <= extras["lab"]
-    assert project["optional-dependencies"]["all"] == ["labkit[train,lab]"]
+    assert {"wandb", "mlflow-skinny"} == extras["tracking"]
+    assert project["optional-dependencies"]["all"] == ["labkit[train,lab,tracking]"]
 
 
 def test_each_extra_distribution_has_its_module_in_the_hint_table():
     """labkit.extras.MODULES names the extra to install for a missing module: every distribution of an extra is there
     under that extra (by its import name)."""
     import_name = {"megatron-core": "megatron", "mlflow-skinny": "mlflow"}
-    for extra in ("train", "lab"):
+    for extra in ("train", "lab", "tracking"):
         for dist in requirement_map(pyproject()["optional-dependencies"][extra]):
             module = import_name.get(dist, dist.replace("-", "_"))
             assert extras.MODULES.get(module) == extra, dist
-    assert set(extras.MODULES.values()) == {"train", "lab"}
+    assert set(extras.MODULES.values()) == {"train", "lab", "tracking"}
 
 
 def test_a_missing_extra_is_named_with_its_pip_command(monkeypatch, capsys, tmp_path):

@@ -66,16 +66,16 @@ def test_wandb_missing_here_names_the_field_and_the_pip_command(monkeypatch, cap
     spec = _spec(wandb={"project": "p"})
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
-    assert "train.wandb needs wandb, which the base install leaves out: pip install 'labkit[train]'" in check_job(
+    assert "train.wandb needs wandb, which the base install leaves out: pip install 'labkit[tracking]'" in check_job(
         spec, "local")
     assert not any("wandb" in e for e in check_job(spec, "multinode"))  # the cluster's environment is its own
     with pytest.raises(SystemExit):
         parse_args(megatron_args(spec), world_size=1, rank=0, cuda=False)
-    assert "--wandb-project needs wandb, which the base install leaves out: pip install 'labkit[train]'" in \
+    assert "--wandb-project needs wandb, which the base install leaves out: pip install 'labkit[tracking]'" in \
         capsys.readouterr().err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed (labkit[train])")
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed (labkit[tracking])")
 def test_the_driver_follows_megatron_lm_for_the_wandb_directory(capsys):
     args = [*megatron_args(_spec(wandb={"project": "p"})), "--wandb-save-dir", ""]
     with pytest.raises(SystemExit):

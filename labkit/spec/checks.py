@@ -58,12 +58,6 @@ _QUOTE.maxstring = _QUOTE.maxother = QUOTE_CHARS
 _QUOTE.maxlist = _QUOTE.maxdict = _QUOTE.maxtuple = _QUOTE.maxset = 8
 _QUOTE.maxlevel = 3
 
-
-def quote(value) -> str:
-    """repr(value) for an error message, at most about QUOTE_CHARS characters, without building the whole repr."""
-    text = _QUOTE.repr(value)
-    return text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS - 3] + "..."
-
 # The spec field that sets each Megatron argument labkit.megatron.rules speaks of.
 SPEC_FIELDS = {"num_attention_heads": "model.num_attention_heads", "hidden_size": "model.hidden_size",
                "num_query_groups": "model.num_query_groups", "tensor_model_parallel_size": "parallel.tensor",
@@ -81,6 +75,12 @@ def _field(argument: str) -> str:
 def _worded(problems: list[rules.Problem]) -> list[str]:
     """Megatron's rules broken by a spec, each as an error naming its field."""
     return [f"{_field(problem.argument)}: {problem.message}" for problem in problems]
+
+
+def quote(value) -> str:
+    """repr(value) for an error message, at most about QUOTE_CHARS characters, without building the whole repr."""
+    text = _QUOTE.repr(value)
+    return text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS - 3] + "..."
 
 
 def _clip(error: str) -> str:

@@ -193,7 +193,7 @@ class OptimizerSpec:
 
 @dataclass
 class WandbSpec:
-    """A Weights & Biases run beside the log (the `wandb` package: pip install 'labkit[train]'). Set WANDB_MODE=offline
+    """A Weights & Biases run beside the log (the `wandb` package: pip install 'labkit[tracking]'). Set WANDB_MODE=offline
     (job.env) to keep it on disk and `wandb sync` it later."""
     project: str = ""
     """The W&B project (--wandb-project); required."""
