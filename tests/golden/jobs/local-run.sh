@@ -123,8 +123,9 @@ finish() {  # finish STATE EXIT_CODE: stop the whole process group (nodes, torch
     trap '' TERM INT USR1
     kill -TERM 0 2>/dev/null
     wait
-    # Written whole and renamed into place, so that a reader never sees a half-written state.
-    echo "$1 $2" >"$state_file.tmp" && mv -f "$state_file.tmp" "$state_file"
+    # Written whole and renamed into place, so that a reader never sees a half-written state (on a full disk, no
+    # state.tmp is left: the run then reads as stopped without recording an end).
+    { echo "$1 $2" >"$state_file.tmp" && mv -f "$state_file.tmp" "$state_file"; } || rm -f "$state_file.tmp"
     exit "$2"
 }
 trap 'finish CANCELLED 143' TERM INT
