@@ -29,11 +29,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 
 from labkit.estimate.memory import model_state_bytes  # noqa: E402
 from labkit.estimate.params import Shape  # noqa: E402
 from labkit.megatron_args import megatron_args  # noqa: E402
 from labkit.spec import load_spec  # noqa: E402
+from test_memory_vs_megatron_core import held_bytes  # noqa: E402
 
 # A GPT with odd widths (hidden 72: gaps before 64-element-aligned parameters; vocabulary 1000, padded to 1024) and
 # untied embeddings, which FSDP2 needs.
@@ -45,36 +47,6 @@ STAGES = (0, 1, 2, 3)
 def spec(stage: int, data: int):
     return load_spec({"model": MODEL, "precision": "fp32", "parallel": {"data": data},
                       "batch": {"micro": 1, "global": data}, "optimizer": {"zero_stage": stage}})
-
-
-def held_bytes(model, optimizer) -> tuple[int, int, int]:
-    """(weights, gradients, optimizer state) bytes these objects hold, each storage once (DTensors by their local
-    shard)."""
-    import torch
-    from megatron.core.distributed import DistributedDataParallel
-    from torch.distributed.tensor import DTensor
-
-    seen: set[int] = set()
-
-    def new(tensors) -> int:
-        total = 0
-        for x in tensors:
-            if x is None:
-                continue
-            storage = (x.to_local() if isinstance(x, DTensor) else x).untyped_storage()
-            if storage.nbytes() and storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                total += storage.nbytes()
-        return total
-
-    params = [p for chunk in model for p in chunk.parameters()]
-    weights = new(params)
-    buffers = [b.grad_data for chunk in model if isinstance(chunk, DistributedDataParallel) for b in chunk.buffers]
-    gradients = new(buffers) if buffers else new(p.grad for p in params)
-    inner = [o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer])]
-    main = [p for o in inner for group in o.param_groups for p in group["params"]]
-    state = [v for o in inner for st in o.state.values() for k, v in st.items() if k != "step" and torch.is_tensor(v)]
-    return weights, gradients, new(main) + new(p.grad for p in main) + new(state)
 
 
 def _worker(rank: int, world: int, address: str, out: str) -> None:
