@@ -34,11 +34,11 @@ wheel-check: $(STAMP)
 other-pythons: $(STAMP)
 	bash tests/other_pythons.sh $(BIN)/python
 
-slurm-up:
-	bash slurm/local/start.sh
+slurm-up: $(STAMP)
+	$(BIN)/labkit slurm up
 
-slurm-down:
-	bash slurm/local/stop.sh
+slurm-down: $(STAMP)
+	$(BIN)/labkit slurm down
 
 clean-venv:
 	rm -rf $(VENV)

@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "labkit.plan.cli",
     "labkit.profiling.cli",
     "labkit.jobs.cli",
+    "labkit.jobs.local_slurm",
     "labkit.logs.cli",
     "labkit.completion",
 ]

@@ -1,4 +1,5 @@
-"""Suite-wide fixtures. Tests marked `slurm` run against a real local Slurm (slurm/local/), started once per session."""
+"""Suite-wide fixtures. Tests marked `slurm` run against a real local Slurm (labkit/data/local_slurm/), started once per
+session."""
 from __future__ import annotations
 
 import os
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-SLURM_LOCAL = ROOT / "slurm" / "local"
+from labkit.jobs.local_slurm import SCRIPTS as SLURM_LOCAL
+
 SLURM_TOOLS = ("sbatch", "squeue", "scontrol", "slurmctld", "slurmd", "munged")
 ACCOUNTING_TOOLS = ("slurmdbd", "mariadbd", "mariadb-install-db")
 
@@ -72,7 +73,7 @@ def local_slurm():
         patch.setenv("LABKIT_SLURM_ACCOUNTING", accounting)  # a later start.sh must not change the cluster's setup
         started = subprocess.run(["bash", str(SLURM_LOCAL / "start.sh")], capture_output=True, text=True)
         if started.returncode != 0:
-            pytest.fail(f"slurm/local/start.sh failed (exit {started.returncode}):\n{started.stdout}{started.stderr}")
+            pytest.fail(f"local_slurm/start.sh failed (exit {started.returncode}):\n{started.stdout}{started.stderr}")
         users = runtime_dir / "users"
         users.mkdir(exist_ok=True)
         me = users / str(os.getpid())

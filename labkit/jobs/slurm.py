@@ -51,7 +51,7 @@ def _run(args: list[str], check: bool = True, cwd: Path | str | None = None, env
             raise SlurmError(f"{args[0]} not found on {runner.login} (cluster.login): the login node has no Slurm "
                              "client on the PATH of a non-interactive ssh login") from None
         raise SlurmError(f"{args[0]} not found: this host has no Slurm client (use the local backend, or "
-                         "`make slurm-up` for a local Slurm)") from None
+                         "`labkit slurm up` for a local Slurm)") from None
     except RemoteError as exc:
         raise LoginError(str(exc)) from None
     if check and done.returncode != 0:

@@ -28,8 +28,8 @@ DB=$SLURM_DIR/db
 HOST=$(hostname -s)
 HOSTS_MARK="# labkit local slurm $SLURM_DIR"
 
-die() { echo "slurm/local: $*" >&2; exit 1; }
-say() { echo "slurm/local: $*"; }
+die() { echo "labkit slurm: $*" >&2; exit 1; }
+say() { echo "labkit slurm: $*"; }
 
 # NODE_NAMES[i] and NODE_GRES[i] ("" for a node without GPUs), n1..nN in order.
 NODE_NAMES=()

@@ -28,7 +28,7 @@ install_packages() {
 write_config() {
     local dir=$1 k name gres gpu_type gpu_count
     {
-        echo "# Written by slurm/local/start.sh; rewritten on every start."
+        echo "# Written by labkit slurm up (labkit/data/local_slurm/start.sh); rewritten on every start."
         echo "ClusterName=local"
         echo "SlurmctldHost=$HOST(127.0.0.1)"
         echo "SlurmctldPort=$CTLD_PORT"
