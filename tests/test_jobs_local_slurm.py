@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from labkit.jobs.local_slurm import SCRIPTS as SLURM_LOCAL
+
 pytestmark = pytest.mark.slurm
-SLURM_LOCAL = Path(__file__).resolve().parent.parent / "slurm" / "local"
 
 
 def _wait_gone(job_id: str, timeout: float = 60) -> None:
