@@ -85,7 +85,8 @@ def test_the_checkpoint_writer_and_its_save_flags_need_the_layer_on_cpu_and_run_
 
     bucket = [("file", "key", ([], [("item", torch.ones(3))]))]
     cpu_compat.remove()
-    with pytest.raises(AssertionError, match="not compiled with CUDA"):
+    # CPU torch: "not compiled with CUDA"; CUDA torch on a machine without a GPU: "no NVIDIA driver"
+    with pytest.raises((AssertionError, RuntimeError), match="not compiled with CUDA|no NVIDIA driver"):
         filesystem_async.FileSystemWriterAsync.preload_tensors(bucket, non_blocking=True)
     assert cpu_compat.apply()
     try:
