@@ -18,10 +18,10 @@
 # # 실습 01: 기준 실행(baseline run): 작업 작성, 제출, 관찰, 로그 읽기
 #
 # **목표.** 이 실습을 마치면 다음을 할 수 있습니다.
-# - 학습 실행을 실행 명세(run spec)로 기술하고, 그로부터 생성된 Slurm 작업 스크립트(job script)를 확인합니다(워크숍에서
+# - 학습 실행을 실행 스펙(run spec)으로 기술하고, 그로부터 생성된 Slurm 작업 스크립트(job script)를 확인합니다(워크숍에서
 #   손으로 작성하던 `sbatch` 스크립트를 이제 생성합니다. `srun`이 노드마다 태스크를 하나씩 띄우고, 각 태스크는 첫 번째
 #   노드를 향해 `torchrun`을 시작합니다).
-# - 이 명세를 백엔드(backend)에 제출하고(랩톱에서는 로컬 백엔드, 클러스터에서는 Slurm이며 호출은 똑같습니다) 실행을
+# - 이 스펙을 백엔드(backend)에 제출하고(랩톱에서는 로컬 백엔드, 클러스터에서는 Slurm이며 호출은 똑같습니다) 실행을
 #   실시간으로 따라갑니다.
 # - Megatron의 로그를 표로 읽어 냅니다: 반복(iteration) 시간, 손실(loss), 처리량(throughput), 메모리.
 #
@@ -47,7 +47,7 @@ from labkit.logs.views import comparison_table, loss_figure
 from labkit.spec import load_spec
 
 # %% [markdown]
-# ## 1.1 실행 명세
+# ## 1.1 실행 스펙
 #
 # YAML 파일 하나가 모든 것을 정합니다. 무엇을 학습할지는 모델 프리셋(model preset)으로, 모델을 어떻게 나눌지는
 # 텐서 병렬(tensor parallel), 파이프라인 병렬(pipeline parallel), 데이터 병렬(data parallel)로 정하고, 배치(batch),
@@ -65,7 +65,7 @@ print(f"world size {spec.world_size}, data parallel {spec.data_parallel}, "
 # %% [markdown]
 # ## 1.2 작업 스크립트
 #
-# Slurm에서는 바로 이 스크립트가 제출됩니다. 워크숍의 스크립트 그대로이되, 모든 값은 명세에서 오고 사용자가 준
+# Slurm에서는 바로 이 스크립트가 제출됩니다. 워크숍의 스크립트 그대로이되, 모든 값은 스펙에서 오고 사용자가 준
 # 문자열은 모두 셸 인용(shell quoting) 처리됩니다. `labkit run SPEC --dry-run`도 같은 내용을 출력합니다.
 
 # %%
@@ -103,7 +103,7 @@ my_prediction = {"time per iteration (ms)": ...}  # a number
 #
 # `submit`은 곧바로 `Job`을 반환합니다. 아래 뷰는 작업이 도는 동안 2초마다 갱신되며,
 # [FASOP의 Megatron-LM 스크립트](https://github.com/AvatarHwang/FASOP)에 있는 `get_result.sh`처럼 노드별 로그, 작업
-# 스스로가 파악한 병렬 배치(layout)를 명세와 비교한 결과, 지금까지 진행된 반복을 보여 줍니다.
+# 스스로가 파악한 병렬 레이아웃(layout)을 스펙과 비교한 결과, 지금까지 진행된 반복을 보여 줍니다.
 
 # %%
 jobs = backend_named(backend)
@@ -133,9 +133,9 @@ loss_figure({"baseline": log}).show()
 
 # %% [markdown]
 # 손실은 약 ln 730 = 6.6에서 출발해 내려갑니다. 이 값은 코퍼스 토크나이저(tokenizer)의 토큰 730개 중에서 균등하게
-# 찍었을 때의 손실입니다. 이 명세는 labkit에 포함된 작은 코퍼스(corpus)로 학습합니다(`labkit/data/corpus/`, 토큰화되어
+# 찍었을 때의 손실입니다. 이 스펙은 labkit에 포함된 작은 코퍼스(corpus)로 학습합니다(`labkit/data/corpus/`, 토큰화되어
 # 있으며 실습 08에서 직접 만듭니다). 작은 모델은 이 몇 번의 반복 안에 가장 자주 나오는 토큰들을 익힙니다.
-# `data: {mock: true}`(예제 명세 원래의 설정)로 두면 모델은 무작위 토큰을 보게 되고, 아무리 오래 학습해도 손실은
+# `data: {mock: true}`(예제 스펙 원래의 설정)로 두면 모델은 무작위 토큰을 보게 되고, 아무리 오래 학습해도 손실은
 # ln 1024 = 6.93에 머뭅니다. 모의 데이터(mock data)는 데이터셋 없이 속도와 메모리를 재는 용도이며, 그 이상은 아닙니다.
 
 # %% [markdown]
@@ -162,8 +162,8 @@ print(format_report(report(job), color=False))
 #
 # ## 연습
 #
-# **연습 1.** `spec`에서 출발해 마이크로배치(micro-batch) 2와 프로세스 두 개는 그대로 두고, 전역 배치(global batch)
-# 16으로 학습하는 명세를 만드세요. 이제 각 프로세스는 반복마다 마이크로배치를 몇 개 실행할까요? (점으로 구분된 키
+# **연습 1.** `spec`에서 출발해 마이크로배치(micro-batch) 2와 프로세스 두 개는 그대로 두고, 글로벌 배치(global batch)
+# 16으로 학습하는 스펙을 만드세요. 이제 각 프로세스는 반복마다 마이크로배치를 몇 개 실행할까요? (점으로 구분된 키
 # `"batch.global"`과 함께 `spec.replace(...)`를 사용하세요.)
 
 # %%

@@ -264,7 +264,7 @@ gpt2 = base.replace(model={"preset": "gpt2-small"})
 check("03.1", answer_1, spec=gpt2)
 
 # %% [markdown]
-# **연습 2.** `base`에서 출발해, 각 파이프라인 스테이지의 처음 2개 층만 체크포인팅하는 명세(spec)를 만드세요.
+# **연습 2.** `base`에서 출발해, 각 파이프라인 스테이지의 처음 2개 층만 체크포인팅하는 스펙(spec)을 만드세요.
 
 # %%
 answer_2 = ...

@@ -15,7 +15,7 @@
 # ---
 
 # %% [markdown]
-# # 실습 02 풀이: 혼합 정밀도(mixed precision)
+# # 실습 02 해답: 혼합 정밀도(mixed precision)
 
 # %%
 import math

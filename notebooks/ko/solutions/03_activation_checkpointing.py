@@ -15,7 +15,7 @@
 # ---
 
 # %% [markdown]
-# # 실습 03 풀이: 활성화 체크포인팅(activation checkpointing)
+# # 실습 03 해답: 활성화 체크포인팅(activation checkpointing)
 
 # %%
 from labkit.estimate.recompute import recompute_table
