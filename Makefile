@@ -1,4 +1,4 @@
-# Two commands do all the set-up: `make lab` runs the lab series, `make test` runs the test suite.
+# Two commands do all the set-up: `make lab` runs the lab series (both editions), `make test` runs the test suite.
 # PYTHON: the newest supported interpreter found (3.13, 3.12, then 3.11; one that is on PATH but does not run, such as
 # an inactive pyenv shim, is skipped); override with `make test PYTHON=/path/to/python3.x`.
 SUPPORTED := python3.13 python3.12 python3.11
@@ -18,8 +18,10 @@ $(STAMP): pyproject.toml constraints.txt
 	@$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[all,test]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
+# Both editions of the series: English, then Korean (notebooks/ko/).
 lab: $(STAMP)
 	$(BIN)/labkit lab
+	$(BIN)/labkit lab --lang ko
 
 # The whole suite on this environment's Python, then the wheel as a user installs it, then the fast suite on the other
 # supported Pythons found here.

@@ -1,4 +1,4 @@
-"""Build hook: the wheel carries the course files (notebooks with their solutions, examples, images) under
+"""Build hook: the wheel carries the course files (notebooks with their solutions, in English and Korean; examples, images) under
 labkit/course/, so that `labkit workspace DIR` can copy them out of a pip-only install. In the source tree they stay
 at the top level, where students and reviewers find them; everything else is declared in pyproject.toml."""
 import shutil
@@ -7,7 +7,7 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-COURSE = {"notebooks": ("*.ipynb", "solutions/*.ipynb", "nbval_sanitize.cfg"), "examples": ("*.yaml",),
+COURSE = {"notebooks": ("*.ipynb", "solutions/*.ipynb", "ko/*.ipynb", "ko/solutions/*.ipynb", "nbval_sanitize.cfg"), "examples": ("*.yaml",),
           "images": ("*.svg",)}
 
 

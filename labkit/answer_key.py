@@ -56,9 +56,9 @@ def _lab07_bubble(answer):
                  hint="the bubble's share of the whole iteration: (p - 1) / (m + p - 1), not SC21's (p - 1) / m")
 
 
-def _lab09_gres(answer):
+def _lab00_gres(answer):
     written = answer.strip().lower().removeprefix("--gres=") if isinstance(answer, str) else answer
-    check_choice(written, "gpu:a100:2", name="Exercise 2 (two A100s per node)",
+    check_choice(written, "gpu:a100:2", name="Exercise 3 (two A100s per node)",
                  choices=[written] if isinstance(written, str) else ["a string such as gpu:TYPE:N"],
                  hint="generic resources are NAME:TYPE:COUNT per node; sinfo's GRES column names the type")
 
@@ -66,6 +66,10 @@ def _lab09_gres(answer):
 KEY: dict[str, Callable[..., None]] = {
     "00.1": lambda a: check_choice(a, "slurm", name="Exercise 1 (default backend)", choices=["local", "slurm"],
                                    hint="see labkit.jobs.default_backend"),
+    "00.2": lambda a: check_choice(a, "PENDING", name="Exercise 2 (waiting for GPUs)",
+                                   choices=["PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"],
+                                   hint="the state squeue showed for the second job in 0.6, beside the reason"),
+    "00.3": _lab00_gres,
     "01.1": lambda a: check_spec(a, name="Exercise 1 (global batch 16)", batch__global_=16, batch__micro=2,
                                  num_micro_batches=4),
     "02.1": _lab02_skipped,
@@ -78,7 +82,7 @@ KEY: dict[str, Callable[..., None]] = {
     "03.3": lambda a, table: check_number(
         a, table.loc["selective", "saved_mib"], name="Exercise 3 (selective saving)", rel_tol=0.01,
         hint="5 * 12 * 1024 / 768 bytes per token and hidden unit, times s * b * h, times 12 layers"),
-    "04.1": lambda a: check_spec(a, name="Exercise 1 (the workshop's accumulation)", batch__micro=4,
+    "04.1": lambda a: check_spec(a, name="Exercise 1 (the DLI workshop's accumulation)", batch__micro=4,
                                  batch__global_=64, data_parallel=4, num_micro_batches=4),
     "04.2": lambda a: check_number(a, 16 * 10, name="Exercise 2 (consumed samples)", rel_tol=0.0),
     "04.3": lambda a: check_choice(a, "time per iteration", name="Exercise 3 (what accumulation costs)",
@@ -98,10 +102,6 @@ KEY: dict[str, Callable[..., None]] = {
     "08.1": lambda a, tokens, seq_length: check_number(a, (tokens - 1) // seq_length,
                                                        name="Exercise 1 (sequences per epoch)", rel_tol=0.01),
     "08.2": lambda a: check_number(None if a is ... else len(a), 3, name="Exercise 2 (your own corpus)", rel_tol=0.0),
-    "09.1": lambda a: check_choice(a, "PENDING", name="Exercise 1 (waiting for nodes)",
-                                   choices=["PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"],
-                                   hint="the state squeue shows beside the reason (Resources)"),
-    "09.2": _lab09_gres,
 }
 
 
@@ -109,7 +109,7 @@ def check(exercise: str, answer: Any, **lab_values: Any) -> None:
     """Check `answer` to lab exercise `exercise` ("LAB.N") against the key; `lab_values` are what the lab computed
     that the answer depends on.
 
-    Taught in labs 00, 01, 02, 03, 04, 05, 06, 07, 08 and 09.
+    Taught in labs 00, 01, 02, 03, 04, 05, 06, 07 and 08.
     """
     if exercise not in KEY:
         raise KeyError(f"no exercise {exercise!r}; the labs' exercises are {', '.join(KEY)}")

@@ -1,7 +1,7 @@
 """Run the lab series headless: papermill executes each notebook into runs/lab-<timestamp>/, and an HTML index of the
 executed notebooks is written beside them that opens offline (plotly.js inlined, diagrams embedded).
 
-`labkit lab [--backend local|slurm] [-p key value] [--only NAMES]`, or `make lab`. `labkit workspace DIR` copies the
+`labkit lab [--backend local|slurm] [-p key value] [--only NAMES] [--lang en|ko]`, or `make lab` (both editions). `labkit workspace DIR` copies the
 notebooks, their solutions, the examples and the images out of an installed wheel into DIR, to work on them there;
 `--no-solutions` leaves the solutions out (the students' copy; the instructor's keeps them).
 """
@@ -99,6 +99,62 @@ def copy_workspace(target: Path | str, solutions: bool = True) -> list[Path]:
             shutil.copy2(path, destination)
             written.append(destination)
     return written
+
+
+EDITIONS = {"en": "", "ko": "ko"}
+"""The editions of the series: {language code: its folder inside notebooks/}. English is the source at the top; a
+translation is the same jupytext sources with translated text and identical code cells, in notebooks/<code>/ with its
+own solutions/, and its notebooks carry the English notebooks' stored outputs (`labkit lab --lang ko`)."""
+
+
+def edition_dir(lang: str = "en", notebook_dir: Path | str | None = None) -> Path:
+    """The folder of one edition's labs, inside `notebook_dir` (default: the labs `labkit lab` runs)."""
+    if lang not in EDITIONS:
+        raise LabError(f"--lang {lang!r}: choose one of {', '.join(EDITIONS)}")
+    base = Path(notebook_dir) if notebook_dir is not None else default_notebook_dir()
+    return base / EDITIONS[lang]
+
+
+def translation_problems(english: Path | str, translated: Path | str) -> list[str]:
+    """How a translated notebook differs from its English one in anything but its text: the cells' number, order and
+    kinds, and every code cell's source, tags and stored outputs must be the same, so that running one edition runs
+    the other's code. Both are read with jupytext (a .py source or an .ipynb)."""
+    import jupytext
+
+    english, translated = jupytext.read(english), jupytext.read(translated)
+    if len(english.cells) != len(translated.cells):
+        return [f"{len(translated.cells)} cells where the English has {len(english.cells)}"]
+    problems = []
+    for number, (ours, theirs) in enumerate(zip(english.cells, translated.cells), start=1):
+        if ours.cell_type != theirs.cell_type:
+            problems.append(f"cell {number}: {theirs.cell_type} where the English has {ours.cell_type}")
+        elif ours.cell_type == "code":
+            for part in ("source", "outputs"):
+                if ours.get(part) != theirs.get(part):
+                    problems.append(f"cell {number}: its {part} differs from the English")
+            if ours.metadata.get("tags", []) != theirs.metadata.get("tags", []):
+                problems.append(f"cell {number}: tags {theirs.metadata.get('tags', [])} where the English has "
+                                f"{ours.metadata.get('tags', [])}")
+    return problems
+
+
+def write_translated_notebook(source: Path | str, english: Path | str) -> Path:
+    """Write a translated lab's .ipynb beside its jupytext source: the English notebook (code cells, tags, stored
+    outputs) with each text cell taken from the translation. Returns the notebook written."""
+    import jupytext
+    import nbformat
+
+    source, english = Path(source), Path(english)
+    problems = translation_problems(english.with_suffix(".py"), source)
+    if problems:
+        raise LabError(f"{source}: not a translation of {english.with_suffix('.py')}: {'; '.join(problems)}")
+    notebook = nbformat.read(english, as_version=4)
+    for cell, text in zip(notebook.cells, jupytext.read(source).cells):
+        if cell.cell_type == "markdown":
+            cell.source = text.source
+    target = source.with_suffix(".ipynb")
+    nbformat.write(notebook, target)
+    return target
 
 
 def lab_notebooks(directory: Path | str | None = None, only: list[str] | None = None) -> list[Path]:
@@ -490,9 +546,12 @@ def register(sub) -> None:
                    help="run only these labs: numbers or names, comma-separated (e.g. 05,08)")
     p.add_argument("--runs-dir", help="parent of the lab-<timestamp> directory (default $LABKIT_RUNS_DIR, else runs)")
     p.add_argument("--timeout", type=int, default=600, help="seconds a single cell may run (default 600)")
+    p.add_argument("--lang", choices=list(EDITIONS), default="en",
+                   help="the edition to run: en (default) or ko, the Korean one (notebooks/ko/)")
     p.add_argument("--store-outputs", action="store_true",
                    help=f"instead of a lab run: execute the chosen source notebooks (and their solutions) in place, "
-                        f"keeping only the outputs of cells tagged {CHECKED_TAG}, which nbval compares")
+                        f"keeping only the outputs of cells tagged {CHECKED_TAG}, which nbval compares; with "
+                        f"--lang ko, write the Korean notebooks from their sources with the English outputs")
     p.set_defaults(func=_lab_command)
     p = sub.add_parser("workspace", help="copy the lab notebooks, their solutions, the examples and the images into a "
                                          "directory to work in (files already there are kept)")
@@ -516,17 +575,22 @@ def _lab_command(args: argparse.Namespace) -> int:
     if args.store_outputs:
         try:
             chosen = lab_notebooks(None, only or None)
+            for notebook in chosen + [p.parent / SOLUTIONS / p.name for p in chosen]:
+                if not notebook.exists():
+                    continue
+                if args.lang == "en":
+                    print(f"{notebook}: kept {store_checked_outputs(notebook, args.timeout)} checked output(s)")
+                    continue
+                source = edition_dir(args.lang, chosen[0].parent) / notebook.relative_to(chosen[0].parent)
+                if source.with_suffix(".py").exists():
+                    print(f"{write_translated_notebook(source.with_suffix('.py'), notebook)}: written")
         except LabError as exc:
             print(f"labkit lab: {exc}", file=sys.stderr)
             return 2
-        for notebook in chosen + [p.parent / "solutions" / p.name for p in chosen]:
-            if notebook.exists():
-                print(f"{notebook}: kept {store_checked_outputs(notebook, args.timeout)} "
-                      f"checked output(s)")
         return 0
     try:
         run = run_lab(only=only or None, parameters=parameters, backend=args.backend, runs_dir=args.runs_dir,
-                      timeout_s=args.timeout)
+                      timeout_s=args.timeout, notebook_dir=edition_dir(args.lang))
     except LabError as exc:
         print(f"labkit lab: {exc}", file=sys.stderr)
         return 2

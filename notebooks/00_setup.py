@@ -15,27 +15,44 @@
 # ---
 
 # %% [markdown]
-# # Lab 00: Setup: what is installed, where jobs run, a first tiny job
+# # Lab 00: Setup and a Slurm primer: what is installed, where jobs run, the commands under `labkit run`
 #
 # **Objectives.** By the end of this lab you can
 # - check the software the labs use (PyTorch, megatron-core, labkit) and whether a GPU is visible;
 # - tell which backend runs your jobs: `local` (processes on this machine), or `slurm` (labkit's local Slurm with
 #   emulated nodes, or a real cluster);
-# - list the cluster's nodes and GPUs with `sinfo`, as the NVIDIA DLI workshop *Model Parallelism* does;
-# - submit a first tiny training job and read its last lines.
+# - read a cluster's nodes, partitions and typed GPUs with `sinfo`, as the NVIDIA DLI workshop *Model Parallelism:
+#   Building and Deploying Large Neural Networks* does;
+# - write a batch script, submit it with `sbatch`, follow it with `squeue` and read how it ended with `sacct`;
+# - start one task per node with `srun`, ask for GPUs by type with `--gres=gpu:TYPE:N`, and see a job wait (PENDING)
+#   for GPUs that another job holds;
+# - submit a heterogeneous job (`hetjob`): one job whose components ask for different nodes, as lab 06 does for a
+#   mixed A100/A10 cluster;
+# - recognise each of these steps in the script `labkit run` renders, and submit a first tiny training job.
+#
+# The Slurm commands run against a real Slurm: labkit's local one (`labkit slurm up`, or `make slurm-up` in a
+# checkout: one a100 node and three a10 nodes emulated on this machine) or your cluster's. Without Slurm those cells
+# say so and the lab still runs.
 
 # %% tags=["parameters"]
-backend = "local"
+backend = "local"   # where the first training job runs: "local" or "slurm"
 iterations = 4
+gpu_type = "a10"    # a GPU type the cluster's nodes have (sinfo's GRES column)
+wait_s = 120        # the longest a cell waits for a job
 
 # %%
 import shutil
+import subprocess
+import tempfile
+import time
 from importlib.metadata import version
+from pathlib import Path
 
 import torch
 
 from labkit.answer_key import check
 from labkit.jobs import backend_named, default_backend
+from labkit.jobs.render import render
 from labkit.paths import example
 from labkit.spec import load_spec
 
@@ -52,39 +69,185 @@ print(f"{'GPU':>14} {torch.cuda.get_device_name(0) if torch.cuda.is_available() 
 #
 # `default_backend()` looks only for the `sbatch` command: where it exists, the default is Slurm, whether or not a
 # Slurm controller answers; elsewhere it is local, which runs the same `torchrun` command as local processes, with
-# the same job API and log layout. This lab does not use the default: it uses the backend in its parameters cell.
+# the same job API and log layout. With Slurm installed but its controller stopped, a job submitted to the default
+# fails: choose `backend_named("local")` (or `--backend local`) then. This lab's training job does not use the
+# default: it uses the backend in its parameters cell.
 
 # %%
-print(f"default backend here: {default_backend().name}; this lab uses: {backend}")
+print(f"default backend here: {default_backend().name}; this lab's training job uses: {backend}")
 
 # %% tags=["check-claim"]
 assert default_backend().name == ("slurm" if shutil.which("sbatch") else "local"), "0.2 says the default follows sbatch"
 
+# %%
+have_slurm = all(shutil.which(tool) for tool in ("sinfo", "sbatch", "squeue", "scancel"))
+have_slurm = have_slurm and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0
+workdir = Path(tempfile.mkdtemp(prefix="slurm-primer-"))
+
+
+def sh(command: str) -> str:
+    """Run a shell command in the lab's directory and show what it printed."""
+    done = subprocess.run(command, shell=True, capture_output=True, text=True, cwd=workdir)
+    print(f"$ {command}\n{done.stdout}{done.stderr}".rstrip())
+    return done.stdout.strip()
+
+
+def job_state(job_id: str) -> str:
+    """The job's state as squeue reports it ("" once the controller no longer lists it)."""
+    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+
+
+def wait_until(job_id: str, states: tuple[str, ...]) -> str:
+    """Poll squeue until the job is in one of `states` (or gone), for at most wait_s seconds."""
+    deadline = time.monotonic() + wait_s
+    while (state := job_state(job_id)) and state not in states and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return state
+
+
+def wait_until_gone(job_id: str) -> None:
+    wait_until(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"))
+
+
+if not have_slurm:
+    print("no Slurm answers here: start labkit's with `sudo labkit slurm up` (or `sudo make slurm-up`), then run the "
+          "Slurm cells again")
+
 # %% [markdown]
-# ## 0.3 The cluster's nodes and GPUs
+# ## 0.3 The cluster: `sinfo`
 #
-# `sinfo` lists Slurm's nodes with their generic resources (`gpu:TYPE:N`). labkit's local Slurm (`make slurm-up`)
-# emulates one a100 node and three a10 nodes on this machine. With Slurm installed but its controller stopped, the
-# default backend is still Slurm and a job submitted to it fails: choose `backend_named("local")` (or `--backend
-# local`) then.
+# Slurm's controller (`slurmctld`) knows every node; a `slurmd` on each node starts the work. Nodes are grouped in
+# partitions (queues). The GRES column lists generic resources, here GPUs by type: `gpu:a100:4` is four A100s.
 
 # %%
-import subprocess
-
-nodes = subprocess.run(["sinfo", "-N", "-o", "%N %P %c %G %T"], capture_output=True, text=True) \
-    if shutil.which("sinfo") else None
-if nodes is None:
-    print("no Slurm on this machine: the default backend is local")
-elif nodes.returncode != 0:
-    print("Slurm is installed but its controller does not answer (start labkit's with `sudo make slurm-up`): "
-          "the default backend is still slurm; run jobs with the local backend until it answers")
-else:
-    print(nodes.stdout)
+if have_slurm:
+    sh('sinfo -N -o "%N %P %c %m %G %T"')
 
 # %% [markdown]
-# ## 0.4 A first tiny job
+# ## 0.4 A batch script: `sbatch`, `squeue`, `sacct`
 #
-# The embedded default spec trains a two-layer GPT with two processes on mock tokens.
+# A batch script is a shell script whose `#SBATCH` lines are options for `sbatch`: how many nodes, which GPUs, where
+# the output goes. `sbatch` queues it and answers with the job's id; the job waits (PENDING) until its resources are
+# free, then runs (RUNNING) on the first node it got, and ends COMPLETED (exit 0) or FAILED.
+
+# %%
+script = workdir / "hello.sbatch"
+script.write_text(f"""#!/bin/bash
+#SBATCH --job-name=hello
+#SBATCH --nodes=1
+#SBATCH --gres=gpu:{gpu_type}:1
+#SBATCH --output={workdir}/hello-%j.out
+echo "job $SLURM_JOB_ID on $SLURMD_NODENAME, GPUs visible: $CUDA_VISIBLE_DEVICES"
+""")
+print(script.read_text())
+if have_slurm:
+    job_id = sh(f"sbatch --parsable {script}").split(";")[0]
+    sh(f'squeue -j {job_id} -o "%i %j %T %r %N"')
+    wait_until_gone(job_id)
+    print((workdir / f"hello-{job_id}.out").read_text())
+
+# %% [markdown]
+# `sacct` reads the accounting database (slurmdbd): how each job ended, with its exit code as `CODE:SIGNAL`. A
+# cluster without accounting has `scontrol show job`, which the controller answers for a few minutes after the end.
+
+# %%
+if have_slurm:
+    accounting = "accounting_storage/none" not in sh("scontrol show config | grep AccountingStorageType")
+    sh(f"sacct -X -j {job_id} -o JobID,JobName,State,ExitCode,Elapsed" if accounting
+       else f"scontrol show job {job_id} | grep -E 'JobState|ExitCode'")
+
+# %% [markdown]
+# ## 0.5 One task per node: `srun`
+#
+# Inside a job, `srun` starts tasks on the job's nodes: with `--ntasks-per-node=1`, one per node, each with its own
+# `SLURM_PROCID` (0, 1, ...). labkit's scripts start torchrun this way, and torchrun starts one training process per
+# GPU; the node rank torchrun gets is the task's `SLURM_PROCID`.
+
+# %%
+two_nodes = workdir / "two-nodes.sbatch"
+two_nodes.write_text(f"""#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gres=gpu:{gpu_type}:2
+#SBATCH --output={workdir}/two-nodes-%j.out
+srun bash -c 'echo "task $SLURM_PROCID of $SLURM_NTASKS on $SLURMD_NODENAME sees GPUs $CUDA_VISIBLE_DEVICES"'
+""")
+if have_slurm:
+    two_id = sh(f"sbatch --parsable {two_nodes}").split(";")[0]
+    wait_until_gone(two_id)
+    print((workdir / f"two-nodes-{two_id}.out").read_text())
+
+# %% [markdown]
+# ## 0.6 Waiting for GPUs, cancelling, and asking for what is not there
+#
+# A job that asks for more than any node has is refused at submission when no node could ever run it (this cluster
+# rejects impossible requests at once). A job that could run, but whose GPUs another job holds, waits: `squeue` shows
+# it PENDING with its reason (`Resources`: the nodes are busy; `Priority`: others come first; `Dependency`: it waits
+# for another job). Below, a first job takes all four GPUs of the a100 node and sleeps; a second asks for one of
+# them and pends until `scancel` stops the first. A cancelled job ends CANCELLED.
+
+# %%
+if have_slurm:
+    sh(f"echo '#!/bin/bash' | sbatch --parsable --nodes=1 --gres=gpu:{gpu_type}:64 --output=/dev/null")
+    holder = sh("sbatch --parsable --nodes=1 --gres=gpu:a100:4 --output=/dev/null --wrap 'sleep 600'").split(";")[0]
+    wait_until(holder, ("RUNNING",))
+    waiter = sh("sbatch --parsable --nodes=1 --gres=gpu:a100:1 --output=/dev/null --wrap 'hostname'").split(";")[0]
+    time.sleep(2)
+    sh(f'squeue -j {holder},{waiter} -o "%i %T %r %b"')
+    waited = job_state(waiter)
+    sh(f"scancel {holder}")
+    wait_until_gone(waiter)
+    sh(f'squeue -t all -j {holder},{waiter} -o "%i %T"')
+
+# %% tags=["check-claim"]
+assert not have_slurm or waited == "PENDING", f"0.6 says the second job pends while the first holds the GPUs: {waited}"
+
+# %% [markdown]
+# A job also ends TIMEOUT (it ran past `--time`), OUT_OF_MEMORY (the kernel killed it for memory), or NODE_FAIL (a
+# node went down); with `--requeue`, Slurm may put it back in the queue, and its next attempt starts over, from its
+# checkpoint if it wrote one (`job.requeue` in a labkit spec).
+#
+# ## 0.7 A heterogeneous job: `hetjob`
+#
+# A mixed cluster trains one model over unlike nodes: in lab 06, pipeline stages on an A100 node and on A10 nodes.
+# One Slurm job asks for both with components separated by `#SBATCH hetjob`; each component has its own nodes and
+# GPUs, all start together, and `srun --het-group=N` starts tasks in component N (`--het-group=0,1`: in both, one
+# `SLURM_PROCID` numbering across them, which is how torchrun's node ranks span the whole job).
+
+# %%
+het = workdir / "het.sbatch"
+het.write_text(f"""#!/bin/bash
+#SBATCH --output={workdir}/het-%j.out
+#SBATCH --nodes=1 --ntasks-per-node=1 --gres=gpu:a100:4
+#SBATCH hetjob
+#SBATCH --nodes=2 --ntasks-per-node=1 --gres=gpu:a10:4
+srun --het-group=0,1 bash -c 'echo "task $SLURM_PROCID on $SLURMD_NODENAME sees GPUs $CUDA_VISIBLE_DEVICES"'
+""")
+print(het.read_text())
+if have_slurm:
+    het_id = sh(f"sbatch --parsable {het}").split(";")[0]
+    sh(f'squeue -j {het_id} -o "%i %T %N %b"')
+    wait_until_gone(het_id)
+    print((workdir / f"het-{het_id}.out").read_text())
+
+# %% [markdown]
+# ## 0.8 What `labkit run` writes
+#
+# labkit renders the same commands from a run spec: the `#SBATCH` lines, one `srun` task per node running
+# `torchrun`, and the training flags. `labkit run SPEC --dry-run` prints it; `backend.submit(spec)` runs `sbatch`,
+# `job.status()` asks `squeue` (then `sacct`), and `job.cancel()` runs `scancel`.
+
+# %%
+spec = load_spec(example("tiny-cpu.yaml")).replace(
+    cluster={"nodes": [{"gpu": "A10", "count": 2, "gpus_per_node": 1}]})
+rendered = render(spec, workdir / "logs").scripts["job.sbatch"]
+print("\n".join(line for line in rendered.splitlines() if line.startswith(("#SBATCH", "srun", "    bash -c"))))
+
+# %% [markdown]
+# ## 0.9 A first tiny job
+#
+# The embedded default spec trains a two-layer GPT with two processes on mock tokens, with the backend of the
+# parameters cell.
 
 # %%
 spec = load_spec(example("tiny-cpu.yaml")).replace(
@@ -103,7 +266,7 @@ for node, files in job.tail(lines=4).items():
 # The last lines are Megatron's: an iteration line (time, loss, learning rate) and the timers. Lab 01 reads them
 # into a table.
 #
-# ## Exercise
+# ## Exercises
 #
 # **Exercise 1.** Which backend would run your jobs on a machine where `sbatch` is installed, if you did not choose
 # one? Answer `"local"` or `"slurm"`.
@@ -113,3 +276,22 @@ answer_1 = ...
 
 # %%
 check("00.1", answer_1)
+
+# %% [markdown]
+# **Exercise 2.** A job waits in the queue because every node with its GPUs is busy. Which state does `squeue` show
+# for it? Answer with Slurm's word, in capitals.
+
+# %%
+answer_2 = ...
+
+# %%
+check("00.2", answer_2)
+
+# %% [markdown]
+# **Exercise 3.** Write the `--gres` value that asks each node for two A100 GPUs (the type as `sinfo` lists it).
+
+# %%
+answer_3 = ...
+
+# %%
+check("00.3", answer_3)

@@ -1,6 +1,7 @@
 """Every lab and solution notebook runs under nbval: lax (every cell runs without error), and strict on the cells
 tagged `nbval-check-output`, whose stored outputs are deterministic (refresh them with `labkit lab --store-outputs`)."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,10 +24,54 @@ def test_every_lab_has_a_paired_source_and_a_solution():
         assert (NOTEBOOK_DIR / "solutions" / lab.name).exists(), f"{lab.name}: no solutions/{lab.name}"
 
 
+KOREAN = NOTEBOOK_DIR / "ko"
+
+
+def _english_sources() -> list[Path]:
+    return sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.py")) + sorted((NOTEBOOK_DIR / "solutions").glob("*.py"))
+
+
+@pytest.mark.parametrize("source", _english_sources(), ids=lambda p: str(p.relative_to(NOTEBOOK_DIR)))
+def test_the_korean_edition_runs_the_same_code_and_is_up_to_date(source: Path):
+    """notebooks/ko/ holds every lab and solution with the same cells as the English: each code cell (source, tags,
+    stored outputs) identical, so the English edition's runs under nbval run the Korean one's code; its .ipynb is
+    the one written from its source (`labkit lab --store-outputs --lang ko`)."""
+    import jupytext
+    from labkit import lab
+
+    korean = KOREAN / source.relative_to(NOTEBOOK_DIR)
+    assert korean.exists(), f"{source.name}: no Korean edition at {korean.relative_to(REPO_ROOT)}"
+    assert lab.translation_problems(source, korean) == []
+    assert lab.translation_problems(source.with_suffix(".ipynb"), korean.with_suffix(".ipynb")) == []
+    text = [c.source for c in jupytext.read(korean).cells if c.cell_type == "markdown"]
+    written = [c.source for c in jupytext.read(korean.with_suffix(".ipynb")).cells if c.cell_type == "markdown"]
+    assert written == text, f"{korean.with_suffix('.ipynb').name} is older than its source: " \
+                            f"run `labkit lab --store-outputs --lang ko --only {source.name[:2]}`"
+    assert any(re.search("[\uac00-\ud7a3]", t) for t in text), f"{korean.name} has no Korean text"
+
+
+def test_a_translation_that_changes_code_or_cells_is_refused(tmp_path):
+    from labkit import lab
+
+    english = NOTEBOOK_DIR / "00_setup.py"
+    lines = english.read_text(encoding="utf-8")
+    changed = tmp_path / "00_setup.py"
+    changed.write_text(lines.replace("iterations = 4", "iterations = 5"), encoding="utf-8")
+    assert lab.translation_problems(english, changed) == ["cell 2: its source differs from the English"]
+    changed.write_text(lines.replace('# %% tags=["parameters"]', "# %%"), encoding="utf-8")
+    assert lab.translation_problems(english, changed) == [
+        "cell 2: tags [] where the English has ['parameters']"]
+    changed.write_text(lines + "\n# %%\nprint('extra')\n", encoding="utf-8")
+    assert lab.translation_problems(english, changed)[0].endswith("cells where the English has "
+                                                                  f"{lines.count('# %%')}")
+    with pytest.raises(lab.LabError, match="not a translation"):
+        lab.write_translated_notebook(changed, english.with_suffix(".ipynb"))
+
+
 def _params(notebooks: list[Path]) -> list:
-    """The Slurm primer (lab 09) runs its commands against the suite's local Slurm."""
+    """Lab 00 (setup and the Slurm primer) runs its Slurm commands against the suite's local Slurm."""
     return [pytest.param(p, id=str(p.relative_to(NOTEBOOK_DIR)),
-                         marks=[pytest.mark.slurm] if p.name.startswith("09_") else [])
+                         marks=[pytest.mark.slurm] if p.name.startswith("00_") else [])
             for p in notebooks]
 
 

@@ -26,7 +26,7 @@ MEMORY_MARGIN = 0.07
 @dataclass
 class Estimate:
     params: int                         # the model with its vocabulary unpadded
-    flops_per_iteration: float          # executed (with recompute), the workshop's F
+    flops_per_iteration: float          # executed (with recompute), SC21 eq. (3)'s F
     model_flops_per_iteration: float    # without recompute, the MFU numerator
     iteration_time_s: float
     tflops_per_gpu: float               # executed FLOPs per second per GPU

@@ -1,8 +1,8 @@
 """FLOPs per iteration, achieved TFLOP/s, MFU/HFU and training time (SC21: arXiv:2104.04473; arXiv:2205.05198).
 
 Only matrix multiplications are counted (2 FLOPs per multiply-add), forward + backward = 3 x forward.
-- `hardware_flops` with full recompute is SC21 eq. (3), F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h)): the workshop's
-  formula. Without recompute it is the model FLOPs of Korthikanti et al. §6, 72 B s l h^2 (1 + s/(6h) + V/(12 l h)).
+- `hardware_flops` with full recompute is SC21 eq. (3), F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h)): the formula of
+  NVIDIA DLI's *Model Parallelism* workshop. Without recompute it is the model FLOPs of Korthikanti et al. §6, 72 B s l h^2 (1 + s/(6h) + V/(12 l h)).
 - `model_flops` is the general form of the latter (GQA, SwiGLU, any FFN size); it is also Megatron-LM's logged formula
   of 2024 (commit e116d81ed7). `megatron_logged_flops` gives the other versions Megatron has printed.
 """

@@ -1,5 +1,5 @@
-"""Parameter counts: the workshop's GPT formula and the model as Megatron-LM builds it (GQA, SwiGLU, RMSNorm, rotary
-positions, bias-free layers, untied embeddings, vocabulary padding).
+"""Parameter counts: the GPT formula of NVIDIA DLI's *Model Parallelism* workshop and the model as Megatron-LM builds
+it (GQA, SwiGLU, RMSNorm, rotary positions, bias-free layers, untied embeddings, vocabulary padding).
 
 SC21 eq. (2) (Narayanan et al., arXiv 2104.04473): P = 12 l h^2 (1 + 13/(12h) + (V+s)/(12 l h)). Written out it is
 l (12h^2 + 13h) + (V + s) h: per layer the QKV, projection and two MLP matrices (12h^2) with their biases (9h) and two

@@ -185,7 +185,7 @@ def render(spec: RunSpec, log_dir: Path | str, *, layout: str | None = None, run
            torchrun: str | None = None) -> Rendered:
     """The job script(s) for one run. `log_dir` is where LOGDIR/JOBID/NODE.* go (absolute for Slurm jobs).
 
-    Taught in labs 01 and 09.
+    Taught in labs 00 and 01.
     """
     return render_array([spec], [log_dir], layout=layout, run_ids=[run_id] if run_id else None, torchrun=torchrun)
 

@@ -15,7 +15,7 @@
 # ---
 
 # %% [markdown]
-# # Lab 00 solutions: setup
+# # Lab 00 solutions: setup and a Slurm primer
 
 # %%
 from labkit.answer_key import check
@@ -28,3 +28,22 @@ answer_1 = "slurm"
 
 # %%
 check("00.1", answer_1)
+
+# %% [markdown]
+# **Exercise 2.** A job that waits for resources is PENDING, with the reason `Resources` beside it in `squeue`; it
+# becomes RUNNING once the nodes are free (in 0.6, when the first job was cancelled).
+
+# %%
+answer_2 = "PENDING"
+
+# %%
+check("00.2", answer_2)
+
+# %% [markdown]
+# **Exercise 3.** Generic resources are `NAME:TYPE:COUNT` per node: `--gres=gpu:a100:2`.
+
+# %%
+answer_3 = "gpu:a100:2"
+
+# %%
+check("00.3", answer_3)
