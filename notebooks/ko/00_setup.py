@@ -236,6 +236,11 @@ if have_slurm:
     wait_until_gone(het_id)
     print((workdir / f"het-{het_id}.out").read_text())
 
+# %% tags=["check-claim"]
+het_tasks = (workdir / f"het-{het_id}.out").read_text().split() if have_slurm else []
+assert not have_slurm or {het_tasks[i + 1] for i, word in enumerate(het_tasks) if word == "task"} == {"0", "1", "2"}, \
+    "0.7 says srun numbers the tasks of both components together"
+
 # %% [markdown]
 # ## 0.8 `labkit run`이 작성하는 것
 #
