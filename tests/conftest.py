@@ -133,3 +133,9 @@ def _train_in_parallel(specs: dict, tmp_path_factory, processes: int = 2) -> dic
         assert proc.returncode == 0, text[-4000:]
         results[name] = (spec, text)
     return results
+
+
+def pytest_addoption(parser):
+    parser.addoption("--lab-edition", choices=("en", "ko", "all"), default="en",
+                     help="the labs' edition that runs under nbval (tests/test_notebooks.py): en (the default: the "
+                          "Korean edition's code is held identical to it), ko, or all")

@@ -13,7 +13,10 @@ from labkit.paths import course_dir, source_tree
 REPO_ROOT = source_tree()
 NOTEBOOK_DIR = course_dir("notebooks")
 
-NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")) + sorted((NOTEBOOK_DIR / "solutions").glob("*.ipynb"))
+
+
+def _notebooks(edition: Path) -> list[Path]:
+    return sorted(edition.glob("[0-9][0-9]_*.ipynb")) + sorted((edition / "solutions").glob("*.ipynb"))
 
 
 def test_every_lab_has_a_paired_source_and_a_solution():
@@ -75,9 +78,16 @@ def _params(notebooks: list[Path]) -> list:
             for p in notebooks]
 
 
+def pytest_generate_tests(metafunc):
+    """The nbval runs cover the edition chosen with --lab-edition (en by default)."""
+    if metafunc.function.__name__ == "test_notebook_runs_under_nbval":
+        edition = metafunc.config.getoption("lab_edition")
+        chosen = {"en": [NOTEBOOK_DIR], "ko": [KOREAN], "all": [NOTEBOOK_DIR, KOREAN]}[edition]
+        metafunc.parametrize("notebook", _params([nb for folder in chosen for nb in _notebooks(folder)]))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("notebook", _params(NOTEBOOKS))
 def test_notebook_runs_under_nbval(notebook: Path, tmp_path):
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env",
                "--nbval-sanitize-with", str(NOTEBOOK_DIR / "nbval_sanitize.cfg"), "--nbval-cell-timeout", "300",
