@@ -203,6 +203,7 @@ def test_workspace_copies_the_course_and_keeps_what_is_there(tmp_path):
     names = {p.relative_to(tmp_path).as_posix() for p in written}
     labs = sorted(p.name for p in paths.course_dir("notebooks").glob("[0-9][0-9]_*.ipynb"))
     assert {f"notebooks/{n}" for n in labs} <= names and {f"notebooks/solutions/{n}" for n in labs} <= names
+    assert {f"notebooks/ko/{n}" for n in labs} <= names and {f"notebooks/ko/solutions/{n}" for n in labs} <= names
     assert "examples/tiny-cpu.yaml" in names and not any(n.endswith(".py") for n in names)
     edited = tmp_path / "notebooks" / labs[0]
     edited.write_text("my work")

@@ -32,6 +32,7 @@ labkit --help >/dev/null
 labkit workspace course
 test -f course/notebooks/05_performance_estimation.ipynb
 test -f course/notebooks/solutions/05_performance_estimation.ipynb
+test -f course/notebooks/ko/05_performance_estimation.ipynb && test -f course/notebooks/ko/solutions/05_performance_estimation.ipynb
 labkit validate course/examples/tiny-cpu.yaml >/dev/null
 labkit estimate course/examples/gpt2-xl-hetero.yaml >/dev/null
 labkit plan course/examples/gpt2-xl-hetero.yaml >/dev/null
