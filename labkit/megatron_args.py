@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from labkit import deepspeed_config
 from labkit.megatron import sizes
 from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB, FLAG as F, SHARDING_STRATEGIES, Flag
 
@@ -126,20 +127,24 @@ def _tracking_flags(spec: RunSpec, save, out: RenderedFlags) -> None:
                 tr.wandb.save_dir or (os.path.join(save, "wandb") if save else "wandb"))
 
 
-def megatron_args(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike | None = None) -> list[str]:
+def megatron_args(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike | None = None,
+                  ds_config: str | os.PathLike = deepspeed_config.FILE_NAME) -> list[str]:
     """The flags `python -m labkit.train` (and Megatron-LM's pretrain_gpt.py) take for this spec: the spec's own
     (`spec_flags`), then job.extra_args as written.
 
     `legacy=True` writes recomputation the way Megatron-LM before 2022 and the NVIDIA workshop notebook spell it
     (`--checkpoint-activations --activations-checkpoint-method uniform`).
 
+    `ds_config`: where the job finds DeepSpeed's config (labkit.deepspeed_config), with optimizer.zero_backend deepspeed.
+
     Taught in lab 08.
     """
-    rendered = spec_flags(spec, legacy, save_dir)
+    rendered = spec_flags(spec, legacy, save_dir, ds_config)
     return [str(a) for a in rendered.args + list(spec.job.extra_args)]
 
 
-def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike | None = None) -> RenderedFlags:
+def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike | None = None,
+               ds_config: str | os.PathLike = deepspeed_config.FILE_NAME) -> RenderedFlags:
     """The flags the spec's fields render, before job.extra_args, each with the field it comes from."""
     m, par, b, opt, tr, data = spec.model, spec.parallel, spec.batch, spec.optimizer, spec.train, spec.data
     out = RenderedFlags()
@@ -229,9 +234,16 @@ def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike 
         out.add("optimizer.adam_beta2", F.adam_beta2, opt.adam_beta2)
     sharded = opt.zero_stage in (2, 3) and opt.zero_backend == "megatron"
     fsdp2 = sharded and spec.job.entrypoint != "megatron-lm"
-    if opt.distributed and not fsdp2:
+    deepspeed = deepspeed_config.uses_deepspeed(spec)
+    if opt.distributed and not fsdp2 and not deepspeed:
         out.add("optimizer.distributed", F.use_distributed_optimizer)
-    if fsdp2:
+    if deepspeed:
+        # DeepSpeed's ZeRO engine shards instead of megatron-core, as Megatron-DeepSpeed spells it: the stage on the
+        # command line and in the config the job writes beside its script (labkit.deepspeed_config)
+        out.add("optimizer.zero_backend", F.deepspeed)
+        out.add("optimizer.zero_backend", F.deepspeed_config, str(ds_config))
+        out.add("optimizer.zero_stage", F.zero_stage, opt.zero_stage)
+    elif fsdp2:
         # labkit's driver shards with PyTorch FSDP2 through megatron-core (Megatron-FSDP runs its reduce-scatters and
         # all-gathers on CUDA streams, and the driver runs on CPUs too); stage 2 keeps each layer's gathered
         # parameters from its forward to its backward (Megatron-LM's help: "Set to enable FSDP ZeRO-2")

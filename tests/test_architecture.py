@@ -86,8 +86,9 @@ LAYERS = (
     ("labkit.megatron",),
     ("labkit.catalog",),
     # The driver's flags, which the spec checks job.extra_args against, its tokenizers, which size the vocabulary, and
-    # the spec's own flags (megatron_args reads a spec's values only), which job.extra_args must not repeat.
-    ("labkit.train.arguments", "labkit.train.tokenizer", "labkit.megatron_args"),
+    # the spec's own flags (megatron_args reads a spec's values only), which job.extra_args must not repeat, and the
+    # DeepSpeed config beside them.
+    ("labkit.train.arguments", "labkit.train.tokenizer", "labkit.megatron_args", "labkit.deepspeed_config"),
     ("labkit.spec",),
     ("labkit.estimate", "labkit.logs", "labkit.train", "labkit.data_prep", "labkit.profiling",
      "labkit.exercises"),

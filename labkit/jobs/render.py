@@ -20,7 +20,7 @@ from pathlib import Path
 
 import jinja2
 
-from labkit import catalog
+from labkit import catalog, deepspeed_config
 from labkit.logs import job_info as info
 from labkit.megatron_args import megatron_args
 from labkit.spec import RunSpec, SpecError
@@ -42,7 +42,7 @@ class NodeGroupPlan:
 @dataclass(frozen=True)
 class Rendered:
     layout: str
-    scripts: dict[str, str]  # file name -> script text, in submission order
+    scripts: dict[str, str]  # file name -> script text, in submission order (then ds_config.json, no script)
 
 
 TASKS_PER_NODE = 1
@@ -176,9 +176,20 @@ def default_torchrun(spec: RunSpec) -> str:
     return str(beside) if beside.exists() else "torchrun"
 
 
+def ds_config_path(log_dir: Path | str) -> Path:
+    """Where a DeepSpeed run's config goes: its run directory (the log directory's parent), beside the job script."""
+    return Path(log_dir).parent / deepspeed_config.FILE_NAME
+
+
 def _task(spec: RunSpec, log_dir: Path | str) -> dict:
+    # optimizer.zero_backend deepspeed: the script writes ds_config.json itself before starting any node, so that
+    # every backend (and each task of an array) runs with its own spec's config
+    ds = deepspeed_config.uses_deepspeed(spec)
+    ds_path = ds_config_path(log_dir)
     return {"run_name": spec.name, "log_dir": str(log_dir), "info": job_info(spec),
-            "train_arg_lines": _arg_lines(megatron_args(spec)), "start_checks": job_start_checks(spec)}
+            "train_arg_lines": _arg_lines(megatron_args(spec, ds_config=ds_path)),
+            "start_checks": job_start_checks(spec),
+            "ds_config": (str(ds_path), deepspeed_config.ds_config_text(spec)) if ds else None}
 
 
 def render(spec: RunSpec, log_dir: Path | str, *, layout: str | None = None, run_id: str | None = None,
@@ -267,5 +278,8 @@ def render_array(specs: list[RunSpec], log_dirs: list[Path | str], *, layout: st
              "local": ["run.sh"]}[layout]
     templates = {"multinode": ["multinode.sbatch.j2"], "hetjob": ["hetjob.sbatch.j2"],
                  "pair": ["master.sbatch.j2", "slave.sbatch.j2"], "local": ["local-run.sh.j2"]}[layout]
-    return Rendered(layout=layout, scripts={name: env.get_template(t).render(context)
-                                            for name, t in zip(names, templates)})
+    scripts = {name: env.get_template(t).render(context) for name, t in zip(names, templates)}
+    if len(specs) == 1 and deepspeed_config.uses_deepspeed(first):
+        # shown by --dry-run and kept in the run's record; the script writes the same text where the driver reads it
+        scripts[deepspeed_config.FILE_NAME] = deepspeed_config.ds_config_text(first)
+    return Rendered(layout=layout, scripts=scripts)

@@ -61,6 +61,10 @@ class Flag:
     legacy: bool = False
     """A flag of Megatron-LM before 2022 (the NVIDIA workshop's spelling), gone from core_v0.16.1: the driver maps it
     onto today's flags, and megatron_args writes it only when asked for the legacy spelling."""
+    megatron_deepspeed: bool = False
+    """A flag of Megatron-DeepSpeed (github microsoft/Megatron-DeepSpeed, megatron/arguments.py: its --zero-stage, and
+    the --deepspeed and --deepspeed_config that deepspeed.add_config_arguments adds), not of Megatron-LM: rendered
+    for optimizer.zero_backend deepspeed on labkit's driver only."""
 
     def __str__(self) -> str:
         return self.name
@@ -129,6 +133,15 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--torch-fsdp2-no-reshard-after-forward", action="store_false", dest="torch_fsdp2_reshard_after_forward",
          help="with --use-torch-fsdp2, keep each layer's gathered parameters from its forward to its backward "
               "(ZeRO-2's memory at the peak, one all-gather per micro-batch)", group=PARALLEL),
+    Flag("--deepspeed", action="store_true", megatron_deepspeed=True,
+         help="train with DeepSpeed's ZeRO engine (deepspeed.initialize) as Megatron-DeepSpeed does; needs "
+              "--deepspeed_config and the deepspeed package (tensor and pipeline parallel size 1)", group=PARALLEL),
+    Flag("--deepspeed_config", megatron_deepspeed=True,
+         help="with --deepspeed, DeepSpeed's JSON config (batch sizes, ZeRO stage, precision, gradient clipping): "
+              "the ds_config.json `labkit run` renders", group=PARALLEL),
+    Flag("--zero-stage", type=int, choices=(0, 1, 2, 3), megatron_deepspeed=True,
+         help="with --deepspeed, the ZeRO stage (0 nothing sharded, 1 optimizer states, 2 and gradients, 3 and "
+              "parameters); must agree with the config's zero_optimization.stage", group=PARALLEL),
     Flag("--overlap-grad-reduce", action="store_true",
          help="reduce gradient buckets while the backward pass goes on (megatron-core's DDP)", group=PARALLEL),
     Flag("--overlap-param-gather", action="store_true",
