@@ -131,9 +131,12 @@ def test_at_submission_a_stage_the_entrypoint_cannot_run_is_refused():
                for e in check_job(fsdp, layout="multinode"))
     untied = check_job(fsdp.replace(**{"model.untie_embeddings": True}), layout="multinode")
     assert not [e for e in untied if "zero_stage" in e]
+    # DeepSpeed's engine runs on labkit's driver (tests/test_deepspeed.py), not under Megatron-LM's pretrain_gpt.py
     deepspeed = fsdp.replace(**{"optimizer.zero_backend": "deepspeed"})
-    assert any(e.startswith("optimizer.zero_backend: deepspeed (zero_stage 2)")
-               for e in check_job(deepspeed, layout="multinode"))
+    assert not [e for e in check_job(deepspeed, layout="multinode") if "zero_backend" in e]
+    on_megatron_lm = deepspeed.replace(**{"job.entrypoint": "megatron-lm", "job.megatron_lm": "/opt/Megatron-LM"})
+    assert any(e.startswith("optimizer.zero_backend: deepspeed (zero_stage 2) needs DeepSpeed's engine, which "
+                            "Megatron-LM's pretrain_gpt.py does not start") for e in check_job(on_megatron_lm, "multinode"))
 
 
 def test_the_driver_refuses_megatron_fsdp_naming_the_stage():

@@ -11,7 +11,7 @@ import reprlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from labkit import catalog
+from labkit import catalog, deepspeed_config
 from labkit.extras import install_hint
 from labkit.megatron import rules, sizes
 from labkit.megatron.flags import (ATTENTION_BACKENDS, NORMALIZATIONS, POSITION_EMBEDDING_TYPES, TOKENIZER_TYPES,
@@ -392,7 +392,12 @@ def _check_zero(spec: RunSpec) -> list[str]:
                       "2 (and gradients) or 3 (and parameters)")
     if opt.zero_backend not in ZERO_BACKENDS:
         errors.append(f"optimizer.zero_backend: {quote(opt.zero_backend)} is not one of {', '.join(ZERO_BACKENDS)}")
-    elif opt.zero_stage in (2, 3) and spec.parallel.pipeline > 1:
+    elif opt.zero_backend == "deepspeed" and spec.precision == "fp16" and opt.loss_scale is None and \
+            deepspeed_config.initial_scale_power(opt.initial_loss_scale) is None:
+        errors.append(f"optimizer.initial_loss_scale: {opt.initial_loss_scale:g} is no power of 2, and DeepSpeed "
+                      "starts its dynamic fp16 loss scale at 2**initial_scale_power (optimizer.zero_backend "
+                      "deepspeed); use e.g. 4294967296 (2**32)")
+    if opt.zero_backend in ZERO_BACKENDS and opt.zero_stage in (2, 3) and spec.parallel.pipeline > 1:
         # DeepSpeed: PipelineEngine asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism".
         # Megatron: --use-torch-fsdp2 asserts pipeline size 1 (Megatron-LM validate_args), and Megatron-FSDP, which
         # reduce-scatters every micro-batch's gradients, is documented with tensor, context and expert parallelism
@@ -820,6 +825,36 @@ def driver_fsdp2_problems(spec: RunSpec) -> list[tuple[str, str, str]]:
     return problems
 
 
+def driver_deepspeed_problems(spec: RunSpec) -> list[tuple[str, str, str]]:
+    """(field, why, fix) for each setting that stops labkit's driver from training with DeepSpeed's ZeRO engine
+    (labkit/train/deepspeed_engine.py), which wraps one whole megatron-core GPTModel per rank."""
+    problems = []
+    for key, size in (("parallel.tensor", spec.parallel.tensor), ("parallel.pipeline", spec.parallel.pipeline)):
+        if size > 1:
+            problems.append((key, "the driver hands DeepSpeed one whole model per rank (Megatron-DeepSpeed's model "
+                                  "parallelism is its own code)", "use 1"))
+    if spec.train.save or spec.train.load or spec.job.requeue:
+        problems.append(("train.save", "the driver does not save or load DeepSpeed's checkpoints",
+                         "leave out train.save, train.load and job.requeue"))
+    return problems
+
+
+def deepspeed_job_errors(spec: RunSpec, layout: str) -> list[str]:
+    """At submission, optimizer.zero_backend deepspeed: which entrypoint and backend start DeepSpeed's engine."""
+    opt, errors = spec.optimizer, []
+    if spec.job.entrypoint == "megatron-lm":
+        errors.append(f"optimizer.zero_backend: deepspeed (zero_stage {opt.zero_stage}) needs DeepSpeed's engine, "
+                      "which Megatron-LM's pretrain_gpt.py does not start (Megatron-DeepSpeed is a fork of its own); "
+                      "use job.entrypoint labkit, or zero_backend megatron with job.entrypoint megatron-lm")
+        return errors
+    if layout == "k8s":
+        errors.append("optimizer.zero_backend: deepspeed reads a ds_config.json that the job script writes, and the "
+                      "k8s backend's PyTorchJob has no script; submit with the slurm or local backend")
+    errors += [f"{key}: optimizer.zero_backend deepspeed on labkit's driver: {why}; {fix}, or use zero_backend "
+               "megatron" for key, why, fix in driver_deepspeed_problems(spec)]
+    return errors
+
+
 def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
     """Problems with spec.job (and values that cannot be written into a script), each naming its field and the fix."""
     job, errors = spec.job, []
@@ -876,10 +911,8 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
             errors += [f"{key}: optimizer.zero_stage {spec.optimizer.zero_stage} runs PyTorch FSDP2 on labkit's driver "
                        f"(Megatron-FSDP needs CUDA streams), and {why}; {fix}, or set job.entrypoint: megatron-lm "
                        "(Megatron-FSDP)" for key, why, fix in driver_fsdp2_problems(spec)]
-    if layout is not None and spec.optimizer.zero_stage and spec.optimizer.zero_backend == "deepspeed":
-        errors.append(f"optimizer.zero_backend: deepspeed (zero_stage {spec.optimizer.zero_stage}) needs DeepSpeed's "
-                      "engine, which neither labkit's driver nor Megatron-LM's pretrain_gpt.py starts; use "
-                      "zero_backend megatron to run it, or keep deepspeed for estimates and plans")
+    if layout is not None and spec.optimizer.zero_backend == "deepspeed":
+        errors += deepspeed_job_errors(spec, layout)
     for where, value in (("name", spec.name), ("data.path", spec.data.path)):
         if value and "\x00" in value:
             errors.append(f"{where}: contains a NUL byte; remove it")

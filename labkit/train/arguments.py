@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -240,6 +242,7 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
                 raise ArgumentError(f"--use-torch-fsdp2: {why}")
     elif not args.torch_fsdp2_reshard_after_forward:
         raise ArgumentError("--torch-fsdp2-no-reshard-after-forward: needs --use-torch-fsdp2")
+    _check_deepspeed(args, tp, pp)
 
     # Data.
     if args.mock_data and args.data_path:
@@ -322,6 +325,51 @@ def _check_wandb(args) -> None:
             raise ArgumentError(f"{FLAG.wandb_project}: W&B keeps its files under --save's wandb/; add "
                                 f"{FLAG.wandb_save_dir} DIR or --save DIR")
         args.wandb_save_dir = os.path.join(args.save, "wandb")
+
+
+def _check_deepspeed(args, tp: int, pp: int) -> None:
+    """--deepspeed (labkit/train/deepspeed_engine.py): what the engine needs, and a config that agrees with the
+    Megatron flags (DeepSpeed would train its own batch sizes and precision otherwise)."""
+    if not args.deepspeed:
+        for given, flag in ((args.deepspeed_config, FLAG.deepspeed_config), (args.zero_stage, FLAG.zero_stage)):
+            if given is not None:
+                raise ArgumentError(f"{flag}: needs {FLAG.deepspeed}")
+        return
+    if importlib.util.find_spec("deepspeed") is None:
+        raise ArgumentError(f"{FLAG.deepspeed}: needs the deepspeed package, which this environment lacks; "
+                            "pip install deepspeed")
+    for bad, why in ((tp > 1 or pp > 1, f"the driver hands DeepSpeed one whole GPT per rank: use "
+                                        f"{FLAG.tensor_model_parallel_size} 1 and {FLAG.pipeline_model_parallel_size} 1"),
+                     (args.use_distributed_optimizer or args.use_torch_fsdp2,
+                      f"DeepSpeed's ZeRO shards instead; leave out {FLAG.use_distributed_optimizer} and "
+                      f"{FLAG.use_torch_fsdp2}"),
+                     (args.overlap_param_gather, f"belongs to megatron-core's distributed optimizer; leave out "
+                                                 f"{FLAG.overlap_param_gather}"),
+                     (args.optimizer != "adam", "DeepSpeed's ZeRO steps Adam-family optimizers; use --optimizer adam"),
+                     (args.save or args.load, "the driver does not save or load DeepSpeed's checkpoints "
+                                              "(engine.save_checkpoint's layout); leave out --save and --load")):
+        if bad:
+            raise ArgumentError(f"{FLAG.deepspeed}: {why}")
+    if args.deepspeed_config is None or args.zero_stage is None:
+        raise ArgumentError(f"{FLAG.deepspeed}: needs {FLAG.deepspeed_config} FILE and {FLAG.zero_stage} N "
+                            "(`labkit run` renders both)")
+    try:
+        config = json.loads(Path(args.deepspeed_config).read_text())
+    except (OSError, ValueError) as exc:
+        raise ArgumentError(f"{FLAG.deepspeed_config}: cannot read {args.deepspeed_config} as JSON ({exc})") from None
+    wanted = {"train_batch_size": (args.global_batch_size, FLAG.global_batch_size),
+              "train_micro_batch_size_per_gpu": (args.micro_batch_size, FLAG.micro_batch_size),
+              "zero_optimization.stage": (args.zero_stage, FLAG.zero_stage),
+              "gradient_clipping": (args.clip_grad, FLAG.clip_grad),
+              "fp16.enabled": (args.fp16, FLAG.fp16), "bf16.enabled": (args.bf16, FLAG.bf16)}
+    for key, (value, flag) in wanted.items():
+        section, _, field = key.rpartition(".")
+        written = (config.get(section) or {}).get(field) if section else config.get(field)
+        written = bool(written) if field == "enabled" else written
+        if written != value:
+            shown = "on" if value is True else "off" if value is False else value
+            raise ArgumentError(f"{FLAG.deepspeed_config}: {key} is {written} in {args.deepspeed_config}, and "
+                                f"{flag} says {shown}; write the same in both (`labkit run` renders them from one spec)")
 
 
 def parse_args(argv: list[str] | None = None, world_size: int | None = None, rank: int | None = None,

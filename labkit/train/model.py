@@ -134,7 +134,8 @@ class _TorchFSDP2(TorchFullyShardedDataParallel):
 
 
 def build_model(args, config: TransformerConfig) -> list[torch.nn.Module]:
-    """This rank's model chunks (one, or one per virtual pipeline stage), wrapped for precision and DDP (or FSDP2)."""
+    """This rank's model chunks (one, or one per virtual pipeline stage), wrapped for precision and DDP (or FSDP2);
+    bare under --deepspeed, which deepspeed_engine wraps."""
     spec = layer_spec(args)
     vpp = args.virtual_pipeline_model_parallel_size
     chunks = []
@@ -160,6 +161,9 @@ def build_model(args, config: TransformerConfig) -> list[torch.nn.Module]:
     if torch.cuda.is_available():
         for chunk in chunks:
             chunk.cuda(torch.cuda.current_device())
+    if args.deepspeed:
+        # DeepSpeed's engine wraps the bare model: it keeps the precision and reduces (and shards) the gradients
+        return chunks
     if args.fp16 or args.bf16:
         chunks = [Float16Module(config, chunk) for chunk in chunks]
     if args.use_torch_fsdp2:

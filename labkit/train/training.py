@@ -108,6 +108,23 @@ def build_optimizer(args, model, config):
     return optimizer, scheduler
 
 
+def _set_up_grad_sync(args, model, config, optimizer) -> None:
+    """megatron-core's gradient reduction and loss scaling, as Megatron-LM's training loop hooks them into the
+    schedules."""
+    config.finalize_model_grads_func = finalize_model_grads
+    if args.fp16:
+        config.grad_scale_func = optimizer.scale_loss
+    config.no_sync_func = [chunk.no_sync for chunk in model] if len(model) > 1 else model[0].no_sync
+    if args.overlap_grad_reduce:
+        # The pipeline schedules start each chunk's bucketed reduce once its last micro-batch is through (as
+        # Megatron-LM's training loop sets them up).
+        config.grad_sync_func = [chunk.start_grad_sync for chunk in model] if len(model) > 1 \
+            else model[0].start_grad_sync
+    if args.overlap_param_gather:
+        config.param_sync_func = [chunk.start_param_sync for chunk in model] if len(model) > 1 \
+            else model[0].start_param_sync
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # One iteration
 
@@ -280,20 +297,18 @@ def _run(args, exit_signal: ExitSignal | None) -> int:
         print(" > number of parameters on (tensor, pipeline) model parallel rank ({}, {}): {}".format(
             parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank(),
             args.num_parameters), flush=True)
-    optimizer, scheduler = build_optimizer(args, model, config)
+    step, forward_backward_func = train_step, get_forward_backward_func()
+    if args.deepspeed:
+        from labkit.train import deepspeed_engine  # only here: the driver runs without deepspeed installed
+
+        engine, optimizer, scheduler = deepspeed_engine.initialize(args, model[0])
+        model = [engine]
+        step = partial(deepspeed_engine.train_step, forward_step, _average_losses)
+        forward_backward_func = deepspeed_engine.forward_backward_func(engine)
+    else:
+        optimizer, scheduler = build_optimizer(args, model, config)
+        _set_up_grad_sync(args, model, config, optimizer)
     print_rank_0(f"> learning rate decay style: {args.lr_decay_style}")
-    config.finalize_model_grads_func = finalize_model_grads
-    if args.fp16:
-        config.grad_scale_func = optimizer.scale_loss
-    config.no_sync_func = [chunk.no_sync for chunk in model] if len(model) > 1 else model[0].no_sync
-    if args.overlap_grad_reduce:
-        # The pipeline schedules start each chunk's bucketed reduce once its last micro-batch is through (as
-        # Megatron-LM's training loop sets them up).
-        config.grad_sync_func = [chunk.start_grad_sync for chunk in model] if len(model) > 1 \
-            else model[0].start_grad_sync
-    if args.overlap_param_gather:
-        config.param_sync_func = [chunk.start_param_sync for chunk in model] if len(model) > 1 \
-            else model[0].start_param_sync
 
     iteration = 0
     if args.load:
@@ -318,7 +333,6 @@ def _run(args, exit_signal: ExitSignal | None) -> int:
     print_rank_0("done with setup ...")
     print_rank_0("training ...")
 
-    forward_backward_func = get_forward_backward_func()
     tracking = Tracking(args, megatron_log.is_logging_rank())
     profiler = StepProfiler(args)
     stats = IntervalStats()
@@ -331,7 +345,7 @@ def _run(args, exit_signal: ExitSignal | None) -> int:
     try:
         while iteration < args.train_iters:
             profiler.before_step(iteration)
-            losses, skipped, grad_norm = _guarded(train_step, args, timers, forward_backward_func, train_iter,
+            losses, skipped, grad_norm = _guarded(step, args, timers, forward_backward_func, train_iter,
                                                   model, optimizer, scheduler, iteration=iteration + 1)
             iteration += 1
             args.iteration = iteration
