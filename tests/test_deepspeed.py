@@ -110,6 +110,9 @@ def test_dry_run_shows_the_config(tmp_path):
     ({"job": {"entrypoint": "megatron-lm", "megatron_lm": "/opt/Megatron-LM"}},
      "optimizer.zero_backend: deepspeed (zero_stage 2) needs DeepSpeed's engine, which Megatron-LM's pretrain_gpt.py"),
     ({"parallel": {"tensor": 2}}, "parallel.tensor: optimizer.zero_backend deepspeed on labkit's driver"),
+    ({"precision": "fp16"}, "precision: optimizer.zero_backend deepspeed on labkit's driver: DeepSpeed's CPU"),
+    ({"optimizer": {"zero_stage": 1, "zero_backend": "deepspeed", "name": "sgd"}},
+     "optimizer.name: optimizer.zero_backend deepspeed on labkit's driver: DeepSpeed's ZeRO steps Adam"),
     ({"train": {"iters": 3, "log_interval": 1, "save": "/tmp/ckpt"}}, "train.save: optimizer.zero_backend deepspeed on labkit's driver"),
 ])
 def test_at_submission_what_the_engine_cannot_run_is_refused_naming_the_field(changes, message):
@@ -142,6 +145,11 @@ def test_the_driver_takes_the_rendered_flags_and_refuses_a_config_that_disagrees
                cuda=False)
     with pytest.raises(ArgumentError, match=r"--deepspeed: the driver hands DeepSpeed one whole GPT per rank"):
         finish(driver_args(tmp_path, 1, "--tensor-model-parallel-size", "2"), world_size=2, rank=0, cuda=False)
+    fp16 = deepspeed_spec(1, precision="fp16")
+    (tmp_path / FILE_NAME).write_text(ds_config_text(fp16))
+    with pytest.raises(ArgumentError, match=r"--deepspeed: DeepSpeed's CPU accelerator does not run fp16"):
+        finish(build_parser().parse_args(megatron_args(fp16, ds_config=tmp_path / FILE_NAME)), world_size=2, rank=0,
+               cuda=False)
     with pytest.raises(ArgumentError, match=r"--deepspeed: .*leave out --save and --load"):
         finish(driver_args(tmp_path, 1, "--save", str(tmp_path)), world_size=2, rank=0, cuda=False)
     argv = [a for a in megatron_args(deepspeed_spec(1)) if a != str(FLAG.deepspeed)]
@@ -200,9 +208,8 @@ def test_deepspeeds_parser_reads_the_rendered_config(deepspeed_comm, tmp_path, c
 
     for stage in range(4):
         spec = deepspeed_spec(stage, **changes)
-        rendered = render(spec, tmp_path / "logs", layout="local", run_id="RUN", torchrun="torchrun")
         path = tmp_path / FILE_NAME
-        path.write_text(rendered.scripts[FILE_NAME])
+        path.write_text(ds_config_text(spec))  # the rendered job's file (see the test above)
         parsed = DeepSpeedConfig(str(path), mpu=DataParallelOnly(spec.data_parallel))
         assert (parsed.train_batch_size, parsed.train_micro_batch_size_per_gpu,
                 parsed.gradient_accumulation_steps) == (spec.batch.global_, spec.batch.micro,

@@ -833,6 +833,10 @@ def driver_deepspeed_problems(spec: RunSpec) -> list[tuple[str, str, str]]:
         if size > 1:
             problems.append((key, "the driver hands DeepSpeed one whole model per rank (Megatron-DeepSpeed's model "
                                   "parallelism is its own code)", "use 1"))
+    if spec.optimizer.name != "adam":
+        problems.append(("optimizer.name", "DeepSpeed's ZeRO steps Adam-family optimizers", "use adam"))
+    if spec.precision == "fp16" and any(g.gpu.lower() == "cpu" for g in spec.cluster_or_default().nodes):
+        problems.append(("precision", "DeepSpeed's CPU accelerator does not run fp16", "use bf16 or fp32 on CPUs"))
     if spec.train.save or spec.train.load or spec.job.requeue:
         problems.append(("train.save", "the driver does not save or load DeepSpeed's checkpoints",
                          "leave out train.save, train.load and job.requeue"))

@@ -242,7 +242,7 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
                 raise ArgumentError(f"--use-torch-fsdp2: {why}")
     elif not args.torch_fsdp2_reshard_after_forward:
         raise ArgumentError("--torch-fsdp2-no-reshard-after-forward: needs --use-torch-fsdp2")
-    _check_deepspeed(args, tp, pp)
+    _check_deepspeed(args, tp, pp, cuda)
 
     # Data.
     if args.mock_data and args.data_path:
@@ -327,7 +327,7 @@ def _check_wandb(args) -> None:
         args.wandb_save_dir = os.path.join(args.save, "wandb")
 
 
-def _check_deepspeed(args, tp: int, pp: int) -> None:
+def _check_deepspeed(args, tp: int, pp: int, cuda: bool) -> None:
     """--deepspeed (labkit/train/deepspeed_engine.py): what the engine needs, and a config that agrees with the
     Megatron flags (DeepSpeed would train its own batch sizes and precision otherwise)."""
     if not args.deepspeed:
@@ -346,6 +346,8 @@ def _check_deepspeed(args, tp: int, pp: int) -> None:
                      (args.overlap_param_gather, f"belongs to megatron-core's distributed optimizer; leave out "
                                                  f"{FLAG.overlap_param_gather}"),
                      (args.optimizer != "adam", "DeepSpeed's ZeRO steps Adam-family optimizers; use --optimizer adam"),
+                     (args.fp16 and not cuda, "DeepSpeed's CPU accelerator does not run fp16 (\"Type fp16 is not "
+                                              "supported on your device\"); use --bf16 or fp32 on CPUs"),
                      (args.save or args.load, "the driver does not save or load DeepSpeed's checkpoints "
                                               "(engine.save_checkpoint's layout); leave out --save and --load")):
         if bad:
