@@ -165,7 +165,9 @@ class OptimizerSpec:
     Megatron-FSDP needs CUDA streams). The estimate counts Megatron-FSDP's working buffers either way."""
     zero_backend: str = "megatron"
     """megatron (megatron-core's distributed optimizer and Megatron-FSDP) or deepspeed (DeepSpeed's ZeRO engine, as
-    Megatron-DeepSpeed runs it): which implementation shards, and so what the estimate counts."""
+    Megatron-DeepSpeed runs it: labkit's driver wraps the GPT with deepspeed.initialize and the job writes the
+    ds_config.json it reads; tensor and pipeline size 1): which implementation shards, and so what the estimate
+    counts."""
     lr: float = 1.5e-4
     """Peak learning rate (--lr); above 0 and at most 1."""
     min_lr: float = 1.0e-5
