@@ -28,6 +28,9 @@ from labkit.spec import load_spec
 
 SAVE_S = 6
 """How long each checkpoint save of the Slurm test takes beyond its writing: more than KillWait (5 s)."""
+STEP_S = 1
+"""How long each iteration of the Slurm test takes at least: the warning must land well before the last iteration,
+however late a loaded machine lets the test read the log."""
 
 
 LINE = " iteration {:8d}/      12 | elapsed time per iteration (ms): 100.0 | lm loss: {:E} |\n"
@@ -94,14 +97,16 @@ def test_the_driver_notes_the_exit_signal_from_the_start_of_the_run(monkeypatch)
 
 
 def _slow_save_torchrun(where: Path) -> str:
-    """torchrun, with the driver's checkpoint saves SAVE_S seconds slower: a stand-in for a large model's save."""
+    """torchrun, with the driver's checkpoint saves SAVE_S seconds slower (a stand-in for a large model's save) and each
+    iteration at least STEP_S seconds long."""
     driver = where / "slow_save_driver.py"
     driver.write_text(
         "import sys, time\n"
-        "from labkit.train import checkpoint\n"
+        "from labkit.train import checkpoint, training\n"
         "from labkit.train.__main__ import main\n"
-        "write = checkpoint.save\n"
+        "write, step = checkpoint.save, training.train_step\n"
         f"checkpoint.save = lambda *args, **kwargs: (time.sleep({SAVE_S}), write(*args, **kwargs))\n"
+        f"training.train_step = lambda *args, **kwargs: (time.sleep({STEP_S}), step(*args, **kwargs))[1]\n"
         "sys.exit(main())\n")
     torchrun = where / "torchrun"
     # torchrun runs a script where the job script names the module: `-m labkit.train` -> slow_save_driver.py
@@ -156,6 +161,7 @@ def test_usr1_saves_at_the_end_of_the_iteration_before_the_job_is_requeued(tmp_p
     assert "exiting program after receiving SIGUSR1." in first
     assert f"successfully loaded checkpoint from {spec.train.save} [ t 1/1, p 1/1 ] at iteration {saved_at}" in second
     rows = job.iterations()
+    assert (rows["attempt"] == 1).any(), f"the next attempt ran no iteration: the first saved at {saved_at}"
     resumed_at = int(rows[rows["attempt"] == 1]["iteration"].min())
     with capsys.disabled():
         print(f"\nsignal after iteration {signalled_at}, saved at {saved_at} ({save_ms / 1000:.1f} s), "
