@@ -142,13 +142,11 @@ iteration_time_figure(sweep.logs).show()
 # CPU the measured growth moves with the machine's load from run to run (the table above is this run's), so this lab
 # does not hold it to a number; on a cluster each run has its own GPUs and follows the estimate.
 #
-# On a GPU one micro-batch of 8 is faster than four of 2: larger matrices keep the tensor cores busier. For this tiny
-# model it is faster on this CPU too, as every operator's fixed cost per call is paid once instead of four times;
-# with a larger model, whose micro-batch of 8 no longer fits the CPU's caches, it can come out slower. That is a
+# On a GPU one micro-batch of 8 is faster than four of 2: larger matrices keep the tensor cores busier. On a CPU the
+# order of the two moves with the machine: every operator's fixed cost per call is paid once instead of four times,
+# which favours the micro-batch of 8, but it no longer fits the caches as well, and on a shared machine the load of
+# the moment outweighs both (the table above is this run's; quiet runs here have had either one ahead). That is a
 # property of the hardware, not of accumulation: compare on the GPU you will train on.
-
-# %% tags=["check-claim"]
-assert measured.loc[pair[1], "samples_per_s"] > measured.loc[pair[0], "samples_per_s"], measured
 
 # %% [markdown]
 # ## 4.5 Memory: one micro-batch at a time

@@ -135,6 +135,15 @@ def _train_in_parallel(specs: dict, tmp_path_factory, processes: int = 2) -> dic
     return results
 
 
+def pytest_collection_modifyitems(items):
+    """`make test` runs the suite in two pytest-xdist workers (--dist loadgroup): while one waits on a job, a
+    notebook's kernel or Slurm, the other computes. Every test marked `slurm` goes to one worker, which starts the
+    local Slurm once and never shares its nodes with another worker's jobs."""
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
 def pytest_addoption(parser):
     parser.addoption("--lab-edition", choices=("en", "ko", "all"), default="en",
                      help="the labs' edition that runs under nbval (tests/test_notebooks.py): en (the default: the "
