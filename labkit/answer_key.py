@@ -56,6 +56,18 @@ def _lab07_bubble(answer):
                  hint="the bubble's share of the whole iteration: (p - 1) / (m + p - 1), not SC21's (p - 1) / m")
 
 
+def _lab09_sequence_parallel(answer):
+    from labkit.estimate.memory import activation_bytes_per_layer
+    from labkit.estimate.params import Shape
+    from labkit.spec import load_spec
+
+    gpt3 = Shape.of(load_spec({"model": {"num_layers": 96, "hidden_size": 12288, "num_attention_heads": 96,
+                                         "seq_length": 2048, "vocab_size": 51200}}).model)
+    without, with_sp = (activation_bytes_per_layer(gpt3, 1, tensor=8, sequence_parallel=sp) for sp in (False, True))
+    check_number(answer, without / with_sp, name="Exercise 3 (sequence parallelism)", rel_tol=0.01,
+                 hint="(10 + 24/t + 5as/(ht)) / ((34 + 5as/h) / t): the s b h cancels")
+
+
 def _lab00_gres(answer):
     written = answer.strip().lower().removeprefix("--gres=") if isinstance(answer, str) else answer
     check_choice(written, "gpu:a100:2", name="Exercise 3 (two A100s per node)",
@@ -102,6 +114,11 @@ KEY: dict[str, Callable[..., None]] = {
     "08.1": lambda a, tokens, seq_length: check_number(a, (tokens - 1) // seq_length,
                                                        name="Exercise 1 (sequences per epoch)", rel_tol=0.01),
     "08.2": lambda a: check_number(None if a is ... else len(a), 3, name="Exercise 2 (your own corpus)", rel_tol=0.0),
+    "09.1": lambda a: check_number(a, 16 / 64, name="Exercise 1 (ZeRO-3 bytes per parameter)", rel_tol=0.01,
+                                   hint="stage 3 splits all 16 bytes over the data-parallel GPUs"),
+    "09.2": lambda a: check_number(a, (2 + 14 / 64) * 7.5, name="Exercise 2 (ZeRO-2, 7.5B on 64 GPUs)", rel_tol=0.01,
+                                   hint="stage 2 keeps the 2-byte weights whole and splits the other 14 bytes"),
+    "09.3": _lab09_sequence_parallel,
 }
 
 
@@ -109,7 +126,7 @@ def check(exercise: str, answer: Any, **lab_values: Any) -> None:
     """Check `answer` to lab exercise `exercise` ("LAB.N") against the key; `lab_values` are what the lab computed
     that the answer depends on.
 
-    Taught in labs 00, 01, 02, 03, 04, 05, 06, 07 and 08.
+    Taught in labs 00, 01, 02, 03, 04, 05, 06, 07, 08 and 09.
     """
     if exercise not in KEY:
         raise KeyError(f"no exercise {exercise!r}; the labs' exercises are {', '.join(KEY)}")

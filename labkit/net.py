@@ -5,7 +5,10 @@ import socket
 
 
 def free_port() -> int:
-    """A TCP port free on this host now, for a rendezvous that only this host's processes join."""
+    """A TCP port free on this host now, for a rendezvous that only this host's processes join.
+
+    Taught in lab 09.
+    """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

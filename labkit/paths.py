@@ -59,7 +59,7 @@ def course_dir(name: str) -> Path:
 def example(name: str) -> Path:
     """A shipped example run spec, e.g. example("tiny-cpu.yaml").
 
-    Taught in labs 00, 01, 02, 03, 04, 05 and 07.
+    Taught in labs 00, 01, 02, 03, 04, 05, 07 and 09.
     """
     return course_dir("examples") / name
 

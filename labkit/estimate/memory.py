@@ -80,7 +80,7 @@ def bytes_per_param(precision: str, data_parallel: int = 1, distributed_optimize
     (`model_state_bytes` has it). The distributed optimizer shards over data x context ranks; `grad_reduce_in_bf16`
     (Megatron-LM's --grad-reduce-in-bf16) keeps bf16 gradients, and the step fp32 copies of them, as fp16 does.
 
-    Taught in lab 02.
+    Taught in labs 02 and 09.
     """
     if precision not in _MODEL_STATE:
         raise ValueError(f"precision: {precision!r} is not one of {', '.join(_MODEL_STATE)}")
@@ -268,6 +268,8 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
     (one without interleaving). `rank`: the GPU's rank in the data x context group; None: the one that updates the
     most elements (slices differ by a few alignment gaps). `zero_stage` 1 is the distributed optimizer; 2 and 3 are
     Megatron-FSDP (`fsdp_model_state_bytes`).
+
+    Taught in lab 09.
     """
     import numpy as np
 
@@ -383,6 +385,8 @@ def activation_bytes_per_layer(shape: Shape, micro_batch: int, tensor: int = 1, 
       attention's output stays 16-bit beside the projection's FP8 copy.
     Sequence parallelism splits the norms, dropout and GEMM inputs outside the tensor-parallel regions over t as well
     (Korthikanti Table 2); context parallelism splits the sequence, and so every term, over its ranks.
+
+    Taught in lab 09.
     """
     s, b, h, a, t = shape.seq_length / context, micro_batch, shape.hidden, shape.heads, tensor
     e = 4 if precision == "fp32" else 2  # bytes of one activation (fp8 runs its non-GEMM work in bf16)

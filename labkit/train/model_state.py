@@ -1,0 +1,103 @@
+"""The model state each rank of labkit's driver really holds: weights, gradients and optimizer state, in bytes, counted
+on the megatron-core objects the driver trains (benchmarks/bench_zero_memory.py prints the same beside the estimate).
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+
+def _held(model, optimizer) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer state) bytes of these megatron-core objects, each storage counted once: the
+    parameters (DDP's buffer under the distributed optimizer, FSDP2's local shards), DDP's gradient buffers or FSDP2's
+    sharded gradients, and the inner optimizer's main parameters, their gradients and Adam's moments."""
+    import torch
+    from megatron.core.distributed import DistributedDataParallel
+
+    seen: set[int] = set()
+
+    def new(tensors) -> int:
+        total = 0
+        for x in tensors:
+            if x is None:
+                continue
+            storage = (x.to_local() if hasattr(x, "to_local") else x).untyped_storage()  # a DTensor by its shard
+            if storage.nbytes() and storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        return total
+
+    params = [p for chunk in model for p in chunk.parameters()]
+    weights = new(params)
+    buffers = [b.grad_data for chunk in model if isinstance(chunk, DistributedDataParallel)
+               for b in [*chunk.buffers, *chunk.expert_parallel_buffers]]
+    gradients = new(buffers) if buffers else new(p.grad for p in params)
+    inner = [o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer])]
+    main = [p for o in inner for group in o.param_groups for p in group["params"]]
+    state = [v for o in inner for st in o.state.values() for k, v in st.items() if k != "step" and torch.is_tensor(v)]
+    return weights, gradients, new(main) + new(p.grad for p in main) + new(state)
+
+
+def _rank(rank: int, world: int, address: str, commands: list[list[str]], out: str) -> None:
+    import contextlib
+    import io
+
+    import torch
+    import torch.distributed as dist
+
+    from labkit.train import cpu_compat, data
+    from labkit.train.arguments import parse_args
+    from labkit.train.model import build_model, transformer_config
+    from labkit.train.training import build_optimizer, initialize, padded_vocab_size
+
+    torch.set_num_threads(1)
+    cpu_compat.apply()
+    dist.init_process_group("gloo", init_method=address, world_size=world, rank=rank)
+    rows = []
+    for i, command in enumerate(commands):
+        args = parse_args(command, world_size=world, rank=rank, cuda=False)
+        args.padded_vocab_size = padded_vocab_size(data.build_tokenizer(args).vocab_size,
+                                                   args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
+        if i == 0:  # the specs share one layout: one set of parallel groups
+            with contextlib.redirect_stdout(io.StringIO()):
+                initialize(args)
+        config = transformer_config(args)
+        model = build_model(args, config)
+        optimizer, _ = build_optimizer(args, model, config)
+        for chunk in model:
+            chunk.zero_grad_buffer()
+        optimizer.zero_grad()
+        if args.use_torch_fsdp2:  # FSDP2 keeps sharded .grad tensors where DDP has its buffers
+            for p in (p for chunk in model for p in chunk.parameters()):
+                p.grad = torch.zeros_like(p)
+        optimizer.step()  # one step makes Adam's moments
+        rows.append(_held(model, optimizer))
+        del model, optimizer
+    Path(out, f"rank{rank}.json").write_text(json.dumps(rows))
+    dist.destroy_process_group()
+
+
+def measure_model_state(specs) -> list[list[tuple[int, int, int]]]:
+    """For each spec (all of one layout and world size), each rank's (weights, gradients, optimizer state) bytes as
+    labkit's driver holds them after one optimizer step: its model and optimizer built from the spec's command line
+    in gloo processes on this machine, nothing trained. Returns [spec][rank].
+
+    Taught in lab 09.
+    """
+    import torch.multiprocessing as mp
+
+    from labkit.megatron_args import megatron_args
+    from labkit.net import free_port
+
+    specs = list(specs)
+    worlds = {spec.world_size for spec in specs}
+    if len(worlds) != 1:
+        raise ValueError(f"specs: one world size for all, not {sorted(worlds)}")
+    world = worlds.pop()
+    with tempfile.TemporaryDirectory() as out:
+        # forked: the ranks start with this process's imports (a notebook's megatron-core) instead of their own
+        mp.start_processes(_rank, args=(world, f"tcp://127.0.0.1:{free_port()}", [megatron_args(s) for s in specs],
+                                        out), nprocs=world, join=True, start_method="fork")
+        ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
+    return [[tuple(ranks[r][i]) for r in range(world)] for i in range(len(specs))]
