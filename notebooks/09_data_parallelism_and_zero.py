@@ -37,6 +37,7 @@ iterations = 3
 
 # %%
 import multiprocessing
+import warnings
 
 import pandas as pd
 import torch
@@ -80,7 +81,7 @@ print(f"{params:,} parameters, data parallel {base.data_parallel}")
 
 # %% tags=["prediction"]
 my_prediction = {
-    "zero0 bytes per rank": ...,  # a number, e.g. 3e6
+    "zero0 bytes per rank": ...,  # a number of bytes
     "zero1 bytes per rank": ...,
     "zero2 bytes per rank": ...,
     "zero3 bytes per rank": ...,
@@ -146,6 +147,7 @@ def two_steps(rank, world, sharded):
 
 
 def rank_main(rank, world, port, results):
+    warnings.filterwarnings("ignore", category=FutureWarning)  # torch 2.13 renames these collectives; same calls
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     results.put((rank, {"dp": two_steps(rank, world, False), "zero1": two_steps(rank, world, True)}))
     dist.destroy_process_group()

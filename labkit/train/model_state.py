@@ -42,6 +42,7 @@ def _held(model, optimizer) -> tuple[int, int, int]:
 def _rank(rank: int, world: int, address: str, commands: list[list[str]], out: str) -> None:
     import contextlib
     import io
+    import warnings
 
     import torch
     import torch.distributed as dist
@@ -52,6 +53,8 @@ def _rank(rank: int, world: int, address: str, commands: list[list[str]], out: s
     from labkit.train.training import build_optimizer, initialize, padded_vocab_size
 
     torch.set_num_threads(1)
+    # megatron-core's notices about kernels a CPU lacks, once per rank, would bury the caller's own output
+    warnings.simplefilter("ignore")
     cpu_compat.apply()
     dist.init_process_group("gloo", init_method=address, world_size=world, rank=rank)
     rows = []
