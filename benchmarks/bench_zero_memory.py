@@ -29,13 +29,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 from labkit.estimate.memory import model_state_bytes  # noqa: E402
 from labkit.estimate.params import Shape  # noqa: E402
 from labkit.megatron_args import megatron_args  # noqa: E402
 from labkit.spec import load_spec  # noqa: E402
-from test_memory_vs_megatron_core import held_bytes  # noqa: E402
+from labkit.train.model_state import held_bytes  # noqa: E402
 
 # A GPT with odd widths (hidden 72: gaps before 64-element-aligned parameters; vocabulary 1000, padded to 1024) and
 # untied embeddings, which FSDP2 needs.

@@ -237,6 +237,8 @@ def rendered_command_lines() -> dict[str, list[str]]:
     files; not the pre-2022 spelling), and each example spec's, rendered for the megatron-lm entrypoint."""
     lines = {}
     for path in sorted((GOLDEN / "jobs").iterdir()):
+        if path.name.startswith("deepspeed"):  # labkit's driver under DeepSpeed: Megatron-DeepSpeed's own flags
+            continue
         for i, block in enumerate(re.findall(r"TRAIN_ARGS=\(\n(.*?)\n\s*\)", path.read_text(), re.S)):
             lines[f"{path.name}[{i}]"] = shlex.split(block)
     for path in sorted((GOLDEN / "megatron_args").glob("*.txt")):

@@ -27,6 +27,7 @@ from labkit.estimate.memory import GIB, ModelState, bytes_per_param, model_state
 from labkit.estimate.params import Shape, stage_params
 from labkit.estimate import estimate
 from labkit.spec import SpecError, load_spec
+from labkit.train.model_state import held_bytes
 
 # Odd widths on purpose: a hidden size of 72 leaves gaps before the 64-element-aligned parameters, a vocabulary of
 # 1000 is padded to 1024 rows.
@@ -105,42 +106,6 @@ class Held:
     weights: int
     gradients: int
     optimizer: int
-
-
-def held_bytes(model, optimizer) -> tuple[int, int, int]:
-    """(weights, gradients, optimizer state) in bytes that these megatron-core objects hold, each storage once.
-
-    Weights: the parameters' storage (DDP's parameter buffer under the distributed optimizer). Gradients: DDP's
-    `grad_data` buffers, or the parameters' own gradients under FSDP2 (benchmarks/bench_zero_memory.py). Optimizer: the inner optimizer's parameters (fp32 main copies, or the model's own fp32
-    parameters, then already counted), their gradients where they are not views of DDP's buffer, and their state
-    tensors (exp_avg, exp_avg_sq; SGD's momentum_buffer). Adam's scalar `step` counters are left out.
-    """
-    import torch
-    from megatron.core.distributed import DistributedDataParallel
-
-    seen: set[int] = set()
-
-    def new(tensors) -> int:
-        total = 0
-        for x in tensors:
-            if x is None:
-                continue
-            # a DTensor (PyTorch FSDP2's sharded parameters and gradients) by the shard this rank holds
-            storage = (x.to_local() if hasattr(x, "to_local") else x).untyped_storage()
-            if storage.nbytes() and storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                total += storage.nbytes()
-        return total
-
-    params = [p for chunk in model for p in chunk.parameters()]
-    weights = new(params)
-    buffers = [b.grad_data for chunk in model if isinstance(chunk, DistributedDataParallel)
-               for b in [*chunk.buffers, *chunk.expert_parallel_buffers]]
-    gradients = new(buffers) if buffers else new(p.grad for p in params)  # FSDP2 keeps them on the parameters
-    inner = [o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer])]
-    main = [p for o in inner for group in o.param_groups for p in group["params"]]
-    state = [v for o in inner for st in o.state.values() for k, v in st.items() if k != "step" and torch.is_tensor(v)]
-    return weights, gradients, new(main) + new(p.grad for p in main) + new(state)
 
 
 def _driver_args(point: Point, rank: int):

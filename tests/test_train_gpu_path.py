@@ -174,6 +174,7 @@ DERIVED = {
     "data_path": "data_prefixes", "bias_gelu_fusion": "bias_activation_fusion",
     "bias_swiglu_fusion": "bias_activation_fusion",
     "use_pytorch_profiler": None,  # Megatron-LM's choice between profilers; the driver's --profile is torch.profiler
+    "zero_stage": None,  # Megatron-DeepSpeed's spelling of the stage ds_config.json sets; the parser checks they agree
     "help": None,
 }
 REFUSED = {"tp_comm_overlap": ["--tp-comm-overlap"], "context_parallel_size": ["--context-parallel-size", "2"],

@@ -8,10 +8,15 @@ import tempfile
 from pathlib import Path
 
 
-def _held(model, optimizer) -> tuple[int, int, int]:
-    """(weights, gradients, optimizer state) bytes of these megatron-core objects, each storage counted once: the
-    parameters (DDP's buffer under the distributed optimizer, FSDP2's local shards), DDP's gradient buffers or FSDP2's
-    sharded gradients, and the inner optimizer's main parameters, their gradients and Adam's moments."""
+def held_bytes(model, optimizer) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer state) in bytes that these megatron-core objects hold, each storage once.
+
+    Weights: the parameters' storage (DDP's parameter buffer under the distributed optimizer, FSDP2's local shards).
+    Gradients: DDP's `grad_data` buffers, or the parameters' own gradients under FSDP2. Optimizer: the inner
+    optimizer's parameters (fp32 main copies, or the model's own fp32 parameters, then already counted), their
+    gradients where they are not views of DDP's buffer, and their state tensors (exp_avg, exp_avg_sq; SGD's
+    momentum_buffer). Adam's scalar `step` counters are left out.
+    """
     import torch
     from megatron.core.distributed import DistributedDataParallel
 
@@ -75,7 +80,7 @@ def _rank(rank: int, world: int, address: str, commands: list[list[str]], out: s
             for p in (p for chunk in model for p in chunk.parameters()):
                 p.grad = torch.zeros_like(p)
         optimizer.step()  # one step makes Adam's moments
-        rows.append(_held(model, optimizer))
+        rows.append(held_bytes(model, optimizer))
         del model, optimizer
     Path(out, f"rank{rank}.json").write_text(json.dumps(rows))
     dist.destroy_process_group()
