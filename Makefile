@@ -27,10 +27,8 @@ lab: $(STAMP)
 # supported Pythons found here.
 test: test-suite wheel-check other-pythons
 
-# Two workers: the suite's jobs, kernels and Slurm leave a core idle while they wait (tests/conftest.py keeps every
-# Slurm test in one worker).
 test-suite: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest
 
 wheel-check: $(STAMP)
 	bash tests/wheel_check.sh $(BIN)/python

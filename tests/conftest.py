@@ -135,19 +135,6 @@ def _train_in_parallel(specs: dict, tmp_path_factory, processes: int = 2) -> dic
     return results
 
 
-def pytest_collection_modifyitems(items):
-    """`make test` runs the suite in two pytest-xdist workers (--dist loadgroup): while one waits on a job, a
-    notebook's kernel or Slurm, the other computes. A module's tests stay in one worker, so that a module fixture
-    that trains (tests/test_train_driver.py's runs) trains once; every test marked `slurm` goes to one worker, which
-    starts the local Slurm once and never shares its nodes with another worker's jobs; the nbval runs, which share
-    nothing, spread over both."""
-    for item in items:
-        if item.get_closest_marker("slurm"):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
-        elif item.originalname != "test_notebook_runs_under_nbval":
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-
-
 def pytest_addoption(parser):
     parser.addoption("--lab-edition", choices=("en", "ko", "all"), default="en",
                      help="the labs' edition that runs under nbval (tests/test_notebooks.py): en (the default: the "

@@ -15,8 +15,14 @@ NOTEBOOK_DIR = course_dir("notebooks")
 
 
 
-def _notebooks(edition: Path) -> list[Path]:
-    return sorted(edition.glob("[0-9][0-9]_*.ipynb")) + sorted((edition / "solutions").glob("*.ipynb"))
+def _nbval_runs(edition: Path) -> list:
+    """One nbval run per lab, and one for all the solutions together (each is a few check cells: one pytest process
+    for them all saves its start-up ten times). Lab 00 runs its Slurm primer against the suite's local Slurm."""
+    labs = sorted(edition.glob("[0-9][0-9]_*.ipynb"))
+    return [pytest.param([lab], id=str(lab.relative_to(NOTEBOOK_DIR)),
+                         marks=[pytest.mark.slurm] if lab.name.startswith("00_") else []) for lab in labs] + \
+        [pytest.param(sorted((edition / "solutions").glob("*.ipynb")),
+                      id=str((edition / "solutions").relative_to(NOTEBOOK_DIR)))]
 
 
 def test_every_lab_has_a_paired_source_and_a_solution():
@@ -71,30 +77,24 @@ def test_a_translation_that_changes_code_or_cells_is_refused(tmp_path):
         lab.write_translated_notebook(changed, english.with_suffix(".ipynb"))
 
 
-def _params(notebooks: list[Path]) -> list:
-    """Lab 00 (setup and the Slurm primer) runs its Slurm commands against the suite's local Slurm."""
-    return [pytest.param(p, id=str(p.relative_to(NOTEBOOK_DIR)),
-                         marks=[pytest.mark.slurm] if p.name.startswith("00_") else [])
-            for p in notebooks]
-
-
 def pytest_generate_tests(metafunc):
     """The nbval runs cover the edition chosen with --lab-edition (en by default)."""
     if metafunc.function.__name__ == "test_notebook_runs_under_nbval":
         edition = metafunc.config.getoption("lab_edition")
         chosen = {"en": [NOTEBOOK_DIR], "ko": [KOREAN], "all": [NOTEBOOK_DIR, KOREAN]}[edition]
-        metafunc.parametrize("notebook", _params([nb for folder in chosen for nb in _notebooks(folder)]))
+        metafunc.parametrize("notebooks", [run for folder in chosen for run in _nbval_runs(folder)])
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_notebook_runs_under_nbval(notebook: Path, tmp_path):
+def test_notebook_runs_under_nbval(notebooks: list[Path], tmp_path):
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env",
                "--nbval-sanitize-with", str(NOTEBOOK_DIR / "nbval_sanitize.cfg"), "--nbval-cell-timeout", "300",
-               str(notebook)]
+               *map(str, notebooks)]
     env = {**os.environ, "LABKIT_RUNS_DIR": str(tmp_path / "runs")}
     result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, env=env)
-    assert result.returncode == 0, f"{notebook.name} failed under nbval:\n{result.stdout[-6000:]}\n{result.stderr[-2000:]}"
+    names = ", ".join(nb.name for nb in notebooks)
+    assert result.returncode == 0, f"{names} failed under nbval:\n{result.stdout[-6000:]}\n{result.stderr[-2000:]}"
 
 
 def test_every_taught_in_link_names_exactly_the_labs_that_call_it():
