@@ -43,7 +43,7 @@ def lab_counts(source: Path) -> dict[str, int]:
 def main() -> int:
     lab_json = Path(sys.argv[1]) if len(sys.argv) > 1 else max(ROOT.glob("runs/lab-*/lab.json"), default=None,
                                                                 key=lambda p: p.stat().st_mtime)
-    run_s = {}
+    run_s: dict[str, float] = {}
     if lab_json is not None and lab_json.exists():
         run_s = {nb["name"]: nb["seconds"] for nb in json.loads(lab_json.read_text())["notebooks"]}
         print(f"machine times from {lab_json}")
@@ -56,11 +56,12 @@ def main() -> int:
         n = lab_counts(source)
         reading = n["words"] / WORDS_PER_MINUTE + n["code_lines"] * CODE_LINE_S / 60
         doing = n["predictions"] * PREDICTION_MIN + n["exercises"] * EXERCISE_MIN
-        runs = run_s.get(source.stem, float("nan")) / 60
-        minutes = reading + doing + (runs if runs == runs else 0)
+        runs = run_s.get(source.stem)
+        minutes = reading + doing + (runs or 0) / 60
         total += minutes
         print(f"| {source.stem} | {n['words']} | {n['code_lines']} | {n['predictions']} | {n['exercises']} | "
-              f"{reading:.0f} min | {doing} min | {runs:.1f} min | {minutes:.0f} min |")
+              f"{reading:.0f} min | {doing} min | {'-' if runs is None else f'{runs / 60:.1f} min'} | "
+              f"{minutes:.0f} min |")
     print(f"\nseries: {total:.0f} min = {total // 60:.0f} h {total % 60:.0f} min")
     return 0
 
