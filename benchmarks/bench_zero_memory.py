@@ -2,9 +2,9 @@
 
     .venv/bin/python benchmarks/bench_zero_memory.py [--data 2 4]
 
-For each data-parallel size (gloo processes on the CPU) and each stage, the driver's model and optimizer are built
-from the command line the spec renders for labkit's driver (labkit.megatron_args): stage 0 megatron-core's DDP, stage
-1 its distributed optimizer, stages 2 and 3 PyTorch FSDP2 through megatron-core (--use-torch-fsdp2, without and with
+For each data-parallel size (gloo processes on the CPU) and each stage, labkit.train.model_state.measure_model_state
+builds the driver's model and optimizer from the command line the spec renders for labkit's driver: stage 0
+megatron-core's DDP, stage 1 its distributed optimizer, stages 2 and 3 PyTorch FSDP2 through megatron-core (--use-torch-fsdp2, without and with
 resharding after forward; Megatron-FSDP, which the spec renders for Megatron-LM, runs its reduce-scatters and
 all-gathers on CUDA streams). One optimizer step makes Adam's moments; then each rank sums the storage it holds:
 parameters (FSDP2: the local shards), gradients (DDP's buffers, or FSDP2's sharded gradients) and the optimizer's
@@ -21,10 +21,7 @@ stage 2) count all the time.
 from __future__ import annotations
 
 import argparse
-import json
-import socket
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,9 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 from labkit.estimate.memory import model_state_bytes  # noqa: E402
 from labkit.estimate.params import Shape  # noqa: E402
-from labkit.megatron_args import megatron_args  # noqa: E402
 from labkit.spec import load_spec  # noqa: E402
-from labkit.train.model_state import held_bytes  # noqa: E402
+from labkit.train.model_state import measure_model_state  # noqa: E402
 
 # A GPT with odd widths (hidden 72: gaps before 64-element-aligned parameters; vocabulary 1000, padded to 1024) and
 # untied embeddings, which FSDP2 needs.
@@ -46,58 +42,6 @@ STAGES = (0, 1, 2, 3)
 def spec(stage: int, data: int):
     return load_spec({"model": MODEL, "precision": "fp32", "parallel": {"data": data},
                       "batch": {"micro": 1, "global": data}, "optimizer": {"zero_stage": stage}})
-
-
-def _worker(rank: int, world: int, address: str, out: str) -> None:
-    import contextlib
-    import io
-
-    import torch
-    import torch.distributed as dist
-
-    from labkit.train import cpu_compat, data
-    from labkit.train.arguments import parse_args
-    from labkit.train.model import build_model, transformer_config
-    from labkit.train.training import build_optimizer, initialize, padded_vocab_size
-
-    torch.set_num_threads(1)
-    cpu_compat.apply()
-    dist.init_process_group("gloo", init_method=address, world_size=world, rank=rank)
-    rows = []
-    for i, stage in enumerate(STAGES):
-        args = parse_args(megatron_args(spec(stage, world)), world_size=world, rank=rank, cuda=False)
-        args.padded_vocab_size = padded_vocab_size(data.build_tokenizer(args).vocab_size,
-                                                   args.make_vocab_size_divisible_by, 1)
-        if i == 0:
-            with contextlib.redirect_stdout(io.StringIO()):
-                initialize(args)
-        config = transformer_config(args)
-        model = build_model(args, config)
-        optimizer, _ = build_optimizer(args, model, config)
-        for chunk in model:
-            chunk.zero_grad_buffer()
-        optimizer.zero_grad()
-        if args.use_torch_fsdp2:  # FSDP2 keeps sharded .grad tensors, where DDP has its buffers
-            for p in (p for chunk in model for p in chunk.parameters()):
-                p.grad = torch.zeros_like(p)
-        optimizer.step()
-        rows.append(held_bytes(model, optimizer))
-        del model, optimizer
-    Path(out, f"rank{rank}.json").write_text(json.dumps(rows))
-    dist.destroy_process_group()
-
-
-def measure(world: int) -> list[list[tuple[int, int, int]]]:
-    """[stage][rank] -> (weights, gradients, optimizer) bytes."""
-    import torch.multiprocessing as mp
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        address = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(world, address, tmp), nprocs=world, join=True)
-        ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
-    return [[tuple(ranks[r][s]) for r in range(world)] for s in range(len(STAGES))]
 
 
 def estimate(stage: int, data: int) -> tuple[int, int, int]:
@@ -115,7 +59,7 @@ def main() -> None:
     print(f"{'dp':>2} {'stage':>5} {'runs as':<28} {'measured weights/grads/optimizer (bytes, fullest rank)':>56} "
           f"{'estimate':>30} {'total diff':>10}")
     for world in sizes:
-        for stage, ranks in zip(STAGES, measure(world)):
+        for stage, ranks in zip(STAGES, measure_model_state(spec(stage, world) for stage in STAGES)):
             fullest = max(ranks, key=sum)
             est = estimate(stage, world)
             runs = ("megatron-core DDP", "distributed optimizer", "torch FSDP2, no reshard", "torch FSDP2")[stage]
