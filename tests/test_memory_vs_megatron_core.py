@@ -27,7 +27,7 @@ from labkit.estimate.memory import GIB, ModelState, bytes_per_param, model_state
 from labkit.estimate.params import Shape, stage_params
 from labkit.estimate import estimate
 from labkit.spec import SpecError, load_spec
-from labkit.train.model_state import held_bytes
+from labkit.train.model_state import built_after_one_step, held_bytes
 
 # Odd widths on purpose: a hidden size of 72 leaves gaps before the 64-element-aligned parameters, a vocabulary of
 # 1000 is padded to 1024 rows.
@@ -139,18 +139,7 @@ def _initialize(point: Point, rank: int) -> None:
 
 def _build(point: Point, rank: int):
     """labkit's driver model and optimizer for `point` on this rank, after one optimizer step."""
-    from labkit.train.model import build_model, transformer_config
-    from labkit.train.training import build_optimizer
-
-    args = _driver_args(point, rank)
-    config = transformer_config(args)
-    model = build_model(args, config)
-    optimizer, _ = build_optimizer(args, model, config)
-    for chunk in model:
-        chunk.zero_grad_buffer()
-    optimizer.zero_grad()
-    optimizer.step()
-    return model, optimizer
+    return built_after_one_step(_driver_args(point, rank))
 
 
 def _layout(point: Point) -> tuple[int, int, int, int, int]:

@@ -44,6 +44,27 @@ def held_bytes(model, optimizer) -> tuple[int, int, int]:
     return weights, gradients, new(main) + new(p.grad for p in main) + new(state)
 
 
+def built_after_one_step(args):
+    """labkit's driver model and optimizer for these arguments, after one optimizer step on zero gradients (which
+    makes Adam's moments): the state a rank holds between steps."""
+    import torch
+
+    from labkit.train.model import build_model, transformer_config
+    from labkit.train.training import build_optimizer
+
+    config = transformer_config(args)
+    model = build_model(args, config)
+    optimizer, _ = build_optimizer(args, model, config)
+    for chunk in model:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    if args.use_torch_fsdp2:  # FSDP2 keeps sharded .grad tensors where DDP has its buffers
+        for p in (p for chunk in model for p in chunk.parameters()):
+            p.grad = torch.zeros_like(p)
+    optimizer.step()
+    return model, optimizer
+
+
 def _rank(rank: int, world: int, address: str, commands: list[list[str]], out: str) -> None:
     import contextlib
     import io
@@ -54,8 +75,7 @@ def _rank(rank: int, world: int, address: str, commands: list[list[str]], out: s
 
     from labkit.train import cpu_compat, data
     from labkit.train.arguments import parse_args
-    from labkit.train.model import build_model, transformer_config
-    from labkit.train.training import build_optimizer, initialize, padded_vocab_size
+    from labkit.train.training import initialize, padded_vocab_size
 
     torch.set_num_threads(1)
     # megatron-core's notices about kernels a CPU lacks, once per rank, would bury the caller's own output
@@ -70,16 +90,7 @@ def _rank(rank: int, world: int, address: str, commands: list[list[str]], out: s
         if i == 0:  # the specs share one layout: one set of parallel groups
             with contextlib.redirect_stdout(io.StringIO()):
                 initialize(args)
-        config = transformer_config(args)
-        model = build_model(args, config)
-        optimizer, _ = build_optimizer(args, model, config)
-        for chunk in model:
-            chunk.zero_grad_buffer()
-        optimizer.zero_grad()
-        if args.use_torch_fsdp2:  # FSDP2 keeps sharded .grad tensors where DDP has its buffers
-            for p in (p for chunk in model for p in chunk.parameters()):
-                p.grad = torch.zeros_like(p)
-        optimizer.step()  # one step makes Adam's moments
+        model, optimizer = built_after_one_step(args)
         rows.append(held_bytes(model, optimizer))
         del model, optimizer
     Path(out, f"rank{rank}.json").write_text(json.dumps(rows))
