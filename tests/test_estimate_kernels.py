@@ -174,3 +174,18 @@ def test_a_long_steps_span_is_extrapolated_exactly_from_its_steady_state(virtual
         messages = rng.choice([1, 2])
         full = schedule_1f1b(stages, sends, m, messages, None, virtual, 0.1)[-1].end_s
         assert schedule_span(stages, sends, m, messages, None, virtual, 0.1) == pytest.approx(full, rel=1e-9)
+
+
+def test_context_ranks_reduce_gradients_with_the_data_ranks_and_pass_keys_over_their_own_links():
+    """megatron-core reduces gradients over data x context ranks, so a layout whose data-parallel size is 1 still
+    moves them; a context ring whose tensor ranks fill a node leaves the node (rank order tp-cp-dp-pp)."""
+    from labkit.estimate.topology import Topology
+
+    alone = estimate(h100_spec(parallel={"tensor": 8, "pipeline": 4}, optimizer={"distributed": True}))
+    shared = estimate(h100_spec(parallel={"tensor": 8, "pipeline": 2, "context": 2}, optimizer={"distributed": True}))
+    assert alone.exposed_comm_s["dp"] == 0 and alone.hidden_comm_s["dp"] == 0  # one rank holds each shard
+    assert shared.exposed_comm_s["dp"] + shared.hidden_comm_s["dp"] > 0     # two context ranks reduce theirs
+    within = Topology(h100_spec(parallel={"tensor": 4, "context": 2}))
+    across = Topology(h100_spec(parallel={"tensor": 8, "context": 2}))
+    assert within.cp_gbps(0) > 4 * across.cp_gbps(0)  # NVLink in one node against the network between two
+    assert across.dp_gbps(0) == across.cp_gbps(0)     # data 2 x context 2 on four nodes: the network

@@ -1,9 +1,12 @@
 """kernels.stack: the training software an estimate charges for, chosen in the spec (labkit/data/calibration.yaml's
 stacks), and the exposed share of tensor-parallel transfers under kernels.tp_comm_overlap."""
 import dataclasses
+import json
 
 import pytest
+import yaml
 
+from labkit.cli import main
 from labkit.estimate import default_calibration, estimate
 from labkit.estimate.published import published_runs
 from labkit.spec import SpecError, load_spec
@@ -23,8 +26,40 @@ def test_a_spec_chooses_the_stack_and_a_bad_name_lists_the_choices():
     assert estimate(deepspeed).iteration_time_s > 1.05 * estimate(default).iteration_time_s
     with pytest.raises(SpecError) as err:
         load_spec({**GPT2, "kernels": {"stack": "deepspeed"}})
-    assert any(e.startswith("kernels.stack: 'deepspeed' is not one of megatron-core, deepspeed-megatron-2020")
-               for e in err.value.errors)
+    assert any(e.startswith("kernels.stack: 'deepspeed' is not one of megatron-core, megatron-bridge, "
+                            "deepspeed-megatron-2020") for e in err.value.errors)
+
+
+def test_the_estimate_command_charges_the_specs_stack_unless_told_another(tmp_path, capsys):
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({**GPT2, "kernels": {"stack": "deepspeed-megatron-2020"}}))
+
+    def seconds(*flags):
+        assert main(["estimate", str(path), "--json", *flags]) == 0
+        return json.loads(capsys.readouterr().out)["iteration_time_s"]
+
+    spec = load_spec(str(path))
+    assert seconds() == pytest.approx(estimate(spec).iteration_time_s)
+    assert seconds("--stack", "megatron-core") == pytest.approx(estimate(spec, stack="megatron-core").iteration_time_s)
+    assert seconds() > 1.05 * seconds("--stack", "megatron-core")
+
+
+def test_megatron_bridge_runs_the_same_layout_faster_by_its_fitted_compute_scale():
+    """NVIDIA's Megatron-Bridge 25.09-26.02 recipes (megatron-core 0.14-0.16) run Llama 3 70B's FP8 layout faster
+    than the NeMo 24.12 generation the H100 efficiencies were fitted on: its stack scales the analytic compute, and
+    the Bridge rows it was fitted to are estimated with it."""
+    cal = default_calibration()
+    bridge = cal.stack("megatron-bridge")
+    assert 0.8 < bridge.compute_scale < 1 and cal.stack().compute_scale == 1.0
+    assert cal.sources["stacks.megatron-bridge"].startswith("fitted:")
+    runs = [r for r in published_runs() if r.set == "megatron-bridge-h100"]
+    assert len(runs) == 7 and all(r.spec.kernels.stack == "megatron-bridge" for r in runs)
+    llama405 = runs[-1].spec  # 126 layers on 8 x 8 model chunks, the embedding and the loss counted as layers
+    assert llama405.parallel.account_for_embedding_in_pipeline_split and llama405.parallel.context == 2
+    spec = runs[1].spec  # Bridge 25.09, Llama 3 70B: tensor 4, pipeline 8, 5 virtual stages
+    newer, older = estimate(spec), estimate(spec, stack="megatron-core")
+    assert newer.breakdown["compute"] == pytest.approx(bridge.compute_scale * older.breakdown["compute"], rel=0.02)
+    assert newer.iteration_time_s < older.iteration_time_s
 
 
 def test_mt_nlg_estimated_with_its_deepspeed_stack():

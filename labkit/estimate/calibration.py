@@ -33,6 +33,8 @@ class Stack:
     p2p_messages: blocking transfers per neighbour per micro-batch on the pipeline's critical path (k in timing).
     overlap_p2p: whether the interleaved schedule overlaps its sends and receives with compute on GPUs (megatron-core's
         overlap_p2p_comm; see labkit.estimate.timing).
+    compute_scale: analytic compute (a layer's GEMMs and memory passes, the loss's) takes this multiple of what the
+        calibration's efficiencies give: the same GPU runs one software generation's kernels faster than another's.
     description: what the stack is and why its figures are what they are.
     """
     name: str
@@ -41,6 +43,7 @@ class Stack:
     p2p_message_s: float
     p2p_messages: int
     overlap_p2p: bool
+    compute_scale: float = 1.0
     description: str = ""
 
 
@@ -148,6 +151,7 @@ def calibration_from_dict(data: Mapping) -> Calibration:
         stacks[name] = Stack(name, memory_passes=float(entry["memory_passes"]),
                              tp_allreduce_s=float(entry["tp_allreduce_s"]), p2p_message_s=float(entry["p2p_message_s"]),
                              p2p_messages=int(entry["p2p_messages"]), overlap_p2p=bool(entry["overlap_p2p"]),
+                             compute_scale=float(entry.get("compute_scale", 1.0)),
                              description=entry.get("description", ""))
     return Calibration(
         efficiency={gpu: value(f"efficiency.{gpu}", e) for gpu, e in data["efficiency"].items()},

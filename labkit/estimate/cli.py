@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
+from labkit import catalog
+
 
 def register(sub) -> None:
     p = sub.add_parser("estimate", help="predict parameters, FLOPs, MFU, memory per stage and iteration time of a spec")
@@ -12,8 +14,9 @@ def register(sub) -> None:
     p.add_argument("--tokens", type=float, default=None, help="training tokens, to add training_days (e.g. 300e9)")
     p.add_argument("--overlap-dp", action="store_true",
                    help="overlap the gradient all-reduce with the backward pass (Megatron --overlap-grad-reduce)")
-    p.add_argument("--stack", default="megatron-core", choices=("megatron-core", "deepspeed-megatron-2020"),
-                   help="training software whose overheads to charge (default megatron-core, labkit's driver)")
+    p.add_argument("--stack", default=None, choices=tuple(catalog.calibration()["stacks"]),
+                   help="training software whose overheads to charge, in place of the spec's kernels.stack (default: "
+                        "that, else megatron-core, labkit's driver)")
     p.set_defaults(func=_run)
 
 

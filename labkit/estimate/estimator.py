@@ -177,7 +177,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         chunk_times[i][k] = stage_time(sources_by_stage[i], layers, b.micro, t, shape=shape, precision=precision,
                                        first=u == 0, last=u == p * v - 1, recompute=recompute,
                                        first_layer=first_layer, tp_gbps=topo.tp_gbps(i), stack=stack,
-                                       calibration=cal, flash_attention=flash, context=c,
+                                       calibration=cal, flash_attention=flash, context=c, cp_gbps=topo.cp_gbps(i),
                                        tp_comm_overlap=spec.kernels.tp_comm_overlap,
                                        sequence_parallel=par.sequence_parallel)
         first_layer += layers
@@ -209,8 +209,9 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     zero_stage = max(spec.optimizer.zero_stage, int(spec.optimizer.distributed))
     dp_exposed, dp_total = [], []
     for i, params in enumerate(per_stage_params):
+        # megatron-core reduces gradients over data x context ranks (its intra data-and-context-parallel group)
         exposed_s, total_s = data_parallel_time(
-            params, d, topo.dp_gbps(i), latency, zero_stage=zero_stage, grad_bytes=grad_bytes,
+            params, d * c, topo.dp_gbps(i), latency, zero_stage=zero_stage, grad_bytes=grad_bytes,
             param_bytes=4 if precision == "fp32" else 2, forward_s=stages[i].forward_s,
             backward_s=stages[i].backward_s, micro_batches=m, layers=partition[i], overlap_grad_reduce=overlap_dp,
             overlap_param_gather=spec.kernels.overlap_param_gather)

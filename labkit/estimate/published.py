@@ -63,7 +63,8 @@ def _spec(name: str, group: dict, run: dict, data: dict) -> tuple[RunSpec, str]:
                  **data["model"]}
         label = f"{run['billions']:g}B t{t} p{p} {gpus} GPUs"
     parallel = {"tensor": t, "pipeline": p, "context": c, "data": sizes.data_parallel_size(gpus, t, c, p),
-                "sequence_parallel": group.get("sequence_parallel", t > 1), **group.get("parallel", {})}
+                "sequence_parallel": group.get("sequence_parallel", t > 1), **group.get("parallel", {}),
+                **group.get("parallel_by_model", {}).get(run.get("model"), {})}
     if run.get("virtual", 1) > 1:
         parallel["virtual_stages"] = run["virtual"]
     recompute = None

@@ -196,12 +196,13 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
     layer_gemm_s = (linear_s + core_s) / tensor / context
     if recompute == "selective":
         recompute_fraction = core_s / (linear_s + core_s)
-    layer_s = layers * (layer_gemm_s + memory_s / 3)
+    layer_s = layers * (layer_gemm_s + memory_s / 3) * stack.compute_scale
     ends_s = 0.0
     if last:
         ends_s = logits_forward_flops(shape, tokens) / tensor / context / core_rate
         if stack.memory_passes:  # the cross-entropy reads and writes the fp32 logits, forward and backward
             ends_s += 4 * (4 * tokens * shape.vocab / tensor / context) / 3 / bandwidth
+        ends_s *= stack.compute_scale
     forward = layer_s + ends_s
     backward = 2 * forward + recompute_fraction * layer_s
     if tp_gbps is None:
@@ -212,7 +213,7 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
     if tp_comm_overlap:
         # the forward and backward GEMMs hide the chunks in flight, all but a fitted fraction (Calibration.
         # tp_overlap_exposed), and at most their own time
-        comm = max(cal.tp_overlap_exposed * comm, comm - 3 * layers * layer_gemm_s)
+        comm = max(cal.tp_overlap_exposed * comm, comm - 3 * layers * layer_gemm_s * stack.compute_scale)
     if context > 1:
         # each rank's K and V chunk (GQA-sized) visits the other context - 1 ranks: a ring of p2p transfers
         kv = 2 * (tokens / context) * shape.hidden * shape.groups / shape.heads / tensor

@@ -39,7 +39,7 @@ class Topology:
             for _ in range(group.count):
                 slots += [Slot(node, name, float(intra), float(inter))] * group.gpus_per_node
                 node += 1
-        needed = self.tensor * self.pipeline * self.data
+        needed = self.layout.world_size
         if len(slots) < needed:  # a spec without enough GPUs was caught by validation; keep the last kind
             slots += [slots[-1]] * (needed - len(slots))
         self.slots = slots
@@ -64,8 +64,18 @@ class Topology:
         return self.group_gbps([self.rank(stage, 0, k) for k in range(self.tensor)])
 
     def dp_gbps(self, stage: int) -> float:
-        """A ring over the stage's data-parallel ranks; the stage's t rings share each node's network interface."""
-        ranks = [self.rank(stage, j, 0) for j in range(self.data)]
+        """A ring over the stage's data x context ranks, the group megatron-core reduces gradients over (context
+        ranks hold the same weights and each computes gradients from its share of the sequence); the stage's t rings
+        share each node's network interface."""
+        return self._ring_gbps(stage, [self.layout.rank(pp=stage, cp=k, dp=j)
+                                       for j in range(self.data) for k in range(self.layout.context)])
+
+    def cp_gbps(self, stage: int) -> float:
+        """A ring over the stage's context ranks, which pass keys and values round; the stage's t rings share each
+        node's network interface."""
+        return self._ring_gbps(stage, [self.layout.rank(pp=stage, cp=k) for k in range(self.layout.context)])
+
+    def _ring_gbps(self, stage: int, ranks: list[int]) -> float:
         gbps = self.group_gbps(ranks)
         if self.crosses_nodes(ranks):
             per_node = Counter(self.slots[self.rank(stage, 0, k)].node for k in range(self.tensor))

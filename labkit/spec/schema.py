@@ -124,7 +124,8 @@ class KernelsSpec:
     """Overlap tensor-parallel all-gathers and reduce-scatters with the GEMMs (--tp-comm-overlap); needs sequence
     parallelism and Transformer Engine on GPUs."""
     stack: str | None = None
-    """The training software the estimate charges for: a stack of labkit/data/calibration.yaml (megatron-core, or
+    """The training software the estimate charges for: a stack of labkit/data/calibration.yaml (megatron-core;
+    megatron-bridge for NVIDIA Megatron-Bridge's 2025-26 recipes, whose kernels run the same layouts faster; or
     deepspeed-megatron-2020 for DeepSpeed's pipeline engine on Megatron-LM v1.1.5, as MT-NLG and AMP ran); None:
     the calibration's default_stack (megatron-core). It changes the estimate only: no Megatron-LM flag."""
 
