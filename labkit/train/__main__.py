@@ -13,13 +13,14 @@ def main(argv: list[str] | None = None) -> int:
     except MissingExtra as exc:
         print(exc, file=sys.stderr)
         return 1
+    from labkit.train.arguments import parse_args
+
+    args = parse_args(argv)  # exits 2 naming the flag on a bad command line, before torch's seconds of importing
     import torch
     import torch.distributed as dist
 
     from labkit.train import cpu_compat
-    from labkit.train.arguments import parse_args
 
-    args = parse_args(argv)  # exits 2 naming the flag on a bad command line
     if not torch.cuda.is_available():
         cpu_compat.apply()
     from labkit.train.training import OOM_HINT, TrainingError, out_of_memory, run

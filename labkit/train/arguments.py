@@ -376,14 +376,16 @@ def _check_deepspeed(args, tp: int, pp: int, cuda: bool) -> None:
 
 def parse_args(argv: list[str] | None = None, world_size: int | None = None, rank: int | None = None,
                cuda: bool | None = None) -> argparse.Namespace:
-    """Parse and check the flags; exits 2 with a message naming the flag when one cannot be honoured."""
-    import torch
-
+    """Parse and check the flags; exits 2 with a message naming the flag when one cannot be honoured. A command line
+    argparse refuses is refused before torch is imported (seconds)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
     rank = int(os.environ.get("RANK", "0")) if rank is None else rank
-    cuda = torch.cuda.is_available() if cuda is None else cuda
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
     try:
         return finish(args, world_size, rank, cuda)
     except ArgumentError as exc:
