@@ -128,3 +128,24 @@ def test_recomputation_replays_dropout_exactly(compat, process_group):
     recomputed.sum().backward()
     assert torch.equal(plain, recomputed)
     assert torch.equal(weight.grad, grads[0]) and torch.equal(x.grad, grads[1])
+
+
+def test_megatron_loads_its_fused_kernels_uncompiled_on_a_cpu_where_they_are_off():
+    """The driver's start-up on a CPU: megatron-core's torch.compile'd bias fusions are off there
+    (labkit.train.model.fusions), so they load as plain functions and TorchInductor (seconds of import) stays out."""
+    import subprocess
+
+    code = ("import sys, torch; from labkit.train import cpu_compat; cpu_compat.apply(); "
+            "from megatron.core import jit; from megatron.core.fusions import fused_bias_geglu as g; "
+            "print(torch.compile is not jit.jit_fuser, 'torch._inductor.compile_fx' in sys.modules, "
+            "type(g.geglu_back).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "False", "function"], out
+    from types import SimpleNamespace
+
+    from labkit.train.model import fusions
+    args = SimpleNamespace(transformer_impl="local", swiglu=True, add_bias_linear=True, position_embedding_type="rope",
+                           **dict.fromkeys(["bias_swiglu_fusion", "bias_gelu_fusion", "bias_dropout_fusion",
+                                            "masked_softmax_fusion", "apply_rope_fusion",
+                                            "gradient_accumulation_fusion"], True))
+    assert not any(on for on, _ in fusions(args, cuda=False).values())

@@ -14,6 +14,7 @@ tests this layer against that version (tests/test_train_cpu_compat.py).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import sys
@@ -154,6 +155,29 @@ _RNG_FILTER = _SameGeneratorFilter()
 _EXPECTED_ON_CPU = (r".*Transformer Engine", r".*Apex is not installed", r".*custom_layers\.transformer_engine")
 
 
+def _uncompiled(fn=None, **options):
+    """torch.compile's signature, returning the function as it is."""
+    return fn if fn is not None else (lambda f: f)
+
+
+@contextlib.contextmanager
+def _fusions_left_uncompiled():
+    """While megatron-core loads: its fused bias kernels are decorated with torch.compile as their modules load
+    (megatron/core/jit.py takes `jit_fuser = torch.compile`), which imports TorchInductor, about 3 s of CPU in every
+    process. On a CPU the driver turns those fusions off (labkit.train.model.fusions: they need Triton and a GPU), so
+    nothing compiled would run: they load as plain functions, and megatron.core.jit keeps the plain decorator for
+    modules loaded later. A process that had loaded megatron-core before keeps what it had."""
+    if "megatron.core" in sys.modules:
+        yield
+        return
+    compile_ = torch.compile
+    torch.compile = _uncompiled
+    try:
+        yield
+    finally:
+        torch.compile = compile_
+
+
 def needed() -> bool:
     return not torch.cuda.is_available()
 
@@ -171,7 +195,7 @@ def apply() -> bool:
         return True
     if not needed():
         return False
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _fusions_left_uncompiled():
         # on a CPU megatron-core's local layers are the point: its notes that Transformer Engine and Apex are absent
         # (and that its Transformer Engine wrappers moved) say nothing there
         for pattern in _EXPECTED_ON_CPU:
