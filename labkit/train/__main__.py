@@ -16,6 +16,10 @@ def main(argv: list[str] | None = None) -> int:
     from labkit.train.arguments import parse_args
 
     args = parse_args(argv)  # exits 2 naming the flag on a bad command line, before torch's seconds of importing
+    if not args.wandb_project:
+        # megatron-core imports wandb as it loads (its timers and inference context, each import guarded), a second
+        # of CPU on every rank; a run that logs nothing to W&B leaves it unimported
+        sys.modules.setdefault("wandb", None)
     import torch
     import torch.distributed as dist
 
