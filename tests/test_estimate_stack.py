@@ -42,6 +42,8 @@ def test_the_estimate_command_charges_the_specs_stack_unless_told_another(tmp_pa
     assert seconds() == pytest.approx(estimate(spec).iteration_time_s)
     assert seconds("--stack", "megatron-core") == pytest.approx(estimate(spec, stack="megatron-core").iteration_time_s)
     assert seconds() > 1.05 * seconds("--stack", "megatron-core")
+    assert main(["estimate", str(path), "--stack", "deepspeed"]) == 2
+    assert "--stack: 'deepspeed' is not one of megatron-core, megatron-bridge" in capsys.readouterr().err
 
 
 def test_megatron_bridge_runs_the_same_layout_faster_by_its_fitted_compute_scale():

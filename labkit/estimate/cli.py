@@ -14,9 +14,10 @@ def register(sub) -> None:
     p.add_argument("--tokens", type=float, default=None, help="training tokens, to add training_days (e.g. 300e9)")
     p.add_argument("--overlap-dp", action="store_true",
                    help="overlap the gradient all-reduce with the backward pass (Megatron --overlap-grad-reduce)")
-    p.add_argument("--stack", default=None, choices=tuple(catalog.calibration()["stacks"]),
-                   help="training software whose overheads to charge, in place of the spec's kernels.stack (default: "
-                        "that, else megatron-core, labkit's driver)")
+    p.add_argument("--stack", default=None,
+                   help="training software whose overheads to charge, a stack of labkit/data/calibration.yaml "
+                        "(megatron-core, megatron-bridge, deepspeed-megatron-2020), in place of the spec's "
+                        "kernels.stack (default: that, else megatron-core, labkit's driver)")
     p.set_defaults(func=_run)
 
 
@@ -29,6 +30,10 @@ def _run(args) -> int:
         spec = load_spec(args.spec)
     except SpecError as exc:
         return print_spec_errors(args.spec, exc)
+    stacks = catalog.calibration()["stacks"]
+    if args.stack is not None and args.stack not in stacks:
+        print(f"--stack: {args.stack!r} is not one of {', '.join(stacks)}", file=sys.stderr)
+        return 2
     if args.tokens is not None and args.tokens <= 0:
         print(f"--tokens: must be a positive number of tokens, got {args.tokens:g}", file=sys.stderr)
         return 2
