@@ -9,8 +9,10 @@ How: every loaded `megatron.core` module that refers to the global name `torch` 
 place. It forwards every attribute to the real `torch` (cached after the first look-up, so ordinary ops cost nothing
 extra) except the few tensor factories and `torch.cuda` functions above. Two methods of `torch.Tensor` are patched
 process-wide: `.cuda()` returns the tensor itself, and `.type()` without arguments reports the `torch.cuda.*` name
-megatron's optimizer asserts on. Because this touches megatron-core internals, labkit pins megatron-core exactly and
-tests this layer against that version (tests/test_train_cpu_compat.py).
+megatron's optimizer asserts on. While `apply` loads megatron-core, torch.compile returns what it is given, so the
+fused kernels megatron-core compiles as it loads (all off on a CPU) skip TorchInductor's import. Because this touches
+megatron-core internals, labkit pins megatron-core exactly and tests this layer against that version
+(tests/test_train_cpu_compat.py).
 """
 from __future__ import annotations
 
