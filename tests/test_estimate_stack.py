@@ -47,18 +47,19 @@ def test_the_estimate_command_charges_the_specs_stack_unless_told_another(tmp_pa
 
 
 def test_megatron_bridge_runs_the_same_layout_faster_by_its_fitted_compute_scale():
-    """NVIDIA's Megatron-Bridge 25.09-26.02 recipes (megatron-core 0.14-0.16) run Llama 3 70B's FP8 layout faster
-    than the NeMo 24.12 generation the H100 efficiencies were fitted on: its stack scales the analytic compute, and
-    the Bridge rows it was fitted to are estimated with it."""
+    """NVIDIA's Megatron-Bridge 25.09-26.02 recipes (megatron-core 0.14-0.16) ran faster than the constants fitted on
+    NeMo 24.12-25.02 predict: their stack scales the analytic compute, and the Bridge rows it was fitted to are
+    estimated with it."""
     cal = default_calibration()
     bridge = cal.stack("megatron-bridge")
     assert 0.8 < bridge.compute_scale < 1 and cal.stack().compute_scale == 1.0
     assert cal.sources["stacks.megatron-bridge"].startswith("fitted:")
     runs = [r for r in published_runs() if r.set == "megatron-bridge-h100"]
     assert len(runs) == 7 and all(r.spec.kernels.stack == "megatron-bridge" for r in runs)
-    llama405 = runs[-1].spec  # 126 layers on 8 x 8 model chunks, the embedding and the loss counted as layers
+    llama405 = next(r.spec for r in runs if "405B" in r.label)  # 126 layers on 8 x 8 chunks, embedding and loss
+    # each counted as a layer
     assert llama405.parallel.account_for_embedding_in_pipeline_split and llama405.parallel.context == 2
-    spec = runs[1].spec  # Bridge 25.09, Llama 3 70B: tensor 4, pipeline 8, 5 virtual stages
+    spec = next(r.spec for r in runs if r.label == "Bridge 25.09 Llama 3 70B")  # tensor 4, pipeline 8, 5 virtual
     newer, older = estimate(spec), estimate(spec, stack="megatron-core")
     assert newer.breakdown["compute"] == pytest.approx(bridge.compute_scale * older.breakdown["compute"], rel=0.02)
     assert newer.iteration_time_s < older.iteration_time_s

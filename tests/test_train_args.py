@@ -2,6 +2,8 @@
 cannot honour are errors that name them (exit 2)."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,3 +144,24 @@ def test_help_lists_megatron_flag_names():
                  "--use-distributed-optimizer", "--checkpoint-activations", "--tensorboard-dir", "--profile-ranks",
                  "--mock-data", "--log-throughput"):
         assert flag in text
+
+
+def test_a_command_line_argparse_refuses_is_refused_before_torch_loads():
+    code = ("import sys\nfrom labkit.train.__main__ import main\n"
+            "try:\n    main(['--num-layers', '2', '--no-such-flag', '7'])\n"
+            "except SystemExit as done:\n    print(done.code, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.splitlines()[-1].split() == ["2", "False"], done.stdout + done.stderr[-2000:]
+    assert "the following arguments are required: --hidden-size" in done.stderr
+
+
+def test_wandb_is_left_out_only_while_megatron_loads_and_only_when_no_run_logs_to_it(monkeypatch):
+    from labkit.train.__main__ import wandb_left_out
+
+    monkeypatch.delitem(sys.modules, "wandb", raising=False)  # as in a fresh driver process
+    with wandb_left_out(True):
+        with pytest.raises(ImportError):
+            import wandb  # noqa: F401
+    assert "wandb" not in sys.modules  # nothing left behind: a later `import wandb` loads it
+    with wandb_left_out(False):
+        assert "wandb" not in sys.modules

@@ -8,7 +8,7 @@
 -> `Estimate`. Per-layer compute comes from a measured profile for the stage's (GPU, tensor size) when one exists
 (labkit/data/profiles/, or `profiles=` a mapping {(gpu, tensor): Profile} or a callable), otherwise from
 FLOPs / (peak x efficiency), plus the stack's memory-bound passes. `stack` names the training software
-("megatron-core", the default; "megatron-bridge", NVIDIA's 2025-26 recipes, faster kernels on the same GPUs; or
+("megatron-core", the default; "megatron-bridge", NVIDIA's tuned 2025-26 recipes, which ran faster; or
 "deepspeed-megatron-2020", fitted to AMP's trials); links run at their NCCL bus
 bandwidth. Every fitted constant (efficiency per GPU, bus fractions, latency, stacks) is in a `Calibration`:
 `default_calibration()` reads labkit/data/calibration.yaml, which says what each was fitted to; pass another as

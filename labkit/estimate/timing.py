@@ -215,11 +215,15 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
         # tp_overlap_exposed), and at most their own time
         comm = max(cal.tp_overlap_exposed * comm, comm - 3 * layers * layer_gemm_s * stack.compute_scale)
     if context > 1:
-        # each rank's K and V chunk (GQA-sized) visits the other context - 1 ranks: a ring of p2p transfers
+        # each rank's K and V chunk (GQA-sized) visits the other context - 1 ranks: a ring of p2p transfers, once
+        # forward and twice backward (K, V and their gradients). Transformer Engine's p2p context parallelism
+        # (AttnFuncWithCPAndKVP2P) sends the next chunk while attention's core runs on the one held, so a transfer
+        # shows only where it outlasts one step of the core (1/context of this rank's share)
         kv = 2 * (tokens / context) * shape.hidden * shape.groups / shape.heads / tensor
-        ring = (context - 1) * p2p_time(kv * ACTIVATION_BYTES.get(precision, 2), cp_gbps or tp_gbps, cal.link_latency_s)
-        comm += layers * 3 * ring
-        full += layers * 3 * ring
+        step = p2p_time(kv * ACTIVATION_BYTES.get(precision, 2), cp_gbps or tp_gbps, cal.link_latency_s)
+        core_step_s = core_s / tensor / context / context * stack.compute_scale
+        comm += layers * 3 * (context - 1) * max(0.0, step - core_step_s)
+        full += layers * 3 * (context - 1) * step
     return StageTime(forward, backward, comm, source=f"analytic {gpu.name}", tp_comm_before_overlap_s=full)
 
 

@@ -345,7 +345,9 @@ def _bound(shape: Shape, precision: str, t: int, d: int, b: int, v: int, links: 
         shares = [[x / total if total else 1 / v for x in row] for row, total in zip(times, totals)]
     pipe_s = pipeline_lower_bound(totals, boundaries, costs.global_batch // (d * b), v, chunk_shares=shares,
                                   overlap_sends=costs.overlap_p2p)
-    # the gradient and tied-embedding all-reduces that follow the last backward, as estimate() charges them
+    # the gradient and tied-embedding all-reduces that follow the last backward, no more than estimate() charges:
+    # it reduces over data x context ranks and passes the context ring over its own link, where this bound takes the
+    # data ranks and the tensor link
     grad_bytes = GRAD_REDUCE_BYTES.get(precision, 4)
     # overlapped with the backward (kernels.overlap_grad_reduce), or reduce-scattered as the backward goes (ZeRO
     # stages 2 and 3, tried without pipeline parallelism), the reduce may hide entirely: 0 stays a lower bound

@@ -1,8 +1,23 @@
 """`python -m labkit.train [Megatron-LM flags]` / `labkit-train`: launch with torchrun for more than one process."""
 from __future__ import annotations
 
+import contextlib
 import sys
 import traceback
+
+
+@contextlib.contextmanager
+def wandb_left_out(leave_out: bool):
+    """megatron-core imports wandb as it loads (its timers and inference context, each import guarded), a second of
+    CPU on every rank: a run that logs nothing to W&B loads megatron-core without it. Afterwards wandb imports again."""
+    blocked = leave_out and "wandb" not in sys.modules
+    if blocked:
+        sys.modules["wandb"] = None  # `import wandb` raises ImportError
+    try:
+        yield
+    finally:
+        if blocked and sys.modules.get("wandb", False) is None:
+            del sys.modules["wandb"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,18 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     from labkit.train.arguments import parse_args
 
     args = parse_args(argv)  # exits 2 naming the flag on a bad command line, before torch's seconds of importing
-    if not args.wandb_project:
-        # megatron-core imports wandb as it loads (its timers and inference context, each import guarded), a second
-        # of CPU on every rank; a run that logs nothing to W&B leaves it unimported
-        sys.modules.setdefault("wandb", None)
     import torch
     import torch.distributed as dist
 
     from labkit.train import cpu_compat
 
-    if not torch.cuda.is_available():
-        cpu_compat.apply()
-    from labkit.train.training import OOM_HINT, TrainingError, out_of_memory, run
+    with wandb_left_out(not args.wandb_project):
+        if not torch.cuda.is_available():
+            cpu_compat.apply()
+        from labkit.train.training import OOM_HINT, TrainingError, out_of_memory, run
 
     try:
         code = run(args)

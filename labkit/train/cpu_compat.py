@@ -157,18 +157,20 @@ _RNG_FILTER = _SameGeneratorFilter()
 _EXPECTED_ON_CPU = (r".*Transformer Engine", r".*Apex is not installed", r".*custom_layers\.transformer_engine")
 
 
-def _uncompiled(fn=None, **options):
+def _uncompiled(model=None, **options):
     """torch.compile's signature, returning the function as it is."""
-    return fn if fn is not None else (lambda f: f)
+    return model if model is not None else (lambda f: f)
 
 
 @contextlib.contextmanager
 def _fusions_left_uncompiled():
-    """While megatron-core loads: its fused bias kernels are decorated with torch.compile as their modules load
-    (megatron/core/jit.py takes `jit_fuser = torch.compile`), which imports TorchInductor, about 3 s of CPU in every
-    process. On a CPU the driver turns those fusions off (labkit.train.model.fusions: they need Triton and a GPU), so
-    nothing compiled would run: they load as plain functions, and megatron.core.jit keeps the plain decorator for
-    modules loaded later. A process that had loaded megatron-core before keeps what it had."""
+    """While megatron-core loads: the functions it decorates with `jit_fuser` (megatron/core/jit.py takes
+    `jit_fuser = torch.compile`: the fused bias kernels, and a few activations and norms) are compiled as their
+    modules load, which imports TorchInductor, about 3 s of CPU in every process. On a CPU the driver turns the
+    fusions off (labkit.train.model.fusions: they need Triton and a GPU), and what else runs computes the same
+    uncompiled: they load as plain functions, and megatron.core.jit keeps the plain decorator until `remove`.
+    megatron-core's own `disable_jit_fuser()` cannot do this: importing megatron.core.jit first imports the modules
+    that use it. A process that had loaded megatron-core before keeps what it had."""
     if "megatron.core" in sys.modules:
         yield
         return
@@ -234,5 +236,8 @@ def remove() -> None:
     sys.modules["megatron.core.distributed.torch_fully_sharded_data_parallel"].DeviceMesh = _state["mesh"]
     torch.Tensor.cuda = _state["cuda"]
     torch.Tensor.type = _state["type"]
+    jit = sys.modules["megatron.core.jit"]
+    if jit.jit_fuser is _uncompiled:  # modules loaded from now on compile their kernels again
+        jit.jit_fuser = torch.compile
     logging.getLogger(rng.__name__).removeFilter(_RNG_FILTER)
     _state.clear()
