@@ -189,3 +189,13 @@ def test_context_ranks_reduce_gradients_with_the_data_ranks_and_pass_keys_over_t
     across = Topology(h100_spec(parallel={"tensor": 8, "context": 2}))
     assert within.cp_gbps(0) > 4 * across.cp_gbps(0)  # NVLink in one node against the network between two
     assert across.dp_gbps(0) == across.cp_gbps(0)     # data 2 x context 2 on four nodes: the network
+
+
+def test_every_context_rank_sends_its_pipeline_messages_across_the_node_boundary_too():
+    """tensor 4 x context 2 fill an 8-GPU node: all 8 ranks of a stage send to the next node at once, sharing its
+    network interface, as tensor 8's do."""
+    from labkit.estimate.topology import Topology
+
+    tensor8 = Topology(h100_spec(parallel={"tensor": 8, "pipeline": 4}))
+    context2 = Topology(h100_spec(parallel={"tensor": 4, "pipeline": 4, "context": 2}))
+    assert context2.pair_gbps(0, 1) == pytest.approx(tensor8.pair_gbps(0, 1))

@@ -83,9 +83,10 @@ class Topology:
         return gbps
 
     def pair_gbps(self, stage_a: int, stage_b: int) -> float:
-        """Per-pair speed when every (dp, tp) rank of stage_a sends to its peer in stage_b at the same time."""
-        pairs = [(self.rank(stage_a, j, k), self.rank(stage_b, j, k))
-                 for j in range(self.data) for k in range(self.tensor)]
+        """Per-pair speed when every (dp, cp, tp) rank of stage_a sends to its peer in stage_b at the same time."""
+        at = self.layout.rank
+        pairs = [(at(pp=stage_a, dp=j, cp=c, tp=k), at(pp=stage_b, dp=j, cp=c, tp=k))
+                 for j in range(self.data) for c in range(self.layout.context) for k in range(self.tensor)]
         crossing = Counter(self.slots[a].node for a, b in pairs if self.slots[a].node != self.slots[b].node)
         slowest, bus = float("inf"), self.calibration.bus_gbps
         for a, b in pairs:
