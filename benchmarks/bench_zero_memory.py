@@ -4,11 +4,11 @@
 
 For each data-parallel size (gloo processes on the CPU) and each stage, labkit.train.model_state.measure_model_state
 builds the driver's model and optimizer from the command line the spec renders for labkit's driver: stage 0
-megatron-core's DDP, stage 1 its distributed optimizer, stages 2 and 3 PyTorch FSDP2 through megatron-core (--use-torch-fsdp2, without and with
-resharding after forward; Megatron-FSDP, which the spec renders for Megatron-LM, runs its reduce-scatters and
-all-gathers on CUDA streams). One optimizer step makes Adam's moments; then each rank sums the storage it holds:
-parameters (FSDP2: the local shards), gradients (DDP's buffers, or FSDP2's sharded gradients) and the optimizer's
-main parameters, their gradients and Adam's moments, each storage once.
+megatron-core's DDP, stage 1 its distributed optimizer, stages 2 and 3 PyTorch FSDP2 through megatron-core
+(--use-torch-fsdp2, without and with resharding after forward; Megatron-FSDP, which the spec renders for
+Megatron-LM, runs its reduce-scatters and all-gathers on CUDA streams). One optimizer step makes Adam's moments;
+then each rank sums the storage it holds: parameters (FSDP2: the local shards), gradients (DDP's buffers, or FSDP2's
+sharded gradients) and the optimizer's main parameters, their gradients and Adam's moments, each storage once.
 
 The estimate is labkit.estimate.memory.model_state_bytes for the same model in fp32 on the data-parallel rank that
 holds the most: exact for stages 0 and 1 (megatron-core's padded buffers); for stages 2 and 3 its sharded terms

@@ -73,7 +73,7 @@ class Topology:
     def cp_gbps(self, stage: int) -> float:
         """A ring over the stage's context ranks, which pass keys and values round; the stage's t rings share each
         node's network interface."""
-        return self._ring_gbps(stage, [self.layout.rank(pp=stage, cp=k) for k in range(self.layout.context)])
+        return self._ring_gbps(stage, self.layout.group(self.layout.rank(pp=stage), "cp"))
 
     def _ring_gbps(self, stage: int, ranks: list[int]) -> float:
         gbps = self.group_gbps(ranks)
@@ -83,10 +83,9 @@ class Topology:
         return gbps
 
     def pair_gbps(self, stage_a: int, stage_b: int) -> float:
-        """Per-pair speed when every (dp, cp, tp) rank of stage_a sends to its peer in stage_b at the same time."""
-        at = self.layout.rank
-        pairs = [(at(pp=stage_a, dp=j, cp=c, tp=k), at(pp=stage_b, dp=j, cp=c, tp=k))
-                 for j in range(self.data) for c in range(self.layout.context) for k in range(self.tensor)]
+        """Per-pair speed when every rank of stage_a sends to its peer (same tp, cp and dp) in stage_b at the same
+        time."""
+        pairs = list(zip(self.layout.stage_ranks(stage_a), self.layout.stage_ranks(stage_b)))
         crossing = Counter(self.slots[a].node for a, b in pairs if self.slots[a].node != self.slots[b].node)
         slowest, bus = float("inf"), self.calibration.bus_gbps
         for a, b in pairs:
