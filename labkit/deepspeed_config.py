@@ -12,6 +12,8 @@ import json
 import math
 from typing import TYPE_CHECKING
 
+from labkit.megatron import sharding
+
 if TYPE_CHECKING:
     from labkit.spec import RunSpec
 
@@ -24,9 +26,9 @@ which DeepSpeed's defaults also are."""
 
 
 def uses_deepspeed(spec: RunSpec) -> bool:
-    """Whether the run trains with DeepSpeed's engine: optimizer.zero_backend deepspeed on labkit's driver (Megatron-LM's
-    pretrain_gpt.py does not start it)."""
-    return spec.optimizer.zero_backend == "deepspeed" and spec.job.entrypoint != "megatron-lm"
+    """Whether the run trains with DeepSpeed's engine (labkit.megatron.sharding): optimizer.zero_backend deepspeed on
+    labkit's driver (Megatron-LM's pretrain_gpt.py does not start it)."""
+    return sharding.of_spec(spec).implementation == sharding.DEEPSPEED and spec.job.entrypoint != sharding.MEGATRON_LM
 
 
 def initial_scale_power(initial_loss_scale: float) -> int | None:

@@ -8,7 +8,7 @@ import os
 from typing import TYPE_CHECKING
 
 from labkit import deepspeed_config
-from labkit.megatron import sizes
+from labkit.megatron import sharding, sizes
 from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB, FLAG as F, SHARDING_STRATEGIES, Flag
 
 if TYPE_CHECKING:
@@ -147,6 +147,8 @@ def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike 
                ds_config: str | os.PathLike = deepspeed_config.FILE_NAME) -> RenderedFlags:
     """The flags the spec's fields render, before job.extra_args, each with the field it comes from."""
     m, par, b, opt, tr, data = spec.model, spec.parallel, spec.batch, spec.optimizer, spec.train, spec.data
+    save = save_dir if save_dir is not None else tr.save
+    load = tr.load or (save if spec.job.requeue else None)
     out = RenderedFlags()
     out.add("model.num_layers", F.num_layers, m.num_layers)
     out.add("model.hidden_size", F.hidden_size, m.hidden_size)
@@ -232,30 +234,28 @@ def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike 
     if opt.name == "adam":
         out.add("optimizer.adam_beta1", F.adam_beta1, opt.adam_beta1)
         out.add("optimizer.adam_beta2", F.adam_beta2, opt.adam_beta2)
-    sharded = opt.zero_stage in (2, 3) and opt.zero_backend == "megatron"
-    fsdp2 = sharded and spec.job.entrypoint != "megatron-lm"
-    deepspeed = deepspeed_config.uses_deepspeed(spec)
-    if opt.distributed and not fsdp2 and not deepspeed:
+    shard = sharding.of_spec(spec)
+    if shard.implementation in (sharding.DISTRIBUTED_OPTIMIZER, sharding.MEGATRON_FSDP):
+        # Megatron-FSDP runs beside the distributed optimizer, as Megatron-LM's user guide runs it
+        # (docs/discussions/megatron-fsdp-user-guide)
         out.add("optimizer.distributed", F.use_distributed_optimizer)
-    if deepspeed:
+    if deepspeed_config.uses_deepspeed(spec):
         # DeepSpeed's ZeRO engine shards instead of megatron-core, as Megatron-DeepSpeed spells it: the stage on the
         # command line and in the config the job writes beside its script (labkit.deepspeed_config)
         out.add("optimizer.zero_backend", F.deepspeed)
         out.add("optimizer.zero_backend", F.deepspeed_config, str(ds_config))
         out.add("optimizer.zero_stage", F.zero_stage, opt.zero_stage)
-    elif fsdp2:
-        # labkit's driver shards with PyTorch FSDP2 through megatron-core (Megatron-FSDP runs its reduce-scatters and
-        # all-gathers on CUDA streams, and the driver runs on CPUs too); stage 2 keeps each layer's gathered
-        # parameters from its forward to its backward (Megatron-LM's help: "Set to enable FSDP ZeRO-2")
+    elif shard.implementation == sharding.TORCH_FSDP2:
+        # labkit's driver (labkit.megatron.sharding says why); stage 2 keeps each layer's gathered parameters from its
+        # forward to its backward (Megatron-LM's help: "Set to enable FSDP ZeRO-2")
         out.add("optimizer.zero_stage", F.use_torch_fsdp2)
         if opt.zero_stage == 2:
             out.add("optimizer.zero_stage", F.torch_fsdp2_no_reshard_after_forward)
-    elif sharded:
-        # Megatron-FSDP as Megatron-LM's user guide runs it (docs/discussions/megatron-fsdp-user-guide): beside the
-        # distributed optimizer, and saving only its own checkpoint format (validate_args asserts fsdp_dtensor)
+    elif shard.implementation == sharding.MEGATRON_FSDP:
         out.add("optimizer.zero_stage", F.use_megatron_fsdp)
         out.add("optimizer.zero_stage", F.data_parallel_sharding_strategy, SHARDING_STRATEGIES[opt.zero_stage])
-        out.add("optimizer.zero_stage", F.ckpt_format, "fsdp_dtensor")
+        if not (tr.ckpt_format and (save or load)):  # its own format (validate_args asserts fsdp_dtensor)
+            out.add("optimizer.zero_stage", F.ckpt_format, "fsdp_dtensor")
     if opt.grad_reduce_in_bf16:
         out.add("optimizer.grad_reduce_in_bf16", F.grad_reduce_in_bf16)
 
@@ -269,12 +269,10 @@ def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike 
         out.add("train.eval_iters", F.eval_iters, tr.eval_iters)
     else:
         out.add("train.eval_iters", F.eval_iters, 0)
-    save = save_dir if save_dir is not None else tr.save
     if save:
         out.add("train.save", F.save, save)
         if tr.save_interval:
             out.add("train.save_interval", F.save_interval, tr.save_interval)
-    load = tr.load or (save if spec.job.requeue else None)
     if load:
         out.add("train.load" if tr.load else "job.requeue", F.load, load)
     if tr.ckpt_format and (save or load):

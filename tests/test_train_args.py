@@ -86,7 +86,7 @@ def test_sequence_parallel_without_transformer_engine_names_the_flag(capsys):
 @pytest.mark.parametrize("extra, message", [
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     (["--num-lay", "2"], "unrecognized arguments: --num-lay"),  # no silent abbreviations
-    (["--mock-data", "--vocab-size", "64", "--fp16", "--bf16"], "--fp16/--bf16: choose one precision"),
+    (["--mock-data", "--vocab-size", "64", "--fp16", "--bf16"], "--fp16: conflicts with --bf16; choose one precision"),
     (["--mock-data", "--vocab-size", "64", "--micro-batch-size", "3", "--global-batch-size", "8"],
      "--global-batch-size: 8 is not divisible by --micro-batch-size 3 x data-parallel 1"),
     (["--data-path", "/nonexistent/corpus_text_document"],
@@ -101,7 +101,7 @@ def test_sequence_parallel_without_transformer_engine_names_the_flag(capsys):
       "E|t|t,L"], "--pipeline-model-parallel-layout: has 3 stages, not a multiple of pipeline 2"),
     (["--mock-data", "--vocab-size", "64", "--activations-checkpoint-method", "uniform"],
      "--activations-checkpoint-method: needs --checkpoint-activations"),
-    (["--mock-data", "--vocab-size", "64", "--distributed-backend", "nccl"], "--distributed-backend nccl: needs GPUs"),
+    (["--mock-data", "--vocab-size", "64", "--distributed-backend", "nccl"], "--distributed-backend: nccl needs GPUs"),
     (["--mock-data", "--vocab-size", "64", "--log-timers-to-tensorboard"],
      "--log-timers-to-tensorboard: needs --tensorboard-dir"),
     (["--mock-data", "--vocab-size", "64", "--profile", "--profile-ranks", "3"], "--profile-ranks: [3] outside"),

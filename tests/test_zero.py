@@ -73,11 +73,14 @@ def test_bad_stage_and_backend_name_their_field():
     assert "optimizer.zero_backend: 'fsdp' is not one of megatron, deepspeed" in str(err.value)
 
 
-@pytest.mark.parametrize("backend, why", [("megatron", "Megatron-FSDP"), ("deepspeed", "DeepSpeed's pipeline")])
+@pytest.mark.parametrize("backend, why", [
+    ("megatron", "optimizer.zero_stage: ZeRO stage 2 runs as PyTorch FSDP2, which does not run under megatron-core's "
+                 "pipeline schedules; use parallel.pipeline 1"),
+    ("deepspeed", "optimizer.zero_stage: 2 with parallel.pipeline 2: DeepSpeed's pipeline")])
 def test_sharded_gradients_under_pipeline_parallelism_are_refused(backend, why):
     with pytest.raises(SpecError) as err:
         load_spec({"parallel": {"pipeline": 2, "data": 2}, "optimizer": {"zero_stage": 2, "zero_backend": backend}})
-    assert f"optimizer.zero_stage: 2 with parallel.pipeline 2: {why}" in str(err.value)
+    assert why in str(err.value)
     assert load_spec({"parallel": {"pipeline": 2, "data": 2}, "optimizer": {"zero_stage": 1}}).optimizer.distributed
 
 
@@ -112,23 +115,25 @@ def test_labkits_driver_shards_stages_2_and_3_with_torch_fsdp2():
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--pipeline-model-parallel-size", "2"], "pipeline parallelism"),
-    (["--use-distributed-optimizer"], "replaces megatron-core's distributed optimizer"),
-    ([], "needs --untie-embeddings-and-output-weights")])
+    (["--pipeline-model-parallel-size", "2"], "--use-torch-fsdp2: .*does not run under megatron-core's pipeline"),
+    (["--use-distributed-optimizer"], "--use-torch-fsdp2: conflicts with --use-distributed-optimizer"),
+    ([], "--untie-embeddings-and-output-weights: .*PyTorch FSDP2 .*needs untied embeddings")])
 def test_the_driver_checks_torch_fsdp2_as_megatron_lm_does(extra, message):
     argv = ["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "2", "--seq-length", "8", "--lr",
             "1", "--train-iters", "1", "--mock-data", "--vocab-size", "64", "--use-torch-fsdp2", *extra]
     if "untie" not in message:
         argv.append("--untie-embeddings-and-output-weights")
-    with pytest.raises(ArgumentError, match=f"--use-torch-fsdp2: .*{message}"):
+    with pytest.raises(ArgumentError, match=message):
         finish(build_parser().parse_args(argv), world_size=4, rank=0, cuda=False)
 
 
 def test_at_submission_a_stage_the_entrypoint_cannot_run_is_refused():
-    fsdp = load_spec({"parallel": {"data": 2}, "optimizer": {"zero_stage": 2}})  # tiny: tied embeddings
-    assert check_job(fsdp) == []  # a valid plan: estimated as Megatron-LM runs it
-    assert any(e.startswith("model.untie_embeddings: optimizer.zero_stage 2 runs PyTorch FSDP2 on labkit's driver")
-               for e in check_job(fsdp, layout="multinode"))
+    fsdp = load_spec({"parallel": {"data": 2}, "optimizer": {"zero_stage": 2}, "precision": "bf16",
+                      "cluster": {"nodes": [{"gpu": "A100-80GB", "count": 1, "gpus_per_node": 2}]},
+                      "job": {"exclusive": True}})  # tiny: tied embeddings
+    assert check_job(fsdp) == []  # a valid plan on GPUs: estimated as Megatron-LM runs it (Megatron-FSDP)
+    assert any(e.startswith("model.untie_embeddings: ZeRO stage 2 runs as PyTorch FSDP2 (optimizer.zero_stage), which "
+                            "needs untied embeddings") for e in check_job(fsdp, layout="multinode"))
     untied = check_job(fsdp.replace(**{"model.untie_embeddings": True}), layout="multinode")
     assert not [e for e in untied if "zero_stage" in e]
     # DeepSpeed's engine runs on labkit's driver (tests/test_deepspeed.py), not under Megatron-LM's pretrain_gpt.py
@@ -143,7 +148,8 @@ def test_the_driver_refuses_megatron_fsdp_naming_the_stage():
     argv = ["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "2", "--seq-length", "8", "--lr",
             "1", "--train-iters", "1", "--mock-data", "--vocab-size", "64", "--use-distributed-optimizer",
             "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]
-    with pytest.raises(ArgumentError, match="ZeRO stage 3 through Megatron-FSDP .* CUDA streams"):
+    with pytest.raises(ArgumentError, match="--use-megatron-fsdp: ZeRO stage 3 runs as Megatron-FSDP, which labkit's "
+                                             "driver does not run: .* CUDA streams"):
         finish(build_parser().parse_args(argv), world_size=2, rank=0, cuda=False)
 
 
@@ -265,4 +271,4 @@ def test_the_driver_refusal_names_the_one_setting_that_stops_fsdp2():
                       "optimizer": {"zero_stage": 3}})
     errors = [e for e in check_job(spec, "multinode") if "FSDP2" in e]
     assert len(errors) == 1 and errors[0].startswith("model.untie_embeddings: ")
-    assert "untied embeddings" in errors[0] and "fp16" not in errors[0] and "job.entrypoint: megatron-lm" in errors[0]
+    assert "untied embeddings" in errors[0] and "fp16" not in errors[0] and "Megatron-LM's pretrain_gpt.py" in errors[0]

@@ -13,6 +13,7 @@ from labkit.estimate.profiles import Profile, find_profile
 from labkit.estimate.timing import (ACTIVATION_BYTES, GRAD_REDUCE_BYTES, Pipeline, allreduce_time, combined,
                                     data_parallel_time, optimizer_step_time, p2p_time, stage_time)
 from labkit.estimate.topology import Topology
+from labkit.megatron import sharding
 from labkit.spec import load_spec
 
 # Memory the estimate does not itemise (CUDA context, NCCL buffers, allocator fragmentation) is kept as this fraction
@@ -206,7 +207,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     per_stage_params = stage_params(shape, partition, t)
     # --grad-reduce-in-bf16 reduces bf16 gradients, where Megatron-LM's bf16 default reduces fp32 ones
     grad_bytes = grad_reduce_bytes or (2 if spec.optimizer.grad_reduce_in_bf16 else GRAD_REDUCE_BYTES.get(precision, 4))
-    zero_stage = max(spec.optimizer.zero_stage, int(spec.optimizer.distributed))
+    zero_stage = sharding.of_spec(spec).stage
     dp_exposed, dp_total = [], []
     for i, params in enumerate(per_stage_params):
         # megatron-core reduces gradients over data x context ranks (its intra data-and-context-parallel group)

@@ -22,6 +22,7 @@ import jinja2
 
 from labkit import catalog, deepspeed_config
 from labkit.logs import job_info as info
+from labkit.megatron import sharding
 from labkit.megatron_args import megatron_args
 from labkit.spec import RunSpec, SpecError
 from labkit.spec.checks import CONTROL_CHARS, check_job, job_start_checks, time_limit_seconds
@@ -158,8 +159,7 @@ def job_env(spec: RunSpec) -> dict[str, str]:
     """The job's environment: what the layout needs, its env preset's variables, then job.env over them."""
     job = spec.job
     needed = {}
-    fsdp = spec.optimizer.zero_stage in (2, 3) and spec.optimizer.zero_backend == "megatron"
-    if (spec.parallel.tensor > 1 or spec.parallel.context > 1) and not fsdp:
+    if (spec.parallel.tensor > 1 or spec.parallel.context > 1) and not sharding.of_spec(spec).fsdp:
         # One hardware queue per GPU, so that a tensor-parallel collective is issued before the GEMM it overlaps
         # (Megatron-LM asks for it whenever tensor or context parallelism is on; with Megatron-FSDP, whose
         # validate_args refuses the setting, it is left to CUDA's default).

@@ -1,20 +1,38 @@
-"""Megatron's rules for how a run's sizes fit together, written once: `labkit validate` (labkit.spec.checks) and the
-training driver's argument checks (labkit.train.arguments) both call them, and each words a problem with its own
-names, a spec field (`parallel.tensor`) or a Megatron-LM flag (`--tensor-model-parallel-size`), through the `name`
-function it passes.
+"""Megatron's rules on a run's arguments, written once: `problems` checks a parsed command line (labkit.megatron.flags'
+names) and returns every broken rule, each naming its argument. The training driver (labkit.train.arguments) raises
+the first; `labkit validate` and `labkit run` (labkit.spec.checks) render the spec's flags, run the same function and
+report each problem under the spec field that rendered its flag, so a spec is accepted exactly when the driver
+accepts its command line. Each problem words the arguments it mentions through the caller's `name` function: a spec
+field (`parallel.tensor`) or a Megatron-LM flag (`--tensor-model-parallel-size`).
 
 The rules are megatron-core 0.16.1's (TransformerConfig.__post_init__: heads and query groups split over the tensor
-ranks; parallel_state.initialize_model_parallel: the world splits into tensor x context x pipeline x data) and
-Megatron-LM's validate_args in megatron/training/arguments.py (the global batch splits into micro-batches over the
-data-parallel ranks; the interleaved schedule needs a multiple of the pipeline size of them).
+ranks; parallel_state.initialize_model_parallel: the world splits into tensor x context x pipeline x data;
+DistributedOptimizer: Adam only), Megatron-LM core_v0.16.1's validate_args in megatron/training/arguments.py (the
+global batch splits into micro-batches over the data-parallel ranks; the interleaved schedule needs a multiple of the
+pipeline size of them; --use-torch-fsdp2's conditions), and labkit's driver's own limits (what it does not set up,
+`Runtime.driver`). What a rule needs to know of the machine it runs on is a `Runtime`.
+
+Not here: files (the dataset, tokenizer files, DeepSpeed's config), which the driver opens where it runs and the
+spec's checks look for where the spec is written (leaving those under job.cluster_paths to the job script).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
+from labkit.megatron import sharding, sizes
+from labkit.megatron.flags import FLAGS
+
 Name = Callable[[str], str]
 """Megatron argument (its argparse dest, e.g. "tensor_model_parallel_size") -> how the caller names it."""
+
+FLAG_OF = {flag.dest or flag.key: flag.name for flag in FLAGS}
+"""Megatron argument (argparse dest) -> the flag that sets it: --disable-bias-linear sets add_bias_linear."""
+
+
+def flag_name(argument: str) -> str:
+    """The Megatron-LM flag that sets an argument: the driver's `name`."""
+    return FLAG_OF[argument]
 
 
 @dataclass(frozen=True)
@@ -99,3 +117,364 @@ def pairing_problems(name: Name, *, tensor: int, sequence_parallel: bool, tp_com
                                 "gathers the parameters bucket by bucket in the overlapped reduce's buckets), or "
                                 "leave it out"))
     return problems
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What the rules need to know of where the arguments run."""
+    driver: bool = True
+    """labkit's driver (python -m labkit.train), whose own limits apply too; False for Megatron-LM's pretrain_gpt.py,
+    whose rules are megatron-core's and validate_args' only."""
+    cuda: bool = False
+    """GPUs with CUDA: NCCL, Transformer Engine and FP8 need them."""
+    transformer_engine: bool = False
+    """Transformer Engine importable (on GPUs): sequence parallelism, FP8, context parallelism, flash/fused attention
+    and the tensor-parallel overlap need it."""
+    fused_adam: bool = False
+    """Transformer Engine's or Apex's FusedAdam importable: megatron-core reloads the distributed optimizer's
+    reshardable torch_dist state in its layout only."""
+    deepspeed: bool = True
+    """The deepspeed package importable, for --deepspeed."""
+
+
+POSITIVE = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size", "train_iters",
+            "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size", "log_interval",
+            "distributed_timeout_minutes")
+"""Arguments that count something and must be at least 1."""
+
+
+def problems(args, world_size: int, runtime: Runtime, name: Name = flag_name) -> list[Problem]:
+    """Every rule the parsed command line `args` (labkit.megatron.flags' build_parser, before the driver derives
+    anything) breaks on `world_size` processes in `runtime`, in the order the driver checks them. The list is empty
+    exactly when the driver starts (files aside, see the module's docstring)."""
+    found = [Problem(key, f"must be positive, got {getattr(args, key)}") for key in POSITIVE if getattr(args, key) <= 0]
+    if found:
+        return found  # the rules below divide by these sizes
+    for group in (_size_problems, _recompute_problems, _pipeline_problems, _implementation_problems,
+                  _sharding_problems, _schedule_problems):
+        found += group(args, world_size, runtime, name)
+    return found
+
+
+def _size_problems(args, world_size: int, runtime: Runtime, name: Name) -> list[Problem]:
+    """The world's split, the batch's, attention's shape and the positions."""
+    tp, cp, pp = args.tensor_model_parallel_size, args.context_parallel_size, args.pipeline_model_parallel_size
+    found = split_problems(name, world=world_size, tensor=tp, context=cp, pipeline=pp)
+    if not found:
+        dp = sizes.data_parallel_size(world_size, tp, cp, pp)
+        global_batch = args.micro_batch_size * dp if args.global_batch_size is None else args.global_batch_size
+        found += batch_problems(name, global_batch=global_batch, micro=args.micro_batch_size, data=dp, pipeline=pp,
+                                interleaved=bool(virtual_stages(args)))
+    groups = args.num_query_groups
+    if not args.group_query_attention:
+        if groups not in (None, args.num_attention_heads):
+            found.append(Problem("num_query_groups", f"needs {name('group_query_attention')}"))
+        groups = None
+    elif groups is None:
+        found.append(Problem("num_query_groups", f"needed with {name('group_query_attention')}"))
+    found += shape_problems(name, heads=args.num_attention_heads, hidden=args.hidden_size, groups=groups, tensor=tp)
+    if args.max_position_embeddings is not None and args.seq_length > args.max_position_embeddings:
+        found.append(Problem("seq_length", f"{args.seq_length} exceeds {name('max_position_embeddings')} "
+                             f"{args.max_position_embeddings}"))
+    found += context_split_problems(name, seq_length=args.seq_length, context=cp)
+    if args.fp16 and args.bf16:
+        found.append(Problem("fp16", f"conflicts with {name('bf16')}; choose one precision"))
+    if args.fp8_format and not args.bf16:
+        found.append(Problem("fp8_format", f"FP8 GEMMs run inside a bf16 model; add {name('bf16')}"))
+    return found
+
+
+def context_split_problems(name: Name, *, seq_length: int, context: int) -> list[Problem]:
+    """megatron-core splits each sequence into 2 x context chunks, two per context rank, to balance the causal mask
+    (get_batch_on_this_cp_rank)."""
+    if context > 1 and seq_length % (2 * context):
+        return [Problem("context_parallel_size", f"{name('seq_length')} {seq_length} must be a multiple of 2 x "
+                        f"{context} (megatron-core splits each sequence into 2 x context chunks to balance the causal "
+                        "mask)")]
+    return []
+
+
+NEEDS_TRANSFORMER_ENGINE = ("needs Transformer Engine on GPUs (megatron-core's local layers have no such kernels: "
+                            "torch LayerNorm, attention without a ring, no FP8); leave it out for a run on CPUs")
+"""Why sequence parallelism, FP8, context parallelism, flash or fused attention and the tensor-parallel overlap are
+refused where megatron-core builds its local layers (no Transformer Engine, or no GPU)."""
+
+
+def _recompute_problems(args, world_size: int, runtime: Runtime, name: Name) -> list[Problem]:
+    """Recomputation, the legacy spellings (the NVIDIA workshop's) included."""
+    granularity, method, layers = args.recompute_granularity, args.recompute_method, args.recompute_num_layers
+    found = []
+    if args.checkpoint_activations:
+        if granularity not in (None, "full"):
+            found.append(Problem("checkpoint_activations", f"conflicts with {name('recompute_granularity')} "
+                                 f"{granularity}"))
+        granularity, method = "full", method or args.activations_checkpoint_method or "uniform"
+        layers = layers if layers is not None else args.activations_checkpoint_num_layers
+    elif args.activations_checkpoint_method:
+        found.append(Problem("activations_checkpoint_method", f"needs {name('checkpoint_activations')}"))
+    if args.recompute_activations:
+        if granularity == "full":
+            found.append(Problem("recompute_activations", f"conflicts with {name('recompute_granularity')} full"))
+        granularity = "selective"
+    if granularity == "full":
+        if method is None:
+            found.append(Problem("recompute_method", f"needed with {name('recompute_granularity')} full (uniform or "
+                                 "block)"))
+        if layers is not None and layers <= 0:
+            found.append(Problem("recompute_num_layers", f"must be positive, got {layers}"))
+        elif method == "block" and layers is not None and layers > args.num_layers:
+            found.append(Problem("recompute_num_layers", f"{layers} exceeds {name('num_layers')} {args.num_layers}"))
+    elif method or layers is not None:
+        found.append(Problem("recompute_method" if method else "recompute_num_layers",
+                             f"only applies to {name('recompute_granularity')} full"))
+    return found
+
+
+def virtual_stages(args) -> int | None:
+    """Model chunks per pipeline stage the arguments ask for (None without interleaving), read as the driver sets
+    virtual_pipeline_model_parallel_size; None where the arguments break a rule about them."""
+    pp = args.pipeline_model_parallel_size
+    if args.pipeline_model_parallel_layout:
+        if pp == 1 or sizes.layout_problems(args.pipeline_model_parallel_layout, args.num_layers, pp):
+            return None
+        chunks = sizes.layout_virtual_stages(args.pipeline_model_parallel_layout, pp)
+        return chunks if chunks > 1 else None
+    per_chunk = args.num_layers_per_virtual_pipeline_stage
+    if per_chunk is None or pp == 1 or per_chunk <= 0:
+        return None
+    counted = sizes.split_layers(args.num_layers, args.account_for_embedding_in_pipeline_split,
+                                 args.account_for_loss_in_pipeline_split)
+    if counted % pp or counted // pp % per_chunk:
+        return None
+    return counted // pp // per_chunk
+
+
+def _pipeline_problems(args, world_size: int, runtime: Runtime, name: Name) -> list[Problem]:
+    """Interleaving, uneven layouts and the account-for switches (megatron-core's TransformerConfig and
+    get_num_layers_to_build, Megatron-LM's validate_args)."""
+    pp, found = args.pipeline_model_parallel_size, []
+    embedding, loss = args.account_for_embedding_in_pipeline_split, args.account_for_loss_in_pipeline_split
+    accounted = "account_for_embedding_in_pipeline_split" if embedding else \
+        "account_for_loss_in_pipeline_split" if loss else None
+    counted = sizes.split_layers(args.num_layers, embedding, loss)
+    layout, per_chunk = args.pipeline_model_parallel_layout, args.num_layers_per_virtual_pipeline_stage
+    if accounted and layout:
+        found.append(Problem(accounted, f"cannot be combined with {name('pipeline_model_parallel_layout')}, which "
+                             "places the embedding (E) and the loss (L) itself (megatron-core refuses both)"))
+    if per_chunk is not None:
+        if pp == 1:
+            found.append(Problem("num_layers_per_virtual_pipeline_stage",
+                                 f"the interleaved schedule needs {name('pipeline_model_parallel_size')} > 1"))
+        elif layout:
+            found.append(Problem("num_layers_per_virtual_pipeline_stage", "cannot be combined with "
+                                 f"{name('pipeline_model_parallel_layout')} (the layout sets the virtual stages)"))
+        elif per_chunk <= 0 or counted % pp or counted // pp % per_chunk:
+            found.append(Problem("num_layers_per_virtual_pipeline_stage",
+                                 f"{per_chunk} does not divide the {counted}/{pp} layers per pipeline stage"
+                                 + (" (embedding and loss counted as asked)" if accounted else "")))
+    elif accounted and not layout and pp > 1 and counted % pp:
+        found.append(Problem(accounted, f"{counted} layers with the embedding and loss counted do not split evenly "
+                             f"over {name('pipeline_model_parallel_size')} {pp}"))
+    elif accounted and pp == 1:
+        found.append(Problem(accounted, f"only moves layers between pipeline stages; needs "
+                             f"{name('pipeline_model_parallel_size')} > 1"))
+    elif not accounted and not layout and args.num_layers % pp:
+        found.append(Problem("num_layers", f"{args.num_layers} layers do not split evenly over "
+                             f"{name('pipeline_model_parallel_size')} {pp}; give a layout or a pipeline size that "
+                             f"divides {args.num_layers}"))
+    if layout:
+        if pp == 1:
+            found.append(Problem("pipeline_model_parallel_layout",
+                                 f"needs {name('pipeline_model_parallel_size')} > 1"))
+        else:
+            found += [Problem("pipeline_model_parallel_layout", problem)
+                      for problem in sizes.layout_problems(layout, args.num_layers, pp)]
+    if virtual_stages(args) and not args.overlap_p2p_comm and pp == 2:
+        # Batched sends and receives with two stages put both directions between the same two ranks in one batch;
+        # NCCL matches them in posting order and a stage can receive a gradient as its activation (Megatron-LM's
+        # arguments.py refuses this combination too).
+        found.append(Problem("overlap_p2p_comm", "the interleaved schedule with "
+                             f"{name('pipeline_model_parallel_size')} 2 needs overlapped sends and receives; leave the "
+                             "flag out or use more than 2 pipeline stages"))
+    return found
+
+
+def _implementation_problems(args, world_size: int, runtime: Runtime, name: Name) -> list[Problem]:
+    """What needs Transformer Engine, GPUs or labkit's driver's support."""
+    te = runtime.transformer_engine and runtime.cuda
+    impl = args.transformer_impl or ("transformer_engine" if te else "local")
+    found = []
+    if args.transformer_impl == "transformer_engine" and not te:
+        found.append(Problem("transformer_impl", "transformer_engine: Transformer Engine needs a GPU and the "
+                             f"transformer_engine package; use {name('transformer_impl')} local"))
+    if args.distributed_backend == "nccl" and not runtime.cuda:
+        found.append(Problem("distributed_backend", "nccl needs GPUs; use gloo on CPU"))
+    needs_te = {"fp8_format": args.fp8_format is not None,
+                "attention_backend": args.attention_backend in ("flash", "fused"),
+                "sequence_parallel": args.sequence_parallel and args.tensor_model_parallel_size > 1,
+                "tp_comm_overlap": args.tp_comm_overlap and args.sequence_parallel,
+                "context_parallel_size": args.context_parallel_size > 1}
+    for argument, used in needs_te.items():
+        if used and impl != "transformer_engine":
+            found.append(Problem(argument, NEEDS_TRANSFORMER_ENGINE))
+    # the parameter gather's pairing is the distributed optimizer's; FSDP and DeepSpeed have their own rules on it
+    sharded = sharding.from_args(args).implementation != sharding.DDP
+    found += pairing_problems(name, tensor=args.tensor_model_parallel_size, sequence_parallel=args.sequence_parallel,
+                              tp_comm_overlap=args.tp_comm_overlap, overlap_param_gather=args.overlap_param_gather,
+                              overlap_grad_reduce=args.overlap_grad_reduce, distributed_optimizer=sharded)
+    if not runtime.driver:
+        return found
+    # labkit's driver: what it does not set up on any machine, refused rather than accepted and ignored
+    if args.tp_comm_overlap:
+        found.append(Problem("tp_comm_overlap", "labkit's driver does not start Transformer Engine's userbuffers, "
+                             "which it needs; leave it out, or run Megatron-LM's pretrain_gpt.py"))
+    if args.context_parallel_size > 1:
+        found.append(Problem("context_parallel_size", "labkit's driver does not split sequences over context-parallel "
+                             "ranks (the batch slicing and loss reduction are Megatron-LM's); use 1, or run "
+                             "Megatron-LM's pretrain_gpt.py"))
+    return found
+
+
+def _sharding_problems(args, world_size: int, runtime: Runtime, name: Name) -> list[Problem]:
+    """Who shards the model state (labkit.megatron.sharding) and what each implementation needs."""
+    shard, found = sharding.from_args(args), []
+    if args.use_distributed_optimizer and args.optimizer != "adam":
+        # megatron-core's DistributedOptimizer asserts an Adam optimizer ("Only Adam currently supported")
+        found.append(Problem("use_distributed_optimizer", "megatron-core's distributed optimizer steps Adam only; "
+                             f"use {name('optimizer')} adam, or leave it out"))
+    named = [key for key in ("use_distributed_optimizer", "use_torch_fsdp2", "use_megatron_fsdp", "deepspeed")
+             if getattr(args, key)]
+    if len(named) > 1 and not (named == ["use_distributed_optimizer", "use_megatron_fsdp"]):
+        found.append(Problem(named[1], f"conflicts with {name(named[0])}: one implementation shards the model "
+                             "state; keep one"))
+    if args.data_parallel_sharding_strategy != "no_shard" and not args.use_megatron_fsdp:
+        found.append(Problem("data_parallel_sharding_strategy", f"needs {name('use_megatron_fsdp')}"))
+    if not args.torch_fsdp2_reshard_after_forward and not args.use_torch_fsdp2:
+        found.append(Problem("torch_fsdp2_reshard_after_forward", f"needs {name('use_torch_fsdp2')}"))
+    pp = args.pipeline_model_parallel_size
+    runs = f"ZeRO stage {shard.stage} runs as {sharding.DESCRIPTIONS[shard.implementation]}"
+    if shard.fsdp and pp > 1:
+        # Megatron-LM's validate_args asserts pipeline size 1 for --use-torch-fsdp2; Megatron-FSDP reduce-scatters
+        # every micro-batch's gradients and is documented with tensor, context and expert parallelism only
+        # (docs/discussions/megatron-fsdp-user-guide)
+        found.append(Problem(named[-1], f"{runs}, which does not run under megatron-core's pipeline schedules; use "
+                             f"{name('pipeline_model_parallel_size')} 1, or ZeRO stage 1"))
+    if shard.implementation == sharding.TORCH_FSDP2:
+        # Megatron-LM's validate_args for --use-torch-fsdp2, and the driver's checkpoints
+        for key, bad, why in (
+                ("untie_embeddings_and_output_weights", not args.untie_embeddings_and_output_weights,
+                 "which needs untied embeddings; untie them"),
+                ("fp16", args.fp16, "which does not run fp16; use bf16 or fp32"),
+                ("overlap_param_gather", args.overlap_param_gather, "which gathers each layer's parameters itself; "
+                                                                    "leave it out"),
+                ("save" if args.save else "load", runtime.driver and (args.save or args.load),
+                 "whose DTensor parameters neither of labkit's driver's checkpoint formats saves; leave out "
+                 f"{name('save')} and {name('load')}")):
+            if bad:
+                elsewhere = ("; or run Megatron-LM's pretrain_gpt.py, where the stage runs as Megatron-FSDP"
+                             if runtime.driver else "")
+                found.append(Problem(key, f"{runs} ({name('use_torch_fsdp2')}), {why}{elsewhere}"))
+    if shard.implementation == sharding.MEGATRON_FSDP:
+        if args.ckpt_format not in (None, "fsdp_dtensor"):
+            found.append(Problem("ckpt_format", f"{runs}, which saves only fsdp_dtensor checkpoints (Megatron-LM's "
+                                 "validate_args); leave it out"))
+        if runtime.driver:
+            found.append(Problem(named[-1], f"{runs}, which labkit's driver does not run: it reduce-scatters and "
+                                 "all-gathers on CUDA streams (megatron_fsdp.py) the driver does not set up; use "
+                                 f"{name('use_torch_fsdp2')} (PyTorch FSDP2 through megatron-core), or Megatron-LM's "
+                                 "pretrain_gpt.py"))
+    found += _deepspeed_problems(args, runtime, name)
+    return found
+
+
+def _deepspeed_problems(args, runtime: Runtime, name: Name) -> list[Problem]:
+    """--deepspeed on labkit's driver (labkit/train/deepspeed_engine.py), which hands DeepSpeed's ZeRO engine one
+    whole megatron-core GPTModel per rank, as Megatron-DeepSpeed's flags spell it."""
+    if not args.deepspeed:
+        return [Problem(key, f"needs {name('deepspeed')}") for key in ("deepspeed_config", "zero_stage")
+                if getattr(args, key) is not None]
+    if not runtime.driver:
+        return []  # a plan: DeepSpeed's engine is labkit's driver's alone, which the spec's job checks name
+    found = []
+    if not runtime.deepspeed:
+        found.append(Problem("deepspeed", "needs the deepspeed package, which this environment lacks; "
+                             "pip install deepspeed"))
+    engine = f"DeepSpeed's ZeRO engine ({name('deepspeed')})"
+    for key, bad, why in (
+            ("tensor_model_parallel_size", args.tensor_model_parallel_size > 1,
+             "takes one whole GPT per rank on labkit's driver (Megatron-DeepSpeed's model parallelism is its own code); "
+             "use 1"),
+            ("pipeline_model_parallel_size", args.pipeline_model_parallel_size > 1,
+             "takes one whole GPT per rank on labkit's driver (Megatron-DeepSpeed's model parallelism is its own code); "
+             "use 1"),
+            ("overlap_param_gather", args.overlap_param_gather, "gathers its own parameters; leave it out"),
+            ("optimizer", args.optimizer != "adam", "steps Adam-family optimizers; use adam"),
+            ("fp16", args.fp16 and not runtime.cuda, "does not run fp16 on CPUs (\"Type fp16 is not supported on your "
+                                                     "device\"); use bf16 or fp32 there"),
+            ("save" if args.save else "load", args.save or args.load,
+             f"saves and loads checkpoints in its own layout, which labkit's driver does not; leave out "
+             f"{name('save')} and {name('load')}")):
+        if bad:
+            found.append(Problem(key, f"{engine} {why}"))
+    if args.deepspeed_config is None or args.zero_stage is None:
+        found.append(Problem("deepspeed", f"needs {name('deepspeed_config')} FILE and {name('zero_stage')} N"))
+    return found
+
+
+def _schedule_problems(args, world_size: int, runtime: Runtime, name: Name) -> list[Problem]:
+    """Checkpoints, data and logging."""
+    found = []
+    if args.ckpt_format is not None and runtime.driver and args.ckpt_format not in ("torch", "torch_dist") \
+            and not args.use_megatron_fsdp:
+        found.append(Problem("ckpt_format", f"{args.ckpt_format}: labkit's driver writes Megatron-LM's torch and "
+                             "torch_dist formats; use one of them"))
+    if runtime.driver and args.ckpt_format == "torch_dist" and args.use_distributed_optimizer \
+            and not runtime.fused_adam:
+        # megatron-core 0.16.1 reloads the distributed optimizer's reshardable state in FusedAdam's layout only: with
+        # torch's Adam (its fallback without Transformer Engine or Apex) the per-parameter "step" it keeps stops
+        # load_parameter_state_from_fully_reshardable (distrib_optimizer.py) with a KeyError
+        found.append(Problem("ckpt_format", "torch_dist with the distributed optimizer needs Transformer Engine's or "
+                             "Apex's FusedAdam, which this environment lacks (megatron-core cannot reload torch "
+                             f"Adam's state from it); use torch, or leave out {name('use_distributed_optimizer')}"))
+    if args.save_interval is not None and not args.save:
+        found.append(Problem("save_interval", f"needs {name('save')} DIR"))
+    if args.save_interval is not None and args.save_interval <= 0:
+        found.append(Problem("save_interval", f"must be positive, got {args.save_interval}"))
+    if args.mock_data and args.data_path:
+        found.append(Problem("mock_data", f"conflicts with {name('data_path')}; give one of them"))
+    if not args.mock_data and not args.data_path:
+        found.append(Problem("data_path", "missing; give a prefix from `labkit data prepare`, or "
+                             f"{name('mock_data')}"))
+    tokenizer = args.tokenizer_type or ("GPT2BPETokenizer" if args.data_path or args.vocab_size is None
+                                        else "NullTokenizer")
+    if tokenizer in ("HuggingFaceTokenizer", "SentencePieceTokenizer"):
+        if args.tokenizer_model is None:
+            found.append(Problem("tokenizer_model", f"needed with {name('tokenizer_type')} {tokenizer}"))
+    elif tokenizer == "NullTokenizer" and args.vocab_size is None:
+        found.append(Problem("vocab_size", f"needed with {name('tokenizer_type')} NullTokenizer"))
+    if args.tokenizer_model is not None and tokenizer not in ("HuggingFaceTokenizer", "SentencePieceTokenizer"):
+        found.append(Problem("tokenizer_model", f"{name('tokenizer_type')} {tokenizer} does not read one; use "
+                             "HuggingFaceTokenizer or SentencePieceTokenizer"))
+    split = args.split.replace("/", ",").split(",")
+    try:
+        if len(split) > 3 or sum(float(s) for s in split) <= 0 or any(float(s) < 0 for s in split):
+            raise ValueError
+    except ValueError:
+        found.append(Problem("split", f"{args.split!r} is not like 969,30,1 (train, validation, test weights)"))
+    if args.profile:
+        if not 0 <= args.profile_step_start < args.profile_step_end:
+            found.append(Problem("profile_step_start", f"needs 0 <= {name('profile_step_start')} < "
+                                 f"{name('profile_step_end')}"))
+        bad = [r for r in args.profile_ranks if not 0 <= r < world_size]
+        if bad:
+            found.append(Problem("profile_ranks", f"{bad} outside the world of {world_size} processes"))
+    for key in ("log_timers_to_tensorboard", "log_memory_to_tensorboard", "log_validation_ppl_to_tensorboard"):
+        if getattr(args, key) and not args.tensorboard_dir:
+            found.append(Problem(key, f"needs {name('tensorboard_dir')} DIR"))
+    if args.wandb_project:
+        if args.wandb_exp_name == "":
+            found.append(Problem("wandb_exp_name", "an empty name; name the W&B run"))
+        if not args.wandb_save_dir and not args.save:
+            found.append(Problem("wandb_project", f"W&B keeps its files under {name('save')}'s wandb/; add "
+                                 f"{name('wandb_save_dir')} DIR or {name('save')} DIR"))
+    return found

@@ -11,8 +11,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from labkit import catalog
+from labkit.megatron import rules
 from labkit.spec import RunSpec, SpecError, load_spec
-from labkit.spec.checks import MAX_WORLD, context_split_error, needs_gpus_error
+from labkit.spec.checks import MAX_WORLD, SPEC_FIELDS
 from labkit.spec.load import read_file
 
 SEARCHED = object()
@@ -211,14 +212,15 @@ def _check_pending(pending: dict, on_cluster: RunSpec, spec_data: dict, overlap_
         errors.append(f"parallel.context: {context!r} is not a whole number of 1 or more; give the context-parallel "
                       "size, e.g. 2, or leave it out for the planner to choose")
     elif context > 1 and spec_data.get("model", {}).get("seq_length", 0) % (2 * context):
-        errors.append(context_split_error(spec_data["model"]["seq_length"], context))
+        errors += [f"parallel.context: {problem.message}" for problem in rules.context_split_problems(
+            SPEC_FIELDS.get, seq_length=spec_data["model"]["seq_length"], context=context)]
     if not isinstance(sp, bool):
         errors.append(f"parallel.sequence_parallel: {sp!r} is not true or false")
     on_cpu = any(catalog.gpu(g.gpu).is_cpu for g in on_cluster.cluster.nodes)
     for key, used in (("parallel.context", context != 1), ("parallel.sequence_parallel", sp is True),
                       ("kernels.tp_comm_overlap", overlap_tp)):
         if used and on_cpu and not errors:
-            errors.append(needs_gpus_error(key))
+            errors.append(f"{key}: {rules.NEEDS_TRANSFORMER_ENGINE}")
     if errors:
         raise SpecError(errors)
 

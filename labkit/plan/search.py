@@ -30,7 +30,7 @@ from labkit.plan.inputs import SEARCHED, Constraints
 from labkit.plan.partition import min_max_partition
 from labkit.plan.placement import as_cluster, grouped_orders, node_kinds, order_count, placements
 from labkit.spec import ClusterSpec, ParallelSpec, RecomputeSpec, RunSpec
-from labkit.spec.checks import driver_fsdp2_problems
+from labkit.spec.checks import rule_errors
 
 FULL_RECOMPUTE = RecomputeSpec(granularity="full", method="uniform", num_layers=1)
 SELECTIVE_RECOMPUTE = RecomputeSpec(granularity="selective")
@@ -370,14 +370,27 @@ def _balanced_partition(spec: RunSpec, shape: Shape, costs: _StageCosts, links: 
     return layers
 
 
-def _variants(spec: RunSpec, constraints: Constraints):
+def fully_sharded_runs(base: RunSpec) -> bool:
+    """Whether ZeRO stages 2 and 3 run for this spec's settings (the rule book's verdict on a one-stage layout of it at
+    stage 3: labkit's driver runs them as FSDP2, whose conditions are Megatron-LM's and the driver's)."""
+    world = base.world_size
+    probe = replace(base, parallel=replace(base.parallel, tensor=1, pipeline=1, context=1, data=None, virtual_stages=1,
+                                           partition=None, pipeline_layout=None, sequence_parallel=False,
+                                           account_for_embedding_in_pipeline_split=False,
+                                           account_for_loss_in_pipeline_split=False),
+                    batch=replace(base.batch, micro=1, global_=world),
+                    optimizer=replace(base.optimizer, zero_stage=3, distributed=True))
+    return not rule_errors(probe, layout="local")
+
+
+def _variants(spec: RunSpec, constraints: Constraints, fully_sharded: bool):
     """The layout and its memory-saving variants the constraints allow, least costly first: ZeRO stages sharding more
     and more over the data-parallel ranks (1 the distributed optimizer; 2 and 3, which communicate every micro-batch,
-    only without pipeline parallelism, as the backends run them), then selective recompute, then full recompute."""
+    only without pipeline parallelism and where `fully_sharded_runs`), then selective recompute, then full
+    recompute."""
     recomputes = [None, SELECTIVE_RECOMPUTE, FULL_RECOMPUTE] if constraints.recompute is SEARCHED \
         else [constraints.recompute]
-    # stages 2 and 3 run without pipeline parallelism, and on labkit's driver only where FSDP2 can (the checks')
-    sharded = spec.parallel.pipeline == 1 and (spec.job.entrypoint == "megatron-lm" or not driver_fsdp2_problems(spec))
+    sharded = spec.parallel.pipeline == 1 and fully_sharded
     stages = ([0, 1] + ([2, 3] if sharded else [])) if spec.data_parallel > 1 else [0]
     if constraints.zero_stage is not SEARCHED:
         stages = [constraints.zero_stage]
@@ -495,6 +508,7 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
     kept: list[float] = []  # a heap of the best `top` objective values of fitting, within-budget rows, negated
     evaluated = pruned = 0
     fixed_partition = constraints.partition is not SEARCHED
+    fully_sharded = fully_sharded_runs(base)
     for i, (bound, order, (t, p, d, c, b, v, accounted, layers)) in enumerate(bounded):
         if top and len(kept) >= top and bound > -kept[0]:
             pruned = len(bounded) - i
@@ -507,7 +521,7 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
                        kernels=kernels, optimizer=replace(base.optimizer, distributed=False, zero_stage=0))
         links = _Links.of(spec, cal)
         names = [kinds[k].gpu for k in order]
-        for attempt in _variants(spec, constraints):
+        for attempt in _variants(spec, constraints, fully_sharded):
             rebalance = attempt.parallel.virtual_stages == 1 and attempt.parallel.pipeline > 1 and not fixed_partition
             if rebalance and (attempt.recompute is not None or attempt.optimizer.distributed):
                 attempt.parallel = replace(attempt.parallel,

@@ -4,7 +4,9 @@ Each check returns 'field: what is wrong; how to fix it' strings and collects ev
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import re
 import reprlib
@@ -13,9 +15,9 @@ from typing import TYPE_CHECKING
 
 from labkit import catalog, deepspeed_config
 from labkit.extras import install_hint
-from labkit.megatron import rules, sizes
+from labkit.megatron import rules, sharding, sizes
 from labkit.megatron.flags import (ATTENTION_BACKENDS, NORMALIZATIONS, POSITION_EMBEDDING_TYPES, TOKENIZER_TYPES,
-                                   flag_errors)
+                                   ArgumentError, build_parser, flag_errors)
 from labkit.megatron_args import ALWAYS, HF_TOKENIZER_FILE, huggingface_tokenizer_file, spec_flags
 
 if TYPE_CHECKING:
@@ -58,23 +60,71 @@ _QUOTE.maxstring = _QUOTE.maxother = QUOTE_CHARS
 _QUOTE.maxlist = _QUOTE.maxdict = _QUOTE.maxtuple = _QUOTE.maxset = 8
 _QUOTE.maxlevel = 3
 
-# The spec field that sets each Megatron argument labkit.megatron.rules speaks of.
 SPEC_FIELDS = {"num_attention_heads": "model.num_attention_heads", "hidden_size": "model.hidden_size",
-               "num_query_groups": "model.num_query_groups", "tensor_model_parallel_size": "parallel.tensor",
-               "context_parallel_size": "parallel.context", "pipeline_model_parallel_size": "parallel.pipeline",
+               "num_query_groups": "model.num_query_groups", "group_query_attention": "model.num_query_groups",
+               "num_layers": "model.num_layers", "seq_length": "model.seq_length",
+               "untie_embeddings_and_output_weights": "model.untie_embeddings",
+               "tensor_model_parallel_size": "parallel.tensor", "context_parallel_size": "parallel.context",
+               "pipeline_model_parallel_size": "parallel.pipeline",
+               "pipeline_model_parallel_layout": "parallel.pipeline_layout",
                "global_batch_size": "batch.global", "micro_batch_size": "batch.micro",
                "sequence_parallel": "parallel.sequence_parallel", "tp_comm_overlap": "kernels.tp_comm_overlap",
-               "overlap_param_gather": "kernels.overlap_param_gather", "overlap_grad_reduce": "kernels.overlap_grad_reduce",
-               "use_distributed_optimizer": "optimizer.distributed"}
+               "overlap_param_gather": "kernels.overlap_param_gather",
+               "overlap_grad_reduce": "kernels.overlap_grad_reduce", "use_distributed_optimizer": "optimizer.distributed",
+               "use_torch_fsdp2": "optimizer.zero_stage", "use_megatron_fsdp": "optimizer.zero_stage",
+               "deepspeed": "optimizer.zero_backend", "optimizer": "optimizer.name", "fp16": "precision",
+               "bf16": "precision", "save": "train.save", "load": "train.load", "ckpt_format": "train.ckpt_format",
+               "tensorboard_dir": "train.tensorboard_dir", "transformer_impl": "kernels.attention_backend"}
+"""The spec field that sets each Megatron argument (argparse dest) labkit.megatron.rules speaks of, where the spec
+renders no flag for it: a rule may name an argument the command line lacks ("needs --use-distributed-optimizer")."""
 
 
 def _field(argument: str) -> str:
-    return SPEC_FIELDS[argument]
+    return SPEC_FIELDS.get(argument, rules.FLAG_OF.get(argument, argument))
 
 
 def _worded(problems: list[rules.Problem]) -> list[str]:
     """Megatron's rules broken by a spec, each as an error naming its field."""
     return [f"{_field(problem.argument)}: {problem.message}" for problem in problems]
+
+
+def runtime(spec: RunSpec, layout: str | None = None) -> rules.Runtime:
+    """Where the spec's command line runs, as labkit.megatron.rules asks after it. A plan (no `layout`) on GPUs is
+    judged as Megatron-LM would run it, since labkit estimates runs either program makes; a plan on CPUs, and every
+    job submitted with job.entrypoint labkit, as labkit's driver runs it. GPU nodes are taken to carry Transformer
+    Engine and FusedAdam (NVIDIA's containers do); DeepSpeed is looked for here only for a job that runs here."""
+    cpu = any(catalog.resolve_gpu_name(g.gpu) and catalog.gpu(g.gpu).is_cpu for g in spec.cluster_or_default().nodes)
+    driver = spec.job.entrypoint != "megatron-lm" and (layout is not None or cpu)
+    here = layout == "local" and sharding.of_spec(spec).implementation == sharding.DEEPSPEED
+    return rules.Runtime(driver=driver, cuda=not cpu, transformer_engine=not cpu, fused_adam=not cpu,
+                         deepspeed=not here or importlib.util.find_spec("deepspeed") is not None)
+
+
+def rule_errors(spec: RunSpec, layout: str | None = None) -> list[str]:
+    """labkit.megatron.rules over the flags the spec renders (and job.extra_args, which the driver's parser took), each
+    problem under the spec field that rendered its flag: the driver's own check of its command line, before anything
+    is submitted. Needs a spec whose sizes were checked (the flags are rendered)."""
+    where = runtime(spec, layout)
+    if not where.driver and spec.job.entrypoint != sharding.MEGATRON_LM:  # a plan, rendered as Megatron-LM runs it
+        spec = dataclasses.replace(spec, job=dataclasses.replace(spec.job, entrypoint=sharding.MEGATRON_LM))
+    rendered = spec_flags(spec)
+    extra = list(spec.job.extra_args) if spec.job.entrypoint != sharding.MEGATRON_LM else []
+    parser = build_parser()
+    parser.exit_on_error = False
+    try:
+        args = parser.parse_args([str(a) for a in rendered.args] + extra)
+    except (ArgumentError, argparse.ArgumentError):
+        return []  # job.extra_args the parser refuses: check_job names them
+    written = {arg.split("=", 1)[0]: i for i, arg in enumerate(extra)}
+
+    def field(argument: str) -> str:
+        flag = rules.FLAG_OF.get(argument, argument)
+        if flag in written:  # the later value wins, and it is the user's
+            return f"job.extra_args[{written[flag]}]"
+        return rendered.fields.get(flag) or SPEC_FIELDS.get(argument, flag)
+
+    return [f"{field(problem.argument)}: {problem.message}"
+            for problem in rules.problems(args, spec.world_size, where, name=field)]
 
 
 def quote(value) -> str:
@@ -183,7 +233,7 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
             errors.append(f"parallel.virtual_stages: {par.virtual_stages} does not divide the layers per stage "
                           f"({m.num_layers}/{p}); choose a divisor of {per_stage or 'the even split'}")
     if not errors:  # the flags render only from sane sizes
-        errors += repeated_flag_errors(spec)
+        errors += repeated_flag_errors(spec) or rule_errors(spec)
     return _finish(errors, raise_errors)
 
 
@@ -380,8 +430,7 @@ def _check_optimizer(spec: RunSpec) -> list[str]:
     return errors
 
 
-ZERO_BACKENDS = ("megatron", "deepspeed")
-"""optimizer.zero_backend values: megatron-core's distributed optimizer and Megatron-FSDP, or DeepSpeed's ZeRO."""
+ZERO_BACKENDS = sharding.BACKENDS
 
 
 def _check_zero(spec: RunSpec) -> list[str]:
@@ -397,15 +446,12 @@ def _check_zero(spec: RunSpec) -> list[str]:
         errors.append(f"optimizer.initial_loss_scale: {opt.initial_loss_scale:g} is no power of 2, and DeepSpeed "
                       "starts its dynamic fp16 loss scale at 2**initial_scale_power (optimizer.zero_backend "
                       "deepspeed); use e.g. 4294967296 (2**32)")
-    if opt.zero_backend in ZERO_BACKENDS and opt.zero_stage in (2, 3) and spec.parallel.pipeline > 1:
-        # DeepSpeed: PipelineEngine asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism".
-        # Megatron: --use-torch-fsdp2 asserts pipeline size 1 (Megatron-LM validate_args), and Megatron-FSDP, which
-        # reduce-scatters every micro-batch's gradients, is documented with tensor, context and expert parallelism
-        # only (docs/discussions/megatron-fsdp-user-guide).
-        why = ("DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3" if opt.zero_backend == "deepspeed" else
-               "Megatron-FSDP and torch FSDP2 do not run under megatron-core's pipeline schedules")
-        errors.append(f"optimizer.zero_stage: {opt.zero_stage} with parallel.pipeline {spec.parallel.pipeline}: {why} "
-                      f"(optimizer.zero_backend {opt.zero_backend}); use zero_stage 1, or parallel.pipeline 1")
+    if opt.zero_backend == "deepspeed" and opt.zero_stage in (2, 3) and spec.parallel.pipeline > 1:
+        # DeepSpeed's PipelineEngine asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism" (a rule of
+        # DeepSpeed's, not of Megatron's flags: labkit.megatron.rules has megatron-core's FSDP counterpart)
+        errors.append(f"optimizer.zero_stage: {opt.zero_stage} with parallel.pipeline {spec.parallel.pipeline}: "
+                      "DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3 (optimizer.zero_backend deepspeed); "
+                      "use zero_stage 1, or parallel.pipeline 1")
     return errors
 
 
@@ -419,13 +465,6 @@ def _check_kernels(spec: RunSpec) -> list[str]:
     if k.attention_backend not in ATTENTION_BACKENDS:
         errors.append(f"kernels.attention_backend: {quote(k.attention_backend)} is not one of "
                       f"{', '.join(ATTENTION_BACKENDS)}")
-    errors += _worded(rules.pairing_problems(_field, tensor=par.tensor, sequence_parallel=par.sequence_parallel,
-                                             tp_comm_overlap=k.tp_comm_overlap,
-                                             overlap_param_gather=k.overlap_param_gather,
-                                             overlap_grad_reduce=k.overlap_grad_reduce,
-                                             distributed_optimizer=spec.optimizer.distributed))
-    if par.context > 1 and spec.model.seq_length and spec.model.seq_length % (2 * par.context):
-        errors.append(context_split_error(spec.model.seq_length, par.context))
     gpus = {g.gpu for g in spec.cluster_or_default().nodes}
     known = {name: catalog.gpu(name) for name in gpus if catalog.resolve_gpu_name(name)}
     if spec.precision == "fp8":
@@ -433,23 +472,7 @@ def _check_kernels(spec: RunSpec) -> list[str]:
             if not gpu.fp8:
                 errors.append(f"precision: fp8 needs FP8 tensor cores (Ada, Hopper or later), and cluster GPU "
                               f"{name} has none; use bf16")
-    if any(gpu.is_cpu for gpu in known.values()):
-        for key, used in (("kernels.tp_comm_overlap", k.tp_comm_overlap), ("parallel.context", par.context > 1),
-                          ("parallel.sequence_parallel", par.sequence_parallel),
-                          ("kernels.attention_backend", k.attention_backend in ("flash", "fused"))):
-            if used:
-                errors.append(needs_gpus_error(key))
     return errors
-
-
-def context_split_error(seq_length: int, context: int) -> str:
-    return (f"parallel.context: model.seq_length {seq_length} must be a multiple of 2 x {context} (megatron-core "
-            "splits each sequence into 2 x context chunks to balance the causal mask)")
-
-
-def needs_gpus_error(key: str) -> str:
-    return (f"{key}: needs Transformer Engine on GPUs; the CPU driver runs megatron-core's local layers, so leave it "
-            "out for a CPU run")
 
 
 def _check_train(spec: RunSpec) -> list[str]:
@@ -474,17 +497,6 @@ def _check_train(spec: RunSpec) -> list[str]:
     if train.ckpt_format not in (None, "torch", "torch_dist"):
         errors.append(f"train.ckpt_format: {quote(train.ckpt_format)} is not torch or torch_dist (torch_dist resumes "
                       "under another tensor/pipeline layout); or leave it out for the entrypoint's default")
-    elif train.ckpt_format and spec.optimizer.zero_stage in (2, 3) and spec.optimizer.zero_backend == "megatron" \
-            and spec.job.entrypoint == "megatron-lm":
-        errors.append(f"train.ckpt_format: Megatron-FSDP (optimizer.zero_stage {spec.optimizer.zero_stage}) saves only "
-                      "fsdp_dtensor checkpoints (Megatron-LM's validate_args); leave train.ckpt_format out")
-    elif train.ckpt_format == "torch_dist" and spec.optimizer.distributed and spec.job.entrypoint != "megatron-lm" \
-            and any(catalog.resolve_gpu_name(g.gpu) and catalog.gpu(g.gpu).is_cpu
-                    for g in spec.cluster_or_default().nodes):
-        # the driver's own refusal (labkit/train/arguments.py), before submission
-        errors.append("train.ckpt_format: torch_dist with optimizer.distributed needs Transformer Engine's or Apex's "
-                      "FusedAdam, which CPU nodes lack (megatron-core cannot reload torch Adam's resharded state); "
-                      "use torch, or set optimizer.distributed false")
     if train.timing_log_level not in (0, 1, 2):
         errors.append(f"train.timing_log_level: {quote(train.timing_log_level)} is not 0, 1 or 2 (Megatron's timer "
                       "levels; 0 logs the iteration time only)")
@@ -807,42 +819,6 @@ def repeated_flag_errors(spec: RunSpec) -> list[str]:
     return errors
 
 
-def driver_fsdp2_problems(spec: RunSpec) -> list[tuple[str, str, str]]:
-    """(field, why, fix) for each setting that stops labkit's driver from running ZeRO stages 2 and 3, which it shards
-    with PyTorch FSDP2 (megatron_args): Megatron-LM's validate_args conditions for --use-torch-fsdp2, and the driver's
-    legacy checkpoints. The planner leaves those stages out where any holds."""
-    problems = []
-    if not spec.model.untie_embeddings:
-        problems.append(("model.untie_embeddings", "FSDP2 needs untied embeddings", "set it true"))
-    if spec.precision == "fp16":
-        problems.append(("precision", "FSDP2 does not run fp16", "use bf16 or fp32"))
-    if spec.train.save or spec.train.load or spec.job.requeue:
-        problems.append(("train.save", "the driver does not save FSDP2's DTensor parameters",
-                         "leave out train.save, train.load and job.requeue"))
-    if spec.kernels.overlap_param_gather:
-        problems.append(("kernels.overlap_param_gather", "FSDP2 gathers each layer's parameters itself",
-                         "leave it out"))
-    return problems
-
-
-def driver_deepspeed_problems(spec: RunSpec) -> list[tuple[str, str, str]]:
-    """(field, why, fix) for each setting that stops labkit's driver from training with DeepSpeed's ZeRO engine
-    (labkit/train/deepspeed_engine.py), which wraps one whole megatron-core GPTModel per rank."""
-    problems = []
-    for key, size in (("parallel.tensor", spec.parallel.tensor), ("parallel.pipeline", spec.parallel.pipeline)):
-        if size > 1:
-            problems.append((key, "the driver hands DeepSpeed one whole model per rank (Megatron-DeepSpeed's model "
-                                  "parallelism is its own code)", "use 1"))
-    if spec.optimizer.name != "adam":
-        problems.append(("optimizer.name", "DeepSpeed's ZeRO steps Adam-family optimizers", "use adam"))
-    if spec.precision == "fp16" and any(g.gpu.lower() == "cpu" for g in spec.cluster_or_default().nodes):
-        problems.append(("precision", "DeepSpeed's CPU accelerator does not run fp16", "use bf16 or fp32 on CPUs"))
-    if spec.train.save or spec.train.load or spec.job.requeue:
-        problems.append(("train.save", "the driver does not save or load DeepSpeed's checkpoints",
-                         "leave out train.save, train.load and job.requeue"))
-    return problems
-
-
 def deepspeed_job_errors(spec: RunSpec, layout: str) -> list[str]:
     """At submission, optimizer.zero_backend deepspeed: which entrypoint and backend start DeepSpeed's engine."""
     opt, errors = spec.optimizer, []
@@ -854,8 +830,6 @@ def deepspeed_job_errors(spec: RunSpec, layout: str) -> list[str]:
     if layout == "k8s":
         errors.append("optimizer.zero_backend: deepspeed reads a ds_config.json that the job script writes, and the "
                       "k8s backend's PyTorchJob has no script; submit with the slurm or local backend")
-    errors += [f"{key}: optimizer.zero_backend deepspeed on labkit's driver: {why}; {fix}, or use zero_backend "
-               "megatron" for key, why, fix in driver_deepspeed_problems(spec)]
     return errors
 
 
@@ -905,16 +879,6 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
     else:
         errors += [f"job.extra_args: {e}; labkit's driver (python -m labkit.train) would refuse it"
                    for e in flag_errors(list(job.extra_args))]
-        # At submission only (a layout is known): such a spec is a valid plan, and estimates as Megatron-LM runs it.
-        for key, used in (("kernels.tp_comm_overlap", spec.kernels.tp_comm_overlap),
-                          ("parallel.context", spec.parallel.context > 1)):
-            if used and layout is not None:
-                errors.append(f"{key}: labkit's driver (job.entrypoint: labkit) does not run it; set job.entrypoint: "
-                              "megatron-lm with job.megatron_lm, or leave it out")
-        if layout is not None and spec.optimizer.zero_stage in (2, 3) and spec.optimizer.zero_backend == "megatron":
-            errors += [f"{key}: optimizer.zero_stage {spec.optimizer.zero_stage} runs PyTorch FSDP2 on labkit's driver "
-                       f"(Megatron-FSDP needs CUDA streams), and {why}; {fix}, or set job.entrypoint: megatron-lm "
-                       "(Megatron-FSDP)" for key, why, fix in driver_fsdp2_problems(spec)]
     if layout is not None and spec.optimizer.zero_backend == "deepspeed":
         errors += deepspeed_job_errors(spec, layout)
     for where, value in (("name", spec.name), ("data.path", spec.data.path)):
@@ -946,8 +910,8 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
     if layout == "pair" and len(groups) != 2:
         errors.append(f"cluster.nodes: a master/slave pair takes exactly two node groups, the spec has {len(groups)}; "
                       "use the hetjob layout")
-    if layout is not None and not errors:  # at submission, of a validated spec (validate checks it at its end)
-        errors += repeated_flag_errors(spec)
+    if layout is not None:  # at submission, of a validated spec (validate checks it at its end)
+        errors += repeated_flag_errors(spec) or rule_errors(spec, layout)
     return errors
 
 
