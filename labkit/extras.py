@@ -1,6 +1,7 @@
 """The optional parts of an install. The base install plans and submits (spec, estimate, plan, render, submit, status,
 logs); `labkit[train]` adds the megatron-core driver that trains here, `labkit[lab]` the Jupyter stack the notebooks
-run in, `labkit[tracking]` Weights & Biases and MLflow, and `labkit[all]` all three. A command that reaches a module of an extra that is not installed says which extra
+run in, `labkit[tracking]` Weights & Biases and MLflow, and `labkit[all]` all three; `labkit[deepspeed]` adds
+DeepSpeed's ZeRO engine for optimizer.zero_backend deepspeed. A command that reaches a module of an extra that is not installed says which extra
 to install instead of ending in a traceback.
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ MODULES = {
     "mlflow": "tracking",
     "plotly": "lab", "jupyterlab": "lab", "ipywidgets": "lab", "ipykernel": "lab", "IPython": "lab",
     "papermill": "lab", "nbformat": "lab", "nbconvert": "lab", "nbclient": "lab", "jupytext": "lab",
-    "jupyter_server_mathjax": "lab",
+    "jupyter_server_mathjax": "lab", "deepspeed": "deepspeed",
 }
 
 

@@ -33,7 +33,7 @@ for version in 3.11 3.12 3.13; do
     rm -rf "$venv"
     "$python" -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check -c "$repo/constraints.txt" torch
-    "$venv/bin/pip" install --quiet --disable-pip-version-check -e '.[all,test]'
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -c "$repo/constraints.txt" -e '.[all,deepspeed,test]'
     touch "$stamp"
   fi
   echo "other Pythons: fast suite on $("$venv/bin/python" --version)"

@@ -398,7 +398,7 @@ def _deepspeed_problems(args, runtime: Runtime, name: Name) -> list[Problem]:
     found = []
     if not runtime.deepspeed:
         found.append(Problem("deepspeed", "needs the deepspeed package, which this environment lacks; "
-                             "pip install deepspeed"))
+                             "pip install 'labkit[deepspeed]'"))
     engine = f"DeepSpeed's ZeRO engine ({name('deepspeed')})"
     for key, bad, why in (
             ("tensor_model_parallel_size", args.tensor_model_parallel_size > 1,
