@@ -47,13 +47,14 @@ def test_the_spec_renders_the_format_beside_save_and_load_for_both_entrypoints(t
 def test_an_unknown_format_or_one_megatron_fsdp_cannot_save_is_refused_naming_the_field(tmp_path):
     with pytest.raises(SpecError, match=r"- train.ckpt_format: 'torch_dcp' is not torch or torch_dist"):
         _spec("f", 2, 1, {"ckpt_format": "torch_dcp"})
-    with pytest.raises(SpecError, match=r"- train.ckpt_format: Megatron-FSDP \(optimizer.zero_stage 3\) saves only "
+    with pytest.raises(SpecError, match=r"- train.ckpt_format: ZeRO stage 3 runs as Megatron-FSDP, which saves only "
                                         "fsdp_dtensor"):
-        _spec("f", 1, 1, {"ckpt_format": "torch_dist"}, optimizer={"distributed": True, "zero_stage": 3},
+        _spec("f", 1, 1, {"ckpt_format": "torch_dist", "save": str(tmp_path)},
+              optimizer={"distributed": True, "zero_stage": 3},
               job={"entrypoint": "megatron-lm", "megatron_lm": str(tmp_path)})
-    with pytest.raises(SpecError, match=r"- train.ckpt_format: torch_dist with optimizer.distributed needs "
-                                        "Transformer Engine's or Apex's FusedAdam, which CPU nodes lack"):
-        _spec("f", 1, 1, {"ckpt_format": "torch_dist"}, optimizer={"distributed": True})
+    with pytest.raises(SpecError, match=r"- train.ckpt_format: torch_dist with the distributed optimizer needs "
+                                        "Transformer Engine's or Apex's FusedAdam, absent where this run goes \(CPU"):
+        _spec("f", 1, 1, {"ckpt_format": "torch_dist", "save": str(tmp_path)}, optimizer={"distributed": True})
 
 
 @pytest.mark.parametrize("fmt", ["torch_dcp", "fsdp_dtensor"])
@@ -61,7 +62,7 @@ def test_the_driver_refuses_the_formats_it_does_not_write(fmt):
     args = build_parser().parse_args(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
                                       "--seq-length", "64", "--mock-data", "--vocab-size", "1023", "--train-iters",
                                       "2", "--lr", "1e-3", "--ckpt-format", fmt])
-    with pytest.raises(ArgumentError, match=f"^--ckpt-format {fmt}: "):
+    with pytest.raises(ArgumentError, match=f"^--ckpt-format: labkit's driver writes .* not {fmt}"):
         finish(args, world_size=1, rank=0, cuda=False)
 
 
@@ -71,7 +72,7 @@ def test_the_driver_refuses_torch_dist_with_the_distributed_optimizer_on_torch_a
                                       "--seq-length", "64", "--mock-data", "--vocab-size", "1023", "--train-iters",
                                       "2", "--lr", "1e-3", "--ckpt-format", "torch_dist",
                                       "--use-distributed-optimizer"])
-    with pytest.raises(ArgumentError, match="^--ckpt-format torch_dist: with --use-distributed-optimizer it needs "
+    with pytest.raises(ArgumentError, match="^--ckpt-format: torch_dist with the distributed optimizer needs "
                                             "Transformer Engine's or Apex's FusedAdam"):
         finish(args, world_size=1, rank=0, cuda=False)
 

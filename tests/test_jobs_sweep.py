@@ -88,8 +88,8 @@ def test_profiled_passes_zero_based_steps_ranks_and_the_run_local_tensorboard_di
 def test_with_flags_appends_to_what_the_spec_already_passes(sweep):
     args = recorded_args(sweep.jobs["plain"])
     assert args[-4:] == list(NO_DROPOUT)
-    spec = with_flags(with_flags(tiny(), "--norm-epsilon", 1e-6), "--log-memory-to-tensorboard")
-    assert spec.job.extra_args == ["--norm-epsilon", "1e-06", "--log-memory-to-tensorboard"]
+    spec = with_flags(with_flags(tiny(), "--norm-epsilon", 1e-6), "--use-pytorch-profiler")
+    assert spec.job.extra_args == ["--norm-epsilon", "1e-06", "--use-pytorch-profiler"]
 
 
 def test_traces_of_a_run_that_was_not_profiled_say_how_to_profile_it(sweep):

@@ -81,7 +81,7 @@ def test_what_the_driver_does_not_set_up_is_refused_on_every_machine(flags, name
 def test_a_spec_for_the_driver_with_context_parallelism_is_refused_before_submission():
     spec = load_spec({"model": {"preset": "tiny"}, "parallel": {"context": 2}, "precision": "bf16",
                       "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 1, "gpus_per_node": 2}]}})
-    assert any(e.startswith("parallel.context: labkit's driver") and "job.entrypoint: megatron-lm" in e
+    assert any(e.startswith("parallel.context: labkit's driver") and "Megatron-LM's pretrain_gpt.py" in e
                for e in check_job(spec, "local"))
     assert not any(e.startswith("parallel.context") for e in check_job(spec))  # a valid plan, estimated as is
     megatron = spec.replace(**{"job.entrypoint": "megatron-lm", "job.megatron_lm": "/opt/Megatron-LM"})
@@ -196,7 +196,7 @@ def _attributes_read_outside_the_parser() -> set[str]:
     return read
 
 
-def test_every_flag_the_parser_accepts_is_used_or_refused():
+def test_every_flag_the_parser_accepts_is_used_or_refused(monkeypatch):
     """A flag the driver takes must change what it does: read beyond the parser, derived into one that is, or
     refused with an error naming it; never accepted and dropped."""
     read = _attributes_read_outside_the_parser()
@@ -211,7 +211,8 @@ def test_every_flag_the_parser_accepts_is_used_or_refused():
     assert unused == []
     for dest, flags in REFUSED.items():
         with pytest.raises(ArgumentError, match=re.escape(flags[0])):
-            parsed([*flags, "--sequence-parallel", "--tensor-model-parallel-size", "2"], world_size=4, cuda=True)
+            parsed([*flags, "--sequence-parallel", "--tensor-model-parallel-size", "2"], world_size=4, cuda=True,
+                   te=True, monkeypatch=monkeypatch)
 
 
 def test_the_flag_audit_sees_a_dropped_flag(monkeypatch):
@@ -225,4 +226,4 @@ def test_the_flag_audit_sees_a_dropped_flag(monkeypatch):
     monkeypatch.setattr(arguments, "build_parser", with_an_unused_flag)
     monkeypatch.setitem(globals(), "build_parser", with_an_unused_flag)
     with pytest.raises(AssertionError, match="--never-read-anywhere"):
-        test_every_flag_the_parser_accepts_is_used_or_refused()
+        test_every_flag_the_parser_accepts_is_used_or_refused(monkeypatch)

@@ -309,11 +309,20 @@ def _implementation_problems(args, world_size: int, runtime: Runtime, name: Name
                              f"transformer_engine package; use {name('transformer_impl')} local"))
     if args.distributed_backend == "nccl" and not runtime.cuda:
         found.append(Problem("distributed_backend", "nccl needs GPUs; use gloo on CPU"))
+    # labkit's driver: what it does not set up on any machine, refused rather than accepted and ignored
+    if runtime.driver and args.tp_comm_overlap:
+        found.append(Problem("tp_comm_overlap", "labkit's driver does not start Transformer Engine's userbuffers, "
+                             "which it needs; leave it out, or run Megatron-LM's pretrain_gpt.py"))
+    if runtime.driver and args.context_parallel_size > 1:
+        found.append(Problem("context_parallel_size", "labkit's driver does not split sequences over context-parallel "
+                             "ranks (the batch slicing and loss reduction are Megatron-LM's); use 1, or run "
+                             "Megatron-LM's pretrain_gpt.py"))
     needs_te = {"fp8_format": args.fp8_format is not None,
                 "attention_backend": args.attention_backend in ("flash", "fused"),
                 "sequence_parallel": args.sequence_parallel and args.tensor_model_parallel_size > 1,
-                "tp_comm_overlap": args.tp_comm_overlap and args.sequence_parallel,
-                "context_parallel_size": args.context_parallel_size > 1}
+                # on the driver these two are refused above, wherever it runs
+                "tp_comm_overlap": args.tp_comm_overlap and args.sequence_parallel and not runtime.driver,
+                "context_parallel_size": args.context_parallel_size > 1 and not runtime.driver}
     for argument, used in needs_te.items():
         if used and impl != "transformer_engine":
             found.append(Problem(argument, NEEDS_TRANSFORMER_ENGINE))
@@ -322,16 +331,6 @@ def _implementation_problems(args, world_size: int, runtime: Runtime, name: Name
     found += pairing_problems(name, tensor=args.tensor_model_parallel_size, sequence_parallel=args.sequence_parallel,
                               tp_comm_overlap=args.tp_comm_overlap, overlap_param_gather=args.overlap_param_gather,
                               overlap_grad_reduce=args.overlap_grad_reduce, distributed_optimizer=sharded)
-    if not runtime.driver:
-        return found
-    # labkit's driver: what it does not set up on any machine, refused rather than accepted and ignored
-    if args.tp_comm_overlap:
-        found.append(Problem("tp_comm_overlap", "labkit's driver does not start Transformer Engine's userbuffers, "
-                             "which it needs; leave it out, or run Megatron-LM's pretrain_gpt.py"))
-    if args.context_parallel_size > 1:
-        found.append(Problem("context_parallel_size", "labkit's driver does not split sequences over context-parallel "
-                             "ranks (the batch slicing and loss reduction are Megatron-LM's); use 1, or run "
-                             "Megatron-LM's pretrain_gpt.py"))
     return found
 
 
@@ -426,16 +425,17 @@ def _schedule_problems(args, world_size: int, runtime: Runtime, name: Name) -> l
     found = []
     if args.ckpt_format is not None and runtime.driver and args.ckpt_format not in ("torch", "torch_dist") \
             and not args.use_megatron_fsdp:
-        found.append(Problem("ckpt_format", f"{args.ckpt_format}: labkit's driver writes Megatron-LM's torch and "
-                             "torch_dist formats; use one of them"))
+        found.append(Problem("ckpt_format", f"labkit's driver writes Megatron-LM's torch and torch_dist formats, "
+                             f"not {args.ckpt_format}; use one of them"))
     if runtime.driver and args.ckpt_format == "torch_dist" and args.use_distributed_optimizer \
             and not runtime.fused_adam:
         # megatron-core 0.16.1 reloads the distributed optimizer's reshardable state in FusedAdam's layout only: with
         # torch's Adam (its fallback without Transformer Engine or Apex) the per-parameter "step" it keeps stops
         # load_parameter_state_from_fully_reshardable (distrib_optimizer.py) with a KeyError
         found.append(Problem("ckpt_format", "torch_dist with the distributed optimizer needs Transformer Engine's or "
-                             "Apex's FusedAdam, which this environment lacks (megatron-core cannot reload torch "
-                             f"Adam's state from it); use torch, or leave out {name('use_distributed_optimizer')}"))
+                             "Apex's FusedAdam, absent where this run goes (CPU nodes, or GPUs without either): "
+                             "megatron-core cannot reload torch Adam's state from it; use torch, or leave out "
+                             f"{name('use_distributed_optimizer')}"))
     if args.save_interval is not None and not args.save:
         found.append(Problem("save_interval", f"needs {name('save')} DIR"))
     if args.save_interval is not None and args.save_interval <= 0:
