@@ -20,13 +20,13 @@ op-mode/bare of the medians and of the fastest rounds (the latter less disturbed
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import sys
 import time
 
 import torch
 
+from labkit.net import free_port
 from labkit.train import cpu_compat
 
 CONFIGS = {
@@ -72,9 +72,7 @@ def main() -> int:
 
     assert cpu_compat.apply(), "this benchmark is for machines without CUDA"
     cpu_compat._state["proxy"] = next(iter(cpu_compat._state["modules"].values())).torch
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); median of {ROUNDS} rounds x {PER_ROUND} "
           "micro-batches (forward + loss + backward), modes interleaved")
     print(f"{'model':48s} {'layer ms':>9s} {'bare ms':>8s} {'op-mode ms':>11s} {'layer/bare':>11s} "

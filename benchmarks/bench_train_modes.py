@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
+
+from labkit.net import free_port
 
 MODEL = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
          "--micro-batch-size 2 --lr 1e-3 --mock-data --vocab-size 1024 --eval-iters 0 --log-interval 5").split()
@@ -31,15 +32,9 @@ MODES = {
 }
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(processes: int, flags: list[str], iters: int) -> dict:
     launcher = ([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={processes}",
-                 f"--master-port={_port()}"] if processes > 1 else [sys.executable])
+                 f"--master-port={free_port()}"] if processes > 1 else [sys.executable])
     cmd = [*launcher, "-m", "labkit.train", *MODEL, "--train-iters", str(iters), *flags]
     start = time.time()
     out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))

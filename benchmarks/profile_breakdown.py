@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from labkit.net import free_port
 from labkit.profiling import tensorboard as tb
 from labkit.profiling import trace as tr
 from labkit.profiling import views
@@ -36,9 +36,7 @@ RECOMPUTE = "--recompute-granularity full --recompute-method uniform --recompute
 
 def start(run_dir: Path, processes: int, flags: str) -> subprocess.Popen:
     run_dir.mkdir(parents=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={processes}", f"--master-port={port}",
            "-m", "labkit.train", *flags.split(), "--tensorboard-dir", str(run_dir)]
     return subprocess.Popen(cmd, stdout=open(run_dir / "train.log", "w"), stderr=subprocess.STDOUT,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
-import socket
 import weakref
 from dataclasses import dataclass, field
 
@@ -24,6 +23,7 @@ import pytest
 
 from labkit.estimate.memory import activation_bytes_per_layer
 from labkit.estimate.params import Shape
+from labkit.net import free_port
 from labkit.spec import load_spec
 
 TOLERANCE = 0.02
@@ -180,19 +180,13 @@ def _world(rank: int, cases: list[Case], port: int, results) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def measure(cases: list[Case]) -> dict[str, int]:
     """Bytes one layer saves per micro-batch on tensor rank 0, by case name; one gloo world per tensor size."""
     context = multiprocessing.get_context("spawn")
     measured = {}
     for tensor in sorted({c.tensor for c in cases}):
         group = [c for c in cases if c.tensor == tensor]
-        results, port = context.Queue(), _free_port()
+        results, port = context.Queue(), free_port()
         workers = [context.Process(target=_world, args=(rank, group, port, results)) for rank in range(tensor)]
         for w in workers:
             w.start()

@@ -135,6 +135,10 @@ HOMES = {
                           re.compile(r"4\s*\*\s*[\w.]+\s*\*\s*2\s*/\s*3|8\s*\*\s*[\w.]+\s*//?\s*\(?\s*(3|192)\b"
                                      r"|ffn_hidden_size\s+or\b")),
     "padded vocabulary": ("labkit/megatron/sizes.py", re.compile(r"-\(-\s*[\w.]*vocab\w*\s*//|ceil\([^)\n]*vocab")),
+    # Which implementation shards (distributed optimizer, FSDP2, Megatron-FSDP, DeepSpeed): decided from the backend
+    # and the entrypoint in one place; everything else asks labkit.megatron.sharding.
+    "sharding decision": ("labkit/megatron/sharding.py",
+                          re.compile(r"zero_backend\s*[!=]=|[!=]=\s*['\"]deepspeed['\"]|in \(2, 3\) and [\w.]*zero_backend")),
 }
 
 
@@ -153,6 +157,55 @@ def test_the_home_check_sees_a_second_copy(tmp_path):
     copy = tmp_path / "copy.py"
     copy.write_text("import socket\ns = socket.socket()\ns.bind(('', 0))\n")
     assert HOMES["free-port helper"][1].search(copy.read_text())
+    assert HOMES["sharding decision"][1].search("fsdp = opt.zero_stage in (2, 3) and opt.zero_backend == 'megatron'")
+
+
+def test_tests_and_benchmarks_take_free_ports_from_labkit_net():
+    pattern = HOMES["free-port helper"][1]
+    here = Path(__file__).resolve()
+    copies = [str(p.relative_to(PACKAGE.parent)) for folder in ("tests", "benchmarks")
+              for p in (PACKAGE.parent / folder).rglob("*.py") if p != here and pattern.search(p.read_text())]
+    assert copies == []
+
+
+RULES = PACKAGE / "megatron" / "rules.py"
+
+
+def rule_phrases(source: str) -> set[str]:
+    """The literal text of each Problem's message in labkit.megatron.rules (pieces of 40 characters or more): a rule
+    written a second time elsewhere carries its words along."""
+    phrases = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Problem" and len(node.args) > 1:
+            for part in ast.walk(node.args[1]):
+                if isinstance(part, ast.Constant) and isinstance(part.value, str) and len(part.value.strip()) >= 40:
+                    phrases.add(part.value.strip())
+    return phrases
+
+
+def string_text(source: str) -> str:
+    """Every string literal of the source, adjacent ones joined as Python joins them, one per line."""
+    return "\n".join(part.value for part in ast.walk(ast.parse(source))
+                     if isinstance(part, ast.Constant) and isinstance(part.value, str))
+
+
+def copies_of_rules(files: list[Path]) -> list[str]:
+    phrases = rule_phrases(RULES.read_text())
+    texts = {path: string_text(path.read_text()) for path in files if path != RULES}
+    return sorted(f"{path.name}: {phrase}" for path, text in texts.items() for phrase in phrases if phrase in text)
+
+
+def test_each_megatron_rule_is_written_once():
+    assert len(rule_phrases(RULES.read_text())) > 20
+    assert copies_of_rules(list(PACKAGE.rglob("*.py"))) == []
+
+
+def test_the_rule_check_sees_a_second_copy(tmp_path):
+    copy = tmp_path / "checks.py"
+    copy.write_text('if spec.optimizer.name != "adam" and spec.optimizer.distributed:\n'
+                    '    errors.append("optimizer.distributed: megatron-core\'s distributed optimizer steps Adam only; "\n'
+                    '                  "use optimizer.name adam")\n'.replace("\\'", "'"))
+    assert copies_of_rules([copy])
 
 
 @pytest.mark.parametrize("concept, copy", [

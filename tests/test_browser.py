@@ -8,7 +8,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from labkit import lab
+from labkit.net import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -68,12 +68,6 @@ def executed_lab(tmp_path_factory):
     return run
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str):
     with urllib.request.urlopen(url, timeout=5) as response:
         return json.loads(response.read() or b"null")
@@ -81,7 +75,7 @@ def _get(url: str):
 
 @pytest.fixture(scope="module")
 def jupyterlab(executed_lab):
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     log = open(executed_lab.directory / "jupyterlab.log", "w")
     # Every cell stays in the page (JupyterLab otherwise drops cells scrolled far out of view), so the page's text
     # holds the whole lab.

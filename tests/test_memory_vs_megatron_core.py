@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import socket
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -23,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from labkit.estimate import estimate
 from labkit.estimate.memory import GIB, ModelState, bytes_per_param, model_state_bytes
 from labkit.estimate.params import Shape, stage_params
-from labkit.estimate import estimate
+from labkit.net import free_port
 from labkit.spec import SpecError, load_spec
 from labkit.train.model_state import built_after_one_step, held_bytes
 
@@ -178,9 +178,7 @@ def measure(points: list[Point], timeout_s: float = 900) -> dict[Point, list[Hel
     measured: dict[Point, list[Held]] = {}
     for world in sorted({p.world for p in points}):
         group = sorted((p for p in points if p.world == world), key=_layout)
-        with socket.socket() as sock:  # a free port for the rendezvous
-            sock.bind(("127.0.0.1", 0))
-            address = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+        address = f"tcp://127.0.0.1:{free_port()}"
         with tempfile.TemporaryDirectory() as tmp:
             processes = mp.spawn(_worker, args=(world, address, group, tmp), nprocs=world, join=False)
             deadline = time.monotonic() + timeout_s

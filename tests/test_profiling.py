@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from labkit.net import free_port
 from labkit.profiling import tensorboard as tb
 from labkit.profiling import trace as tr
 
@@ -25,16 +25,10 @@ PROFILE = "--profile --profile-step-start 1 --profile-step-end 3".split()  # ite
 RECOMPUTE = "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1".split()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(run_dir, processes: int, *flags: str) -> subprocess.Popen:
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={processes}",
-           f"--master-port={_free_port()}", "-m", "labkit.train", *TINY, *PROFILE,
+           f"--master-port={free_port()}", "-m", "labkit.train", *TINY, *PROFILE,
            "--tensorboard-dir", str(run_dir / "tensorboard"), *flags]
     log = open(run_dir / "train.log", "w")
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"))

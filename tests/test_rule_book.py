@@ -123,7 +123,7 @@ def test_each_problem_of_the_rule_book_is_reported_under_the_field_that_rendered
 @pytest.mark.parametrize("zero_stage, backend, entrypoint, implementation", [
     (0, "megatron", "labkit", sharding.DDP), (1, "megatron", "labkit", sharding.DISTRIBUTED_OPTIMIZER),
     (2, "megatron", "labkit", sharding.TORCH_FSDP2), (3, "megatron", "megatron-lm", sharding.MEGATRON_FSDP),
-    (3, "deepspeed", "labkit", sharding.DEEPSPEED), (0, "deepspeed", "labkit", sharding.DDP)])
+    (3, "deepspeed", "labkit", sharding.DEEPSPEED), (0, "deepspeed", "labkit", sharding.DEEPSPEED)])
 def test_the_driver_reads_back_the_sharding_the_spec_chose(tmp_path, zero_stage, backend, entrypoint, implementation):
     """labkit.megatron.sharding decides once: the flags rendered from its choice parse back to the same choice."""
     data = {"model": {"preset": "tiny", "untie_embeddings": True}, "parallel": {"data": 2},
@@ -133,8 +133,7 @@ def test_the_driver_reads_back_the_sharding_the_spec_chose(tmp_path, zero_stage,
             "cluster": {"nodes": [{"gpu": "A100-80GB", "count": 1, "gpus_per_node": 2}]}}
     spec = load_spec(data)
     chosen = sharding.of_spec(spec)
-    assert chosen.implementation == implementation and chosen.stage == (zero_stage if backend == "megatron" or
-                                                                          zero_stage else 0)
+    assert chosen.implementation == implementation and chosen.stage == zero_stage
     if entrypoint == "labkit" or implementation != sharding.DEEPSPEED:
         args = build_parser().parse_args(megatron_args(spec, ds_config=tmp_path / "ds_config.json"))
         assert sharding.from_args(args) == chosen

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from labkit.megatron_args import pipeline_layout
+from labkit.net import free_port
 from labkit.train.arguments import ArgumentError, build_parser, finish
 
 pytestmark = pytest.mark.slow
@@ -43,18 +43,12 @@ RECOMPUTE = "--recompute-granularity full --recompute-method uniform --recompute
 ITERATION = re.compile(r" iteration +(\d+)/ *(\d+) \|(.*)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Run:
     def __init__(self, directory: Path, processes: int, flags: list[str]):
         self.dir = directory
         directory.mkdir(parents=True, exist_ok=True)
         launcher = ([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={processes}",
-                     f"--master-port={_free_port()}"] if processes > 1 else [sys.executable])
+                     f"--master-port={free_port()}"] if processes > 1 else [sys.executable])
         self.cmd = [*launcher, "-m", "labkit.train", *flags]
         self.log_file = directory / "train.log"
         with open(self.log_file, "w") as log:

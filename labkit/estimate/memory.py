@@ -38,6 +38,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from labkit.estimate.params import Shape, stage_params
+from labkit.megatron import sharding
 
 # numpy loads with the first buffer laid out, not with this module: the command line imports it (through
 # labkit.estimate) to build its parser, and `labkit --help` needs none of it.
@@ -470,7 +471,7 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
                         for n in partition]
 
     def model_state(i: int, params: float) -> tuple[float, float, float]:
-        if zero_stage and zero_backend == "deepspeed":
+        if zero_stage and sharding.choose(zero_stage, zero_backend).implementation == sharding.DEEPSPEED:
             return tuple(params * n for n in bytes_per_param(precision, data_parallel, zero_stage=zero_stage,
                                                              optimizer=optimizer))
         state = model_state_bytes(shape, chunks[i], stage=i, pipeline=p, tensor=tensor, data_parallel=data_parallel,

@@ -3,12 +3,12 @@
 A spec says what it wants sharded (optimizer.zero_stage, ZeRO's stages: Rajbhandari et al., arXiv:1910.02054) and by
 whose code (optimizer.zero_backend); which program runs it (job.entrypoint) decides the rest:
 
-| stage | zero_backend | labkit's driver                              | Megatron-LM's pretrain_gpt.py              |
-|-------|--------------|----------------------------------------------|--------------------------------------------|
-| 0     | any          | DDP (megatron-core's DistributedDataParallel) | DDP                                        |
-| 1     | megatron     | megatron-core's distributed optimizer        | the distributed optimizer                  |
-| 2, 3  | megatron     | PyTorch FSDP2 through megatron-core          | Megatron-FSDP                              |
-| 1-3   | deepspeed    | DeepSpeed's ZeRO engine                      | refused (Megatron-DeepSpeed is a fork)     |
+| stage | zero_backend | labkit's driver                               | Megatron-LM's pretrain_gpt.py          |
+|-------|--------------|-----------------------------------------------|----------------------------------------|
+| 0     | megatron     | DDP (megatron-core's DistributedDataParallel) | DDP                                    |
+| 1     | megatron     | megatron-core's distributed optimizer         | the distributed optimizer              |
+| 2, 3  | megatron     | PyTorch FSDP2 through megatron-core           | Megatron-FSDP                          |
+| 0-3   | deepspeed    | DeepSpeed's ZeRO engine                       | refused (Megatron-DeepSpeed is a fork) |
 
 labkit's driver runs stages 2 and 3 as FSDP2 because Megatron-FSDP issues its reduce-scatters and all-gathers on CUDA
 streams (megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py), which the driver does not set up on CPUs.
@@ -60,10 +60,10 @@ def choose(zero_stage: int, zero_backend: str = "megatron", entrypoint: str = "l
     """The implementation that runs `zero_stage` with `zero_backend` under `entrypoint` (the table above). A
     combination the table refuses (DeepSpeed under Megatron-LM) gets the implementation it would need; the checks
     refuse it, naming optimizer.zero_backend."""
-    if zero_stage == 0:
-        return Sharding(0, DDP)
     if zero_backend == "deepspeed":
         return Sharding(zero_stage, DEEPSPEED)
+    if zero_stage == 0:
+        return Sharding(0, DDP)
     if zero_stage == 1:
         return Sharding(1, DISTRIBUTED_OPTIMIZER)
     return Sharding(zero_stage, MEGATRON_FSDP if entrypoint == MEGATRON_LM else TORCH_FSDP2)

@@ -441,12 +441,14 @@ def _check_zero(spec: RunSpec) -> list[str]:
                       "2 (and gradients) or 3 (and parameters)")
     if opt.zero_backend not in ZERO_BACKENDS:
         errors.append(f"optimizer.zero_backend: {quote(opt.zero_backend)} is not one of {', '.join(ZERO_BACKENDS)}")
-    elif opt.zero_backend == "deepspeed" and spec.precision == "fp16" and opt.loss_scale is None and \
+    elif sharding.of_spec(spec).implementation == sharding.DEEPSPEED and spec.precision == "fp16" and \
+            opt.loss_scale is None and \
             deepspeed_config.initial_scale_power(opt.initial_loss_scale) is None:
         errors.append(f"optimizer.initial_loss_scale: {opt.initial_loss_scale:g} is no power of 2, and DeepSpeed "
                       "starts its dynamic fp16 loss scale at 2**initial_scale_power (optimizer.zero_backend "
                       "deepspeed); use e.g. 4294967296 (2**32)")
-    if opt.zero_backend == "deepspeed" and opt.zero_stage in (2, 3) and spec.parallel.pipeline > 1:
+    if sharding.of_spec(spec).implementation == sharding.DEEPSPEED and opt.zero_stage in (2, 3) \
+            and spec.parallel.pipeline > 1:
         # DeepSpeed's PipelineEngine asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism" (a rule of
         # DeepSpeed's, not of Megatron's flags: labkit.megatron.rules has megatron-core's FSDP counterpart)
         errors.append(f"optimizer.zero_stage: {opt.zero_stage} with parallel.pipeline {spec.parallel.pipeline}: "
@@ -624,15 +626,12 @@ def _check_partition(spec: RunSpec) -> list[str]:
 
 
 def _check_pipeline_layout(spec: RunSpec) -> list[str]:
-    """parallel.pipeline_layout as megatron-core's PipelineParallelLayerLayout accepts it, alone (TransformerConfig
-    refuses it beside the account-for keys) and matching parallel.virtual_stages."""
+    """parallel.pipeline_layout as megatron-core's PipelineParallelLayerLayout accepts it and matching
+    parallel.virtual_stages (the rule book refuses it beside the account-for keys)."""
     par, errors = spec.parallel, []
     if par.partition:
         errors.append("parallel.pipeline_layout: cannot be combined with parallel.partition (both place the layers); "
                       "keep one of them")
-    for key in _accounted(par):
-        errors.append(f"parallel.{key}: cannot be combined with parallel.pipeline_layout, which places the embedding "
-                      f"(E) and the loss (L) itself (megatron-core refuses both); drop it")
     if par.pipeline == 1:
         errors.append("parallel.pipeline_layout: needs parallel.pipeline > 1; drop it or raise parallel.pipeline")
     problems = sizes.layout_problems(par.pipeline_layout, spec.model.num_layers, par.pipeline)
@@ -656,8 +655,6 @@ def _check_account_for(spec: RunSpec) -> list[str]:
         errors.append(f"{first}: cannot be combined with parallel.partition, which labkit writes as a "
                       f"--pipeline-model-parallel-layout (megatron-core refuses the two together); drop one of them")
         return errors
-    if par.pipeline == 1:
-        return [f"{first}: only moves layers between pipeline stages; needs parallel.pipeline > 1, or drop it"]
     layers, p, v = spec.model.num_layers, par.pipeline, par.virtual_stages
     counted = layers + len(keys)
     what = " and ".join(_ACCOUNT_FOR[key] for key in keys)
@@ -879,7 +876,7 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
     else:
         errors += [f"job.extra_args: {e}; labkit's driver (python -m labkit.train) would refuse it"
                    for e in flag_errors(list(job.extra_args))]
-    if layout is not None and spec.optimizer.zero_backend == "deepspeed":
+    if layout is not None and sharding.of_spec(spec).implementation == sharding.DEEPSPEED:
         errors += deepspeed_job_errors(spec, layout)
     for where, value in (("name", spec.name), ("data.path", spec.data.path)):
         if value and "\x00" in value:
