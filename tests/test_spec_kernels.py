@@ -65,7 +65,8 @@ def test_context_parallel_needs_a_divisible_world_and_sequence_and_a_gpu():
                for e in errors_of({**h100(), "model": {"preset": "llama2-7b", "seq_length": 4088},
                                    "parallel": {"context": 8}}))
     on_cpu = {"model": {"preset": "tiny"}, "parallel": {"context": 2}, "batch": {"micro": 1, "global": 2}}
-    assert any(e.startswith("parallel.context:") and "CPU" in e for e in errors_of(on_cpu))
+    # on CPUs only labkit's driver runs, which does not split sequences (a GPU plan is judged as Megatron-LM runs it)
+    assert any(e.startswith("parallel.context: labkit's driver does not split sequences") for e in errors_of(on_cpu))
 
 
 def test_sequence_parallelism_on_cpu_is_refused_before_the_driver_would_refuse_it():

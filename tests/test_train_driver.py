@@ -330,7 +330,7 @@ def test_a_checkpoint_saved_with_overlapped_parameter_gather_resumes_exactly(run
                                            (["--attention-backend", "flash"], "--attention-backend")])
 def test_the_cpu_driver_refuses_what_needs_transformer_engine_naming_the_flag(flags, named):
     args = build_parser().parse_args([*MODEL, *MOCK, "--lr", "1e-3", "--train-iters", "2", *flags])
-    with pytest.raises(ArgumentError, match=f"^{named}: needs Transformer Engine on a GPU"):
+    with pytest.raises(ArgumentError, match=f"^{named}: needs Transformer Engine on GPUs"):
         finish(args, world_size=4, rank=0, cuda=False)
 
 

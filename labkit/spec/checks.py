@@ -74,7 +74,7 @@ SPEC_FIELDS = {"num_attention_heads": "model.num_attention_heads", "hidden_size"
                "use_torch_fsdp2": "optimizer.zero_stage", "use_megatron_fsdp": "optimizer.zero_stage",
                "deepspeed": "optimizer.zero_backend", "optimizer": "optimizer.name", "fp16": "precision",
                "bf16": "precision", "save": "train.save", "load": "train.load", "ckpt_format": "train.ckpt_format",
-               "tensorboard_dir": "train.tensorboard_dir", "transformer_impl": "kernels.attention_backend"}
+               "tensorboard_dir": "train.tensorboard_dir"}
 """The spec field that sets each Megatron argument (argparse dest) labkit.megatron.rules speaks of, where the spec
 renders no flag for it: a rule may name an argument the command line lacks ("needs --use-distributed-optimizer")."""
 
@@ -431,6 +431,7 @@ def _check_optimizer(spec: RunSpec) -> list[str]:
 
 
 ZERO_BACKENDS = sharding.BACKENDS
+"""optimizer.zero_backend values (labkit.megatron.sharding)."""
 
 
 def _check_zero(spec: RunSpec) -> list[str]:
