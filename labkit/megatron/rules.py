@@ -299,10 +299,23 @@ def _pipeline_problems(args, world_size: int, runtime: Runtime, name: Name) -> l
     return found
 
 
+def transformer_impl(args, runtime: Runtime) -> str:
+    """--transformer-impl as the driver builds it: as given, else transformer_engine where Transformer Engine runs (a
+    GPU and the package), else megatron-core's local layers."""
+    return args.transformer_impl or ("transformer_engine" if runtime.transformer_engine and runtime.cuda else "local")
+
+
+def tokenizer_type(args) -> str:
+    """--tokenizer-type as the driver reads it: as given, else GPT-2's BPE (a dataset, or mock tokens without
+    --vocab-size), else NullTokenizer (mock tokens of --vocab-size ids)."""
+    return args.tokenizer_type or ("GPT2BPETokenizer" if args.data_path or args.vocab_size is None
+                                   else "NullTokenizer")
+
+
 def _implementation_problems(args, world_size: int, runtime: Runtime, name: Name) -> list[Problem]:
     """What needs Transformer Engine, GPUs or labkit's driver's support."""
     te = runtime.transformer_engine and runtime.cuda
-    impl = args.transformer_impl or ("transformer_engine" if te else "local")
+    impl = transformer_impl(args, runtime)
     found = []
     if args.transformer_impl == "transformer_engine" and not te:
         found.append(Problem("transformer_impl", "transformer_engine: Transformer Engine needs a GPU and the "
@@ -445,8 +458,7 @@ def _schedule_problems(args, world_size: int, runtime: Runtime, name: Name) -> l
     if not args.mock_data and not args.data_path:
         found.append(Problem("data_path", "missing; give a prefix from `labkit data prepare`, or "
                              f"{name('mock_data')}"))
-    tokenizer = args.tokenizer_type or ("GPT2BPETokenizer" if args.data_path or args.vocab_size is None
-                                        else "NullTokenizer")
+    tokenizer = tokenizer_type(args)
     if tokenizer in ("HuggingFaceTokenizer", "SentencePieceTokenizer"):
         if args.tokenizer_model is None:
             found.append(Problem("tokenizer_model", f"needed with {name('tokenizer_type')} {tokenizer}"))

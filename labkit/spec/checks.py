@@ -121,7 +121,7 @@ def rule_errors(spec: RunSpec, layout: str | None = None) -> list[str]:
         flag = rules.FLAG_OF.get(argument, argument)
         if flag in written:  # the later value wins, and it is the user's
             return f"job.extra_args[{written[flag]}]"
-        return rendered.fields.get(flag) or SPEC_FIELDS.get(argument, flag)
+        return rendered.fields.get(flag) or _field(argument)
 
     return [f"{field(problem.argument)}: {problem.message}"
             for problem in rules.problems(args, spec.world_size, where, name=field)]

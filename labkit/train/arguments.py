@@ -64,7 +64,8 @@ def runtime(cuda: bool, args: argparse.Namespace) -> rules.Runtime:
 def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> argparse.Namespace:
     """Check the arguments against Megatron's rules (labkit.megatron.rules, the first problem raised as an
     ArgumentError naming its flag) and the files they name, then derive Megatron's derived arguments."""
-    problems = rules.problems(args, world_size, runtime(cuda, args))
+    machine = runtime(cuda, args)
+    problems = rules.problems(args, world_size, machine)
     if problems:
         raise ArgumentError(f"{rules.flag_name(problems[0].argument)}: {problems[0].message}")
     args.world_size, args.rank = world_size, rank
@@ -92,8 +93,7 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
     args.virtual_pipeline_model_parallel_size = rules.virtual_stages(args)
     if args.virtual_pipeline_model_parallel_size is None:
         args.overlap_p2p_comm = False  # only the interleaved schedule overlaps its sends and receives
-    if args.transformer_impl is None:
-        args.transformer_impl = "transformer_engine" if _te_importable() and cuda else "local"
+    args.transformer_impl = rules.transformer_impl(args, machine)
     if args.distributed_backend is None:
         args.distributed_backend = "nccl" if cuda else "gloo"
     # The driver's default stays the legacy format; torch_dist (Megatron-LM's default) goes through megatron-core's
@@ -111,11 +111,9 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
                 raise ArgumentError(f"--data-path: {prefix} has no {' or '.join(prefix + s for s in missing)}; "
                                     "create it with `labkit data prepare INPUT.jsonl --output-prefix P` and pass "
                                     "P_text_document")
-        args.tokenizer_type = args.tokenizer_type or "GPT2BPETokenizer"
     else:
         args.data_prefixes, args.data_weights = [], None
-        args.tokenizer_type = args.tokenizer_type or ("GPT2BPETokenizer" if args.vocab_size is None
-                                                      else "NullTokenizer")
+    args.tokenizer_type = rules.tokenizer_type(args)
     if args.tokenizer_type == "GPT2BPETokenizer":
         args.vocab_file = args.vocab_file or str(DEFAULT_VOCAB)
         args.merge_file = args.merge_file or str(DEFAULT_MERGES)
