@@ -58,7 +58,7 @@ def _lab07_bubble(answer):
 
 def _lab09_sequence_parallel(answer):
     from labkit.estimate.memory import activation_bytes_per_layer
-    from labkit.estimate.params import Shape
+    from labkit.estimate import Shape
     from labkit.spec import load_spec
 
     gpt3 = Shape.of(load_spec({"model": {"num_layers": 96, "hidden_size": 12288, "num_attention_heads": 96,

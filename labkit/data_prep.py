@@ -48,7 +48,7 @@ def prepare(input_path: str | Path, output_prefix: str | Path, vocab_file=DEFAUL
     import numpy
     from tqdm import tqdm
 
-    from labkit.train.tokenizer import build_tokenizer
+    from labkit.megatron.tokenizer import build_tokenizer
 
     input_path = Path(input_path)
     if not input_path.is_file():

@@ -18,8 +18,9 @@
 # # Lab 01: The baseline run: write the job, submit it, watch it, read its log
 #
 # **Objectives.** By the end of this lab you can
-# - describe a training run as a run spec and see the Slurm job script rendered from it (the NVIDIA DLI workshop *Model Parallelism*'s hand-written
-#   `sbatch` script, now generated: `srun` one task per node, each starting `torchrun` towards the first node);
+# - describe a training run as a run spec and see the Slurm job script rendered from it (the hand-written `sbatch`
+#   script of NVIDIA DLI's workshop *Model Parallelism*, now generated: `srun` one task per node, each starting
+#   `torchrun` towards the first node);
 # - submit it to a backend (the local one on a laptop, Slurm on a cluster: the same call) and follow it live;
 # - read Megatron's log into a table: iteration time, loss, throughput, memory.
 #

@@ -51,7 +51,7 @@ from labkit.logs.views import loss_figure
 from labkit.megatron_args import DEFAULT_MERGES, DEFAULT_VOCAB, megatron_args
 from labkit.paths import data_file
 from labkit.spec import load_spec
-from labkit.train.tokenizer import GPT2BPETokenizer, HuggingFaceTokenizer
+from labkit.megatron.tokenizer import GPT2BPETokenizer, HuggingFaceTokenizer
 
 corpus_path = Path(corpus) if corpus else data_file("corpus", "corpus.jsonl")
 output_prefix = Path(output_dir) / corpus_path.stem

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from labkit.estimate import estimate
-from labkit.estimate.flops import megatron_logged_flops, model_flops
+from labkit.megatron.flops import megatron_logged_flops, model_flops
 from labkit.estimate.memory import activation_bytes_per_layer
 from labkit.estimate.params import Shape
 from labkit.spec import load_spec
@@ -123,7 +123,7 @@ def test_attention_core_runs_at_its_head_dimension_share_and_flash_skips_the_mas
 
     from labkit import catalog
     from labkit.estimate import default_calibration
-    from labkit.estimate.flops import attention_core_forward_flops, layer_forward_flops
+    from labkit.megatron.flops import attention_core_forward_flops, layer_forward_flops
     from labkit.estimate.timing import stage_time
 
     cal = default_calibration()

@@ -4,7 +4,7 @@ measures them on the CPU)."""
 import pandas as pd
 import pytest
 
-from labkit.estimate.flops import layer_forward_flops, model_flops
+from labkit.megatron.flops import layer_forward_flops, model_flops
 from labkit.estimate.params import Shape
 from labkit.estimate.recompute import against_measured, recompute_cost, recompute_table
 from labkit.spec import load_spec

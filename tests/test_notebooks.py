@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+import backlinks
 from labkit.paths import course_dir, source_tree
 
 REPO_ROOT = source_tree()
 NOTEBOOK_DIR = course_dir("notebooks")
-
 
 
 def _nbval_runs(edition: Path) -> list:
@@ -31,6 +31,36 @@ def test_every_lab_has_a_paired_source_and_a_solution():
     for lab in labs:
         assert lab.with_suffix(".py").exists(), f"{lab.name}: no paired .py (jupytext --set-formats ipynb,py:percent)"
         assert (NOTEBOOK_DIR / "solutions" / lab.name).exists(), f"{lab.name}: no solutions/{lab.name}"
+
+
+def cells(path: Path) -> list[tuple[str, str, list]]:
+    """A notebook's cells as jupytext reads either form: type, source and tags (outputs are the .ipynb's alone)."""
+    import jupytext
+
+    return [(c.cell_type, c.source.strip(), c.metadata.get("tags", [])) for c in jupytext.read(path).cells]
+
+
+def _paired_sources() -> list[Path]:
+    return sorted(p for p in NOTEBOOK_DIR.rglob("*.py")
+                  if p.with_suffix(".ipynb").exists() and "runs" not in p.relative_to(NOTEBOOK_DIR).parts)
+
+
+@pytest.mark.parametrize("source", _paired_sources(), ids=lambda p: str(p.relative_to(NOTEBOOK_DIR)))
+def test_every_notebook_holds_the_cells_of_its_source(source: Path):
+    """What is run and shipped is the .ipynb, what is edited and reviewed is its jupytext .py: they hold the same
+    cells, so an edit to one is never lost from the other."""
+    assert cells(source.with_suffix(".ipynb")) == cells(source), \
+        f"{source.with_suffix('.ipynb').name} differs from {source.name}: `jupytext --sync {source.relative_to(REPO_ROOT)}`"
+
+
+def test_the_pairing_check_sees_an_edited_source(tmp_path):
+    import shutil
+
+    lab = NOTEBOOK_DIR / "01_baseline.py"
+    shutil.copy(lab.with_suffix(".ipynb"), tmp_path / lab.with_suffix(".ipynb").name)
+    edited = tmp_path / lab.name
+    edited.write_text(lab.read_text().replace("# # Lab 01", "# # Lab 1", 1))
+    assert cells(edited.with_suffix(".ipynb")) != cells(edited)
 
 
 KOREAN = NOTEBOOK_DIR / "ko"
@@ -100,28 +130,24 @@ def test_notebook_runs_under_nbval(notebooks: list[Path], tmp_path):
 def test_every_taught_in_link_names_exactly_the_labs_that_call_it():
     """A docstring's "Taught in lab NN" back-link is checked against the labs' sources, as d2l generates its: a link
     to a lab that never calls the function fails, and so does a labkit function a lab calls with no link."""
-    from labkit import lab
-
-    called, linked = lab.taught_in(NOTEBOOK_DIR), lab.taught_links()
+    called, linked = backlinks.taught_in(NOTEBOOK_DIR), backlinks.taught_links()
     assert len(called) > 50 and called["labkit.logs.views.timer_breakdown_figure"] == {"07"}
     wrong = {home: f"says {sorted(linked.get(home, ()))}, called by {sorted(called.get(home, ()))}: "
-                   f"write {lab.taught_phrase(called[home]) if home in called else 'no link'!r}"
+                   f"write {backlinks.taught_phrase(called[home]) if home in called else 'no link'!r}"
              for home in set(called) | set(linked) if called.get(home, set()) != linked.get(home, set())}
     assert not wrong, wrong
 
 
 def test_the_link_check_reads_calls_through_names_and_modules(tmp_path):
-    from labkit import lab
-
     source = ("from labkit.paths import example as ex\nfrom labkit.profiling import views\nimport labkit.catalog\n"
               "ex('tiny-cpu.yaml')\nviews.memory_figure({})\nlabkit.catalog.gpus\nfrom labkit.spec import load_spec\n")
-    assert lab.labkit_calls(source) == {"labkit.paths.example", "labkit.profiling.views.memory_figure"}
+    assert backlinks.labkit_calls(source) == {"labkit.paths.example", "labkit.profiling.views.memory_figure"}
     # a re-export is followed to where the function is defined
-    assert lab.labkit_calls("from labkit.estimate import estimate\nestimate(spec)") == {
+    assert backlinks.labkit_calls("from labkit.estimate import estimate\nestimate(spec)") == {
         "labkit.estimate.estimator.estimate"}
     (tmp_path / "03_x.py").write_text(source)
-    assert lab.taught_in(tmp_path) == {"labkit.paths.example": {"03"},
+    assert backlinks.taught_in(tmp_path) == {"labkit.paths.example": {"03"},
                                        "labkit.profiling.views.memory_figure": {"03"}}
-    assert lab.taught_phrase({"07"}) == "Taught in lab 07."
-    assert lab.taught_phrase({"04", "01", "02"}) == "Taught in labs 01, 02 and 04."
-    assert lab.TAUGHT.search(lab.taught_phrase({"04", "01", "02"})).group(1) == "01, 02 and 04"
+    assert backlinks.taught_phrase({"07"}) == "Taught in lab 07."
+    assert backlinks.taught_phrase({"04", "01", "02"}) == "Taught in labs 01, 02 and 04."
+    assert backlinks.TAUGHT.search(backlinks.taught_phrase({"04", "01", "02"})).group(1) == "01, 02 and 04"

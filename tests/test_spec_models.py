@@ -12,7 +12,7 @@ from labkit.estimate import (Shape, estimate, memory_per_stage, model_flops, par
 from labkit.estimate.memory import GIB, activation_bytes_per_layer
 from labkit.paths import data_file
 from labkit.spec import ModelSpec, RunSpec, SpecError, load_spec
-from labkit.train.tokenizer import GPT2BPETokenizer, HuggingFaceTokenizer
+from labkit.megatron.tokenizer import GPT2BPETokenizer, HuggingFaceTokenizer
 
 # Published exact parameter counts (the model cards' safetensors totals).
 PUBLISHED = {

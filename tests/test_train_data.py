@@ -9,7 +9,7 @@ import pytest
 
 from labkit.cli import main as labkit
 from labkit.megatron_args import DEFAULT_MERGES, DEFAULT_VOCAB
-from labkit.train.tokenizer import EOD_TOKEN, GPT2BPETokenizer
+from labkit.megatron.tokenizer import EOD_TOKEN, GPT2BPETokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "labkit" / "data" / "corpus"

@@ -18,7 +18,7 @@ from labkit.estimate.params import rank_params
 from labkit.megatron_args import megatron_args
 from labkit.spec import SpecError, load_spec
 from labkit.train.arguments import finish, build_parser
-from labkit.train.tokenizer import HuggingFaceTokenizer, SentencePieceTokenizer
+from labkit.megatron.tokenizer import HuggingFaceTokenizer, SentencePieceTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "labkit" / "data" / "corpus" / "corpus.jsonl"

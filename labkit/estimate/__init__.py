@@ -42,13 +42,14 @@ Pieces to call in a hot loop without building a RunSpec (all times in seconds, l
 """
 from labkit.estimate.calibration import Calibration, Stack, default_calibration
 from labkit.estimate.estimator import MEMORY_MARGIN, Estimate, estimate
-from labkit.estimate.flops import (achieved_tflops, flops_72, flops_96, hardware_flops, megatron_logged_flops,
-                                   model_flops, training_days, utilization)
+from labkit.estimate.flops import achieved_tflops, flops_72, flops_96, hardware_flops, training_days, utilization
 from labkit.estimate.memory import ModelState, StageMemory, bytes_per_param, memory_per_stage, model_state_bytes
-from labkit.estimate.params import (Shape, gpt_params, layer_params, params_with_padding, rank_params, stage_params,
+from labkit.estimate.params import (gpt_params, layer_params, params_with_padding, rank_params, stage_params,
                                     total_params)
 from labkit.estimate.profiles import (MicroBatchTimes, Profile, ProfileError, available_profiles, find_profile,
                                       load_profile, save_profile)
+from labkit.megatron.flops import megatron_logged_flops, model_flops
+from labkit.megatron.shape import Shape
 from labkit.estimate.timing import (Event, Pipeline, PipelineTime, StageTime, allreduce_time, bubble_fraction,
                                     optimizer_step_time, p2p_time, pipeline_lower_bound, pipeline_time, schedule_1f1b,
                                     stage_time)

@@ -1,6 +1,7 @@
 """`estimate(spec)`: everything labkit predicts about a run before it is submitted, with the breakdown behind it."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 
@@ -8,12 +9,14 @@ from labkit import catalog
 from labkit.estimate import flops as F
 from labkit.estimate.calibration import Calibration, resolve
 from labkit.estimate.memory import GIB, memory_per_stage
-from labkit.estimate.params import Shape, params_with_padding, stage_params, total_params
+from labkit.estimate.params import params_with_padding, stage_params, total_params
 from labkit.estimate.profiles import Profile, find_profile
 from labkit.estimate.timing import (ACTIVATION_BYTES, GRAD_REDUCE_BYTES, Pipeline, allreduce_time, combined,
                                     data_parallel_time, optimizer_step_time, p2p_time, stage_time)
 from labkit.estimate.topology import Topology
 from labkit.megatron import sharding
+from labkit.megatron.flops import megatron_logged_flops, model_flops
+from labkit.megatron.shape import Shape
 from labkit.spec import load_spec
 
 # Memory the estimate does not itemise (CUDA context, NCCL buffers, allocator fragmentation) is kept as this fraction
@@ -254,10 +257,12 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     # FLOPs and utilisation.
     num_gpus = t * c * p * d
     executed = F.hardware_flops(shape, b.global_, recompute)
-    model = F.model_flops(shape, b.global_)
+    model = model_flops(shape, b.global_)
     peak_total = sum(catalog.gpu(topo.slots[r].gpu).peak(precision) for r in range(num_gpus))
     tflops = F.achieved_tflops(executed, iteration, num_gpus)
-    logged = F.achieved_tflops(F.megatron_logged_flops(shape, b.global_), iteration, num_gpus)
+    # Megatron-LM counts the logits over its padded vocabulary
+    padded = dataclasses.replace(shape, vocab=shape.padded_vocab(t))
+    logged = F.achieved_tflops(megatron_logged_flops(padded, b.global_), iteration, num_gpus)
 
     # Memory.
     mem = memory_per_stage(shape, partition, tensor=t, data_parallel=d, micro_batch=b.micro, num_micro_batches=m,

@@ -37,7 +37,8 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from labkit.estimate.params import Shape, stage_params
+from labkit.estimate.params import stage_params
+from labkit.megatron.shape import Shape
 from labkit.megatron import sharding
 
 # numpy loads with the first buffer laid out, not with this module: the command line imports it (through

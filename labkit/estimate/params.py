@@ -9,81 +9,8 @@ Llama counts its published number. `params_with_padding` and `rank_params` count
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from labkit.megatron import sizes
-from labkit.spec import ModelSpec, RunSpec
-
-
-@dataclass(frozen=True)
-class Shape:
-    """The model sizes every estimator needs, under the formulas' short names: a flat, hashable view of a ModelSpec,
-    with the sizes Megatron derives from it (`groups`, `ffn_size`, `padded_vocab`: labkit.megatron.sizes)."""
-    num_layers: int
-    """Transformer layers l (ModelSpec.num_layers)."""
-    hidden: int
-    """Hidden size h (ModelSpec.hidden_size)."""
-    heads: int
-    """Attention heads (ModelSpec.num_attention_heads)."""
-    seq_length: int
-    """Sequence length s (ModelSpec.seq_length)."""
-    vocab: int
-    """Vocabulary size V (ModelSpec.vocab_size)."""
-    query_groups: int | None = None
-    """Key/value groups as written (ModelSpec.num_query_groups); None: one per head."""
-    ffn: int | None = None
-    """MLP hidden size as written (ModelSpec.ffn_hidden_size); None: Megatron-LM's default (4h, or about 8h/3 with
-    SwiGLU)."""
-    swiglu: bool = False
-    """SwiGLU MLP (ModelSpec.swiglu)."""
-    tied: bool = True
-    """Output layer shares the word embedding (not ModelSpec.untie_embeddings)."""
-    norm: str = "LayerNorm"
-    """LayerNorm (weight and bias) or RMSNorm (weight only) (ModelSpec.normalization)."""
-    positions: str = "learned_absolute"
-    """Position encoding (ModelSpec.position_embedding_type); only learned_absolute is a table of weights."""
-    bias: bool = True
-    """Biases in the linear layers (ModelSpec.add_bias_linear)."""
-    vocab_multiple: int = 128
-    """Megatron pads the vocabulary to a multiple of this times the tensor size
-    (ModelSpec.make_vocab_size_divisible_by)."""
-    hidden_dropout: float = 0.1
-    """Dropout after attention and MLP (ModelSpec.hidden_dropout); at 0 no mask is kept."""
-    attention_dropout: float = 0.1
-    """Dropout of the attention probabilities (ModelSpec.attention_dropout); at 0 no mask is kept."""
-
-    @property
-    def groups(self) -> int:
-        """Key/value groups in effect."""
-        return sizes.query_groups(self.heads, self.query_groups)
-
-    @property
-    def ffn_size(self) -> int:
-        """MLP hidden size in effect."""
-        return sizes.ffn_hidden_size(self.hidden, self.swiglu, self.ffn)
-
-    def padded_vocab(self, tensor: int = 1) -> int:
-        """Megatron's padded vocabulary: the next multiple of vocab_multiple x tensor."""
-        return sizes.padded_vocab_size(self.vocab, self.vocab_multiple, tensor)
-
-    @property
-    def norm_params(self) -> int:
-        """One normalization layer: RMSNorm has a weight, LayerNorm a weight and a bias."""
-        return self.hidden if self.norm == "RMSNorm" else 2 * self.hidden
-
-    @classmethod
-    def of(cls, model: ModelSpec) -> "Shape":
-        """From a ModelSpec (or anything with the same attribute names); what it leaves unset takes the defaults."""
-        optional = {"norm": getattr(model, "normalization", None),
-                    "positions": getattr(model, "position_embedding_type", None),
-                    "bias": getattr(model, "add_bias_linear", None),
-                    "vocab_multiple": getattr(model, "make_vocab_size_divisible_by", None),
-                    "hidden_dropout": getattr(model, "hidden_dropout", None),
-                    "attention_dropout": getattr(model, "attention_dropout", None)}
-        return cls(num_layers=model.num_layers, hidden=model.hidden_size, heads=model.num_attention_heads,
-                   seq_length=model.seq_length, vocab=model.vocab_size, query_groups=model.num_query_groups,
-                   ffn=model.ffn_hidden_size, swiglu=bool(model.swiglu), tied=not model.untie_embeddings,
-                   **{k: v for k, v in optional.items() if v is not None})
+from labkit.megatron.shape import Shape
+from labkit.spec import RunSpec
 
 
 def gpt_params(l: int, h: int, s: int, V: int) -> int:

@@ -17,9 +17,9 @@ from typing import Mapping
 import pandas as pd
 
 from labkit.estimate.estimator import flash_attention
-from labkit.estimate.flops import attention_core_forward_flops, layer_forward_flops, model_flops
+from labkit.megatron.flops import attention_core_forward_flops, layer_forward_flops, model_flops
 from labkit.estimate.memory import GIB, activation_bytes_per_layer, memory_per_stage
-from labkit.estimate.params import Shape
+from labkit.megatron.shape import Shape
 from labkit.spec import RunSpec
 
 MIB = 2 ** 20

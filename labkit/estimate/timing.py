@@ -45,9 +45,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from labkit.estimate.calibration import Calibration, Stack, resolve
-from labkit.estimate.flops import attention_core_forward_flops, layer_forward_flops, logits_forward_flops
+from labkit.megatron.flops import attention_core_forward_flops, layer_forward_flops, logits_forward_flops
 from labkit.estimate.memory import activation_bytes_per_layer
-from labkit.estimate.params import Shape
+from labkit.megatron.shape import Shape
 from labkit.estimate.profiles import Profile
 
 ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}

@@ -5,7 +5,7 @@ evaluation or a checkpoint save inside an interval are not steady either. `stead
 iterations it left out, so a reader can check the choice.
 
 TFLOP/s per GPU are the log's own when it prints them; otherwise they are computed with the estimator's model-FLOPs
-formula (labkit.estimate.flops.model_flops) from the model shape in the log's arguments block or from a RunSpec. No log
+formula (labkit.megatron.flops.model_flops) from the model shape in the log's arguments block or from a RunSpec. No log
 prints MFU: it is TFLOP/s per GPU over the GPU's peak from the catalog (labkit.catalog).
 """
 from __future__ import annotations
@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from labkit import catalog
-from labkit.estimate.flops import model_flops
-from labkit.estimate.params import Shape
+from labkit.megatron.flops import model_flops
+from labkit.megatron.shape import Shape
 
 # A leading interval this much slower than the median of the rest still belongs to the warm-up.
 WARMUP_FACTOR = 1.10

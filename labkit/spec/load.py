@@ -21,7 +21,7 @@ from labkit.spec import yaml12
 from labkit.spec.checks import SpecError, quote
 from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB
 from labkit.megatron_args import huggingface_tokenizer_file
-from labkit.train.tokenizer import tokenizer_vocab_size
+from labkit.megatron.tokenizer import tokenizer_vocab_size
 
 DEFAULT_PRESET = "tiny"
 """The model of a spec that names none."""

@@ -7,7 +7,7 @@ from megatron.core import parallel_state
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 
-from labkit.train.tokenizer import build_tokenizer as tokenizer_from_files
+from labkit.megatron.tokenizer import build_tokenizer as tokenizer_from_files
 
 
 def build_tokenizer(args):

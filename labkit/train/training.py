@@ -21,8 +21,8 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.timers import Timers
 
-from labkit.estimate.flops import megatron_logged_flops
-from labkit.estimate.params import Shape
+from labkit.megatron.flops import megatron_logged_flops
+from labkit.megatron.shape import Shape
 from labkit.megatron.sizes import padded_vocab_size
 from labkit.train import checkpoint, data, megatron_log
 from labkit.train.exit_signal import ExitSignal

@@ -1,0 +1,52 @@
+"""The FLOPs of one training iteration of Megatron's GPT, counted as Megatron-LM counts them: matrix multiplications
+only (2 FLOPs per multiply-add), backward = 2 x forward (SC21: arXiv:2104.04473; Korthikanti et al.: arXiv:2205.05198).
+
+`model_flops` is the general form (GQA, SwiGLU, any MLP width), Megatron-LM's logged formula of 2024 (commit
+e116d81ed7); `megatron_logged_flops` gives each version Megatron-LM has printed as `throughput per GPU (TFLOP/s/GPU)`,
+which the driver logs too. The estimator adds recompute and utilisation on top (labkit.estimate.flops).
+"""
+from __future__ import annotations
+
+from labkit.megatron.shape import Shape
+
+
+def layer_forward_flops(shape: Shape, tokens: float) -> float:
+    """Forward FLOPs of one transformer layer over `tokens` = micro_batch x seq_length tokens (non-causal attention)."""
+    h, f, s = shape.hidden, shape.ffn_size, shape.seq_length
+    qkv = h * (h + 2 * h * shape.groups / shape.heads)
+    mlp = h * f * (3 if shape.swiglu else 2)
+    attention = 2 * s * h  # QK^T and attention x V, per token
+    return 2 * tokens * (qkv + h * h + mlp + attention)
+
+
+def logits_forward_flops(shape: Shape, tokens: float) -> float:
+    return 2 * tokens * shape.hidden * shape.vocab
+
+
+def attention_core_forward_flops(shape: Shape, tokens: float) -> float:
+    """The part selective recompute runs again: QK^T and attention x V."""
+    return 2 * tokens * 2 * shape.seq_length * shape.hidden
+
+
+def model_flops(shape: Shape, global_batch: int) -> float:
+    """Model FLOPs of one iteration (no recompute): the MFU numerator."""
+    tokens = global_batch * shape.seq_length
+    return 3 * (shape.num_layers * layer_forward_flops(shape, tokens) + logits_forward_flops(shape, tokens))
+
+
+def megatron_logged_flops(shape: Shape, global_batch: int, version: str = "2025") -> float:
+    """What Megatron-LM's `throughput per GPU` numerator was at a given time.
+
+    2023: 60 B s l h^2 (1 + g/(5a) + s/(5h) + V/(10 l h)) (commit 2748e7c7d4, MHA-only MLP of 4h);
+    2024: the general model FLOPs (commit e116d81ed7, non-causal attention);
+    2025: as 2024 but the causal mask halves the attention-score FLOPs (commit 8873b55d6a), so long sequences log less.
+    """
+    B, s, l, h, V = global_batch, shape.seq_length, shape.num_layers, shape.hidden, shape.vocab
+    if version == "2023":
+        g, a = shape.groups, shape.heads
+        return 60 * B * s * l * h * h * (1 + g / (5 * a) + s / (5 * h) + V / (10 * l * h))
+    if version == "2024":
+        return model_flops(shape, global_batch)
+    if version == "2025":
+        return model_flops(shape, global_batch) - 3 * l * attention_core_forward_flops(shape, B * s) / 2
+    raise ValueError(f"version: {version!r} is not one of 2023, 2024, 2025")
