@@ -49,7 +49,7 @@ def print_spec_errors(where, exc, as_json: bool = False) -> int:
 
 def _validate(args) -> int:
     from labkit.spec import SpecError, load_spec, resolved_summary
-    from labkit.spec.checks import path_notes
+    from labkit.spec.files import path_notes
 
     try:
         spec = load_spec(args.spec)

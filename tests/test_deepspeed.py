@@ -18,7 +18,7 @@ from labkit.jobs.render import render
 from labkit.megatron.flags import FLAG, ArgumentError, build_parser
 from labkit.megatron_args import megatron_args
 from labkit.spec import SpecError, load_spec
-from labkit.spec.checks import check_job
+from labkit.jobs.submission import submission_errors
 from labkit.train.arguments import finish
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,7 +126,7 @@ def test_what_the_engine_cannot_run_is_refused_naming_the_field(changes, message
     """On GPUs a plan is judged as Megatron-LM runs it (DeepSpeed's limits on labkit's driver show at submission); on
     CPUs, where only labkit's driver runs, when the spec is read."""
     try:
-        errors = check_job(deepspeed_spec(2, **changes), layout="local")
+        errors = submission_errors(deepspeed_spec(2, **changes), "local")
     except SpecError as refused:
         errors = refused.errors
     assert any(e.startswith(message) for e in errors), errors
@@ -134,8 +134,8 @@ def test_what_the_engine_cannot_run_is_refused_naming_the_field(changes, message
 
 def test_labkits_driver_runs_every_stage_and_k8s_is_refused():
     for stage in range(4):
-        assert check_job(deepspeed_spec(stage), layout="local") == []
-    assert any("k8s backend" in e for e in check_job(deepspeed_spec(1), layout="k8s"))
+        assert submission_errors(deepspeed_spec(stage), "local") == []
+    assert any("k8s backend" in e for e in submission_errors(deepspeed_spec(1), "k8s"))
 
 
 def driver_args(tmp_path, stage=2, *extra, config_changes=None):

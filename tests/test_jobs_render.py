@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from labkit import catalog
-from labkit.jobs.render import check_job, gres_type, node_groups, render, render_array, time_limit_seconds
+from labkit.jobs.render import gres_type, node_groups, render, render_array, time_limit_seconds
+from labkit.jobs.submission import submission_errors
+from labkit.spec import check_job
 from labkit.megatron_args import megatron_args
 from labkit.spec import ContainerSpec, SpecError, load_spec, with_changes
 
@@ -329,8 +331,8 @@ def test_requeue_without_what_it_needs_names_the_field(changes, named):
 
 def test_a_pair_cannot_be_requeued():
     spec = requeue_spec()
-    assert any(e.startswith("job.requeue:") and "pair" in e for e in check_job(spec, "pair"))
-    assert not check_job(spec, "hetjob")
+    assert any(e.startswith("job.requeue:") and "pair" in e for e in submission_errors(spec, "pair"))
+    assert not submission_errors(spec, "hetjob")
 
 
 def test_cpus_per_task_defaults_to_the_nodes_cpus_per_group_and_the_job_setting_wins():

@@ -12,7 +12,8 @@ from labkit.deepspeed_config import ds_config_text, uses_deepspeed
 from labkit.megatron import rules, sharding
 from labkit.megatron.flags import ArgumentError, build_parser
 from labkit.megatron_args import megatron_args
-from labkit.spec import SpecError, check_job, load_spec
+from labkit.jobs.submission import submission_errors
+from labkit.spec import SpecError, load_spec
 from labkit.train.arguments import finish
 
 SPECS = 400
@@ -52,7 +53,7 @@ def verdicts(data: dict, tmp_path) -> tuple[list[str], str | None]:
     that render no command line)."""
     try:
         spec = load_spec(data)
-        refused = check_job(spec, "local")
+        refused = submission_errors(spec, "local")
     except SpecError as error:
         refused, spec = error.errors, _unchecked(data)
         if spec is None:
@@ -73,7 +74,7 @@ def verdicts(data: dict, tmp_path) -> tuple[list[str], str | None]:
 def spec_verdict(data: dict) -> list[str]:
     """What `labkit validate` and then `labkit run --backend local` refuse; [] when the job would be submitted."""
     try:
-        return check_job(load_spec(data), "local")
+        return submission_errors(load_spec(data), "local")
     except SpecError as refused:
         return refused.errors
 
@@ -146,7 +147,7 @@ def test_a_plan_on_gpus_is_judged_as_megatron_lm_runs_it_and_a_job_as_the_driver
                       "kernels": {"tp_comm_overlap": True}, "batch": {"micro": 1, "global": 4},
                       "job": {"exclusive": True},
                       "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 1, "gpus_per_node": 8}]}})
-    assert [e for e in check_job(spec, "multinode") if e.startswith("kernels.tp_comm_overlap:")] == \
+    assert [e for e in submission_errors(spec, "multinode") if e.startswith("kernels.tp_comm_overlap:")] == \
         [f"kernels.tp_comm_overlap: {p.message}" for p in rules.problems(
             build_parser().parse_args(megatron_args(spec)), 8, rules.Runtime(driver=True, cuda=True,
                                                                             transformer_engine=True))]

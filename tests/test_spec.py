@@ -250,30 +250,31 @@ def test_an_unknown_preset_is_one_error_not_five_missing_fields():
 # --- what a cluster admin would flag: the CPUs of a node's task, a container image that is not there ---------------
 def test_a_slurm_node_group_of_several_processes_must_say_its_cpus_naming_the_field():
     from labkit.jobs.render import render
+    from labkit.jobs.submission import submission_errors
     from labkit.spec import check_job
 
     data = changed(hetero(), "job", {})  # FASOP's nodes: 4 processes each, no cpus_per_node
     spec = load_spec(data)
-    errors = check_job(spec, "hetjob")
+    errors = submission_errors(spec, "hetjob")
     assert [e.split(":")[0] for e in errors] == ["cluster.nodes[0].cpus_per_node", "cluster.nodes[1].cpus_per_node"]
     assert "4 training processes a single CPU" in errors[0] and "job.exclusive: true" in errors[0]
     with pytest.raises(SpecError, match=r"cluster.nodes\[1\].cpus_per_node"):
         render(spec, "/runs/RUN/logs", layout="hetjob")
-    assert check_job(spec) == [] and check_job(spec, "local") == []  # validate and a laptop run need no Slurm CPUs
+    assert check_job(spec) == [] and submission_errors(spec, "local") == []  # validate and a laptop run need no Slurm CPUs
     known = load_spec(changed(data, "cluster.nodes.1.cpus_per_node", 96))
-    assert [e.split(":")[0] for e in check_job(known, "hetjob")] == ["cluster.nodes[0].cpus_per_node"]
+    assert [e.split(":")[0] for e in submission_errors(known, "hetjob")] == ["cluster.nodes[0].cpus_per_node"]
     for job in ({"cpus_per_task": 8}, {"exclusive": True}):
         fixed = load_spec(changed(data, "job", job))
-        assert check_job(fixed, "hetjob") == [] and check_job(fixed, "pair") == []
+        assert submission_errors(fixed, "hetjob") == [] and submission_errors(fixed, "pair") == []
     script = render(load_spec(hetero()), "/runs/RUN/logs", layout="hetjob").scripts["job.sbatch"]
     assert script.count("#SBATCH --exclusive") == 2 and "--cpus-per-task" not in script  # every CPU of each node
     one_each = load_spec(changed(data, "cluster.nodes", [{"gpu": "A10", "count": 2, "gpus_per_node": 1}]) |
                          {"parallel": {"tensor": 1, "pipeline": 1}, "batch": {"micro": 1, "global": 2}})
-    assert check_job(one_each, "multinode") == []  # one process per task: Slurm's one CPU is its own
+    assert submission_errors(one_each, "multinode") == []  # one process per task: Slurm's one CPU is its own
 
 
 def test_a_container_image_file_must_exist_here_unless_it_lives_on_the_cluster_only(tmp_path):
-    from labkit.spec.checks import path_notes
+    from labkit.spec.files import path_notes
 
     base = {"model": {"preset": "tiny"}, "batch": {"micro": 2, "global": 8}}
     missing = str(tmp_path / "images" / "megatron.sqsh")

@@ -16,7 +16,8 @@ from labkit import catalog, cli
 from labkit.logs import parse_log
 from labkit.megatron.flags import flag_errors
 from labkit.megatron_args import megatron_args, spec_flags
-from labkit.spec import SpecError, check_job, load_spec
+from labkit.jobs.submission import submission_errors
+from labkit.spec import SpecError, load_spec
 from labkit.train.arguments import parse_args
 
 FIXTURE_LOG = Path(__file__).parent / "fixtures" / "logs" / "03-mlm2025-gpt2-fp16-autodl.log"
@@ -66,9 +67,9 @@ def test_wandb_missing_here_names_the_field_and_the_pip_command(monkeypatch, cap
     spec = _spec(wandb={"project": "p"})
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
-    assert "train.wandb needs wandb, which the base install leaves out: pip install 'labkit[tracking]'" in check_job(
+    assert "train.wandb needs wandb, which the base install leaves out: pip install 'labkit[tracking]'" in submission_errors(
         spec, "local")
-    assert not any("wandb" in e for e in check_job(spec, "multinode"))  # the cluster's environment is its own
+    assert not any("wandb" in e for e in submission_errors(spec, "multinode"))  # the cluster's environment is its own
     with pytest.raises(SystemExit):
         parse_args(megatron_args(spec), world_size=1, rank=0, cuda=False)
     assert "--wandb-project needs wandb, which the base install leaves out: pip install 'labkit[tracking]'" in \

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from labkit.spec import load_spec
+from labkit.jobs.submission import submission_errors
 from labkit.spec.checks import check_job
 from labkit.megatron_args import megatron_args
 from labkit.train import arguments, model, training
@@ -82,10 +83,10 @@ def test_a_spec_for_the_driver_with_context_parallelism_is_refused_before_submis
     spec = load_spec({"model": {"preset": "tiny"}, "parallel": {"context": 2}, "precision": "bf16",
                       "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 1, "gpus_per_node": 2}]}})
     assert any(e.startswith("parallel.context: labkit's driver") and "Megatron-LM's pretrain_gpt.py" in e
-               for e in check_job(spec, "local"))
+               for e in submission_errors(spec, "local"))
     assert not any(e.startswith("parallel.context") for e in check_job(spec))  # a valid plan, estimated as is
     megatron = spec.replace(**{"job.entrypoint": "megatron-lm", "job.megatron_lm": "/opt/Megatron-LM"})
-    assert not any(e.startswith("parallel.context") for e in check_job(megatron, "local"))
+    assert not any(e.startswith("parallel.context") for e in submission_errors(megatron, "local"))
 
 
 def test_fp8_and_the_attention_backend_reach_megatron_core_with_transformer_engine(gpu_config, monkeypatch):

@@ -18,6 +18,7 @@ from labkit.plan.explain import sharding_bought
 from labkit.plan.inputs import SEARCHED, Constraints
 from labkit.plan.search import search
 from labkit.spec import SpecError, load_spec
+from labkit.jobs.submission import submission_errors
 from labkit.spec.checks import check_job
 from labkit.train.arguments import finish
 
@@ -133,15 +134,15 @@ def test_at_submission_a_stage_the_entrypoint_cannot_run_is_refused():
                       "job": {"exclusive": True}})  # tiny: tied embeddings
     assert check_job(fsdp) == []  # a valid plan on GPUs: estimated as Megatron-LM runs it (Megatron-FSDP)
     assert any(e.startswith("model.untie_embeddings: ZeRO stage 2 runs as PyTorch FSDP2 (optimizer.zero_stage), which "
-                            "needs untied embeddings") for e in check_job(fsdp, layout="multinode"))
-    untied = check_job(fsdp.replace(**{"model.untie_embeddings": True}), layout="multinode")
+                            "needs untied embeddings") for e in submission_errors(fsdp, "multinode"))
+    untied = submission_errors(fsdp.replace(**{"model.untie_embeddings": True}), "multinode")
     assert not [e for e in untied if "zero_stage" in e]
     # DeepSpeed's engine runs on labkit's driver (tests/test_deepspeed.py), not under Megatron-LM's pretrain_gpt.py
     deepspeed = fsdp.replace(**{"optimizer.zero_backend": "deepspeed"})
-    assert not [e for e in check_job(deepspeed, layout="multinode") if "zero_backend" in e]
+    assert not [e for e in submission_errors(deepspeed, "multinode") if "zero_backend" in e]
     on_megatron_lm = deepspeed.replace(**{"job.entrypoint": "megatron-lm", "job.megatron_lm": "/opt/Megatron-LM"})
     assert any(e.startswith("optimizer.zero_backend: deepspeed (zero_stage 2) needs DeepSpeed's engine, which "
-                            "Megatron-LM's pretrain_gpt.py does not start") for e in check_job(on_megatron_lm, "multinode"))
+                            "Megatron-LM's pretrain_gpt.py does not start") for e in submission_errors(on_megatron_lm, "multinode"))
 
 
 def test_the_driver_refuses_megatron_fsdp_naming_the_stage():
@@ -269,6 +270,6 @@ def test_the_planner_offers_stages_2_and_3_only_where_the_entrypoint_runs_them()
 def test_the_driver_refusal_names_the_one_setting_that_stops_fsdp2():
     spec = load_spec({**LLAMA2_7B_ON_8_A100, "model": {"preset": "llama2-7b", "untie_embeddings": False},
                       "optimizer": {"zero_stage": 3}})
-    errors = [e for e in check_job(spec, "multinode") if "FSDP2" in e]
+    errors = [e for e in submission_errors(spec, "multinode") if "FSDP2" in e]
     assert len(errors) == 1 and errors[0].startswith("model.untie_embeddings: ")
     assert "untied embeddings" in errors[0] and "fp16" not in errors[0] and "Megatron-LM's pretrain_gpt.py" in errors[0]

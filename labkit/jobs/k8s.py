@@ -38,7 +38,9 @@ from labkit.jobs.watcher import SCHEDULER_BACKOFF
 from labkit.megatron_args import megatron_args
 from labkit.paths import runs_dir
 from labkit.spec import RunSpec, SpecError, load_spec
-from labkit.spec.checks import check_job, container_image_file, input_paths, time_limit_seconds
+from labkit.jobs.submission import submission_errors
+from labkit.spec.checks import time_limit_seconds
+from labkit.spec.files import container_image_file, input_paths
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -103,7 +105,7 @@ def k8s_errors(spec: RunSpec) -> list[str]:
     """What keeps the spec from running as a PyTorchJob, each naming its field and the fix; [] when it can."""
     # No scheduler task's CPUs are asked for (a pod may use its node's CPUs), and the container, not this machine,
     # must hold what the run imports.
-    errors = check_job(spec, "k8s")
+    errors = submission_errors(spec, "k8s")
     groups = spec.cluster_or_default().nodes
     if len(groups) > 1:
         kinds = ", ".join(f"{g.count} x {g.gpu}" for g in groups)

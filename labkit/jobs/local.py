@@ -19,7 +19,8 @@ from pathlib import Path
 
 from labkit.extras import require
 from labkit.jobs.job import Job
-from labkit.jobs.render import check_job, render
+from labkit.jobs.render import render
+from labkit.jobs.submission import submission_errors
 from labkit.jobs.record import RecordError, RunRecord
 from labkit.paths import runs_dir
 from labkit.jobs.state import State, Status
@@ -44,7 +45,7 @@ class LocalBackend:
         for job in [after] if isinstance(after, Job) else list(after or []):
             if job.wait(progress=False) != State.COMPLETED:
                 raise RuntimeError(f"not started: it depends on {job!r}, which ended {job.state}")
-        errors = check_job(spec, "local")
+        errors = submission_errors(spec, "local")
         if errors:
             raise SpecError(errors)
         # This host runs every node: a port that is free here, rather than a fixed one two local runs would share.

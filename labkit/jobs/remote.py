@@ -23,7 +23,8 @@ from pathlib import Path
 
 from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB
 from labkit.spec import RunSpec
-from labkit.spec.checks import container_image_file, login_errors
+from labkit.spec.checks import login_errors
+from labkit.spec.files import container_image_file
 
 REMOTE_DIR = "labkit-runs"
 """Where run directories go on the login node when cluster.remote_dir is not given (under the user's home)."""

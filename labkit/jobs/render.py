@@ -21,11 +21,14 @@ from pathlib import Path
 import jinja2
 
 from labkit import catalog, deepspeed_config
+from labkit.jobs.submission import submission_errors
 from labkit.logs import job_info as info
 from labkit.megatron import sharding
 from labkit.megatron_args import megatron_args
 from labkit.spec import RunSpec, SpecError
-from labkit.spec.checks import CONTROL_CHARS, check_job, job_start_checks, time_limit_seconds
+from labkit.spec.checks import time_limit_seconds
+from labkit.spec.errors import CONTROL_CHARS
+from labkit.spec.files import job_start_checks
 
 
 @dataclass(frozen=True)
@@ -206,7 +209,7 @@ def render_array(specs: list[RunSpec], log_dirs: list[Path | str], *, layout: st
     """One script for several runs that share a node layout and job options: a Slurm job array, task i = run i."""
     first = specs[0]
     layout = layout or default_layout(first)
-    errors = check_job(first, layout)
+    errors = submission_errors(first, layout)
     if layout == "k8s":
         errors.append("layout: k8s is a PyTorchJob manifest (labkit.jobs.k8s.pytorchjob), not a script; choose one of "
                       "multinode, hetjob, pair or local")

@@ -19,7 +19,8 @@ import subprocess
 from pathlib import Path
 
 from labkit.jobs.job import Job
-from labkit.jobs.render import check_job, default_layout, render_array
+from labkit.jobs.render import default_layout, render_array
+from labkit.jobs.submission import submission_errors
 from labkit.jobs.record import RunRecord
 from labkit.jobs.remote import LocalRunner, RemoteError, SshRunner
 from labkit.paths import runs_dir
@@ -148,7 +149,7 @@ class SlurmBackend:
     def _submit(self, specs: list, after, layout: str | None) -> list[Job]:
         specs = [s if isinstance(s, RunSpec) else load_spec(s) for s in specs]
         layout = layout or default_layout(specs[0])
-        errors = check_job(specs[0], layout)
+        errors = submission_errors(specs[0], layout)
         if errors:
             raise SpecError(errors)
         runner = self.runner_for(specs[0])

@@ -3,7 +3,9 @@
     schema   the dataclasses (a docstring per field, naming its Megatron-LM flag), load_spec, resolved_summary
     load     YAML/JSON/mapping -> plain data with the model preset merged under it -> the dataclasses
     yaml12   YAML read by the 1.2 core schema (text stays the text written), with bounded nesting and aliases
-    checks   every rule, the job's included; SpecError
+    checks   every rule on the spec, spec.job's fields included
+    errors   SpecError and how a problem is worded
+    files    the files a spec names: which are read here, which are left to the job on the cluster
     layout   Megatron's rank order, stage -> ranks -> GPUs, and the GPU a mixed stage runs at
 
 Load it from YAML/JSON (`load_spec`) or build it in Python (`RunSpec(...)`, then `load_spec` or `validate`). Checking

@@ -1,6 +1,8 @@
-"""Every rule a run spec must satisfy, the job's included, so that `labkit validate` refuses what `labkit run` would.
+"""Every rule a run spec must satisfy, spec.job's fields included, so that `labkit validate` refuses what `labkit run`
+would; what depends on the backend a job is submitted to is checked at submission (labkit.jobs.submission).
 
-Each check returns 'field: what is wrong; how to fix it' strings and collects every problem before anything runs.
+Each check returns 'field: what is wrong; how to fix it' strings (labkit.spec.errors) and collects every problem
+before anything runs.
 """
 from __future__ import annotations
 
@@ -9,16 +11,15 @@ import contextlib
 import dataclasses
 import importlib.util
 import re
-import reprlib
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from labkit import catalog, deepspeed_config
-from labkit.extras import install_hint
 from labkit.megatron import rules, sharding, sizes
 from labkit.megatron.flags import (ATTENTION_BACKENDS, NORMALIZATIONS, POSITION_EMBEDDING_TYPES, TOKENIZER_TYPES,
                                    ArgumentError, build_parser, flag_errors)
-from labkit.megatron_args import ALWAYS, HF_TOKENIZER_FILE, huggingface_tokenizer_file, spec_flags
+from labkit.megatron_args import ALWAYS, spec_flags
+from labkit.spec import files
+from labkit.spec.errors import CONTROL_CHARS, SpecError, quote
 
 if TYPE_CHECKING:
     from labkit.spec.schema import RunSpec
@@ -28,9 +29,6 @@ RECOMPUTE_GRANULARITIES = ("full", "selective")
 RECOMPUTE_METHODS = ("uniform", "block")
 OPTIMIZERS = ("adam", "sgd")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
-LAYOUTS = ("multinode", "hetjob", "pair", "local", "k8s")
-"""How labkit.jobs.render lays a job out (see its module docstring), or k8s: one Kubeflow PyTorchJob
-(labkit.jobs.k8s)."""
 MAX_WORLD = 2 ** 20
 """Most processes a spec may lay out (a million GPUs), and the bound of parallel.data and of a node group's figures:
 sizes far beyond any cluster are typing errors, and checking them must not build one entry per rank."""
@@ -43,22 +41,11 @@ at 1.5e-4, labkit's default); a rate above 1 is a typing error (65, 1e300)."""
 _SPLIT = re.compile(r"^\s*\d+(?:\.\d*)?(?:\s*,\s*\d+(?:\.\d*)?){0,2}\s*$")
 """data.split as Megatron-LM reads it (megatron/core/datasets/utils.py, parse_and_normalize_split): up to three
 non-negative shares, separated by commas."""
-CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TIME_LIMIT = re.compile(r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
                          r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$")
 
 
-QUOTE_CHARS = 200
-"""Most characters of a user's value an error message quotes: a huge or aliased value must not flood the terminal."""
-MAX_ERROR_CHARS = 600
-"""Longest error message kept whole; longer ones (a field path thousands of keys long) are cut with an ellipsis."""
-MAX_ERRORS = 50
-"""Errors listed for one spec; a file of thousands of unknown keys reports the first ones and how many more."""
-_QUOTE = reprlib.Repr()
-_QUOTE.maxstring = _QUOTE.maxother = QUOTE_CHARS
-_QUOTE.maxlist = _QUOTE.maxdict = _QUOTE.maxtuple = _QUOTE.maxset = 8
-_QUOTE.maxlevel = 3
 
 SPEC_FIELDS = {"num_attention_heads": "model.num_attention_heads", "hidden_size": "model.hidden_size",
                "num_query_groups": "model.num_query_groups", "group_query_attention": "model.num_query_groups",
@@ -127,29 +114,6 @@ def rule_errors(spec: RunSpec, layout: str | None = None) -> list[str]:
             for problem in rules.problems(args, spec.world_size, where, name=field)]
 
 
-def quote(value) -> str:
-    """repr(value) for an error message, at most about QUOTE_CHARS characters, without building the whole repr."""
-    text = _QUOTE.repr(value)
-    return text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS - 3] + "..."
-
-
-def _clip(error: str) -> str:
-    return error if len(error) <= MAX_ERROR_CHARS else error[:MAX_ERROR_CHARS - 3] + "..."
-
-
-class SpecError(ValueError):
-    """Every problem found in a spec. `errors` is a list of 'field: what is wrong; how to fix it' strings, each at most
-    MAX_ERROR_CHARS long, at most MAX_ERRORS of them and then a count of the rest."""
-
-    def __init__(self, errors: list[str]):
-        errors = [_clip(e) for e in errors]
-        if len(errors) > MAX_ERRORS:
-            errors = errors[:MAX_ERRORS] + [f"spec: {len(errors) - MAX_ERRORS} more errors not shown; fix the above "
-                                            "first"]
-        self.errors = errors
-        super().__init__("invalid run spec:\n" + "\n".join(f"  - {e}" for e in self.errors))
-
-
 def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
     """Every problem with the spec, each 'field: what is wrong; how to fix it'; raises SpecError when `raise_errors`."""
     errors: list[str] = check_job(spec)
@@ -192,8 +156,7 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
                       f"{catalog.calibration()['default_stack']}")
     errors += _check_train(spec)
     errors += _check_architecture(spec)
-    errors += _check_tokenizer_file(spec)
-    errors += _check_container_image(spec)
+    errors += files.file_errors(spec)
     errors += _check_recompute(spec)
     errors += _check_cluster(spec)
     if unknown_preset or any(e.startswith(("model.", "parallel.", "batch.", "cluster.")) for e in errors):
@@ -267,113 +230,6 @@ def _check_architecture(spec: RunSpec) -> list[str]:
     if tokenizer is not None and tokenizer.type not in TOKENIZER_TYPES:
         errors.append(f"data.tokenizer.type: {quote(tokenizer.type)} is not one of {', '.join(TOKENIZER_TYPES)}")
     return errors
-
-
-def _check_tokenizer_file(spec: RunSpec) -> list[str]:
-    """The tokenizer file must be readable here, so a job is never submitted to fail on it; one under
-    job.cluster_paths is left to the job script, which checks it at start."""
-    tokenizer = spec.data.tokenizer
-    if tokenizer is None or tokenizer.type not in ("HuggingFaceTokenizer", "SentencePieceTokenizer"):
-        return []
-    if not tokenizer.model:
-        return [f"data.tokenizer.model: missing; {tokenizer.type} reads a file (a HuggingFace tokenizer.json or the "
-                "directory holding it, or a SentencePiece .model; labkit ships labkit/data/tokenizer/llama)"]
-    file = tokenizer_file(spec)
-    if spec.job.on_cluster_only(file):
-        return []
-    try:
-        with open(Path(file).expanduser(), "rb") as f:
-            f.read(1)
-    except OSError as exc:
-        what = (f"a {HF_TOKENIZER_FILE} or the directory holding one" if tokenizer.type == "HuggingFaceTokenizer"
-                else f"the {tokenizer.type} file")
-        return [f"data.tokenizer.model: cannot read {quote(file)} ({exc.strerror or exc}); give {what}, or list the "
-                "directory it lives in under job.cluster_paths if it exists only on the cluster"]
-    return []
-
-
-def _check_container_image(spec: RunSpec) -> list[str]:
-    """A container image given as a file must exist here, so that a job is never submitted to fail on it; one under
-    job.cluster_paths is left to the job script, which checks it at start."""
-    image = container_image_file(spec)
-    if image is None or spec.job.on_cluster_only(image) or Path(image).expanduser().exists():
-        return []
-    return [f"job.container.image: {quote(image)} does not exist on this machine; give the image file's path here, a "
-            "registry image (nvcr.io#nvidia/pytorch:25.04-py3), or list the directory it lives in under "
-            "job.cluster_paths if it exists only on the cluster"]
-
-
-def container_image_file(spec: RunSpec) -> str | None:
-    """The container image as a file path (/images/megatron.sqsh, ./megatron.sqsh, ~/megatron.sqsh); None for a
-    registry reference (nvcr.io#nvidia/pytorch:25.04-py3) or no container."""
-    image = spec.job.container.image if spec.job.container else None
-    return image if image and image.startswith(("/", "./", "../", "~")) else None
-
-
-def tokenizer_file(spec: RunSpec) -> str | None:
-    """The file the spec's tokenizer reads (a HuggingFace directory's tokenizer.json), as written; None when its type
-    reads none."""
-    tokenizer = spec.data.tokenizer
-    if tokenizer is None or not tokenizer.model:
-        return None
-    if tokenizer.type == "HuggingFaceTokenizer":
-        return huggingface_tokenizer_file(tokenizer.model)
-    return tokenizer.model if tokenizer.type == "SentencePieceTokenizer" else None
-
-
-def input_paths(spec: RunSpec) -> list[tuple[str, str]]:
-    """(field, path) of each file the run reads that the spec names: the dataset's .bin and .idx, the tokenizer's
-    files and a container image given as a file."""
-    data, paths = spec.data, []
-    if data.path and not data.mock:
-        paths += [("data.path", data.path + suffix) for suffix in (".bin", ".idx")]
-        if data.tokenizer is None or data.tokenizer.type == "GPT2BPETokenizer":
-            paths += [(f"data.{key}", getattr(data, key)) for key in ("vocab_file", "merge_file")
-                      if getattr(data, key)]
-    if tokenizer_file(spec) and data.path and not data.mock:
-        paths.append(("data.tokenizer.model", tokenizer_file(spec)))
-    if container_image_file(spec):
-        paths.append(("job.container.image", container_image_file(spec)))
-    return paths
-
-
-def cluster_only_paths(spec: RunSpec) -> list[tuple[str, str]]:
-    """input_paths under job.cluster_paths: not looked for here; the job script checks them when it starts."""
-    return [(field, path) for field, path in input_paths(spec) if spec.job.on_cluster_only(path)]
-
-
-def job_start_checks(spec: RunSpec) -> list[tuple[str, list[str]]]:
-    """What the job script looks for before any node starts, as (field, paths of which one must exist): each
-    cluster-only input path, and the file AutoTokenizer reads the class from beside a cluster-only HuggingFace
-    tokenizer that Megatron-LM loads."""
-    checks = [(field, [path]) for field, path in cluster_only_paths(spec)]
-    file, tokenizer = tokenizer_file(spec), spec.data.tokenizer
-    if (tokenizer is not None and tokenizer.type == "HuggingFaceTokenizer" and spec.job.entrypoint == "megatron-lm"
-            and ("data.tokenizer.model", file) in cluster_only_paths(spec)):
-        checks.append(("data.tokenizer.model", [str(Path(file).parent / name) for name in AUTOTOKENIZER_CONFIGS]))
-    return checks
-
-
-def checked_paths(spec: RunSpec) -> list[tuple[str, str]]:
-    """(field, path) of the files `validate` read (or, for a container image, found) on this machine."""
-    files = [("data.tokenizer.model", tokenizer_file(spec)), ("job.container.image", container_image_file(spec))]
-    return [(field, path) for field, path in files if path and not spec.job.on_cluster_only(path)]
-
-
-def path_notes(spec: RunSpec) -> list[str]:
-    """What `labkit validate` says about the files the spec names: which it read here, and which it left to the job
-    because they lie under job.cluster_paths. Notes, not errors."""
-    notes = [f"note: checked here: {field} {path}" for field, path in checked_paths(spec)]
-    notes += [f"note: not checked here (under job.cluster_paths): {field} {path}; the job script checks it when the "
-              "job starts" for field, path in cluster_only_paths(spec)]
-    unread = any(field == "data.tokenizer.model" for field, _ in cluster_only_paths(spec))
-    if unread and "vocab_size" in spec.derived_model_keys:
-        notes.append(f"note: model.vocab_size {spec.model.vocab_size} is model.preset's: the tokenizer could not be "
-                     "read here to size the vocabulary; write model.vocab_size if the tokenizer's differs")
-    seen = set(checked_paths(spec)) | set(cluster_only_paths(spec))
-    notes += [f"note: not checked: {field} {path}; the training process opens it when it starts"
-              for field, path in input_paths(spec) if (field, path) not in seen]
-    return notes
 
 
 def _check_sizes(spec: RunSpec) -> list[str]:
@@ -464,7 +320,7 @@ SEED_LIMIT = 2**31
 
 def _check_kernels(spec: RunSpec) -> list[str]:
     """Kernels, FP8 and context parallelism: what megatron-core accepts, and what the GPUs can run."""
-    k, par, errors = spec.kernels, spec.parallel, []
+    k, errors = spec.kernels, []
     if k.attention_backend not in ATTENTION_BACKENDS:
         errors.append(f"kernels.attention_backend: {quote(k.attention_backend)} is not one of "
                       f"{', '.join(ATTENTION_BACKENDS)}")
@@ -733,21 +589,7 @@ def _check_scheduler_options(spec: RunSpec) -> list[str]:
     return errors
 
 
-def _check_task_cpus(spec: RunSpec, layout: str | None) -> list[str]:
-    """On Slurm one task per node starts torchrun, whose training processes share that task's CPUs: what
-    --cpus-per-task asks (job.cpus_per_task, else the node group's cpus_per_node), or every CPU of the node with
-    job.exclusive (a step uses all of the job's CPUs on a node unless srun asks for fewer; srun(1), --exact). Asking
-    for neither leaves Slurm's default of one CPU per task to all of a node's processes, so it is refused."""
-    if layout in (None, "local", "k8s") or spec.job.cpus_per_task or spec.job.exclusive:
-        return []
-    return [f"cluster.nodes[{i}].cpus_per_node: not given, so Slurm would give the one task that starts this group's "
-            f"{group.gpus_per_node} training processes a single CPU; set it to the node's CPUs (sinfo -N -o '%N %c'), "
-            "or set job.cpus_per_task, or job.exclusive: true for whole nodes"
-            for i, group in enumerate(spec.cluster_or_default().nodes)
-            if group.cpus_per_node is None and group.gpus_per_node > 1]
-
-
-def _check_requeue(spec: RunSpec, layout: str | None) -> list[str]:
+def _check_requeue(spec: RunSpec) -> list[str]:
     """job.requeue: true needs a checkpoint directory to resume from, and one Slurm job to requeue."""
     job, train, errors = spec.job, spec.train, []
     if not job.requeue:
@@ -766,36 +608,7 @@ def _check_requeue(spec: RunSpec, layout: str | None) -> list[str]:
             if limit is not None and job.requeue_signal_s >= limit:
                 errors.append(f"job.requeue_signal_s: {job.requeue_signal_s} s is not before job.time_limit "
                               f"{quote(job.time_limit)}; lower it or raise the limit")
-    if layout == "pair":
-        errors.append("job.requeue: a master/slave pair is two Slurm jobs that cannot be requeued together; use the "
-                      "hetjob layout")
     return errors
-
-
-AUTOTOKENIZER_CONFIGS = ("tokenizer_config.json", "config.json")
-"""The files, one of which AutoTokenizer.from_pretrained(DIRECTORY) picks the tokenizer class from."""
-
-
-def _check_megatron_lm_tokenizer(spec: RunSpec) -> list[str]:
-    """Megatron-LM's HuggingFace tokenizer is AutoTokenizer.from_pretrained(DIRECTORY): the directory must hold a
-    tokenizer.json, and the tokenizer_config.json (its tokenizer_class) or config.json that AutoTokenizer picks the
-    class from (HuggingFace's save_pretrained writes them)."""
-    tokenizer = spec.data.tokenizer
-    if tokenizer is None or tokenizer.type != "HuggingFaceTokenizer" or not tokenizer.model:
-        return []
-    file = Path(huggingface_tokenizer_file(tokenizer.model))
-    if file.name != HF_TOKENIZER_FILE:
-        return [f"data.tokenizer.model: {quote(tokenizer.model)}: Megatron-LM (job.entrypoint: megatron-lm) is given "
-                f"the directory and reads the {HF_TOKENIZER_FILE} in it; rename the file {HF_TOKENIZER_FILE} or give "
-                "the directory"]
-    folder = file.parent.expanduser()
-    if spec.job.on_cluster_only(file) or not folder.is_dir():
-        return []  # on the cluster: the job script checks it; missing here: _check_tokenizer_file says so
-    if not any((folder / name).is_file() for name in AUTOTOKENIZER_CONFIGS):
-        return [f"data.tokenizer.model: {quote(str(folder))} has no tokenizer_config.json or config.json, from which "
-                "Megatron-LM's AutoTokenizer.from_pretrained picks the tokenizer class; save the tokenizer there with "
-                "HuggingFace's save_pretrained (or copy the model's tokenizer_config.json beside the tokenizer.json)"]
-    return []
 
 
 def repeated_flag_errors(spec: RunSpec) -> list[str]:
@@ -817,22 +630,9 @@ def repeated_flag_errors(spec: RunSpec) -> list[str]:
     return errors
 
 
-def deepspeed_job_errors(spec: RunSpec, layout: str) -> list[str]:
-    """At submission, optimizer.zero_backend deepspeed: which entrypoint and backend start DeepSpeed's engine."""
-    opt, errors = spec.optimizer, []
-    if spec.job.entrypoint == "megatron-lm":
-        errors.append(f"optimizer.zero_backend: deepspeed (zero_stage {opt.zero_stage}) needs DeepSpeed's engine, "
-                      "which Megatron-LM's pretrain_gpt.py does not start (Megatron-DeepSpeed is a fork of its own); "
-                      "use job.entrypoint labkit, or zero_backend megatron with job.entrypoint megatron-lm")
-        return errors
-    if layout == "k8s":
-        errors.append("optimizer.zero_backend: deepspeed reads a ds_config.json that the job script writes, and the "
-                      "k8s backend's PyTorchJob has no script; submit with the slurm or local backend")
-    return errors
-
-
-def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
-    """Problems with spec.job (and values that cannot be written into a script), each naming its field and the fix."""
+def check_job(spec: RunSpec) -> list[str]:
+    """Problems with spec.job (and values that cannot be written into a script), each naming its field and the fix;
+    what depends on where the job is submitted is checked there (labkit.jobs.submission)."""
     job, errors = spec.job, []
     for field in ("partition", "account"):
         value = getattr(job, field)
@@ -847,8 +647,7 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
                           "H:MM:SS (1:30:00), D-HH (2-00) or UNLIMITED")
     if job.cpus_per_task is not None and job.cpus_per_task <= 0:
         errors.append(f"job.cpus_per_task: must be a positive number, got {job.cpus_per_task}")
-    errors += _check_requeue(spec, layout)
-    errors += _check_task_cpus(spec, layout)
+    errors += _check_requeue(spec)
     if job.master_port is not None and not 0 < job.master_port < 65536:
         errors.append(f"job.master_port: {job.master_port} is not a TCP port; use 1024-65535")
     if job.gpu_monitor_interval_s <= 0:
@@ -863,22 +662,18 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
         if "\x00" in arg:
             errors.append(f"job.extra_args[{i}]: contains a NUL byte, which no command-line argument can hold")
     errors += _check_scheduler_options(spec)
-    if layout == "local" and spec.train.wandb is not None and importlib.util.find_spec("wandb") is None:
-        errors.append(install_hint("train.wandb", "wandb"))
     for i, prefix in enumerate(job.cluster_paths):
         if not str(prefix).startswith("/") or CONTROL_CHARS.search(str(prefix)):
             errors.append(f"job.cluster_paths[{i}]: {quote(prefix)} is not an absolute path on one line; write the "
                           "directory the cluster's paths start with, e.g. /fsx")
     if job.entrypoint == "megatron-lm":
-        errors += _check_megatron_lm_tokenizer(spec)
+        errors += files.megatron_lm_tokenizer_errors(spec)
         known = catalog.megatron_lm_flags()
         errors += [f"job.extra_args[{i}]: {quote(arg)} is not a flag of Megatron-LM (core_v0.16.1)"
                    for i, arg in enumerate(job.extra_args) if arg.startswith("--") and arg.split("=")[0] not in known]
     else:
         errors += [f"job.extra_args: {e}; labkit's driver (python -m labkit.train) would refuse it"
                    for e in flag_errors(list(job.extra_args))]
-    if layout is not None and sharding.of_spec(spec).implementation == sharding.DEEPSPEED:
-        errors += deepspeed_job_errors(spec, layout)
     for where, value in (("name", spec.name), ("data.path", spec.data.path)):
         if value and "\x00" in value:
             errors.append(f"{where}: contains a NUL byte; remove it")
@@ -893,23 +688,6 @@ def check_job(spec: RunSpec, layout: str | None = None) -> list[str]:
             if "," in mount or CONTROL_CHARS.search(mount) or not mount.strip():
                 errors.append(f"job.container.mounts[{i}]: {quote(mount)} must be SRC[:DST[:FLAGS]] without commas or "
                               "line breaks (pyxis separates mounts with commas)")
-    if layout in ("local", "k8s") and spec.cluster is not None and spec.cluster.login:
-        where = "on this host" if layout == "local" else "in kubectl's current context"
-        errors.append(f"cluster.login: the {layout} backend runs the job {where}, not on {spec.cluster.login}; "
-                      "submit with the Slurm backend (--backend slurm) or leave cluster.login out")
-    groups = spec.cluster_or_default().nodes
-    if layout is not None and layout not in LAYOUTS:
-        errors.append(f"layout: {quote(layout)} is not one of {', '.join(LAYOUTS)}")
-    if layout == "multinode" and len(groups) != 1:
-        errors.append(f"cluster.nodes: the multinode layout needs one node group, the spec has {len(groups)}; "
-                      "use the hetjob or pair layout")
-    if layout in ("hetjob", "pair") and len(groups) < 2:
-        errors.append(f"cluster.nodes: the {layout} layout needs several node groups; use the multinode layout")
-    if layout == "pair" and len(groups) != 2:
-        errors.append(f"cluster.nodes: a master/slave pair takes exactly two node groups, the spec has {len(groups)}; "
-                      "use the hetjob layout")
-    if layout is not None:  # at submission, of a validated spec (validate checks it at its end)
-        errors += repeated_flag_errors(spec) or rule_errors(spec, layout)
     return errors
 
 

@@ -18,7 +18,7 @@ import yaml
 
 from labkit import catalog
 from labkit.spec import yaml12
-from labkit.spec.checks import SpecError, quote
+from labkit.spec.errors import SpecError, quote
 from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB
 from labkit.megatron_args import huggingface_tokenizer_file
 from labkit.megatron.tokenizer import tokenizer_vocab_size
