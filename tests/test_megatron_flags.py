@@ -69,3 +69,20 @@ def test_every_flag_a_spec_renders_is_in_the_table():
     assert set(rendered) <= {f.name for f in FLAGS}
     assert flag_errors(megatron_args(spec)) == []
     assert flag_errors(["--no-such-flag"]) and flag_errors(["--timing-log-level", "3"])
+
+
+def test_a_models_unset_choices_are_what_the_driver_parses_when_the_flag_is_left_out():
+    """A spec that sets only the model's sizes gets the values the driver's parser holds for the flags left out, so
+    the spec, the estimate and the run describe one model."""
+    spec = load_spec({"model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
+                                "vocab_size": 512}})
+    parsed = build_parser().parse_args(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                                        "--seq-length", "32", "--lr", "1e-4", "--train-iters", "1"])
+    m = spec.model
+    assert (m.swiglu, not m.untie_embeddings, m.normalization, m.position_embedding_type, m.add_bias_linear,
+            m.make_vocab_size_divisible_by, m.hidden_dropout, m.attention_dropout) == \
+        (parsed.swiglu, not parsed.untie_embeddings_and_output_weights, parsed.normalization,
+         parsed.position_embedding_type, parsed.add_bias_linear, parsed.make_vocab_size_divisible_by,
+         parsed.hidden_dropout, parsed.attention_dropout)
+    rope = load_spec({"model": {"preset": "tiny", "position_embedding_type": "rope"}})
+    assert rope.model.rotary_base == parsed.rotary_base

@@ -70,6 +70,11 @@ class Flag:
         return self.name
 
     @property
+    def value_when_absent(self) -> object:
+        """What the parsed argument holds when the flag is left out: a switch's opposite, else the default."""
+        return {"store_true": False, "store_false": True}.get(self.action, self.default)
+
+    @property
     def key(self) -> str:
         """The name in snake case, the flag's attribute in FLAG: --no-rope-fusion -> no_rope_fusion."""
         return self.name[2:].replace("-", "_")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from labkit.megatron import sizes
+from labkit.megatron.flags import FLAG
 
 if TYPE_CHECKING:
     from labkit.spec import ModelSpec
@@ -36,18 +37,18 @@ class Shape:
     """SwiGLU MLP (ModelSpec.swiglu)."""
     tied: bool = True
     """Output layer shares the word embedding (not ModelSpec.untie_embeddings)."""
-    norm: str = "LayerNorm"
+    norm: str = FLAG.normalization.default
     """LayerNorm (weight and bias) or RMSNorm (weight only) (ModelSpec.normalization)."""
-    positions: str = "learned_absolute"
+    positions: str = FLAG.position_embedding_type.default
     """Position encoding (ModelSpec.position_embedding_type); only learned_absolute is a table of weights."""
     bias: bool = True
     """Biases in the linear layers (ModelSpec.add_bias_linear)."""
-    vocab_multiple: int = 128
+    vocab_multiple: int = FLAG.make_vocab_size_divisible_by.default
     """Megatron pads the vocabulary to a multiple of this times the tensor size
     (ModelSpec.make_vocab_size_divisible_by)."""
-    hidden_dropout: float = 0.1
+    hidden_dropout: float = FLAG.hidden_dropout.default
     """Dropout after attention and MLP (ModelSpec.hidden_dropout); at 0 no mask is kept."""
-    attention_dropout: float = 0.1
+    attention_dropout: float = FLAG.attention_dropout.default
     """Dropout of the attention probabilities (ModelSpec.attention_dropout); at 0 no mask is kept."""
 
     @property

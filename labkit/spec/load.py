@@ -19,18 +19,21 @@ import yaml
 from labkit import catalog
 from labkit.spec import yaml12
 from labkit.spec.errors import SpecError, quote
-from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB
+from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB, FLAG
 from labkit.megatron_args import huggingface_tokenizer_file
 from labkit.megatron.tokenizer import tokenizer_vocab_size
 
 DEFAULT_PRESET = "tiny"
 """The model of a spec that names none."""
 _YAML_KEYS = {"global_": "global"}
-# What neither the spec nor its preset sets takes Megatron-LM's default: a GPT-2-style model.
-_MODEL_DEFAULTS = {"swiglu": False, "untie_embeddings": False, "normalization": "LayerNorm",
-                   "position_embedding_type": "learned_absolute", "add_bias_linear": True,
-                   "make_vocab_size_divisible_by": 128, "hidden_dropout": 0.1, "attention_dropout": 0.1}
-_ROTARY_BASE = 10000
+# What neither the spec nor its preset sets takes Megatron-LM's default, read from the flag that renders it: a
+# GPT-2-style model.
+_MODEL_DEFAULTS = {key: flag.value_when_absent for key, flag in (
+    ("swiglu", FLAG.swiglu), ("untie_embeddings", FLAG.untie_embeddings_and_output_weights),
+    ("normalization", FLAG.normalization), ("position_embedding_type", FLAG.position_embedding_type),
+    ("add_bias_linear", FLAG.disable_bias_linear), ("make_vocab_size_divisible_by", FLAG.make_vocab_size_divisible_by),
+    ("hidden_dropout", FLAG.hidden_dropout), ("attention_dropout", FLAG.attention_dropout))}
+_ROTARY_BASE = FLAG.rotary_base.default
 """Megatron-LM's --rotary-base default, in effect under position_embedding_type rope."""
 
 
