@@ -12,6 +12,8 @@ import sys
 
 import yaml
 
+from labkit.catalog import CatalogError
+
 # Modules that add subcommands: each has `register(subparsers)`, adding parsers whose `func(args) -> int` runs them.
 COMMAND_MODULES = [
     "labkit.cli",
@@ -92,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         # flush at exit cannot fail again, and exit quietly with status 1.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except CatalogError as exc:  # a GPU catalog file (the user's gpus.yaml) with errors: each one, not a traceback
+        print(exc, file=sys.stderr)
+        return 2
     except ModuleNotFoundError as exc:  # a module of an extra this install left out: say which extra, not a traceback
         from labkit.extras import install_hint
 

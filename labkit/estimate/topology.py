@@ -1,14 +1,19 @@
 """How fast the links between ranks are, from the spec's cluster (node groups in placement order) and where each rank
 sits (labkit.spec.layout: Megatron's rank order, and the GPU each pipeline stage runs at).
 
-A group of ranks inside one node talks over that node's intra-node link; a group spanning nodes runs at the slowest
-node's inter-node link, shared by the concurrent transfers leaving a node through its one network interface. Speeds
-returned are bus bandwidths (Calibration.bus_gbps: what NCCL reaches on the link), in Gbit/s.
+A group of ranks inside one NVLink domain talks over the domain's link (the catalog's or cluster's intra-node rate):
+the domain is a node, except where the catalog gives nvlink_domain_gpus, as for GB200 NVL72, whose 18 trays of 4 GPUs
+(nodes, to Slurm and to the spec) share one NVLink domain of 72, so that ranks on different trays of a rack still talk
+over NVLink. A group spanning domains runs at the slowest node's inter-node link, shared by the concurrent transfers
+leaving a node through its network interfaces. Speeds returned are bus bandwidths (Calibration.bus_gbps: what NCCL
+reaches on the link), in Gbit/s; `group_link` says which link a group of ranks spans, for any group (tensor, context,
+data, pipeline, or expert-parallel ones).
 """
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Iterable
 
 from labkit import catalog
 from labkit.estimate.calibration import Calibration, resolve
@@ -19,8 +24,23 @@ from labkit.spec.layout import layout_of, stage_gpus
 class Slot:
     node: int
     gpu: str            # catalog name
-    intra_gbps: float
-    inter_gbps: float
+    intra_gbps: float   # the NVLink domain's (or node's PCIe) link rate
+    inter_gbps: float   # the node's network
+    domain: int         # the NVLink domain: the node, or several nodes where the catalog's nvlink_domain_gpus says so
+
+
+@dataclass(frozen=True)
+class Link:
+    """The slowest link a group of ranks spans: "node" (one node), "nvlink" (several nodes of one NVLink domain) or
+    "network" (several domains). link_gbps is the link's rate, bus_gbps what a collective reaches on it."""
+    kind: str
+    link_gbps: float
+    bus_gbps: float
+
+    @property
+    def inter_node(self) -> bool:
+        """Whether the group's traffic goes over the network (the link class Calibration.bus_gbps charges)."""
+        return self.kind == "network"
 
 
 class Topology:
@@ -30,15 +50,19 @@ class Topology:
         self.layout = layout_of(spec)
         self.tensor, self.pipeline, self.data = self.layout.tensor, self.layout.pipeline, self.layout.data
         self._stage_gpus = stage_gpus(cluster.nodes, self.layout)
-        slots, node = [], 0
+        slots, node, domain = [], 0, 0
         for group in cluster.nodes:
             name = catalog.resolve_gpu_name(group.gpu) or group.gpu
             gpu = catalog.gpu(name)
             intra = group.intra_node_gbps or cluster.intra_node_gbps or cal.intra_node_link(gpu)
             inter = group.inter_node_gbps or cluster.inter_node_gbps or gpu.inter_node_gbps
-            for _ in range(group.count):
-                slots += [Slot(node, name, float(intra), float(inter))] * group.gpus_per_node
+            # a group's nodes fill NVLink domains in turn (one node each, unless the catalog's domain spans nodes)
+            nodes_per_domain = max(1, (gpu.nvlink_domain_gpus or 0) // group.gpus_per_node)
+            for k in range(group.count):
+                slot = Slot(node, name, float(intra), float(inter), domain + k // nodes_per_domain)
+                slots += [slot] * group.gpus_per_node
                 node += 1
+            domain += -(-group.count // nodes_per_domain)
         needed = self.layout.world_size
         if len(slots) < needed:  # a spec without enough GPUs was caught by validation; keep the last kind
             slots += [slots[-1]] * (needed - len(slots))
@@ -51,14 +75,27 @@ class Topology:
         """The stage's GPU type; a stage spread over several types runs at its slowest (labkit.spec.layout)."""
         return self._stage_gpus[stage]
 
+    def group_link(self, ranks: Iterable[int]) -> Link:
+        """The slowest link the ranks span: their node's, their NVLink domain's, or the network, at the slowest rank's
+        rate (one of several such groups running at once; `_ring_gbps` shares a node's network among them)."""
+        slots = [self.slots[r] for r in ranks]
+        if len({s.domain for s in slots}) > 1:
+            rate = min(s.inter_gbps for s in slots)
+            return Link("network", rate, self.calibration.bus_gbps(rate, inter_node=True))
+        rate = min(s.intra_gbps for s in slots)
+        kind = "nvlink" if len({s.node for s in slots}) > 1 else "node"
+        return Link(kind, rate, self.calibration.bus_gbps(rate, inter_node=False))
+
     def group_gbps(self, ranks: list[int]) -> float:
         """Speed of a collective over `ranks` (one of several such groups running at once)."""
-        if not self.crosses_nodes(ranks):
-            return self.calibration.bus_gbps(min(self.slots[r].intra_gbps for r in ranks), inter_node=False)
-        return self.calibration.bus_gbps(min(self.slots[r].inter_gbps for r in ranks), inter_node=True)
+        return self.group_link(ranks).bus_gbps
 
     def crosses_nodes(self, ranks: list[int]) -> bool:
         return len({self.slots[r].node for r in ranks}) > 1
+
+    def crosses_network(self, ranks: list[int]) -> bool:
+        """Whether the ranks span NVLink domains, so that their traffic goes over the network."""
+        return len({self.slots[r].domain for r in ranks}) > 1
 
     def tp_gbps(self, stage: int) -> float:
         return self.group_gbps([self.rank(stage, 0, k) for k in range(self.tensor)])
@@ -77,20 +114,20 @@ class Topology:
 
     def _ring_gbps(self, stage: int, ranks: list[int]) -> float:
         gbps = self.group_gbps(ranks)
-        if self.crosses_nodes(ranks):
+        if self.crosses_network(ranks):
             per_node = Counter(self.slots[self.rank(stage, 0, k)].node for k in range(self.tensor))
             gbps /= max(per_node.values())
         return gbps
 
     def pair_gbps(self, stage_a: int, stage_b: int) -> float:
         """Per-pair speed when every rank of stage_a sends to its peer (same tp, cp and dp) in stage_b at the same
-        time."""
+        time: over their NVLink domain's link, or over the network, shared by the pairs leaving a node."""
         pairs = list(zip(self.layout.stage_ranks(stage_a), self.layout.stage_ranks(stage_b)))
-        crossing = Counter(self.slots[a].node for a, b in pairs if self.slots[a].node != self.slots[b].node)
+        crossing = Counter(self.slots[a].node for a, b in pairs if self.slots[a].domain != self.slots[b].domain)
         slowest, bus = float("inf"), self.calibration.bus_gbps
         for a, b in pairs:
             sa, sb = self.slots[a], self.slots[b]
-            if sa.node == sb.node:
+            if sa.domain == sb.domain:
                 gbps = bus(min(sa.intra_gbps, sb.intra_gbps), inter_node=False)
             else:
                 gbps = bus(min(sa.inter_gbps, sb.inter_gbps), inter_node=True) / crossing[sa.node]
