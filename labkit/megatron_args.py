@@ -127,6 +127,25 @@ def _tracking_flags(spec: RunSpec, save, out: RenderedFlags) -> None:
                 tr.wandb.save_dir or (os.path.join(save, "wandb") if save else "wandb"))
 
 
+def _expert_flags(m, out: RenderedFlags) -> None:
+    """A mixture-of-experts model's flags: the experts and the router always (they are the model), the rest where the
+    spec departs from Megatron-LM's defaults."""
+    out.add("model.num_experts", F.num_experts, m.num_experts)
+    out.add("model.moe_router_topk", F.moe_router_topk, m.moe_router_topk)
+    for key, flag in (("moe_ffn_hidden_size", F.moe_ffn_hidden_size),
+                      ("moe_shared_expert_intermediate_size", F.moe_shared_expert_intermediate_size)):
+        if getattr(m, key) is not None:
+            out.add(f"model.{key}", flag, getattr(m, key))
+    if m.moe_layer_freq is not None and str(m.moe_layer_freq) != str(F.moe_layer_freq.default):
+        out.add("model.moe_layer_freq", F.moe_layer_freq, m.moe_layer_freq)
+    for key, flag in (("moe_router_load_balancing_type", F.moe_router_load_balancing_type),
+                      ("moe_aux_loss_coeff", F.moe_aux_loss_coeff),
+                      ("moe_token_dispatcher_type", F.moe_token_dispatcher_type)):
+        out.add(f"model.{key}", flag, getattr(m, key))
+    if m.moe_grouped_gemm:
+        out.add("model.moe_grouped_gemm", F.moe_grouped_gemm)
+
+
 def megatron_args(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike | None = None,
                   ds_config: str | os.PathLike = deepspeed_config.FILE_NAME) -> list[str]:
     """The flags `python -m labkit.train` (and Megatron-LM's pretrain_gpt.py) take for this spec: the spec's own
@@ -178,6 +197,12 @@ def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike 
     for key, flag in (("hidden_dropout", F.hidden_dropout), ("attention_dropout", F.attention_dropout)):
         if getattr(m, key) != flag.default:  # Llama-style presets train without dropout
             out.add(f"model.{key}", flag, getattr(m, key))
+    if m.kv_channels is not None:
+        out.add("model.kv_channels", F.kv_channels, m.kv_channels)
+    if m.qk_layernorm:
+        out.add("model.qk_layernorm", F.qk_layernorm)
+    if m.num_experts:
+        _expert_flags(m, out)
 
     out.add("parallel.tensor", F.tensor_model_parallel_size, par.tensor)
     out.add("parallel.pipeline", F.pipeline_model_parallel_size, par.pipeline)
@@ -198,6 +223,10 @@ def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike 
         out.add("parallel.context", F.context_parallel_size, par.context)
     if par.sequence_parallel:
         out.add("parallel.sequence_parallel", F.sequence_parallel)
+    if par.expert > 1:
+        out.add("parallel.expert", F.expert_model_parallel_size, par.expert)
+    if par.expert_tensor is not None:
+        out.add("parallel.expert_tensor", F.expert_tensor_parallel_size, par.expert_tensor)
     _kernel_flags(spec, out)
 
     out.add("batch.micro", F.micro_batch_size, b.micro)
@@ -214,6 +243,14 @@ def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike 
     elif spec.precision == "fp8":
         out.add("precision", F.bf16)
         out.add("precision", F.fp8_format, "hybrid")  # e4m3 forward, e5m2 gradients, bf16 outside the GEMMs
+    elif spec.precision == "mxfp8":  # e4m3 throughout, one scale per 32 elements (Blackwell's MX formats)
+        out.add("precision", F.bf16)
+        out.add("precision", F.fp8_format, "e4m3")
+        out.add("precision", F.fp8_recipe, "mxfp8")
+    elif spec.precision == "nvfp4":  # e2m1 with one scale per 16 elements (Blackwell)
+        out.add("precision", F.bf16)
+        out.add("precision", F.fp4_format, "e2m1")
+        out.add("precision", F.fp4_recipe, "nvfp4")
 
     r = spec.recompute
     if r is not None and legacy and r.granularity == "full":

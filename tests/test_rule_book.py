@@ -1,6 +1,6 @@
 """One rule book (labkit.megatron.rules): a spec is accepted at submission exactly when labkit's driver accepts the
 command line it renders, over a few hundred seeded random CPU specs that mix the settings whose combinations Megatron
-has rules for (layout, batch, precision, optimizer and ZeRO backend, overlaps, recompute, checkpoints)."""
+has rules for (layout, batch, precision, optimizer and ZeRO backend, overlaps, recompute, checkpoints, experts)."""
 from __future__ import annotations
 
 import importlib.util
@@ -44,6 +44,14 @@ def random_spec(rng: random.Random, save_dir: str) -> dict:
     }
     if rng.random() < 0.2:
         spec["train"].update(save=save_dir, ckpt_format=rng.choice([None, "torch", "torch_dist"]))
+    if rng.random() < 0.3:  # a mixture of experts, with its own grid over the same ranks
+        spec["model"].update(num_experts=rng.choice([2, 4, 4, 3]), moe_router_topk=rng.choice([2, 2, 2, 1, 4]),
+                             moe_token_dispatcher_type=rng.choice(["allgather", "alltoall"]),
+                             moe_layer_freq=rng.choice([None, None, 2, "([0]+[1]*3)"]),
+                             add_bias_linear=rng.random() < 0.2)
+        spec["parallel"].update(expert=rng.choice([1, 2, 2, 4]), expert_tensor=rng.choice([None, None, 1, 2]),
+                                tensor=1, sequence_parallel=False)
+        spec["cluster"]["nodes"][0]["gpus_per_node"] = pipeline * data
     return spec
 
 

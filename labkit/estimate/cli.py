@@ -50,12 +50,16 @@ def render(spec, est) -> str:
     from labkit.estimate import MEMORY_MARGIN
 
     par = spec.parallel
+    expert = f" x expert {par.expert}" if par.expert > 1 else ""
     lines = [
-        f"{spec.name}: {est.num_gpus} GPUs (tensor {par.tensor} x pipeline {par.pipeline} x data {spec.data_parallel}),"
-        f" {spec.num_micro_batches} micro-batches of {spec.batch.micro}, {spec.precision}",
+        f"{spec.name}: {est.num_gpus} GPUs (tensor {par.tensor} x pipeline {par.pipeline} x data {spec.data_parallel}"
+        f"{expert}), {spec.num_micro_batches} micro-batches of {spec.batch.micro}, {spec.precision}",
         f"  parameters            {est.params:,} ({est.params / 1e9:.2f} B)"
         + (f"; {est.params_with_padding:,} as Megatron builds it (vocabulary padded to {est.padded_vocab_size:,})"
            if est.params_with_padding != est.params else ""),
+        *([f"  active parameters     {est.active_params:,} ({est.active_params / 1e9:.2f} B) per token: the router, "
+           f"the shared experts and {spec.model.moe_router_topk} of {spec.model.num_experts} experts per MoE layer"]
+          if spec.model.moe else []),
         f"  FLOPs / iteration     {est.flops_per_iteration:.4g} executed, {est.model_flops_per_iteration:.4g} model",
         f"  iteration time        {est.iteration_time_s:.4g} s",
         f"  throughput            {est.tflops_per_gpu:.1f} TFLOP/s/GPU, MFU {100 * est.mfu:.1f}%, "

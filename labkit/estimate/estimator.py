@@ -9,7 +9,7 @@ from labkit import catalog
 from labkit.estimate import flops as F
 from labkit.estimate.calibration import Calibration, resolve
 from labkit.estimate.memory import GIB, memory_per_stage
-from labkit.estimate.params import params_with_padding, stage_params, total_params
+from labkit.estimate.params import active_params, params_with_padding, stage_params, total_params
 from labkit.estimate.profiles import Profile, find_profile
 from labkit.estimate.timing import (ACTIVATION_BYTES, GRAD_REDUCE_BYTES, Pipeline, allreduce_time, combined,
                                     data_parallel_time, optimizer_step_time, p2p_time, stage_time)
@@ -51,6 +51,7 @@ class Estimate:
     training_days: float | None = None
     pipeline: Pipeline | None = None    # the schedule the pipeline time comes from: pipeline.events() draws it
     params_with_padding: int = 0        # the model as Megatron builds it, its vocabulary padded
+    active_params: int = 0              # what one token passes through: every expert of an MoE model but its top-k
     padded_vocab_size: int = 0          # Megatron's padded vocabulary at this tensor size
     megatron_logged_tflops_per_gpu: float = 0.0  # what Megatron-LM's log prints: causal model FLOPs per GPU-second
     flash_attention: bool = False       # the attention kernel keeps no s x s scores (kernels.attention_backend)
@@ -60,6 +61,7 @@ class Estimate:
     def to_dict(self) -> dict:
         out = {
             "params": self.params,
+            "active_params": self.active_params,
             "params_with_padding": self.params_with_padding,
             "padded_vocab_size": self.padded_vocab_size,
             "flops_per_iteration": self.flops_per_iteration,
@@ -280,6 +282,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     days = tokens / tokens_per_iteration * iteration / F.SECONDS_PER_DAY if tokens is not None else None
     return Estimate(
         params=total_params(shape),
+        active_params=active_params(shape),
         flops_per_iteration=executed,
         model_flops_per_iteration=model,
         iteration_time_s=iteration,

@@ -21,21 +21,71 @@ def gpt_params(l: int, h: int, s: int, V: int) -> int:
     return 12 * l * h * h + 13 * l * h + (V + s) * h
 
 
-def layer_params(shape: Shape, tensor: int = 1) -> float:
-    """Parameters of one transformer layer held by one tensor-parallel rank.
-
-    Column-parallel matrices (QKV, MLP in: 2f wide under SwiGLU) and their biases split over `tensor`; row-parallel
-    matrices (projection, MLP out) split too, but their biases and the two norms are replicated on every rank.
-    """
-    h, f = shape.hidden, shape.ffn_size
-    qkv_out = h + 2 * h * shape.groups // shape.heads
-    mlp_in = 2 * f if shape.swiglu else f
-    split = h * qkv_out + h * h + h * mlp_in + f * h
-    replicated = 2 * shape.norm_params
+def attention_params(shape: Shape, tensor: int = 1) -> float:
+    """Self-attention of one layer on one tensor rank, with its input norm: QKV (heads x head_dim queries, 2 x
+    groups x head_dim keys and values, column-parallel) and the output projection (row-parallel), their biases, and
+    Qwen3's per-head query and key norms (replicated)."""
+    h, d = shape.hidden, shape.head_dim
+    qkv_out = (shape.heads + 2 * shape.groups) * d
+    split = h * qkv_out + shape.heads * d * h
+    replicated = shape.norm_params + (2 * shape.norm_params * d // h if shape.qk_layernorm else 0)
     if shape.bias:
-        split += qkv_out + mlp_in
-        replicated += h + h  # projection and MLP-out biases
+        split += qkv_out
+        replicated += h  # projection bias
     return split / tensor + replicated
+
+
+def mlp_params(shape: Shape, width: int, tensor: int = 1) -> float:
+    """One MLP of this width on one tensor rank: in (2 x width under SwiGLU, column-parallel) and out (row-parallel),
+    with their biases (the out bias replicated)."""
+    h = shape.hidden
+    mlp_in = 2 * width if shape.swiglu else width
+    split, replicated = h * mlp_in + width * h, 0
+    if shape.bias:
+        split += mlp_in
+        replicated += h
+    return split / tensor + replicated
+
+
+def moe_params(shape: Shape, tensor: int = 1, expert: int = 1, expert_tensor: int = 1,
+               experts: int | None = None) -> float:
+    """The MLP side of one MoE layer on one rank (megatron-core's MoELayer): the router's weight (experts x hidden,
+    replicated), `experts` of the routed experts (all of them unless given: topk for the active count) split over
+    `expert` ranks and `expert_tensor` ranks each, and the shared experts, tensor-parallel like a dense MLP."""
+    routed = shape.experts if experts is None else experts
+    n = shape.experts * shape.hidden + routed / expert * mlp_params(shape, shape.expert_ffn_size, expert_tensor)
+    if shape.shared_ffn:
+        n += mlp_params(shape, shape.shared_ffn, tensor)
+    return n
+
+
+def layer_params(shape: Shape, tensor: int = 1, moe: bool = False, expert: int = 1, expert_tensor: int | None = None,
+                 active: bool = False) -> float:
+    """Parameters of one transformer layer held by one rank: attention, then the MLP's norm and a dense MLP, or an
+    MoE layer (`moe`) whose experts split over `expert` x `expert_tensor` ranks (expert_tensor: tensor unless given);
+    `active`: only the top-k experts a token passes through.
+
+    Column-parallel matrices (QKV, MLP in: 2f wide under SwiGLU) and their biases split over the tensor ranks;
+    row-parallel matrices (projection, MLP out) split too, but their biases and the norms are replicated on every rank.
+    """
+    n = attention_params(shape, tensor) + shape.norm_params
+    if not moe:
+        return n + mlp_params(shape, shape.ffn_size, tensor)
+    etp = tensor if expert_tensor is None else expert_tensor
+    return n + moe_params(shape, tensor, expert, etp, experts=shape.topk if active else None)
+
+
+def layers_params(shape: Shape, first: int, count: int, tensor: int = 1, expert: int = 1,
+                  expert_tensor: int | None = None, active: bool = False) -> float:
+    """The layers first .. first + count - 1 on one rank, each dense or MoE as shape.moe_layers says."""
+    pattern = shape.moe_layers[first:first + count]
+    dense, moe = pattern.count(0), pattern.count(1)
+    out = 0.0
+    if dense:
+        out += dense * layer_params(shape, tensor)
+    if moe:
+        out += moe * layer_params(shape, tensor, True, expert, expert_tensor, active)
+    return out
 
 
 def embedding_params(shape: Shape, tensor: int = 1, vocab: int | None = None) -> float:
@@ -52,8 +102,15 @@ def output_params(shape: Shape, tensor: int = 1, vocab: int | None = None) -> fl
 
 def total_params(shape: Shape) -> int:
     """The whole model with its vocabulary unpadded: gpt_params(l, h, s, V) + the final norm for a plain GPT (MHA, 4h
-    GELU MLP, tied embeddings), and the published count of a Llama."""
+    GELU MLP, tied embeddings), the published count of a Llama, and every expert of an MoE model."""
     return round(sum(stage_params(shape, [shape.num_layers], vocab=shape.vocab)))
+
+
+def active_params(shape: Shape) -> int:
+    """The parameters one token passes through, vocabulary unpadded: all of a dense model; of an MoE model the
+    router, the shared experts and the top-k routed experts of each MoE layer (the "active" count model cards give:
+    Mixtral-8x7B 12.9 B of 46.7 B)."""
+    return round(sum(stage_params(shape, [shape.num_layers], vocab=shape.vocab, active=True)))
 
 
 def params_with_padding(shape: Shape, tensor: int = 1) -> int:
@@ -61,18 +118,23 @@ def params_with_padding(shape: Shape, tensor: int = 1) -> int:
     return round(sum(stage_params(shape, [shape.num_layers], vocab=shape.padded_vocab(tensor))))
 
 
-def stage_params(shape: Shape, partition: list[int], tensor: int = 1, vocab: int | None = None) -> list[float]:
-    """Parameters held by one GPU of each pipeline stage (one tensor rank), as Megatron builds them.
+def stage_params(shape: Shape, partition: list[int], tensor: int = 1, vocab: int | None = None, expert: int = 1,
+                 expert_tensor: int | None = None, active: bool = False) -> list[float]:
+    """Parameters held by one GPU of each pipeline stage (one tensor rank, one expert rank), as Megatron builds them.
 
     The first stage holds the embeddings; the last holds the final norm and the output layer, which with tied
     embeddings and more than one stage is a second copy of the word embedding (Megatron keeps both in sync with an
-    all-reduce). `vocab`: the vocabulary counted, Megatron's padded one for this tensor size unless given.
+    all-reduce). `vocab`: the vocabulary counted, Megatron's padded one for this tensor size unless given. The stages
+    hold consecutive layers in order, so an MoE pattern's dense layers fall where they are (interleaved chunks are
+    counted as if consecutive: exact when every layer is alike).
     """
     p = len(partition)
     vocab = vocab or shape.padded_vocab(tensor)
     out = []
+    first = 0
     for i, layers in enumerate(partition):
-        n = layers * layer_params(shape, tensor)
+        n = layers_params(shape, first, layers, tensor, expert, expert_tensor, active)
+        first += layers
         if i == 0:
             n += embedding_params(shape, tensor, vocab)
         if i == p - 1:

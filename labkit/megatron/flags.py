@@ -31,6 +31,11 @@ TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTok
 """--tokenizer-type values the driver reads (Megatron-LM's names)."""
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
 """Megatron-LM's --attention-backend choices."""
+MOE_LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
+"""Megatron-LM's --moe-router-load-balancing-type choices: GShard's auxiliary loss per batch, per sequence
+(DeepSeek-V2), over the global batch, S-BASE's Sinkhorn routing, or none."""
+MOE_TOKEN_DISPATCHERS = ("allgather", "alltoall", "flex")
+"""Megatron-LM's --moe-token-dispatcher-type choices."""
 SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 """Megatron-LM's --data-parallel-sharding-strategy choices, ZeRO stages 0 to 3 in Megatron-FSDP's names."""
 
@@ -80,6 +85,7 @@ class Flag:
         return self.name[2:].replace("-", "_")
 
 
+MOE = "mixture of experts"
 MODEL, PARALLEL, FUSED, BATCH, PRECISION = ("model", "parallelism", "fused kernels (each is on where this environment "
                                             "has its kernel)", "batch", "precision")
 RECOMPUTE, OPTIMIZER, SCHEDULE, DATA, LOGGING = ("activation recomputation", "optimizer and learning rate",
@@ -107,6 +113,29 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--hidden-dropout", type=float, default=0.1, group=MODEL),
     Flag("--attention-dropout", type=float, default=0.1, group=MODEL),
     Flag("--init-method-std", type=float, default=0.02, group=MODEL),
+    Flag("--kv-channels", type=int, help="width of one attention head; default --hidden-size / --num-attention-heads",
+         group=MODEL),
+    Flag("--qk-layernorm", action="store_true", help="normalise queries and keys per head (Qwen3, OLMo 2)",
+         group=MODEL),
+
+    Flag("--num-experts", type=int, help="routed experts in each MoE layer; default: a dense model", group=MOE),
+    Flag("--moe-router-topk", type=int, default=2, help="experts each token is routed to", group=MOE),
+    Flag("--moe-ffn-hidden-size", type=int, help="MLP width of one expert; default --ffn-hidden-size", group=MOE),
+    Flag("--moe-shared-expert-intermediate-size", type=int,
+         help="MLP width of the shared experts every token passes through (their count x each one's width)",
+         group=MOE),
+    Flag("--moe-layer-freq", default=1,
+         help="which layers are MoE: N (one in N) or a pattern such as \"([0]+[1]*23)\" (0 dense, 1 MoE)",
+         group=MOE),
+    Flag("--moe-router-load-balancing-type", choices=MOE_LOAD_BALANCING_TYPES, default="aux_loss", group=MOE),
+    Flag("--moe-aux-loss-coeff", type=float, default=0.0, help="weight of the load-balancing loss (1e-2 is usual)",
+         group=MOE),
+    Flag("--moe-router-pre-softmax", action="store_true",
+         help="softmax over all experts before the top-k (needed at top-1)", group=MOE),
+    Flag("--moe-token-dispatcher-type", choices=MOE_TOKEN_DISPATCHERS, default="allgather",
+         help="how tokens reach their experts' ranks", group=MOE),
+    Flag("--moe-grouped-gemm", action="store_true", help="one grouped GEMM for a rank's experts (GPUs only)",
+         group=MOE),
     Flag("--transformer-impl", choices=("local", "transformer_engine"),
          help="default: transformer_engine when it is importable and a GPU is present, else local", group=MODEL),
 
@@ -124,6 +153,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--context-parallel-size", type=int, default=1,
          help="split the sequence over ranks, K/V exchanged in a ring (Transformer Engine on GPUs)", group=PARALLEL),
     Flag("--sequence-parallel", action="store_true", group=PARALLEL),
+    Flag("--expert-model-parallel-size", type=int, default=1, help="ranks the experts of each MoE layer split over",
+         group=PARALLEL),
+    Flag("--expert-tensor-parallel-size", type=int,
+         help="tensor ranks of each expert; default --tensor-model-parallel-size", group=PARALLEL),
     Flag("--use-distributed-optimizer", action="store_true", group=PARALLEL),
     Flag("--use-megatron-fsdp", action="store_true",
          help="wrap the model in Megatron-FSDP (megatron-core's fully sharded data parallelism; CUDA only)",
@@ -188,6 +221,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--bf16", action="store_true", group=PRECISION),
     Flag("--grad-reduce-in-bf16", action="store_true",
          help="with --bf16: bf16 gradient buffers (else fp32)", group=PRECISION),
+    Flag("--fp8-recipe", choices=("tensorwise", "delayed", "mxfp8", "blockwise"), default="delayed",
+         help="how FP8 tensors are scaled; mxfp8 (32-element blocks) needs Blackwell", group=PRECISION),
+    Flag("--fp4-format", choices=("e2m1",), help="FP4 GEMMs through Transformer Engine (with --bf16); needs Blackwell",
+         group=PRECISION),
+    Flag("--fp4-recipe", choices=("nvfp4",), default="nvfp4", help="NVFP4's 16-element block scaling",
+         group=PRECISION),
     Flag("--fp8-format", choices=("hybrid", "e4m3"),
          help="FP8 GEMMs through Transformer Engine (with --bf16); needs FP8 tensor cores", group=PRECISION),
     Flag("--loss-scale", type=float, help="fixed fp16 loss scale (default: dynamic)", group=PRECISION),

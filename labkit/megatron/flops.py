@@ -10,13 +10,34 @@ from __future__ import annotations
 from labkit.megatron.shape import Shape
 
 
-def layer_forward_flops(shape: Shape, tokens: float) -> float:
-    """Forward FLOPs of one transformer layer over `tokens` = micro_batch x seq_length tokens (non-causal attention)."""
-    h, f, s = shape.hidden, shape.ffn_size, shape.seq_length
-    qkv = h * (h + 2 * h * shape.groups / shape.heads)
-    mlp = h * f * (3 if shape.swiglu else 2)
-    attention = 2 * s * h  # QK^T and attention x V, per token
-    return 2 * tokens * (qkv + h * h + mlp + attention)
+def mlp_forward_flops(shape: Shape, tokens: float, moe: bool = False) -> float:
+    """Forward FLOPs of one layer's MLP side over `tokens`: a dense MLP, or an MoE layer's router (hidden x experts),
+    the top-k experts each token goes to and the shared experts every token passes (Megatron-LM's
+    num_floating_point_operations counts the same terms)."""
+    h, matrices = shape.hidden, (3 if shape.swiglu else 2)
+    if not moe:
+        return 2 * tokens * h * shape.ffn_size * matrices
+    per_token = h * shape.experts + shape.topk * h * shape.expert_ffn_size * matrices
+    if shape.shared_ffn:
+        per_token += h * shape.shared_ffn * matrices
+    return 2 * tokens * per_token
+
+
+def layer_forward_flops(shape: Shape, tokens: float, moe: bool | None = None) -> float:
+    """Forward FLOPs of one transformer layer over `tokens` = micro_batch x seq_length tokens (non-causal attention):
+    a dense layer, an MoE layer, or with `moe` None the mean layer of the model (its MoE and dense layers in the
+    proportion of shape.moe_layers), so that num_layers x this is the whole model's."""
+    h, s, inner = shape.hidden, shape.seq_length, shape.heads * shape.head_dim
+    qkv = h * (inner + 2 * shape.groups * shape.head_dim)
+    attention = 2 * s * inner  # QK^T and attention x V, per token
+    if moe is None and shape.moe:
+        share = sum(shape.moe_layers) / shape.num_layers
+        mlp = share * mlp_forward_flops(shape, tokens, True) + (1 - share) * mlp_forward_flops(shape, tokens, False)
+    elif moe is None:
+        mlp = mlp_forward_flops(shape, tokens)
+    else:
+        mlp = mlp_forward_flops(shape, tokens, moe)
+    return 2 * tokens * (qkv + inner * h + attention) + mlp
 
 
 def logits_forward_flops(shape: Shape, tokens: float) -> float:
@@ -25,7 +46,7 @@ def logits_forward_flops(shape: Shape, tokens: float) -> float:
 
 def attention_core_forward_flops(shape: Shape, tokens: float) -> float:
     """The part selective recompute runs again: QK^T and attention x V."""
-    return 2 * tokens * 2 * shape.seq_length * shape.hidden
+    return 2 * tokens * 2 * shape.seq_length * shape.heads * shape.head_dim
 
 
 def model_flops(shape: Shape, global_batch: int) -> float:

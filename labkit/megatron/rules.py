@@ -44,15 +44,17 @@ class Problem:
     """What is wrong and how to mend it, other arguments named through the caller's `name`."""
 
 
-def shape_problems(name: Name, *, heads: int, hidden: int, groups: int | None, tensor: int) -> list[Problem]:
-    """Attention's heads and query groups split evenly over the tensor ranks, and the hidden size over the heads.
-    `groups`: the query groups when written (grouped-query attention), else None."""
+def shape_problems(name: Name, *, heads: int, hidden: int, groups: int | None, tensor: int,
+                   kv_channels: int | None = None) -> list[Problem]:
+    """Attention's heads and query groups split evenly over the tensor ranks, and the hidden size over the heads
+    unless each head's width is written (`kv_channels`). `groups`: the query groups when written (grouped-query
+    attention), else None."""
     problems = []
     if heads % tensor:
         problems.append(Problem("num_attention_heads", f"{heads} heads do not split over "
                                 f"{name('tensor_model_parallel_size')} {tensor}; use a tensor size that divides "
                                 f"{heads}"))
-    if hidden % heads:
+    if kv_channels is None and hidden % heads:
         problems.append(Problem("hidden_size", f"{hidden} is not divisible by {name('num_attention_heads')} {heads}; "
                                 "each head needs an equal share"))
     if groups is not None:
@@ -150,7 +152,7 @@ def problems(args, world_size: int, runtime: Runtime, name: Name = flag_name) ->
     found = [Problem(key, f"must be positive, got {getattr(args, key)}") for key in POSITIVE if getattr(args, key) <= 0]
     if found:
         return found  # the rules below divide by these sizes
-    for group in (_size_problems, _recompute_problems, _pipeline_problems, _implementation_problems,
+    for group in (_size_problems, _expert_problems, _recompute_problems, _pipeline_problems, _implementation_problems,
                   _sharding_problems, _schedule_problems):
         found += group(args, world_size, runtime, name)
     return found
@@ -172,7 +174,10 @@ def _size_problems(args, world_size: int, runtime: Runtime, name: Name) -> list[
         groups = None
     elif groups is None:
         found.append(Problem("num_query_groups", f"needed with {name('group_query_attention')}"))
-    found += shape_problems(name, heads=args.num_attention_heads, hidden=args.hidden_size, groups=groups, tensor=tp)
+    found += shape_problems(name, heads=args.num_attention_heads, hidden=args.hidden_size, groups=groups, tensor=tp,
+                            kv_channels=args.kv_channels)
+    if args.kv_channels is not None and args.kv_channels <= 0:
+        found.append(Problem("kv_channels", f"must be positive, got {args.kv_channels}"))
     if args.max_position_embeddings is not None and args.seq_length > args.max_position_embeddings:
         found.append(Problem("seq_length", f"{args.seq_length} exceeds {name('max_position_embeddings')} "
                              f"{args.max_position_embeddings}"))
@@ -181,6 +186,80 @@ def _size_problems(args, world_size: int, runtime: Runtime, name: Name) -> list[
         found.append(Problem("fp16", f"conflicts with {name('bf16')}; choose one precision"))
     if args.fp8_format and not args.bf16:
         found.append(Problem("fp8_format", f"FP8 GEMMs run inside a bf16 model; add {name('bf16')}"))
+    if args.fp4_format and not args.bf16:
+        found.append(Problem("fp4_format", f"FP4 GEMMs run inside a bf16 model; add {name('bf16')}"))
+    if args.fp4_format and args.fp8_format:
+        found.append(Problem("fp4_format", f"conflicts with {name('fp8_format')}; choose one"))
+    return found
+
+
+MOE_ONLY = ("moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_grouped_gemm", "moe_router_pre_softmax")
+"""Arguments that shape or run experts: without --num-experts megatron-core builds dense MLPs and would ignore them
+(moe_ffn_hidden_size it refuses), so each is refused rather than silently dropped."""
+
+
+def _expert_problems(args, world_size: int, runtime: Runtime, name: Name) -> list[Problem]:
+    """Mixture of experts, as megatron-core 0.16.1 builds it: TransformerConfig.__post_init__ (experts, router,
+    shared experts, biases), parallel_state.initialize_model_parallel (the experts' own grid, expert_tensor x expert x
+    pipeline, over the same world), MoELayer (experts split evenly over the expert ranks; tensor parallelism trains
+    with sequence parallelism) and get_gpt_decoder_block_spec (--moe-layer-freq)."""
+    experts, ep = args.num_experts, args.expert_model_parallel_size
+    etp = sizes.expert_tensor_size(args.tensor_model_parallel_size, args.expert_tensor_parallel_size)
+    found = [Problem(key, f"must be positive, got {getattr(args, key)}")
+             for key in ("expert_model_parallel_size", "expert_tensor_parallel_size", "num_experts",
+                         "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size")
+             if getattr(args, key) is not None and getattr(args, key) <= 0]
+    if found:
+        return found
+    if experts is None:
+        if ep > 1:
+            found.append(Problem("expert_model_parallel_size", f"splits experts over ranks; needs {name('num_experts')} "
+                                 "(a mixture-of-experts model), or use 1"))
+        if args.expert_tensor_parallel_size is not None:
+            found.append(Problem("expert_tensor_parallel_size", f"splits each expert; needs {name('num_experts')} (a "
+                                 "mixture-of-experts model), or leave it out"))
+        found += [Problem(key, f"applies to mixture-of-experts layers only; set {name('num_experts')}, or leave it "
+                          "out") for key in MOE_ONLY if getattr(args, key)]
+        if str(args.moe_layer_freq) != "1":
+            found.append(Problem("moe_layer_freq", f"applies to mixture-of-experts layers only; set "
+                                 f"{name('num_experts')}, or leave it out"))
+        return found
+    if experts % ep:
+        found.append(Problem("expert_model_parallel_size", f"{ep} ranks cannot share {name('num_experts')} {experts} "
+                             f"evenly; use a divisor of {experts}"))
+    split = etp * ep * args.pipeline_model_parallel_size
+    if world_size % split:
+        found.append(Problem("expert_model_parallel_size", f"the expert layers split the world size {world_size} into "
+                             f"{name('expert_tensor_parallel_size')} {etp} x {name('expert_model_parallel_size')} {ep} "
+                             f"x {name('pipeline_model_parallel_size')} {args.pipeline_model_parallel_size} x "
+                             f"expert-data; use sizes whose product divides {world_size}"))
+    topk = args.moe_router_topk
+    if not 1 <= topk <= experts:
+        found.append(Problem("moe_router_topk", f"{topk}: each token goes to between 1 and {name('num_experts')} "
+                             f"{experts} experts"))
+    elif topk == 1 and not args.moe_router_pre_softmax and args.moe_router_load_balancing_type != "sinkhorn":
+        found.append(Problem("moe_router_topk", f"1 needs {name('moe_router_pre_softmax')} (a softmax over one chosen "
+                             "expert has zero gradient; megatron-core refuses it)"))
+    if args.add_bias_linear and etp != 1:
+        found.append(Problem("expert_tensor_parallel_size", f"{etp}: megatron-core keeps experts' biases only when each "
+                             f"expert is whole; use {name('expert_tensor_parallel_size')} 1, or drop the linear layers' "
+                             f"biases ({name('add_bias_linear')})"))
+    if args.tensor_model_parallel_size > 1 and not args.sequence_parallel:
+        found.append(Problem("sequence_parallel", f"needed beside {name('tensor_model_parallel_size')} "
+                             f"{args.tensor_model_parallel_size} in a mixture-of-experts model (megatron-core's MoE "
+                             "layer refuses to train tensor-parallel without it)"))
+    try:
+        sizes.moe_layer_pattern(args.moe_layer_freq, args.num_layers)
+    except sizes.SizeError as exc:
+        found.append(Problem("moe_layer_freq", str(exc).removeprefix(f"moe_layer_freq {args.moe_layer_freq!r} ")))
+    if runtime.driver and not runtime.cuda:
+        for key, used, what in (("moe_grouped_gemm", args.moe_grouped_gemm, "grouped GEMM kernels"),
+                                ("moe_token_dispatcher_type", args.moe_token_dispatcher_type == "flex",
+                                 "the flex dispatcher's DeepEP/HybridEP kernels")):
+            if used:
+                found.append(Problem(key, f"needs GPUs ({what}); on CPUs use "
+                                     + ("allgather or alltoall" if key == "moe_token_dispatcher_type"
+                                        else "one GEMM per expert: leave it out")))
     return found
 
 
@@ -330,7 +409,7 @@ def _implementation_problems(args, world_size: int, runtime: Runtime, name: Name
         found.append(Problem("context_parallel_size", "labkit's driver does not split sequences over context-parallel "
                              "ranks (the batch slicing and loss reduction are Megatron-LM's); use 1, or run "
                              "Megatron-LM's pretrain_gpt.py"))
-    needs_te = {"fp8_format": args.fp8_format is not None,
+    needs_te = {"fp8_format": args.fp8_format is not None, "fp4_format": args.fp4_format is not None,
                 "attention_backend": args.attention_backend in ("flash", "fused"),
                 "sequence_parallel": args.sequence_parallel and args.tensor_model_parallel_size > 1,
                 # on the driver these two are refused above, wherever it runs

@@ -50,6 +50,43 @@ class Shape:
     """Dropout after attention and MLP (ModelSpec.hidden_dropout); at 0 no mask is kept."""
     attention_dropout: float = FLAG.attention_dropout.default
     """Dropout of the attention probabilities (ModelSpec.attention_dropout); at 0 no mask is kept."""
+    kv_channels: int | None = None
+    """Width of one attention head as written (ModelSpec.kv_channels); None: hidden / heads."""
+    qk_layernorm: bool = False
+    """Queries and keys normalised per head (ModelSpec.qk_layernorm): two norms of one head's width per layer."""
+    experts: int | None = None
+    """Routed experts per MoE layer (ModelSpec.num_experts); None: a dense model."""
+    topk: int = FLAG.moe_router_topk.default
+    """Experts each token is routed to (ModelSpec.moe_router_topk)."""
+    expert_ffn: int | None = None
+    """One expert's MLP width as written (ModelSpec.moe_ffn_hidden_size); None: ffn_size."""
+    shared_ffn: int | None = None
+    """The shared experts' MLP width, all of them together (ModelSpec.moe_shared_expert_intermediate_size)."""
+    moe_layer_freq: str | None = None
+    """Which layers are MoE (ModelSpec.moe_layer_freq): N or a pattern; None: every layer of an MoE model."""
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head: kv_channels, or hidden / heads (Megatron-LM's default)."""
+        return self.kv_channels or self.hidden // self.heads
+
+    @property
+    def moe(self) -> bool:
+        """A mixture-of-experts model."""
+        return bool(self.experts)
+
+    @property
+    def expert_ffn_size(self) -> int:
+        """One expert's MLP width in effect: moe_ffn_hidden_size, else the dense MLP's (Megatron-LM's
+        validate_args)."""
+        return sizes.moe_ffn_hidden_size(self.ffn_size, self.expert_ffn)
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """1 for each MoE layer, 0 for each dense one (labkit.megatron.sizes.moe_layer_pattern); all 0 when dense."""
+        if not self.moe:
+            return (0,) * self.num_layers
+        return tuple(sizes.moe_layer_pattern(self.moe_layer_freq, self.num_layers))
 
     @property
     def groups(self) -> int:
@@ -78,7 +115,14 @@ class Shape:
                     "bias": getattr(model, "add_bias_linear", None),
                     "vocab_multiple": getattr(model, "make_vocab_size_divisible_by", None),
                     "hidden_dropout": getattr(model, "hidden_dropout", None),
-                    "attention_dropout": getattr(model, "attention_dropout", None)}
+                    "attention_dropout": getattr(model, "attention_dropout", None),
+                    "kv_channels": getattr(model, "kv_channels", None),
+                    "qk_layernorm": getattr(model, "qk_layernorm", None),
+                    "experts": getattr(model, "num_experts", None) or None,
+                    "topk": getattr(model, "moe_router_topk", None),
+                    "expert_ffn": getattr(model, "moe_ffn_hidden_size", None),
+                    "shared_ffn": getattr(model, "moe_shared_expert_intermediate_size", None),
+                    "moe_layer_freq": getattr(model, "moe_layer_freq", None)}
         return cls(num_layers=model.num_layers, hidden=model.hidden_size, heads=model.num_attention_heads,
                    seq_length=model.seq_length, vocab=model.vocab_size, query_groups=model.num_query_groups,
                    ffn=model.ffn_hidden_size, swiglu=bool(model.swiglu), tied=not model.untie_embeddings,

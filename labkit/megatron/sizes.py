@@ -10,6 +10,7 @@ saying which sizes disagree.
 """
 from __future__ import annotations
 
+import ast
 import re
 
 # Megatron-LM keeps the SwiGLU MLP width a multiple of this (megatron/training/arguments.py, validate_args), so that
@@ -219,3 +220,77 @@ def virtual_stage_counts(num_layers: int, pipeline: int) -> list[int]:
             per_stage = total // pipeline
             counts.update(v for v in range(1, per_stage + 1) if per_stage % v == 0)
     return sorted(counts)
+
+
+# --- mixture of experts ----------------------------------------------------------------------------------------------
+
+_PATTERN = re.compile(r"[\[\]\d\s,+*()]+")
+
+
+def moe_layer_pattern(freq: int | str | None, num_layers: int) -> list[int]:
+    """Which layers are MoE (1) and which dense (0), from --moe-layer-freq as megatron-core reads it
+    (get_gpt_decoder_block_spec, megatron/core/models/gpt/gpt_layer_specs.py): an integer N makes layer i MoE when
+    i % N == 0; a pattern such as "([0]+[1]*23)" is Megatron-LM's Python list expression of lists, +, * and integers,
+    with one 0 or 1 per layer. Megatron-LM evaluates the pattern with eval; here only that grammar is read. Raises
+    SizeError on anything else."""
+    text = "1" if freq is None else str(freq).strip()
+    if text.isdigit():
+        n = int(text)
+        if n <= 0:
+            raise SizeError(f"moe_layer_freq {n} must be a positive number of layers")
+        return [1 if i % n == 0 else 0 for i in range(num_layers)]
+    if not _PATTERN.fullmatch(text) or "[" not in text:
+        raise SizeError(f"moe_layer_freq {text!r} is neither a number nor a pattern of lists like \"([0]+[1]*23)\"")
+    pattern = _list_expression(text)
+    if len(pattern) != num_layers or any(v not in (0, 1) for v in pattern):
+        raise SizeError(f"moe_layer_freq {text!r} gives {len(pattern)} entries of 0 and 1, the model has {num_layers} "
+                        "layers")
+    return pattern
+
+
+def _list_expression(text: str) -> list[int]:
+    """A list expression of list literals, +, * and integers, evaluated on its syntax tree (never eval)."""
+    def value(node):
+        if isinstance(node, ast.List):
+            return [value(e) for e in node.elts]
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
+                return left + right
+            if isinstance(node.op, ast.Mult) and isinstance(left, list) and isinstance(right, int) and right < 10**5:
+                return left * right
+        raise SizeError(f"moe_layer_freq {text!r}: only lists of 0 and 1 joined by + and repeated by * are read")
+
+    try:
+        result = value(ast.parse(text, mode="eval").body)
+    except SyntaxError:
+        raise SizeError(f"moe_layer_freq {text!r} is not a list expression like \"([0]+[1]*23)\"") from None
+    if not isinstance(result, list) or any(isinstance(v, list) for v in result):
+        raise SizeError(f"moe_layer_freq {text!r} must give one flat list")
+    return result
+
+
+def moe_ffn_hidden_size(ffn_hidden_size: int, written: int | None = None) -> int:
+    """One expert's MLP width: `written` (--moe-ffn-hidden-size) when given, else the dense MLP's
+    (Megatron-LM's validate_args and TransformerConfig.__post_init__)."""
+    return written if written is not None else ffn_hidden_size
+
+
+def expert_tensor_size(tensor: int, expert_tensor: int | None) -> int:
+    """Tensor ranks of each expert: --expert-tensor-parallel-size, else --tensor-model-parallel-size (Megatron-LM's
+    validate_args)."""
+    return tensor if expert_tensor is None else expert_tensor
+
+
+def expert_data_parallel_size(world: int, expert: int = 1, expert_tensor: int = 1, pipeline: int = 1) -> int:
+    """Replicas of each expert: world / (expert_tensor x expert x pipeline), as megatron-core's
+    initialize_model_parallel sizes its expert-data-parallel groups (the expert layers' own grid over the same ranks;
+    context ranks count as data ranks there). Their gradients reduce over these ranks, not the dense data-parallel
+    group. Raises SizeError when the world does not divide."""
+    split = expert_tensor * expert * pipeline
+    if world <= 0 or split <= 0 or world % split:
+        raise SizeError(f"world size {world} is not divisible by expert_tensor {expert_tensor} x expert {expert} x "
+                        f"pipeline {pipeline} = {split}")
+    return world // split

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 
 from labkit import catalog, deepspeed_config
 from labkit.megatron import rules, sharding, sizes
-from labkit.megatron.flags import (ATTENTION_BACKENDS, NORMALIZATIONS, POSITION_EMBEDDING_TYPES, TOKENIZER_TYPES,
-                                   ArgumentError, build_parser, flag_errors)
+from labkit.megatron.flags import (ATTENTION_BACKENDS, MOE_LOAD_BALANCING_TYPES, MOE_TOKEN_DISPATCHERS,
+                                   NORMALIZATIONS, POSITION_EMBEDDING_TYPES, TOKENIZER_TYPES, ArgumentError,
+                                   build_parser, flag_errors)
 from labkit.megatron_args import ALWAYS, spec_flags
 from labkit.spec import files
 from labkit.spec.errors import CONTROL_CHARS, SpecError, quote
@@ -24,11 +25,14 @@ from labkit.spec.errors import CONTROL_CHARS, SpecError, quote
 if TYPE_CHECKING:
     from labkit.spec.schema import RunSpec
 
-PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
+PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4")
 RECOMPUTE_GRANULARITIES = ("full", "selective")
 RECOMPUTE_METHODS = ("uniform", "block")
 OPTIMIZERS = ("adam", "sgd")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
+MOE_KEYS = ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_layer_freq",
+            "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_token_dispatcher_type", "moe_grouped_gemm")
+"""model keys that shape or route experts."""
 MAX_WORLD = 2 ** 20
 """Most processes a spec may lay out (a million GPUs), and the bound of parallel.data and of a node group's figures:
 sizes far beyond any cluster are typing errors, and checking them must not build one entry per rank."""
@@ -61,7 +65,10 @@ SPEC_FIELDS = {"num_attention_heads": "model.num_attention_heads", "hidden_size"
                "use_torch_fsdp2": "optimizer.zero_stage", "use_megatron_fsdp": "optimizer.zero_stage",
                "deepspeed": "optimizer.zero_backend", "optimizer": "optimizer.name", "fp16": "precision",
                "bf16": "precision", "save": "train.save", "load": "train.load", "ckpt_format": "train.ckpt_format",
-               "tensorboard_dir": "train.tensorboard_dir"}
+               "tensorboard_dir": "train.tensorboard_dir", "num_experts": "model.num_experts",
+               "expert_model_parallel_size": "parallel.expert", "expert_tensor_parallel_size": "parallel.expert_tensor",
+               "add_bias_linear": "model.add_bias_linear", "moe_router_topk": "model.moe_router_topk",
+               "moe_layer_freq": "model.moe_layer_freq", "kv_channels": "model.kv_channels"}
 """The spec field that sets each Megatron argument (argparse dest) labkit.megatron.rules speaks of, where the spec
 renders no flag for it: a rule may name an argument the command line lacks ("needs --use-distributed-optimizer")."""
 
@@ -128,13 +135,15 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
             errors.append(f"model.{name}: missing; set it or pick a model.preset ({', '.join(catalog.models())})")
         elif value <= 0:
             errors.append(f"model.{name}: must be a positive number, got {value}")
-    for name in ("num_query_groups", "ffn_hidden_size"):
+    for name in ("num_query_groups", "ffn_hidden_size", "kv_channels", "num_experts", "moe_router_topk",
+                 "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size"):
         value = getattr(m, name)
         if value is not None and value <= 0:
             errors.append(f"model.{name}: must be a positive number, got {value}; or leave it out for the default")
     for where, value in (("parallel.tensor", par.tensor), ("parallel.pipeline", par.pipeline),
                          ("parallel.context", par.context),
                          ("parallel.data", par.data), ("parallel.virtual_stages", par.virtual_stages),
+                         ("parallel.expert", par.expert), ("parallel.expert_tensor", par.expert_tensor),
                          ("batch.micro", b.micro), ("batch.global", b.global_), ("train.iters", spec.train.iters),
                          ("train.log_interval", spec.train.log_interval)):
         if value is not None and value <= 0:
@@ -164,7 +173,7 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
 
     t, p = par.tensor, par.pipeline
     errors += _worded(rules.shape_problems(_field, heads=m.num_attention_heads, hidden=m.hidden_size,
-                                           groups=m.num_query_groups, tensor=t))
+                                           groups=m.num_query_groups, tensor=t, kv_channels=m.kv_channels))
 
     world, c = spec.world_size, par.context
     split = t * c * p
@@ -226,6 +235,16 @@ def _check_architecture(spec: RunSpec) -> list[str]:
         value = getattr(m, name)
         if value is not None and not 0 <= value < 1:
             errors.append(f"model.{name}: a dropout probability is at least 0 and below 1, got {value}")
+    for key, choices in (("moe_token_dispatcher_type", MOE_TOKEN_DISPATCHERS),
+                         ("moe_router_load_balancing_type", MOE_LOAD_BALANCING_TYPES)):
+        value = getattr(m, key)
+        if value is not None and value not in choices:
+            errors.append(f"model.{key}: {quote(value)} is not one of {', '.join(choices)}")
+    if not m.num_experts:  # a dense model renders none of them: text the user wrote would be dropped unseen
+        errors += [f"model.{key}: applies to mixture-of-experts models only; set model.num_experts, or leave it out"
+                   for key in MOE_KEYS if getattr(m, key) not in (None, False)]
+    if m.moe_aux_loss_coeff is not None and m.moe_aux_loss_coeff < 0:
+        errors.append(f"model.moe_aux_loss_coeff: must be zero or more, got {m.moe_aux_loss_coeff}")
     tokenizer = spec.data.tokenizer
     if tokenizer is not None and tokenizer.type not in TOKENIZER_TYPES:
         errors.append(f"data.tokenizer.type: {quote(tokenizer.type)} is not one of {', '.join(TOKENIZER_TYPES)}")
@@ -331,6 +350,12 @@ def _check_kernels(spec: RunSpec) -> list[str]:
             if not gpu.fp8:
                 errors.append(f"precision: fp8 needs FP8 tensor cores (Ada, Hopper or later), and cluster GPU "
                               f"{name} has none; use bf16")
+    if spec.precision in ("mxfp8", "nvfp4"):
+        for name, gpu in sorted(known.items()):
+            if not gpu.fp4:
+                fallback = "fp8" if gpu.fp8 else "bf16"
+                errors.append(f"precision: {spec.precision} scales blocks of values in the tensor cores of Blackwell "
+                              f"(B200, GB200, GB300) and later, and cluster GPU {name} has none; use {fallback}")
     return errors
 
 

@@ -32,7 +32,13 @@ _MODEL_DEFAULTS = {key: flag.value_when_absent for key, flag in (
     ("swiglu", FLAG.swiglu), ("untie_embeddings", FLAG.untie_embeddings_and_output_weights),
     ("normalization", FLAG.normalization), ("position_embedding_type", FLAG.position_embedding_type),
     ("add_bias_linear", FLAG.disable_bias_linear), ("make_vocab_size_divisible_by", FLAG.make_vocab_size_divisible_by),
-    ("hidden_dropout", FLAG.hidden_dropout), ("attention_dropout", FLAG.attention_dropout))}
+    ("hidden_dropout", FLAG.hidden_dropout), ("attention_dropout", FLAG.attention_dropout),
+    ("qk_layernorm", FLAG.qk_layernorm))}
+# ... and a mixture-of-experts model's routing the same way (a dense model leaves them unset).
+_MOE_DEFAULTS = {key: flag.value_when_absent for key, flag in (
+    ("moe_router_topk", FLAG.moe_router_topk), ("moe_router_load_balancing_type", FLAG.moe_router_load_balancing_type),
+    ("moe_aux_loss_coeff", FLAG.moe_aux_loss_coeff), ("moe_token_dispatcher_type", FLAG.moe_token_dispatcher_type),
+    ("moe_grouped_gemm", FLAG.moe_grouped_gemm))}
 _ROTARY_BASE = FLAG.rotary_base.default
 """Megatron-LM's --rotary-base default, in effect under position_embedding_type rope."""
 
@@ -257,7 +263,7 @@ def _with_preset(model: dict, errors: list[str]) -> dict:
     merged.update({k: v for k, v in model.items() if v is not None or k not in merged})
     if merged.get("position_embedding_type") != "rope" and model.get("rotary_base") is None:
         merged.pop("rotary_base", None)  # the preset's base belongs to the rotary positions the spec turned off
-    for key, default in _MODEL_DEFAULTS.items():
+    for key, default in (_MODEL_DEFAULTS | (_MOE_DEFAULTS if merged.get("num_experts") else {})).items():
         if merged.get(key) is None:
             merged[key] = default
     if merged["position_embedding_type"] == "rope" and merged.get("rotary_base") is None:

@@ -59,6 +59,43 @@ class ModelSpec:
     """Dropout after attention and MLP (--hidden-dropout); None: the preset's choice, else Megatron-LM's 0.1."""
     attention_dropout: float | None = None
     """Dropout of the attention probabilities (--attention-dropout); None: the preset's choice, else 0.1."""
+    kv_channels: int | None = None
+    """Width of one attention head (--kv-channels); None: the preset's choice, else hidden_size /
+    num_attention_heads. Qwen3 sets it apart: 32 heads of 128 over a hidden size of 2048."""
+    qk_layernorm: bool | None = None
+    """Normalise queries and keys per head before attention (--qk-layernorm); None: the preset's choice, else false."""
+    num_experts: int | None = None
+    """Routed experts in each MoE layer (--num-experts); None: the preset's choice, else a dense model. A
+    mixture-of-experts layer replaces the MLP by this many expert MLPs and a router (Shazeer et al. 2017, GShard:
+    arXiv:2006.16668); megatron-core's MoE layer, docs at megatron/core/transformer/moe/README.md."""
+    moe_router_topk: int | None = None
+    """Experts each token is routed to (--moe-router-topk); None: the preset's choice, else Megatron's 2."""
+    moe_ffn_hidden_size: int | None = None
+    """MLP width of one expert (--moe-ffn-hidden-size); None: the preset's choice, else ffn_hidden_size."""
+    moe_shared_expert_intermediate_size: int | None = None
+    """MLP width of the shared experts every token passes through, their count times each one's width
+    (--moe-shared-expert-intermediate-size; DeepSeekMoE: arXiv:2401.06066); None: the preset's choice, else none."""
+    moe_layer_freq: str | None = None
+    """Which layers are MoE (--moe-layer-freq): N, one MoE layer in every N (layer i is MoE when i % N == 0), or a
+    pattern with one entry per layer, 1 for MoE and 0 for dense, such as "([0]*1+[1]*27)"; None: the preset's choice,
+    else every layer. Kept as written."""
+    moe_router_load_balancing_type: str | None = None
+    """aux_loss (GShard's, per micro-batch), seq_aux_loss (per sequence, DeepSeek-V2), global_aux_loss, sinkhorn or
+    none (--moe-router-load-balancing-type); None: the preset's choice, else aux_loss."""
+    moe_aux_loss_coeff: float | None = None
+    """Weight of the load-balancing loss added to the language-model loss (--moe-aux-loss-coeff); None: the
+    preset's choice, else 0 (Megatron's default; 1e-2 is the usual start)."""
+    moe_token_dispatcher_type: str | None = None
+    """How tokens reach the ranks of their experts (--moe-token-dispatcher-type): allgather, alltoall or flex
+    (DeepEP/HybridEP, GPUs only); None: the preset's choice, else allgather."""
+    moe_grouped_gemm: bool | None = None
+    """Run a rank's experts as one grouped GEMM (--moe-grouped-gemm; GPUs only); None: the preset's choice, else
+    false."""
+
+    @property
+    def moe(self) -> bool:
+        """A mixture-of-experts model."""
+        return bool(self.num_experts)
 
     @property
     def query_groups(self) -> int:
@@ -105,6 +142,14 @@ class ParallelSpec:
     """Context-parallel size (--context-parallel-size): each sequence split over this many ranks, which pass their
     keys and values round a ring in every attention layer; world = tensor x context x data x pipeline. Needs
     Transformer Engine on GPUs."""
+    expert: int = 1
+    """Expert-parallel size (--expert-model-parallel-size): each MoE layer's experts split over this many ranks, which
+    exchange tokens before and after the experts. The expert layers fold their own grid over the same ranks:
+    expert_tensor x expert x expert-data x pipeline = world, so expert_tensor x expert divides tensor x context x
+    data."""
+    expert_tensor: int | None = None
+    """Tensor-parallel size inside each expert (--expert-tensor-parallel-size); None: parallel.tensor, as Megatron-LM
+    defaults it. 1 keeps every expert whole, as most MoE recipes do."""
 
 
 @dataclass
