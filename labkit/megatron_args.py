@@ -263,6 +263,8 @@ def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike 
         out.add("recompute.num_layers", F.recompute_num_layers, r.num_layers)
     elif r is not None:
         out.add("recompute.granularity", F.recompute_granularity, "selective")
+        if r.modules is not None:
+            out.add("recompute.modules", F.recompute_modules, *r.modules)
 
     for key, flag in (("name", F.optimizer), ("lr", F.lr), ("min_lr", F.min_lr), ("lr_decay_style", F.lr_decay_style),
                       ("lr_warmup_fraction", F.lr_warmup_fraction), ("weight_decay", F.weight_decay),

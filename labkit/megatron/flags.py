@@ -36,6 +36,10 @@ MOE_LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sink
 (DeepSeek-V2), over the global batch, S-BASE's Sinkhorn routing, or none."""
 MOE_TOKEN_DISPATCHERS = ("allgather", "alltoall", "flex")
 """Megatron-LM's --moe-token-dispatcher-type choices."""
+RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe", "moe_act", "shared_experts", "mla_up_proj")
+"""Megatron-LM's --recompute-modules choices (megatron-core 0.16.1's TransformerConfig.recompute_modules): attention's
+core, the dense MLP, the two norms, the MoE layer, its experts' activation function, its shared experts, and
+multi-latent attention's up projection."""
 SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 """Megatron-LM's --data-parallel-sharding-strategy choices, ZeRO stages 0 to 3 in Megatron-FSDP's names."""
 
@@ -238,6 +242,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--recompute-granularity", choices=("full", "selective"), group=RECOMPUTE),
     Flag("--recompute-method", choices=("uniform", "block"), group=RECOMPUTE),
     Flag("--recompute-num-layers", type=int, group=RECOMPUTE),
+    Flag("--recompute-modules", nargs="+", choices=RECOMPUTE_MODULES,
+         help="with --recompute-granularity selective: the modules recomputed (default core_attn)", group=RECOMPUTE),
     Flag("--recompute-activations", action="store_true",
          help="legacy spelling of selective recompute", group=RECOMPUTE),
     Flag("--checkpoint-activations", action="store_true", help="legacy spelling of full recompute", group=RECOMPUTE),

@@ -306,6 +306,25 @@ def _recompute_problems(args, world_size: int, runtime: Runtime, name: Name) -> 
     elif method or layers is not None:
         found.append(Problem("recompute_method" if method else "recompute_num_layers",
                              f"only applies to {name('recompute_granularity')} full"))
+    modules = args.recompute_modules or []
+    if modules and granularity != "selective":
+        found.append(Problem("recompute_modules", f"only applies to {name('recompute_granularity')} selective"))
+    elif modules:
+        # megatron-core 0.16.1's TransformerConfig.__post_init__, and what labkit builds (no multi-latent attention);
+        # a module the model lacks would be recomputed nowhere, so it is refused rather than ignored
+        moe, shared = args.num_experts is not None, bool(args.moe_shared_expert_intermediate_size)
+        for module, ok, why in (
+                ("moe", moe, f"recomputes an MoE layer; needs {name('num_experts')}"),
+                ("moe_act", moe and args.moe_grouped_gemm,
+                 f"recomputes the experts' activation inside grouped GEMM; needs {name('moe_grouped_gemm')}"),
+                ("shared_experts", shared,
+                 f"recomputes the shared experts; needs {name('moe_shared_expert_intermediate_size')}"),
+                ("mla_up_proj", False, "recomputes multi-latent attention's up projection, which labkit does not "
+                                       "build"),
+                ("mlp", not moe or args.moe_layer_freq not in (1, "1"),
+                 "recomputes dense MLPs, and every layer of this model is MoE; use moe or moe_act")):
+            if module in modules and not ok:
+                found.append(Problem("recompute_modules", f"{module} {why}"))
     return found
 
 

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from labkit import catalog, deepspeed_config
 from labkit.megatron import rules, sharding, sizes
 from labkit.megatron.flags import (ATTENTION_BACKENDS, MOE_LOAD_BALANCING_TYPES, MOE_TOKEN_DISPATCHERS,
-                                   NORMALIZATIONS, POSITION_EMBEDDING_TYPES, TOKENIZER_TYPES, ArgumentError,
+                                   NORMALIZATIONS, POSITION_EMBEDDING_TYPES, RECOMPUTE_MODULES, TOKENIZER_TYPES,
+                                   ArgumentError,
                                    build_parser, flag_errors)
 from labkit.megatron_args import ALWAYS, spec_flags
 from labkit.spec import files
@@ -68,7 +69,11 @@ SPEC_FIELDS = {"num_attention_heads": "model.num_attention_heads", "hidden_size"
                "tensorboard_dir": "train.tensorboard_dir", "num_experts": "model.num_experts",
                "expert_model_parallel_size": "parallel.expert", "expert_tensor_parallel_size": "parallel.expert_tensor",
                "add_bias_linear": "model.add_bias_linear", "moe_router_topk": "model.moe_router_topk",
-               "moe_layer_freq": "model.moe_layer_freq", "kv_channels": "model.kv_channels"}
+               "moe_layer_freq": "model.moe_layer_freq", "kv_channels": "model.kv_channels",
+               "moe_grouped_gemm": "model.moe_grouped_gemm", "moe_ffn_hidden_size": "model.moe_ffn_hidden_size",
+               "moe_shared_expert_intermediate_size": "model.moe_shared_expert_intermediate_size",
+               "moe_token_dispatcher_type": "model.moe_token_dispatcher_type",
+               "recompute_granularity": "recompute.granularity", "recompute_modules": "recompute.modules"}
 """The spec field that sets each Megatron argument (argparse dest) labkit.megatron.rules speaks of, where the spec
 renders no flag for it: a rule may name an argument the command line lacks ("needs --use-distributed-optimizer")."""
 
@@ -406,6 +411,15 @@ def _check_recompute(spec: RunSpec) -> list[str]:
             errors.append(f"recompute.num_layers: must be a positive number, got {r.num_layers}")
         elif spec.model.num_layers and r.method == "block" and r.num_layers > spec.model.num_layers:
             errors.append(f"recompute.num_layers: {r.num_layers} exceeds model.num_layers {spec.model.num_layers}")
+    if r.modules is not None:
+        if r.granularity != "selective":
+            errors.append("recompute.modules: chooses what granularity selective recomputes; set granularity "
+                          "selective, or leave modules out")
+        if not r.modules:
+            errors.append(f"recompute.modules: empty; name one or more of {', '.join(RECOMPUTE_MODULES)}, or leave "
+                          "it out for core_attn")
+        errors += [f"recompute.modules[{i}]: {quote(module)} is not one of {', '.join(RECOMPUTE_MODULES)}"
+                   for i, module in enumerate(r.modules) if module not in RECOMPUTE_MODULES]
     return errors
 
 

@@ -189,11 +189,17 @@ class BatchSpec:
 class RecomputeSpec:
     """Activation recomputation (absent, or `recompute: none`, to keep every activation)."""
     granularity: str = "full"
-    """full (whole layers) or selective (attention only) (--recompute-granularity)."""
+    """full (whole layers) or selective (the modules in `modules`, attention's core by default)
+    (--recompute-granularity)."""
     method: str | None = "uniform"
     """uniform or block, with granularity full (--recompute-method)."""
     num_layers: int = 1
     """Layers per recomputed chunk (uniform) or recomputed per stage (block) (--recompute-num-layers)."""
+    modules: list[str] | None = None
+    """With granularity selective, the modules each layer recomputes in its backward pass instead of keeping their
+    activations (--recompute-modules): core_attn (attention's scores and softmax), mlp (the dense MLP), layernorm
+    (the two norms), moe (the whole MoE layer), moe_act (its experts' activation function, with grouped GEMM),
+    shared_experts; None: megatron-core's default, core_attn."""
 
 
 @dataclass

@@ -1,0 +1,38 @@
+"""Recompute by module: `recompute: {granularity: selective, modules: [...]}` renders Megatron-LM's
+--recompute-modules, and megatron-core's rules on the modules are named by field."""
+import pytest
+
+from labkit.megatron.flags import build_parser
+from labkit.megatron_args import megatron_args
+from labkit.spec import SpecError, load_spec
+
+
+def test_modules_render_as_megatron_lm_spells_them_and_parse():
+    spec = load_spec({"recompute": {"granularity": "selective", "modules": ["core_attn", "mlp", "layernorm"]}})
+    args = build_parser().parse_args(megatron_args(spec))
+    assert (args.recompute_granularity, args.recompute_modules) == ("selective", ["core_attn", "mlp", "layernorm"])
+    plain = megatron_args(load_spec({"recompute": {"granularity": "selective"}}))
+    assert "--recompute-modules" not in plain  # megatron-core's default, core_attn
+
+
+@pytest.mark.parametrize("recompute, model, error", [
+    ({"granularity": "full", "modules": ["mlp"]}, {}, "recompute.modules: chooses what granularity selective"),
+    ({"granularity": "selective", "modules": []}, {}, "recompute.modules: empty"),
+    ({"granularity": "selective", "modules": ["attention"]}, {}, "recompute.modules[0]: 'attention' is not one of"),
+    ({"granularity": "selective", "modules": ["moe"]}, {}, "recompute.modules: moe recomputes an MoE layer"),
+    ({"granularity": "selective", "modules": ["moe_act"]}, {"num_experts": 4}, "needs model.moe_grouped_gemm"),
+    ({"granularity": "selective", "modules": ["shared_experts"]}, {"num_experts": 4},
+     "needs model.moe_shared_expert_intermediate_size"),
+    ({"granularity": "selective", "modules": ["mlp"]}, {"num_experts": 4}, "every layer of this model is MoE"),
+    ({"granularity": "selective", "modules": ["mla_up_proj"]}, {}, "which labkit does not build"),
+])
+def test_each_module_rule_is_named_by_its_field(recompute, model, error):
+    with pytest.raises(SpecError) as refused:
+        load_spec({"model": {"preset": "tiny", **model}, "recompute": recompute})
+    assert any(e.startswith(error) or error in e for e in refused.value.errors), refused.value.errors
+
+
+def test_a_pattern_with_dense_layers_may_recompute_their_mlps():
+    spec = load_spec({"model": {"preset": "tiny", "num_experts": 4, "moe_layer_freq": "([0]+[1])"},
+                      "recompute": {"granularity": "selective", "modules": ["mlp", "moe"]}})
+    assert spec.recompute.modules == ["mlp", "moe"]
