@@ -50,6 +50,7 @@ def print_spec_errors(where, exc, as_json: bool = False) -> int:
 
 
 def _validate(args) -> int:
+    from labkit.estimate.checkpoint import requeue_notes
     from labkit.spec import SpecError, load_spec, resolved_summary
     from labkit.spec.files import path_notes
 
@@ -62,7 +63,7 @@ def _validate(args) -> int:
         print(json.dumps(resolved, indent=2))
     else:
         print(yaml.safe_dump(resolved, sort_keys=False), end="")
-    for line in path_notes(spec):  # on stderr: stdout stays the spec alone
+    for line in path_notes(spec) + requeue_notes(spec):  # on stderr: stdout stays the spec alone
         print(line, file=sys.stderr)
     return 0
 

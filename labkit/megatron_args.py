@@ -318,6 +318,12 @@ def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike 
         # the same flag for both entrypoints; left out, each writes its own default (the driver torch, Megatron-LM
         # torch_dist), which is what the spec's docs promise
         out.add("train.ckpt_format", F.ckpt_format, tr.ckpt_format)
+    if (save and spec.job.entrypoint == sharding.MEGATRON_LM and tr.ckpt_format in (None, "torch_dist")
+            and sharding.of_spec(spec).implementation == sharding.DISTRIBUTED_OPTIMIZER):
+        # Megatron-LM 0.16.1 saves the distributed optimizer's state dp_reshardable unless told otherwise: reloadable
+        # only under the same tensor/pipeline layout, which is not what torch_dist promises (labkit's driver always
+        # saves it fully reshardable, labkit/train/checkpoint.py)
+        out.add("train.ckpt_format", F.dist_ckpt_optim_fully_reshardable)
     if spec.job.requeue:
         # Slurm's warning before the time limit, passed on as USR1 by the job script (templates/node.sh.j2) -> save a
         # checkpoint at the end of the iteration and stop; the job is requeued after that and the next attempt loads it.

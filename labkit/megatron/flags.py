@@ -269,6 +269,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--eval-interval", type=int, default=1000, group=SCHEDULE),
     Flag("--eval-iters", type=int, default=100, group=SCHEDULE),
     Flag("--save", group=SCHEDULE),
+    Flag("--dist-ckpt-optim-fully-reshardable", action="store_true",
+         help="save the distributed optimizer's state reshardable under any layout (Megatron-LM's default ties it to "
+              "the tensor/pipeline layout); labkit's driver always does",
+         group=SCHEDULE),
     Flag("--ckpt-format", choices=("torch", "torch_dist", "torch_dcp", "fsdp_dtensor"),
          help="Megatron-LM's checkpoint format (default torch_dist; Megatron-FSDP saves only fsdp_dtensor); labkit's "
               "driver writes torch (its default) and torch_dist, which resumes under another tensor/pipeline layout",

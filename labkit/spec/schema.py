@@ -280,8 +280,10 @@ class TrainSpec:
     """Steps between checkpoints (--save-interval)."""
     ckpt_format: str | None = None
     """Checkpoint format (--ckpt-format): torch (Megatron-LM's legacy per-rank files, resumed only under the same
-    tensor/pipeline layout) or torch_dist (megatron-core's distributed checkpoints, resumable under another layout);
-    None: each entrypoint's default, torch on labkit's driver and torch_dist on Megatron-LM."""
+    tensor/pipeline layout) or torch_dist (megatron-core's distributed checkpoints, resumable under another layout:
+    the distributed optimizer's state is saved fully reshardable, which labkit's driver always does and Megatron-LM
+    is told with --dist-ckpt-optim-fully-reshardable); None: each entrypoint's default, torch on labkit's driver and
+    torch_dist on Megatron-LM."""
     timing_log_level: int = 0
     """Megatron's timers in the log (--timing-log-level): 0 (Megatron-LM's default) the iteration time only; 1 adds
     forward-backward and optimizer; 2 adds forward/backward compute, pipeline and all-reduce timers, paid for with
