@@ -218,11 +218,16 @@ def cell_timeout(cell, default_s: int) -> int:
 
 
 def run_lab(only: list[str] | None = None, parameters: dict | None = None, backend: str | None = None,
-            runs_dir: Path | str | None = None, notebook_dir: Path | str | None = None, progress: bool = True,
+            runs_dir: Path | str | None = None, notebook_dir: Path | str | None = None, progress: bool | None = None,
             timeout_s: int = 600, html_index: bool = True) -> LabRun:
     """Execute the chosen notebooks in order into a new run directory; a failing notebook is recorded and the series
-    goes on. Parameters are passed to the notebooks that declare them; one that no notebook declares is an error."""
+    goes on. Parameters are passed to the notebooks that declare them; one that no notebook declares is an error.
+    The progress bar over the notebooks goes to stderr, by default only when stderr is a terminal: redirected to a
+    file or read by CI, it would fill the log with carriage returns."""
     from tqdm.auto import tqdm
+
+    if progress is None:
+        progress = sys.stderr is not None and sys.stderr.isatty()
 
     notebook_dir = Path(notebook_dir).resolve() if notebook_dir is not None else default_notebook_dir()
     notebooks = lab_notebooks(notebook_dir, only)
@@ -276,6 +281,7 @@ def _execute(notebook: Path, output: Path, params: dict, cwd: Path, timeout_s: i
 
     error = None
     try:
+        # papermill's own bar over a notebook's cells stays off, in a terminal too: run_lab draws one over notebooks.
         papermill.execute_notebook(str(notebook), str(output), parameters=params, cwd=str(cwd), progress_bar=False,
                                    execution_timeout=timeout_s,
                                    timeout_func=functools.partial(cell_timeout, default_s=timeout_s))

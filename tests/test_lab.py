@@ -1,6 +1,9 @@
 import datetime as dt
+import io
 import json
 import re
+import shutil
+import sys
 
 import nbformat
 import pytest
@@ -136,6 +139,43 @@ def test_cli_parses_parameters_as_yaml_and_reports_bad_requests(capsys, monkeypa
     assert "stop here" in capsys.readouterr().err
     assert seen["parameters"] == {"iterations": 10, "precision": "bf16", "profile": True}
     assert seen["only"] == ["05", "08"] and seen["backend"] == "local"
+
+
+class _Stderr(io.StringIO):
+    def __init__(self, tty: bool):
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_the_progress_bar_is_drawn_only_into_a_terminal(tty, monkeypatch, tmp_path):
+    """`labkit lab 2> log.txt` or CI: stderr gets plain lines, no bar; papermill's bar over the cells stays off."""
+    import papermill
+
+    calls = []
+
+    def fake_execute_notebook(notebook, output, **kwargs):
+        calls.append(kwargs)
+        shutil.copy(notebook, output)
+
+    monkeypatch.setattr(papermill, "execute_notebook", fake_execute_notebook)
+    monkeypatch.setattr(lab, "write_html_index", lambda run, notebook_dir: run.index)
+    (tmp_path / "notebooks").mkdir()
+    _notebook(tmp_path / "notebooks" / "01_one.ipynb", [new_code_cell("1")])
+    _notebook(tmp_path / "notebooks" / "02_two.ipynb", [new_code_cell("2")])
+    monkeypatch.chdir(tmp_path)
+    stderr = _Stderr(tty)
+    monkeypatch.setattr(sys, "stderr", stderr)
+    assert cli.main(["lab", "--runs-dir", str(tmp_path / "runs")]) == 0
+    assert [call["progress_bar"] for call in calls] == [False, False]
+    drawn = stderr.getvalue()
+    if tty:
+        assert "\r" in drawn and "2/2" in drawn
+    else:
+        assert "\r" not in drawn and "lab:" not in drawn
 
 
 WIDGET_CALL = re.compile(r"\b(interact|widget|Dashboard)\(")
