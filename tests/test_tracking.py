@@ -2,6 +2,7 @@
 driver (W&B offline, read back from its run file), and a finished run's logs exported into MLflow's file store."""
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -177,8 +178,9 @@ def test_a_megatron_lm_log_exports_to_mlflow_parameters_and_per_iteration_metric
     assert len(client.get_metric_history(run_id, "elapsed_ms")) == len(log.iterations) == 26
     first = log.iterations.timestamp.iloc[0].to_pydatetime().timestamp() * 1000
     assert client.get_metric_history(run_id, "elapsed_ms")[0].timestamp == first
-    validation = client.get_metric_history(run_id, "validation_lm_loss")
-    assert [m.value for m in validation] == list(log.validation[log.validation.split == "validation"].lm_loss)
+    validation = client.get_metric_history(run_id, "lm loss validation")
+    assert [(m.step, m.value) for m in validation] == list(zip(log.validation.iteration, log.validation.lm_loss))
+    assert len(validation) == 5
 
 
 @pytest.mark.slow
@@ -195,7 +197,47 @@ def test_the_drivers_run_directory_exports_to_mlflow_with_the_losses_it_logged(w
     log = parse_log(wandb_run)
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "lm_loss")] == list(
         zip(log.iterations.iteration, log.iterations.lm_loss))
-    assert [m.step for m in client.get_metric_history(run_id, "valid_lm_loss")] == [2]
+    # Validated at iteration 2, then the validation set again at the end of training: one key for both.
+    assert [m.step for m in client.get_metric_history(run_id, "lm loss validation")] == [2, 2]
+    assert [m.step for m in client.get_metric_history(run_id, "lm loss test")] == [2]
+
+
+def test_mlflow_gets_the_validation_loss_under_the_one_name_tensorboard_and_wandb_give_it():
+    from labkit.logs.export import METRICS, metric_rows
+    from labkit.train.profiling import TensorBoard
+
+    # The driver's log: validation at iterations 10 and 20, then the validation and test sets once more at the end.
+    log = parse_log(FIXTURE_LOG.with_name("labkit-driver-dp2.log"))
+    assert list(log.validation.split) == ["valid", "valid", "validation", "test"]
+    rows = metric_rows(log)
+    assert {key for key, *_ in rows} - set(METRICS) == {"lm loss validation", "lm loss validation ppl", "lm loss test",
+                                                        "lm loss test ppl"}
+    assert [(step, value) for key, value, step, _ in rows if key == "lm loss validation"] == [
+        (10, 6.010339), (20, 5.76655), (20, 5.762235)]
+    assert [(step, value) for key, value, step, _ in rows if key == "lm loss test"] == [(20, 5.726602)]
+
+    class Writer:
+        def __init__(self):
+            self.tags = []
+
+        def add_scalar(self, tag, value, step):
+            self.tags.append(tag)
+
+    board = TensorBoard(argparse.Namespace(tensorboard_dir=None, log_validation_ppl_to_tensorboard=True), True)
+    board.writer = Writer()
+    board.validation(20, 80, {"lm loss": 5.76655})
+    assert {"lm loss validation", "lm loss validation ppl"} <= set(board.writer.tags)
+
+
+def test_a_log_from_before_2023_exports_its_end_of_training_losses_at_the_last_iteration():
+    from labkit.logs.export import metric_rows
+
+    log = parse_log(FIXTURE_LOG.with_name("01-v1-deepspeedexamples-gpt2-mp2.log"))
+    assert list(log.validation.split) == ["val", "test"]  # "at the end of training for val data": no iteration
+    last = int(log.iterations.iteration.max())
+    assert [(key, step) for key, _, step, _ in metric_rows(log) if key.startswith("lm loss ")] == [
+        ("lm loss validation", last), ("lm loss validation ppl", last), ("lm loss test", last),
+        ("lm loss test ppl", last)]
 
 
 def test_an_export_without_iterations_is_refused(tmp_path, capsys):

@@ -1,8 +1,12 @@
 """A finished run's logs -> an MLflow run, written with mlflow's own client (`labkit logs export --mlflow STORE RUN`).
 
 The logs are read by labkit's one parser (labkit.logs.parse): the arguments block becomes the run's parameters, each
-logged iteration a step of the metrics below (under the parser's column names), each validation line
-`<split>_lm_loss` and `<split>_lm_ppl` at its iteration. The run is marked FAILED when its logs hold an error.
+logged iteration a step of the metrics below (under the parser's column names), each validation line's loss and
+perplexity at its iteration under the names Megatron-LM gives them in TensorBoard and W&B (`lm loss validation`,
+`lm loss validation ppl`), whether the line came during training or from the pass at its end (a line that names no
+iteration, as before 2023, at the last logged one); the test set's under `lm loss test` and `lm loss test ppl`, where
+Megatron-LM's TensorBoard files them under the validation tags too. The run is marked FAILED when its logs hold an
+error.
 
 STORE is a directory (MLflow's file store, `mlflow ui --backend-store-uri DIR` shows it) or any tracking URI mlflow
 takes (sqlite:///mlflow.db needs the full `mlflow` package, an http:// server needs only mlflow-skinny). MLflow 3 keeps
@@ -44,6 +48,17 @@ def _epoch_ms(value) -> int | None:
     return int(pd.Timestamp(value).to_pydatetime().timestamp() * 1000)
 
 
+EVALUATED_SETS = {"valid": "validation", "validation": "validation", "val": "validation", "test": "test"}
+"""The parser's validation splits -> the data set they measured: "valid" during training, "validation" or (before
+2023) "val" at its end, "test" at its end."""
+
+
+def validation_keys(split: str) -> tuple[str, str]:
+    """The metric names of one validation line's loss and perplexity: Megatron-LM's TensorBoard tags."""
+    name = f"lm loss {EVALUATED_SETS.get(split, split)}"
+    return name, f"{name} ppl"
+
+
 def metric_rows(parsed: ParsedLog) -> list[tuple[str, float, int, int | None]]:
     """(key, value, step, timestamp in ms or None) for every value the logs hold: iterations, then validation."""
     rows = []
@@ -54,11 +69,13 @@ def metric_rows(parsed: ParsedLog) -> list[tuple[str, float, int, int | None]]:
         for step, value, stamp in zip(its["iteration"], its[column], its["timestamp"]):
             if not pd.isna(value) and math.isfinite(float(value)):
                 rows.append((column, float(value), int(step), _epoch_ms(stamp)))
+    last = int(its["iteration"].max()) if not its.empty else 0
     for row in parsed.validation.itertuples():
-        for column in ("lm_loss", "lm_ppl"):
+        step = last if pd.isna(row.iteration) else int(row.iteration)
+        for column, key in zip(("lm_loss", "lm_ppl"), validation_keys(row.split)):
             value = getattr(row, column)
             if not pd.isna(value):
-                rows.append((f"{row.split}_{column}", float(value), int(row.iteration), None))
+                rows.append((key, float(value), step, None))
     return rows
 
 
