@@ -52,6 +52,16 @@ def _data_blend(paths: list[str]) -> tuple[list[str], list[float] | None]:
     return list(paths), None
 
 
+def moe_layer_freq(value, num_layers: int) -> int | list[int]:
+    """--moe-layer-freq as Megatron-LM's parser (moe_freq_type) turns it into what megatron-core reads: an integer N
+    (one MoE layer in every N), or a pattern's list of 0 (dense) and 1 (MoE) per layer. Megatron-LM evaluates the
+    pattern with eval; labkit.megatron.sizes reads the same grammar without it."""
+    if isinstance(value, (int, list)):
+        return value
+    text = str(value).strip()
+    return int(text) if text.isdigit() else sizes.moe_layer_pattern(text, num_layers)
+
+
 def runtime(cuda: bool, args: argparse.Namespace) -> rules.Runtime:
     """This machine, as labkit.megatron.rules asks after it for labkit's driver. FusedAdam is looked for only where
     a rule reads it (importing Transformer Engine's optimizers takes seconds)."""
@@ -77,6 +87,15 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
         args.num_query_groups = None
     if args.max_position_embeddings is None:
         args.max_position_embeddings = args.seq_length
+    # Megatron-LM's validate_args: the MLP's width, each head hidden / heads wide unless written, the experts' tensor
+    # size the model's, each expert as wide as the MLP unless written, --moe-layer-freq as its parser reads it.
+    args.ffn_hidden_size = sizes.ffn_hidden_size(args.hidden_size, args.swiglu, args.ffn_hidden_size)
+    if args.kv_channels is None:
+        args.kv_channels = args.hidden_size // args.num_attention_heads
+    args.expert_tensor_parallel_size = sizes.expert_tensor_size(tp, args.expert_tensor_parallel_size)
+    if args.num_experts is not None and args.moe_ffn_hidden_size is None:
+        args.moe_ffn_hidden_size = args.ffn_hidden_size
+    args.moe_layer_freq = moe_layer_freq(args.moe_layer_freq, args.num_layers)
     args.params_dtype = "torch.float16" if args.fp16 else "torch.bfloat16" if args.bf16 else "torch.float32"
 
     # Recomputation: the legacy spellings map onto today's flags.

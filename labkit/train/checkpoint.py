@@ -7,6 +7,8 @@ under another tensor/pipeline layout.
     SAVE/iter_0000020/mp_rank_TT[_PPP]/distrib_optim_dp_DDD.pt   with --use-distributed-optimizer: each data-parallel
                                                                  rank's shard of the Adam state and fp32 master weights
 
+With expert parallelism each folder name ends in the expert rank, mp_rank_TT[_PPP]_EEE, as Megatron-LM names them.
+
 Resuming restores the weights, the optimizer (fp32 master weights and moments), the learning-rate schedule, every RNG
 (Python, NumPy, torch, CUDA and the tensor-parallel tracker, per data-parallel rank) and the consumed-sample count,
 so the next iteration's loss is the one the uninterrupted run would have printed. A distributed-optimizer checkpoint
@@ -18,7 +20,8 @@ path (`save_parameter_state`) drops Adam's step counters and cannot be read back
 
 A torch_dist checkpoint stores each weight and Adam moment by its place in the whole model (megatron-core's
 `sharded_state_dict`), so loading asks for the slices the new layout needs: tensor 2 / pipeline 1 resumes at tensor 1 /
-pipeline 2. The distributed optimizer saves its state `fully_reshardable` (Megatron-LM's
+pipeline 2, and expert parallel 1 at 2 (the experts' Adam state moves between megatron-core's one optimizer and its
+two). The distributed optimizer saves its state `fully_reshardable` (Megatron-LM's
 --dist-ckpt-optim-fully-reshardable) for the same reason; megatron-core reloads that state only from Transformer
 Engine's or Apex's FusedAdam, so without them (on CPU) the driver refuses torch_dist with the distributed optimizer.
 The RNG states are kept per (pipeline, tensor) rank and restored only under the layout that wrote them, as Megatron-LM's
@@ -48,9 +51,12 @@ TRACKER = "latest_checkpointed_iteration.txt"
 
 
 def _rank_dir(root: str, iteration: int) -> Path:
+    """Megatron-LM's get_checkpoint_name: mp_rank_TT, then _PPP with pipeline stages, then _EEE with expert ranks."""
     tp, pp = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank()
     name = f"mp_rank_{tp:02d}" if parallel_state.get_pipeline_model_parallel_world_size() == 1 \
         else f"mp_rank_{tp:02d}_{pp:03d}"
+    if parallel_state.get_expert_model_parallel_world_size() > 1:
+        name += f"_{parallel_state.get_expert_model_parallel_rank():03d}"
     return Path(root) / f"iter_{iteration:07d}" / name
 
 
@@ -124,7 +130,9 @@ def _save_torch(args, iteration: int, model, optimizer, scheduler) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         shard = folder / f"distrib_optim_dp_{parallel_state.get_data_parallel_rank():03d}.pt"
         torch.save(_shard_state(optimizer), shard)
-    if parallel_state.get_data_parallel_rank() == 0:
+    # As Megatron-LM: one rank of each expert-data-parallel group writes, so that each expert rank's experts are saved
+    # (without experts the group is the data-parallel one).
+    if parallel_state.get_expert_data_parallel_rank() == 0:
         folder.mkdir(parents=True, exist_ok=True)
         state = {
             "args": args,
@@ -169,7 +177,8 @@ def _load_torch(args, iteration: int, model, optimizer, scheduler) -> None:
         raise FileNotFoundError(f"--load: {folder.parent} is a torch_dist checkpoint; pass --ckpt-format torch_dist")
     if not path.is_file():
         raise FileNotFoundError(f"--load: {path} is missing; check --ckpt-step, and that the checkpoint was written "
-                                "with the same --tensor-model-parallel-size and --pipeline-model-parallel-size")
+                                "with the same --tensor-model-parallel-size, --pipeline-model-parallel-size and "
+                                "--expert-model-parallel-size (--ckpt-format torch_dist resumes under another)")
     state = torch.load(path, map_location="cpu", weights_only=False)
     for i, chunk in enumerate(model):
         chunk.load_state_dict(state["model" if len(model) == 1 else f"model{i}"], strict=True)
@@ -196,6 +205,73 @@ def _load_torch(args, iteration: int, model, optimizer, scheduler) -> None:
 def _layout() -> tuple[int, int]:
     return (parallel_state.get_tensor_model_parallel_world_size(),
             parallel_state.get_pipeline_model_parallel_world_size())
+
+
+def _expert_layout() -> tuple[int, int]:
+    return (parallel_state.get_expert_model_parallel_world_size(),
+            parallel_state.get_expert_tensor_parallel_world_size())
+
+
+_GROUP_KEYS = ("wd_mult", "lr_mult", "is_decoupled_lr")
+"""How megatron-core tells an optimizer's parameter groups apart (_filter_and_reorder_param_groups), less
+is_expert_parallel, which is what changes between the two layouts."""
+
+
+def _regrouped_optimizer_state(optimizer, loaded: dict) -> dict:
+    """A torch_dist checkpoint written under another expert-parallel size, in the shape this optimizer loads.
+
+    megatron-core builds one optimizer for every parameter at expert-parallel size 1 and two (chained: the dense
+    parameters, and the experts, which reduce over their own data-parallel group) above it. The Adam moments are saved
+    by parameter name and load into either shape; the parameter groups' settings and Adam's step counter are saved as
+    they were shaped, and come back beside the ones the new shape asks for. Each parameter group of this optimizer
+    takes the settings of the saved group of the same kind (weight decay, learning-rate multiplier) and the saved
+    step. The same shape, or one this does not recognise, is returned as loaded."""
+    current = _sub_optimizers(optimizer)
+    numbered = sorted(k for k in loaded if isinstance(k, int))
+    if len(current) > 1 and not numbered:
+        return loaded
+    if len(current) > 1:
+        saved, entries = [_inner(loaded)], [loaded[k] for k in numbered]
+        if saved[0] is None or "param_groups" not in saved[0] or len(entries) != len(current):
+            return loaded
+        extra = {k: v for k, v in loaded.items() if not isinstance(k, int) and k not in ("state", "param_groups",
+                                                                                            "optimizer")}
+    else:
+        if not numbered:
+            return loaded
+        saved, entries, extra = [_inner(loaded[k]) for k in numbered], [loaded], {}
+        if any(s is None or "param_groups" not in s for s in saved):
+            return loaded
+    groups = [group for s in saved for group in s["param_groups"]]
+    step = next((s["state"]["common_step"] for s in saved if "common_step" in s.get("state", {})), None)
+    for opt, entry in zip(current, entries):
+        inner = _inner(entry)
+        if inner is None:
+            return loaded
+        for i, (asked, group) in enumerate(zip(inner["param_groups"], opt.optimizer.param_groups)):
+            kind = tuple(group[k] for k in _GROUP_KEYS)
+            match = next((g for g in groups if tuple(g.get(k) for k in _GROUP_KEYS) == kind), None)
+            if match is None:
+                return loaded
+            inner["param_groups"][i] = {**match, "is_expert_parallel": group["is_expert_parallel"],
+                                        "params": asked["params"]}
+        if step is not None:
+            inner["state"]["common_step"] = step
+        for key, value in extra.items():
+            entry.setdefault(key, value)
+    if len(current) > 1:
+        return {k: loaded[k] for k in numbered}
+    for k in numbered:
+        del loaded[k]
+    return loaded
+
+
+def _inner(entry) -> dict | None:
+    """The torch optimizer's state dict inside one megatron-core optimizer's: the entry itself (fp32), or under
+    'optimizer' (mixed precision)."""
+    if not isinstance(entry, dict):
+        return None
+    return entry["optimizer"] if isinstance(entry.get("optimizer"), dict) else entry
 
 
 def _content_metadata(args) -> dict:
@@ -251,10 +327,15 @@ def _load_dist(args, iteration: int, model, optimizer, scheduler) -> None:
     common = dist_checkpointing.load_common_state_dict(str(folder))
     saved_args = common["args"]
     saved_layout = (saved_args.tensor_model_parallel_size, saved_args.pipeline_model_parallel_size)
-    same_layout = saved_layout == _layout()
-    if not same_layout:
+    saved_experts = (getattr(saved_args, "expert_model_parallel_size", 1),
+                     getattr(saved_args, "expert_tensor_parallel_size", None) or saved_args.tensor_model_parallel_size)
+    same_layout = saved_layout == _layout() and (saved_experts == _expert_layout() or not args.num_experts)
+    if saved_layout != _layout():
         print_rank_0(f" (tensor, pipeline) = {_layout()} resumes a checkpoint written at {saved_layout}: weights and "
                      "optimizer state are resharded; the RNG states are not restored")
+    elif not same_layout:
+        print_rank_0(f" (expert, expert tensor) = {_expert_layout()} resumes a checkpoint written at {saved_experts}: "
+                     "the experts and their optimizer state are resharded; the RNG states are not restored")
     metadata = dist_checkpointing.load_content_metadata(preloaded_state_dict=common) or _content_metadata(args)
     if args.use_distributed_optimizer != ("distrib_optim_sharding_type" in metadata):
         raise ValueError("--use-distributed-optimizer: pass it when, and only when, the checkpoint was written with it")
@@ -266,7 +347,7 @@ def _load_dist(args, iteration: int, model, optimizer, scheduler) -> None:
         state = dist_checkpointing.load(sharded, str(folder), get_default_load_sharded_strategy(str(folder)))
     for i, chunk in enumerate(unwrap_model(model)):
         chunk.load_state_dict(state["model" if len(model) == 1 else f"model{i}"], strict=True)
-    optimizer.load_state_dict(state["optimizer"])
+    optimizer.load_state_dict(_regrouped_optimizer_state(optimizer, state["optimizer"]))
     scheduler.load_state_dict(common["opt_param_scheduler"])
     if same_layout:
         rng_states = state["rng_state"]

@@ -2,8 +2,10 @@
 
 megatron-core hard-codes CUDA in a few places (the list is in docs and tests: `device="cuda"` tensor factories,
 `torch.cuda.current_device()`, `torch.cuda.synchronize()`, the CUDA RNG state used by the tensor-parallel RNG tracker
-and by activation recomputation, `Tensor.cuda()`, and optimizer checks on `Tensor.type()` names). This module answers
-those calls with their CPU equivalents, and only when `torch.cuda.is_available()` is false.
+and by activation recomputation, `Tensor.cuda()`, optimizer checks on `Tensor.type()` names, and in the
+mixture-of-experts layer CUDA streams and events and the token counts the alltoall dispatcher copies to the host as
+all_to_all's split sizes). This module answers those calls with their CPU equivalents, and only when
+`torch.cuda.is_available()` is false.
 
 How: every loaded `megatron.core` module that refers to the global name `torch` gets a `_TorchOnCPU` object in its
 place. It forwards every attribute to the real `torch` (cached after the first look-up, so ordinary ops cost nothing
@@ -50,8 +52,18 @@ MEGATRON_MODULES = (
     # flags on device="cuda" / torch.cuda.current_device() (state_dict_saver.py)
     "megatron.core.dist_checkpointing.strategies.filesystem_async",
     "megatron.core.dist_checkpointing.strategies.state_dict_saver",
+    # mixture of experts: the router and experts place tensors with torch.cuda.current_device(), the load-balancing
+    # tracker makes its sums on device="cuda", the alltoall dispatcher copies token counts on a CUDA stream
+    "megatron.core.transformer.moe.moe_utils",
+    "megatron.core.transformer.moe.router",
+    "megatron.core.transformer.moe.experts",
+    "megatron.core.transformer.moe.token_dispatcher",
+    "megatron.core.transformer.moe.shared_experts",
+    "megatron.core.transformer.moe.moe_layer",
 )
 
+_TO_HOST_USERS = ("megatron.core.transformer.moe.moe_utils", "megatron.core.transformer.moe.token_dispatcher")
+"""Modules holding megatron-core's maybe_move_tensor_to_cpu under that name (the dispatcher imports it by name)."""
 _FACTORIES = ("empty", "zeros", "ones", "full", "tensor", "arange", "rand", "randn", "randint", "as_tensor")
 _CPU = torch.device("cpu")
 _state: dict = {}
@@ -82,6 +94,49 @@ def _no_op(*args, **kwargs):
     return None
 
 
+class _HostEvent:
+    """A CUDA event on the CPU: the work it marks is done when it is recorded (the CPU runs one op after another)."""
+
+    def record(self, stream=None):
+        return None
+
+    def synchronize(self):
+        return None
+
+    def wait(self, stream=None):
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+class _HostStream:
+    """A CUDA stream on the CPU: megatron-core's MoE layer copies token counts to the host on a side stream and
+    waits for it with an event (MoEAlltoAllTokenDispatcher), and can run its shared experts on one
+    (SharedExpertMLP). On the CPU everything runs in order on the one thread, so waiting is nothing."""
+
+    def __init__(self, device=None, priority: int = 0, **kwargs):
+        pass
+
+    def wait_stream(self, stream):
+        return None
+
+    def wait_event(self, event):
+        return None
+
+    def record_event(self, event=None):
+        return event or _HostEvent()
+
+    def synchronize(self):
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+_CURRENT_STREAM = _HostStream()
+
+
 def _cuda_namespace() -> types.SimpleNamespace:
     """What megatron calls under `torch.cuda`, answered for the CPU; anything else falls through to torch.cuda."""
     random = types.SimpleNamespace(get_rng_state=lambda device=None: torch.get_rng_state(),
@@ -94,6 +149,10 @@ def _cuda_namespace() -> types.SimpleNamespace:
         set_rng_state=random.set_rng_state,
         manual_seed=lambda seed: torch.manual_seed(seed) and None,
         random=random,
+        Stream=_HostStream,
+        Event=_HostEvent,
+        current_stream=lambda device=None: _CURRENT_STREAM,
+        stream=lambda stream: contextlib.nullcontext(),
     )
     return _Fallthrough(torch.cuda, names)
 
@@ -143,6 +202,16 @@ def _cpu_rng_get(device="cuda", clone=False, graph_safe=False):
 
 def _cpu_rng_set(new_state, device=-1, graph_safe=False):
     torch.set_rng_state(new_state)
+
+
+def _to_host(tensor, as_numpy: bool = False, record_stream: bool = False):
+    """megatron-core's maybe_move_tensor_to_cpu (moe/moe_utils.py) for the CPU. On a GPU it copies the alltoall
+    dispatcher's token counts to the host, as NumPy arrays where asked, and all_to_all_single takes those as its split
+    sizes; it copies only CUDA tensors, so on the CPU the counts stayed tensors, which all_to_all_single refuses. Here
+    they become the same NumPy arrays (copies, as the GPU's are)."""
+    if as_numpy and torch.is_tensor(tensor):
+        return tensor.detach().numpy().copy()
+    return tensor
 
 
 class _SameGeneratorFilter(logging.Filter):
@@ -219,6 +288,11 @@ def apply() -> bool:
     fsdp2 = sys.modules["megatron.core.distributed.torch_fully_sharded_data_parallel"]
     _state["mesh"] = fsdp2.DeviceMesh
     fsdp2.DeviceMesh = _MeshOnCPU
+    _state["to_host"] = {}
+    for name in _TO_HOST_USERS:
+        module = sys.modules[name]
+        _state["to_host"][name] = module.maybe_move_tensor_to_cpu
+        module.maybe_move_tensor_to_cpu = _to_host
     torch.Tensor.cuda = _tensor_cuda
     torch.Tensor.type = _tensor_type
     logging.getLogger(rng.__name__).addFilter(_RNG_FILTER)
@@ -234,6 +308,8 @@ def remove() -> None:
     rng = sys.modules["megatron.core.tensor_parallel.random"]
     rng._get_cuda_rng_state, rng._set_cuda_rng_state = _state["rng"]
     sys.modules["megatron.core.distributed.torch_fully_sharded_data_parallel"].DeviceMesh = _state["mesh"]
+    for name, function in _state["to_host"].items():
+        sys.modules[name].maybe_move_tensor_to_cpu = function
     torch.Tensor.cuda = _state["cuda"]
     torch.Tensor.type = _state["type"]
     jit = sys.modules["megatron.core.jit"]

@@ -9,13 +9,14 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
                                        TorchFullyShardedDataParallel, TorchFullyShardedDataParallelConfig)
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.module import Float16Module
 
 from labkit.megatron import sizes
 from labkit.megatron.flags import FLAG
+from labkit.train.arguments import moe_layer_freq
 
 
 def transformer_config(args, timers=None) -> TransformerConfig:
@@ -29,6 +30,8 @@ def transformer_config(args, timers=None) -> TransformerConfig:
         hidden_size=args.hidden_size,
         num_attention_heads=args.num_attention_heads,
         num_query_groups=args.num_query_groups,
+        kv_channels=args.kv_channels,
+        qk_layernorm=args.qk_layernorm,
         ffn_hidden_size=ffn,
         gated_linear_unit=args.swiglu,
         activation_func=F.silu if args.swiglu else F.gelu,
@@ -46,6 +49,7 @@ def transformer_config(args, timers=None) -> TransformerConfig:
         account_for_embedding_in_pipeline_split=args.account_for_embedding_in_pipeline_split,
         account_for_loss_in_pipeline_split=args.account_for_loss_in_pipeline_split,
         sequence_parallel=args.sequence_parallel,
+        **moe_fields(args, ffn),
         fp16=args.fp16,
         bf16=args.bf16,
         params_dtype=dtype,
@@ -57,6 +61,9 @@ def transformer_config(args, timers=None) -> TransformerConfig:
         use_cpu_initialization=not torch.cuda.is_available(),
         **{name: on for name, (on, _) in fusions(args, torch.cuda.is_available()).items()},
         fp8=args.fp8_format,
+        fp8_recipe=args.fp8_recipe,
+        fp4=args.fp4_format,
+        fp4_recipe=args.fp4_recipe,
         attention_backend=AttnBackend[args.attention_backend],
         # On NCCL as Megatron-LM: the interleaved schedule overlaps its sends and receives; otherwise each step's sends
         # and receives go as one batch (arguments.py refuses batching with two interleaved stages, which swaps
@@ -69,6 +76,31 @@ def transformer_config(args, timers=None) -> TransformerConfig:
         timers=timers,
         barrier_with_L1_time=True,
         cuda_graph_scope=[],  # no CUDA graphs are captured; megatron-core 0.16's default names a deprecated scope
+    )
+
+
+def moe_fields(args, ffn: int) -> dict:
+    """The mixture-of-experts fields of TransformerConfig, as Megatron-LM's core_transformer_config_from_args copies
+    them from its arguments (num_experts becomes num_moe_experts; each expert's MLP is --ffn-hidden-size wide unless
+    --moe-ffn-hidden-size says otherwise; the experts' tensor size is the model's unless given). Without
+    --num-experts: megatron-core's dense defaults."""
+    experts = args.num_experts or None
+    if experts is None:
+        return {}
+    return dict(
+        num_moe_experts=experts,
+        moe_router_topk=args.moe_router_topk,
+        moe_ffn_hidden_size=args.moe_ffn_hidden_size or ffn,
+        moe_shared_expert_intermediate_size=args.moe_shared_expert_intermediate_size,
+        moe_layer_freq=moe_layer_freq(args.moe_layer_freq, args.num_layers),
+        moe_router_load_balancing_type=args.moe_router_load_balancing_type,
+        moe_aux_loss_coeff=args.moe_aux_loss_coeff,
+        moe_router_pre_softmax=args.moe_router_pre_softmax,
+        moe_token_dispatcher_type=args.moe_token_dispatcher_type,
+        moe_grouped_gemm=args.moe_grouped_gemm,
+        expert_model_parallel_size=args.expert_model_parallel_size,
+        expert_tensor_parallel_size=sizes.expert_tensor_size(args.tensor_model_parallel_size,
+                                                             args.expert_tensor_parallel_size),
     )
 
 
@@ -90,9 +122,15 @@ def fusions(args, cuda: bool) -> dict[str, tuple[bool, str]]:
         "apply_rope_fusion": (args.apply_rope_fusion, FLAG.no_rope_fusion),
         "gradient_accumulation_fusion": (args.gradient_accumulation_fusion, FLAG.no_gradient_accumulation_fusion),
     }
+    # megatron-core's experts weight their activations by the routing probabilities inside the fused kernel, which it
+    # has for SwiGLU without biases alone (MLP.forward raises "Only support fusion of swiglu and quick_gelu with
+    # per_token_scale" for GeLU, weighted_bias_swiglu_impl "Bias is not supported for weighted swiglu fusion")
+    unfusable_experts = bool(getattr(args, "num_experts", None)) and not (args.swiglu and not args.add_bias_linear)
     available = {
-        "bias_activation_fusion": (compiled[0] and (args.swiglu or args.add_bias_linear),
-                                   compiled[1] if not compiled[0] else "GeLU without biases has no bias to fuse"),
+        "bias_activation_fusion": (compiled[0] and (args.swiglu or args.add_bias_linear) and not unfusable_experts,
+                                   compiled[1] if not compiled[0] else "GeLU without biases has no bias to fuse"
+                                   if not (args.swiglu or args.add_bias_linear) else "megatron-core fuses an "
+                                   "expert's routing weights with SwiGLU without biases only"),
         "bias_dropout_fusion": compiled,
         "masked_softmax_fusion": (cuda and has("scaled_masked_softmax_cuda"),
                                   "needs a GPU and the scaled_masked_softmax_cuda extension (Apex)"),
@@ -116,12 +154,53 @@ def fusions_line(args, cuda: bool) -> str:
     return "> fused kernels: " + "; ".join(parts)
 
 
-def layer_spec(args):
-    if args.transformer_impl == "transformer_engine":
+def layer_spec(args, config: TransformerConfig | None = None, vp_stage: int | None = None):
+    """The decoder's layers as Megatron-LM's gpt_builders picks them: with experts, the block spec of this pipeline
+    stage (chunk `vp_stage`) from `config` (built from `args` when not given), which makes each layer dense or MoE as
+    --moe-layer-freq says; otherwise one layer spec for every layer. Transformer Engine's modules where it is the
+    implementation, megatron-core's local ones elsewhere."""
+    te = args.transformer_impl == "transformer_engine"
+    if args.num_experts:
+        return get_gpt_decoder_block_spec(config or transformer_config(args), use_transformer_engine=te,
+                                          normalization=args.normalization, vp_stage=vp_stage)
+    if te:
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
-        return get_gpt_layer_with_transformer_engine_spec()
-    return get_gpt_layer_local_spec(normalization=args.normalization)
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=args.qk_layernorm)
+    return get_gpt_layer_local_spec(qk_layernorm=args.qk_layernorm, normalization=args.normalization)
+
+
+_TE_NAMES_IN_MOE_UTILS = ("fused_compute_score_for_moe_aux_loss", "fused_moe_aux_loss", "fused_permute",
+                          "fused_permute_with_probs", "fused_sort_chunks_by_index",
+                          "fused_sort_chunks_by_index_with_probs", "fused_topk_with_score_function", "fused_unpermute",
+                          "te_general_gemm")
+
+
+def define_moe_names_without_te() -> None:
+    """megatron-core 0.16.1's moe_utils imports Transformer Engine's MoE kernels in a try block and, without Transformer
+    Engine, leaves their names undefined, yet its router reads `te_general_gemm is not None` (a NameError in every MoE
+    forward). Later megatron-core sets them to None when Transformer Engine is absent; so does this, which makes the
+    router and the permutations take their plain PyTorch paths, as megatron-core intends."""
+    from megatron.core.transformer.moe import moe_utils
+
+    for name in _TE_NAMES_IN_MOE_UTILS:
+        if not hasattr(moe_utils, name):
+            setattr(moe_utils, name, None)
+
+
+def fresh_expert_outputs(chunk: torch.nn.Module) -> None:
+    """Experts with biases, each whole on one rank and not split over expert ranks (expert tensor and expert parallel
+    size 1, megatron-core's own SequentialMLP): their second linear layer sums its output over its one-rank group with
+    reduce_from_tensor_model_parallel_region, which returns its input unchanged, and the MLP then adds the bias to
+    that output in place, which autograd refuses for a custom function's pass-through output (a RuntimeError in every
+    forward). Summing over one rank is nothing: such a layer takes megatron-core's own path for experts that
+    communicate explicitly, which hands on the product as it is. Layers of any other size are left as they are."""
+    from megatron.core.tensor_parallel.layers import RowParallelLinear
+
+    for module in chunk.modules():
+        if (type(module) is RowParallelLinear and module.is_expert and not module.explicit_expert_comm
+                and module.bias is not None and module.skip_bias_add and module.tp_group.size() == 1):
+            module.explicit_expert_comm = True
 
 
 class _TorchFSDP2(TorchFullyShardedDataParallel):
@@ -136,14 +215,15 @@ class _TorchFSDP2(TorchFullyShardedDataParallel):
 def build_model(args, config: TransformerConfig) -> list[torch.nn.Module]:
     """This rank's model chunks (one, or one per virtual pipeline stage), wrapped for precision and DDP (or FSDP2);
     bare under --deepspeed, which deepspeed_engine wraps."""
-    spec = layer_spec(args)
+    if args.num_experts:
+        define_moe_names_without_te()
     vpp = args.virtual_pipeline_model_parallel_size
     chunks = []
     for vp_stage in range(vpp or 1):
         stage = vp_stage if vpp else None
         chunks.append(GPTModel(
             config=config,
-            transformer_layer_spec=spec,
+            transformer_layer_spec=layer_spec(args, config, stage),
             vocab_size=args.padded_vocab_size,
             max_sequence_length=args.max_position_embeddings,
             pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=vpp is None, vp_stage=stage),
@@ -155,6 +235,8 @@ def build_model(args, config: TransformerConfig) -> list[torch.nn.Module]:
             vp_stage=stage,
         ))
     for chunk in chunks:
+        if args.num_experts:
+            fresh_expert_outputs(chunk)
         for param in chunk.parameters():
             tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
     args.num_parameters = sum(p.nelement() for chunk in chunks for p in chunk.parameters())

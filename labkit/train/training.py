@@ -20,6 +20,7 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.timers import Timers
+from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker, track_moe_metrics
 
 from labkit.megatron.flops import megatron_logged_flops
 from labkit.megatron.shape import Shape
@@ -73,12 +74,18 @@ def initialize(args) -> torch.device:
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+        # the expert layers' own grid over the same ranks: expert-tensor x expert x expert-data x pipeline
+        expert_model_parallel_size=args.expert_model_parallel_size,
+        expert_tensor_parallel_size=args.expert_tensor_parallel_size,
         # megatron-core keeps gloo copies of the data-parallel groups for checkpoint formats this driver does not
         # write (see checkpoint.py); creating them costs a rendezvous per group and sockets per rank.
         create_gloo_process_groups=False,
     )
     print_rank_0(f"> initialized tensor model parallel with size {args.tensor_model_parallel_size}")
     print_rank_0(f"> initialized pipeline model parallel with size {args.pipeline_model_parallel_size}")
+    if args.num_experts:
+        print_rank_0(f"> initialized expert model parallel with size {args.expert_model_parallel_size} (expert tensor "
+                     f"parallel size {args.expert_tensor_parallel_size})")
     print_rank_0(f"> setting random seeds to {args.seed} ...")
     # Megatron-LM's seeding: each pipeline stage its own stream; tensor-parallel ranks fork a tracked stream.
     seed = args.seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
@@ -200,11 +207,51 @@ def evaluate(args, forward_backward_func, data_iterator, model, timers) -> dict[
 # Logging
 
 def num_floating_point_operations(args, batch_size: int) -> float:
-    """The FLOPs Megatron-LM's `throughput per GPU` divides by (its 2025 form: padded vocabulary, causal attention)."""
+    """The FLOPs Megatron-LM's `throughput per GPU` divides by (its 2025 form: padded vocabulary, causal attention; an
+    MoE layer's router, top-k experts and shared experts)."""
     shape = Shape(num_layers=args.num_layers, hidden=args.hidden_size, heads=args.num_attention_heads,
                   seq_length=args.seq_length, vocab=args.padded_vocab_size, query_groups=args.num_query_groups,
-                  ffn=args.ffn_hidden_size, swiglu=args.swiglu, tied=not args.untie_embeddings_and_output_weights)
+                  ffn=args.ffn_hidden_size, swiglu=args.swiglu, tied=not args.untie_embeddings_and_output_weights,
+                  **_attention_and_experts(args))
     return megatron_logged_flops(shape, batch_size, version="2025")
+
+
+def moe_track_names(load_balancing_type: str) -> list[str]:
+    """The auxiliary losses Megatron-LM's training_log tracks for --moe-router-load-balancing-type, named as it names
+    them. Its test is a substring test, so seq_aux_loss and global_aux_loss also track load_balancing_loss, which
+    their routers never add to: it stays 0 and, as every 0 loss, is not printed."""
+    names = []
+    for kind, name in (("aux_loss", "load_balancing_loss"), ("seq_aux_loss", "seq_load_balancing_loss"),
+                       ("global_aux_loss", "global_load_balancing_loss")):
+        if kind in load_balancing_type:
+            names.append(name)
+    return names
+
+
+def track_moe(args, iteration: int, tracking, stats: "IntervalStats") -> None:
+    """After every step, as Megatron-LM's training_log: megatron-core's track_moe_metrics sums each auxiliary loss the
+    MoE routers saved over this step's micro-batches (scaled by 1 / micro-batches, so their mean), over pipeline
+    stages and the ranks its reduce group names, averages it over the MoE layers, writes it to TensorBoard and W&B on
+    the rank that writes them, and clears the tracker. Every rank calls it: the sums are collectives."""
+    if not args.num_experts:
+        return
+    totals: dict = {}
+    track_moe_metrics(loss_scale=1.0 / args.num_micro_batches, iteration=iteration, writer=tracking.writer,
+                      wandb_writer=tracking.wandb, total_loss_dict=totals, per_layer_logging=False,
+                      force_initialize=True, track_names=moe_track_names(args.moe_router_load_balancing_type),
+                      num_layers=args.num_layers, moe_layer_freq=args.moe_layer_freq)
+    stats.add_aux({key: float(value) for key, value in totals.items()})
+
+
+def _attention_and_experts(args) -> dict:
+    """The Shape fields of the head width and the experts, from arguments that name them (a dense model's arguments
+    may leave them out)."""
+    experts = getattr(args, "num_experts", None)
+    fields = {"kv_channels": getattr(args, "kv_channels", None)}
+    if experts:
+        fields.update(experts=experts, topk=args.moe_router_topk, expert_ffn=args.moe_ffn_hidden_size,
+                      shared_ffn=args.moe_shared_expert_intermediate_size, moe_layer_freq=str(args.moe_layer_freq))
+    return fields
 
 
 class IntervalStats:
@@ -213,7 +260,14 @@ class IntervalStats:
 
     def reset(self):
         self.losses: dict[str, float] = {}
+        self.aux: dict[str, float] = {}
         self.advanced = self.skipped = self.nan = 0
+
+    def add_aux(self, losses: dict[str, float]):
+        """Auxiliary losses (MoE load balancing): added every iteration, skipped or not, and averaged over the
+        advanced ones with the others, as Megatron-LM's total_loss_dict does; they print after the model's losses."""
+        for key, value in losses.items():
+            self.aux[key] = self.aux.get(key, 0.0) + value
 
     def add(self, losses: dict[str, float], skipped: bool):
         self.skipped += int(skipped)
@@ -225,7 +279,10 @@ class IntervalStats:
             self.losses[key] = self.losses.get(key, 0.0) + value
 
     def mean_losses(self) -> dict[str, float]:
-        return {k: v / max(1, self.advanced) for k, v in self.losses.items() if v / max(1, self.advanced) > 0.0}
+        """Megatron-LM's averages over the interval's advanced iterations; a loss whose average is not above 0 is not
+        printed."""
+        totals = {**self.losses, **{k: v for k, v in self.aux.items() if k not in self.losses}}
+        return {k: v / max(1, self.advanced) for k, v in totals.items() if v / max(1, self.advanced) > 0.0}
 
 
 def training_log(args, timers, iteration, stats, optimizer, grad_norm, tracking, report_memory) -> None:
@@ -355,6 +412,7 @@ def _run(args, exit_signal: ExitSignal | None) -> int:
                                     "lower --lr or --init-method-std, keep --clip-grad on, "
                                     "or use --bf16 instead of --fp16")
             stats.add(losses, skipped)
+            track_moe(args, iteration, tracking, stats)
             profiler.after_step(iteration)
             if losses:
                 tracking.iteration(iteration, args.consumed_train_samples, optimizer.param_groups[0]["lr"],
@@ -417,6 +475,8 @@ def _guarded(step, *args, iteration: int, **kwargs):
 def _validate(args, forward_backward_func, data_iterator, model, timers, tracking, prefix: str) -> None:
     timers("evaluate", log_level=0).start(barrier=True)
     losses = evaluate(args, forward_backward_func, data_iterator, model, timers)
+    if args.num_experts:
+        clear_aux_losses_tracker()  # as Megatron-LM after evaluating: what evaluation's forwards saved is not logged
     timers("evaluate").stop()
     log_timers(timers, ["evaluate"])
     if losses:
