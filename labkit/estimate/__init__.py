@@ -30,8 +30,11 @@ Pieces to call in a hot loop without building a RunSpec (all times in seconds, l
   pipeline send.
 - `memory_per_stage(shape, partition, tensor=, data_parallel=, micro_batch=, num_micro_batches=, precision=,
   recompute=, sequence_parallel=, virtual_stages=, distributed_optimizer=, zero_stage=, context=,
-  grad_reduce_in_bf16=, chunks=)` -> [StageMemory] in GiB; `model_state_bytes(shape, chunks, stage=, ...)` ->
-  ModelState(weights, gradients, optimizer): one GPU's bytes exactly as megatron-core allocates them.
+  grad_reduce_in_bf16=, chunks=, expert=, expert_tensor=)` -> [StageMemory] in GiB; `model_state_bytes(shape, chunks,
+  stage=, ...)` -> ModelState(weights, gradients, optimizer): one GPU's bytes exactly as megatron-core allocates them
+  (an MoE model's experts sharded over `expert` ranks, their optimizer state over the expert-data-parallel ranks).
+- `stage_time(..., expert=, expert_tensor=, expert_links=, dispatcher=)`: an MoE model's token dispatch is its
+  StageTime.ep_comm_s (labkit.estimate.timing.expert_dispatch_time; Topology.expert_links gives the links).
 - `stage_params(shape, partition, tensor)`, `total_params(shape)` (vocabulary unpadded), `params_with_padding(shape,
   tensor)`, `rank_params(spec, tensor_rank, pipeline_rank)` (the count Megatron logs for that rank),
   `gpt_params(l, h, s, V)`.

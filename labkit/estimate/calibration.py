@@ -94,8 +94,10 @@ class Calibration:
         return self.efficiency[gpu]
 
     def gemm_efficiency(self, gpu: str, precision: str) -> float:
-        """Fraction of the GPU's peak at `precision` that the linear layers' GEMMs reach."""
-        if precision == "fp8" and gpu in self.fp8_efficiency:
+        """Fraction of the GPU's peak at `precision` that the linear layers' GEMMs reach. Blackwell's block-scaled
+        formats (mxfp8 at the FP8 peak, nvfp4 at the FP4 peak: labkit.catalog.BLOCK_SCALED) take the FP8 fraction:
+        assumed, as no published MXFP8 or NVFP4 run was fitted."""
+        if precision in ("fp8", "mxfp8", "nvfp4") and gpu in self.fp8_efficiency:
             return self.fp8_efficiency[gpu]
         return self.gpu_efficiency(gpu)
 

@@ -50,7 +50,9 @@ def render(spec, est) -> str:
     from labkit.estimate import MEMORY_MARGIN
 
     par = spec.parallel
-    expert = f" x expert {par.expert}" if par.expert > 1 else ""
+    expert = ""
+    if par.expert > 1:
+        expert = f", expert {par.expert}" + (f" x expert-tensor {par.expert_tensor}" if par.expert_tensor else "")
     lines = [
         f"{spec.name}: {est.num_gpus} GPUs (tensor {par.tensor} x pipeline {par.pipeline} x data {spec.data_parallel}"
         f"{expert}), {spec.num_micro_batches} micro-batches of {spec.batch.micro}, {spec.precision}",
@@ -69,6 +71,8 @@ def render(spec, est) -> str:
         lines.append(f"  training time         {est.training_days:.1f} days for {est.tokens:.4g} tokens")
     lines.append("  time breakdown (s)")
     for key, value in est.breakdown.items():
+        if key == "ep_comm" and not spec.model.moe:  # a dense model exchanges no tokens
+            continue
         share = value / est.iteration_time_s if est.iteration_time_s else 0.0
         lines.append(f"    {key:<16}{value:10.4g}  {100 * share:5.1f}%")
     lines.append("  per stage            GPU            layers  fwd+bwd/micro-batch  memory GiB (limit)  source")

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from labkit import catalog
 from labkit.estimate import flops as F
 from labkit.estimate.calibration import Calibration, resolve
-from labkit.estimate.memory import GIB, memory_per_stage
-from labkit.estimate.params import active_params, params_with_padding, stage_params, total_params
+from labkit.estimate.memory import GIB, expert_data_parallel, memory_per_stage, moe_pattern
+from labkit.estimate.params import active_params, mlp_params, params_with_padding, stage_params, total_params
 from labkit.estimate.profiles import Profile, find_profile
 from labkit.estimate.timing import (ACTIVATION_BYTES, GRAD_REDUCE_BYTES, Pipeline, allreduce_time, combined,
                                     data_parallel_time, optimizer_step_time, p2p_time, stage_time)
@@ -147,6 +147,14 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     `calibration`: the fitted constants (efficiencies, bus fractions, latencies, stacks); default_calibration() when
     None.
 
+    A mixture-of-experts model (model.num_experts) is estimated at its active FLOPs with its experts split over
+    parallel.expert ranks (each over parallel.expert_tensor ranks): memory per rank holds num_experts / expert of each
+    MoE layer's experts, whose gradients and optimizer state the distributed optimizer shards over the
+    expert-data-parallel ranks (labkit.estimate.memory.model_state_bytes); each MoE layer adds its token dispatch
+    (labkit.estimate.timing.expert_dispatch_time) over the links its expert groups span (Topology.expert_links),
+    charged as "ep_comm" in the breakdown and as exposed communication of kind "ep"; the experts' gradients are
+    reduced over the expert-data-parallel group, after the dense ones, in the data-parallel time.
+
     Taught in labs 01, 05, 06 and 07.
     """
     cal = resolve(calibration)
@@ -155,6 +163,9 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     shape = Shape.of(spec.model)
     par, b = spec.parallel, spec.batch
     t, p, d, v, c = par.tensor, par.pipeline, spec.data_parallel, par.virtual_stages, par.context
+    ep, etp = (par.expert, par.expert_tensor) if shape.moe else (1, None)
+    dispatcher = (spec.model.moe_token_dispatcher_type or "allgather") if shape.moe else None
+    expert = {"expert": ep, "expert_tensor": etp, "dispatcher": dispatcher}
     overlap_dp = overlap_dp or spec.kernels.overlap_grad_reduce
     m = spec.num_micro_batches
     partition = spec.layer_partition
@@ -185,7 +196,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                                        first_layer=first_layer, tp_gbps=topo.tp_gbps(i), stack=stack,
                                        calibration=cal, flash_attention=flash, context=c, cp_gbps=topo.cp_gbps(i),
                                        tp_comm_overlap=spec.kernels.tp_comm_overlap,
-                                       sequence_parallel=par.sequence_parallel)
+                                       sequence_parallel=par.sequence_parallel,
+                                       expert_links=topo.expert_links(i) if shape.moe else None, **expert)
         first_layer += layers
     stages = [combined(row) for row in chunk_times]
     sources = [st.source for st in stages]
@@ -209,18 +221,35 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     pipe = pipeline.time()
 
     # After the last backward: gradient all-reduce per stage, tied-embedding all-reduce, optimizer step.
-    per_stage_params = stage_params(shape, partition, t)
+    per_stage_params = (stage_params(shape, partition, t, expert=ep, expert_tensor=etp) if shape.moe
+                        else stage_params(shape, partition, t))
+    # with expert parallelism the experts' gradients are reduced over the expert-data-parallel group, apart
+    experts_by_stage = expert_params_per_stage(shape, partition, t, ep, etp)
+    edp = expert_data_parallel(t, c, d, ep, etp) if shape.moe else 1
     # --grad-reduce-in-bf16 reduces bf16 gradients, where Megatron-LM's bf16 default reduces fp32 ones
     grad_bytes = grad_reduce_bytes or (2 if spec.optimizer.grad_reduce_in_bf16 else GRAD_REDUCE_BYTES.get(precision, 4))
     zero_stage = sharding.of_spec(spec).stage
     dp_exposed, dp_total = [], []
     for i, params in enumerate(per_stage_params):
         # megatron-core reduces gradients over data x context ranks (its intra data-and-context-parallel group)
+        experts = experts_by_stage[i]
+        dp_options = dict(zero_stage=zero_stage, grad_bytes=grad_bytes, param_bytes=4 if precision == "fp32" else 2,
+                          micro_batches=m, layers=partition[i], overlap_grad_reduce=overlap_dp,
+                          overlap_param_gather=spec.kernels.overlap_param_gather)
         exposed_s, total_s = data_parallel_time(
-            params, d * c, topo.dp_gbps(i), latency, zero_stage=zero_stage, grad_bytes=grad_bytes,
-            param_bytes=4 if precision == "fp32" else 2, forward_s=stages[i].forward_s,
-            backward_s=stages[i].backward_s, micro_batches=m, layers=partition[i], overlap_grad_reduce=overlap_dp,
-            overlap_param_gather=spec.kernels.overlap_param_gather)
+            params - experts if experts else params, d * c, topo.dp_gbps(i), latency,
+            forward_s=stages[i].forward_s, backward_s=stages[i].backward_s, **dp_options)
+        if experts:
+            # DDP's expert buckets follow the dense ones on the same stream (distributed_data_parallel.py,
+            # `self.bucket_groups + self.expert_parallel_bucket_groups`): they hide behind what compute the dense
+            # transfers left, the backward's first
+            hidden = total_s - exposed_s
+            backward_left = max(0.0, stages[i].backward_s - hidden)
+            forward_left = max(0.0, stages[i].forward_s - max(0.0, hidden - stages[i].backward_s))
+            more_exposed, more_total = data_parallel_time(experts, edp, topo.edp_gbps(i), latency,
+                                                          forward_s=forward_left, backward_s=backward_left,
+                                                          **dp_options)
+            exposed_s, total_s = exposed_s + more_exposed, total_s + more_total
         dp_exposed.append(exposed_s)
         dp_total.append(total_s)
     dp_comm = max(dp_exposed)
@@ -230,30 +259,35 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         embedding_bytes = shape.padded_vocab(t) * shape.hidden / t * GRAD_REDUCE_BYTES.get(precision, 4)
         embedding_comm = allreduce_time(embedding_bytes, 2, topo.pair_gbps(0, p - 1), latency)
     shards = d * c if zero_stage else 1  # megatron-core shards over data x context ranks
-    optimizer = max(optimizer_step_time(params / shards, catalog.gpu(gpus[i]).memory_bw_gb_s, precision)
-                    for i, params in enumerate(per_stage_params))
+    expert_shards = edp if zero_stage else 1  # ... and the experts over the expert-data-parallel ranks
+    optimizer = max(optimizer_step_time((params - experts) / shards + experts / expert_shards if experts
+                                        else params / shards, catalog.gpu(gpus[i]).memory_bw_gb_s, precision)
+                    for i, (params, experts) in enumerate(zip(per_stage_params, experts_by_stage)))
 
     iteration = pipe.total_s + dp_comm + embedding_comm + optimizer
     k = pipe.bottleneck_stage
     bottleneck = stages[k]
     tp_share = bottleneck.tp_comm_s / bottleneck.total_s if bottleneck.total_s else 0.0
+    ep_share = bottleneck.ep_comm_s / bottleneck.total_s if bottleneck.total_s else 0.0
     breakdown = {
-        "compute": pipe.busy_s * (1 - tp_share),
+        "compute": pipe.busy_s * (1 - tp_share - ep_share) if ep_share else pipe.busy_s * (1 - tp_share),
         "bubble": pipe.bubble_s,
         "tp_comm": pipe.busy_s * tp_share,
+        "ep_comm": pipe.busy_s * ep_share,
         "pp_comm": pipe.pp_comm_s,
         "dp_comm": dp_comm,
         "embedding_comm": embedding_comm,
         "optimizer": optimizer,
     }
-    # communication the computation does not hide, per kind (the TP share is on the bottleneck stage's path)
-    exposed = {"tp": breakdown["tp_comm"], "pp": pipe.pp_comm_s, "dp": dp_comm, "embedding": embedding_comm}
+    # communication the computation does not hide, per kind (the TP and EP shares are on the bottleneck stage's path)
+    exposed = {"tp": breakdown["tp_comm"], "ep": breakdown["ep_comm"], "pp": pipe.pp_comm_s, "dp": dp_comm,
+               "embedding": embedding_comm}
     # and what it hides: the bottleneck stage's tensor-parallel transfers before overlap, its pipeline sends beyond
     # those on the critical path, the data-parallel traffic of the stage that exposes the most
     tp_all = bottleneck.tp_comm_before_overlap_s * m
     sends = 2 * m * v * sum(boundaries[max(0, k - 1):k + 1]) if p > 1 else 0.0
     worst = dp_exposed.index(dp_comm)
-    hidden = {"tp": max(0.0, tp_all - exposed["tp"]), "pp": max(0.0, sends - pipe.pp_comm_s),
+    hidden = {"tp": max(0.0, tp_all - exposed["tp"]), "ep": 0.0, "pp": max(0.0, sends - pipe.pp_comm_s),
               "dp": max(0.0, dp_total[worst] - dp_comm), "embedding": 0.0}
 
     # FLOPs and utilisation.
@@ -274,7 +308,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                            distributed_optimizer=spec.optimizer.distributed, optimizer=spec.optimizer.name,
                            zero_stage=zero_stage, zero_backend=spec.optimizer.zero_backend,
                            flash_attention=flash, context=c, chunks=chunks,
-                           grad_reduce_in_bf16=spec.optimizer.grad_reduce_in_bf16, overlap_grad_reduce=overlap_dp)
+                           grad_reduce_in_bf16=spec.optimizer.grad_reduce_in_bf16, overlap_grad_reduce=overlap_dp,
+                           expert=ep, expert_tensor=etp)
     limits = [catalog.gpu(g).memory_limit_gb for g in gpus]
     fits = all(s.total <= (1 - MEMORY_MARGIN) * lim for s, lim in zip(mem, limits))
 
@@ -310,6 +345,22 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         exposed_comm_s=exposed,
         hidden_comm_s=hidden,
     )
+
+
+def expert_params_per_stage(shape: Shape, partition: list[int], tensor: int = 1, expert: int = 1,
+                            expert_tensor: int | None = None) -> list[float]:
+    """The experts' parameters on one rank of each pipeline stage that DDP keeps apart, in its expert buffer: those of
+    its MoE layers' num_experts / expert local experts, each split over the expert-tensor ranks; none without expert
+    parallelism, where they share the dense buffer (labkit.estimate.memory._layer_parameters says why)."""
+    if not shape.moe or expert <= 1:
+        return [0.0] * len(partition)
+    etp = tensor if expert_tensor is None else expert_tensor
+    per_layer = shape.experts / expert * mlp_params(shape, shape.expert_ffn_size, etp)
+    out, first = [], 0
+    for layers in partition:
+        out.append(sum(moe_pattern(shape)[first:first + layers]) * per_layer)
+        first += layers
+    return out
 
 
 def flash_attention(backend: str, gpus: list[str]) -> bool:

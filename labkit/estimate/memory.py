@@ -26,6 +26,15 @@ layer departs: SwiGLU (the fused kernel keeps the 2f-wide input and the MLP-out 
 rotary embeddings and grouped K/V (Q, K and V as the core attention keeps them), flash attention (no scores), FP8
 (1-byte GEMM inputs), fp32 (4-byte activations, 1-byte masks), dropout 0 (no masks), and the CPU's unfused kernels.
 tests/test_activation_memory.py counts the bytes on the CPU and finds it within 2%.
+Mixture of experts (megatron-core's MoELayer; the MoE README's memory table, megatron/core/transformer/moe/README.md:
+"EP ... Weight Memory 1/N in MoELayer", activations "~1 (varies with EP balancing)"): a rank holds num_experts /
+expert of each MoE layer's experts, each split over expert_tensor ranks, beside the dense parameters split over the
+tensor ranks as before; with expert parallelism DDP keeps the experts in a buffer of their own whose gradients and
+distributed-optimizer state shard over the expert-data-parallel ranks, world / (expert_tensor x expert x pipeline)
+(megatron/core/distributed/distributed_data_parallel.py, `expert_parallel_params`, intra_expt_dp_group). An MoE
+layer's activations add the router's scores, topk copies of each token dispatched to the experts (drop-less and
+balanced: MOE_TOKEN_IMBALANCE, the capacity factor of GShard, arXiv:2006.16668, and Switch, arXiv:2101.03961, when
+above 1) and the experts' intermediate activations, and the shared experts' (DeepSeekMoE, arXiv:2401.06066).
 Under 1F1B stage i holds min(p - i, m) micro-batches in flight; the interleaved schedule multiplies the first stage's
 count by 1 + (p - 1)/(p v). The first stage adds the token ids and positions (8 s b per micro-batch) and the embedding
 dropout mask (s b h, with dropout), the last stage the fp32 logits, 4 s b h (1 + V/h) / t.
@@ -39,7 +48,7 @@ from typing import TYPE_CHECKING
 
 from labkit.estimate.params import stage_params
 from labkit.megatron.shape import Shape
-from labkit.megatron import sharding
+from labkit.megatron import sharding, sizes
 
 # numpy loads with the first buffer laid out, not with this module: the command line imports it (through
 # labkit.estimate) to build its parser, and `labkit --help` needs none of it.
@@ -54,8 +63,21 @@ _MODEL_STATE = {
     "bf16": (2, 4, 12),
     "fp16": (2, 2, 16),
     "fp8": (2, 4, 12),  # Megatron keeps bf16 weights with fp32 gradients and master copy; FP8 casts are transient
+    "mxfp8": (2, 4, 12),  # Blackwell's block-scaled formats as FP8: bf16 weights, their quantized copies transient
+    "nvfp4": (2, 4, 12),
 }
+LOW_PRECISION = ("fp8", "mxfp8", "nvfp4")
+"""Precisions whose GEMMs run on 8- or 4-bit inputs inside bf16 training (Transformer Engine's recipes): bf16
+weights and non-GEMM work, 1-byte GEMM inputs kept for the backward (FP8 and MXFP8; NVFP4's backward GEMMs run in
+MXFP8 or bf16, and its saved inputs are counted at a byte too)."""
 _ZERO_MIXED = (2, 2, 12)
+
+
+@lru_cache(maxsize=256)
+def moe_pattern(shape: Shape) -> tuple[int, ...]:
+    """shape.moe_layers (1 for each MoE layer, 0 for each dense one), worked out once per shape: the planner asks for
+    it per layer and layout."""
+    return shape.moe_layers
 
 
 @dataclass
@@ -95,7 +117,7 @@ def bytes_per_param(precision: str, data_parallel: int = 1, distributed_optimize
             opt -= 4
         return (weight / d if zero_stage == 3 else weight, grad / d if zero_stage >= 2 else grad, opt / d)
     weight, grad, opt = _MODEL_STATE[precision]
-    if grad_reduce_in_bf16 and precision in ("bf16", "fp8"):
+    if grad_reduce_in_bf16 and precision in ("bf16", *LOW_PRECISION):
         grad, opt = 2, opt + 4
     if optimizer == "sgd":
         opt -= 4
@@ -143,43 +165,106 @@ class ModelState:
     """Of `gradients`, Megatron-FSDP's temporary unsharded gradient buckets (ZeRO-2 and 3) awaiting reduce-scatter."""
 
 
-def chunk_parameters(shape: Shape, layers: int, tensor: int = 1, pre_process: bool = True, post_process: bool = True,
-                     pipeline: int = 1) -> list[tuple[int, bool]]:
-    """(elements, shared embedding) of each parameter of one model chunk on one tensor rank, in the order
-    megatron-core's GPTModel with the local layer spec registers them: word and position embeddings (first chunk),
-    per layer the input norm, attention projection, QKV, MLP norm, MLP in and out (weights before biases), then the
-    final norm and output layer (last chunk). With tied embeddings over several stages the word embedding and its
-    copy in the output layer are flagged `shared_embedding` (LanguageModule.setup_embeddings_and_output_layer): DDP
-    buckets them alone. Transformer Engine's layers fuse each norm into the next linear layer: the same tensors,
-    registered in another order, which moves where a few alignment gaps fall but not the buffer's size."""
-    h, t = shape.hidden, tensor
-    kv_channels = h // shape.heads
-    qkv = kv_channels * (shape.heads + 2 * shape.groups) // t
-    mlp_in = (2 if shape.swiglu else 1) * shape.ffn_size // t
+def _layer_parameters(shape: Shape, layer: int, tensor: int, expert: int, expert_tensor: int) -> tuple[list[int],
+                                                                                                     list[int]]:
+    """(the parameters of transformer layer `layer` that DDP keeps in its dense buffer, those it keeps in its expert
+    buffer), each in registration order, elements on one rank.
+
+    Attention (megatron-core's SelfAttention): input norm, output projection (row-parallel), QKV (heads x head_dim
+    queries, 2 x groups x head_dim keys and values, column-parallel), Qwen3's per-head query and key norms. The MLP
+    side: its norm, then a dense MLP, or an MoE layer (megatron-core's MoELayer registers its router, then its
+    experts, then its shared experts): the router's experts x hidden weight (replicated), each of this rank's
+    num_experts / expert experts as Transformer Engine's grouped linear layers register them (every local expert's
+    fc1 weight, then every one's fc2 weight, each split over the expert-tensor ranks), and the shared experts as a
+    dense MLP split over the tensor ranks. The experts' parameters go to the expert buffer when expert parallelism is
+    on: their `allreduce` attribute is False only then (megatron/core/extensions/transformer_engine.py,
+    TEGroupedLinear: `not (is_expert and self.expert_parallel)`, expert_parallel being expert size > 1), and DDP
+    gives such parameters a buffer of their own over the expert-data-parallel group (distributed_data_parallel.py,
+    `expert_parallel_params`)."""
+    h, t, d = shape.hidden, tensor, shape.head_dim
     norm = [h] if shape.norm == "RMSNorm" else [h, h]
+    head_norm = [d] if shape.norm == "RMSNorm" else [d, d]
+    bias = (lambda n: [n]) if shape.bias else (lambda n: [])
+    qkv = d * (shape.heads + 2 * shape.groups) // t
+    attention = [*norm, shape.heads * d * h // t, *bias(h), qkv * h, *bias(qkv)]
+    if shape.qk_layernorm:
+        attention += head_norm * 2
+
+    def fc1(width: int, split: int) -> list[int]:  # column-parallel: 2 x width under SwiGLU
+        width_in = (2 if shape.swiglu else 1) * width // split
+        return [width_in * h, *bias(width_in)]
+
+    def fc2(width: int, split: int) -> list[int]:  # row-parallel, its bias whole
+        return [h * width // split, *bias(h)]
+
+    def mlp(width: int, split: int) -> list[int]:
+        return fc1(width, split) + fc2(width, split)
+
+    if not moe_pattern(shape)[layer]:
+        return attention + norm + mlp(shape.ffn_size, t), []
+    local = shape.experts // expert
+    experts = fc1(shape.expert_ffn_size, expert_tensor) * local + fc2(shape.expert_ffn_size, expert_tensor) * local
+    dense = attention + norm + [shape.experts * h]
+    shared = mlp(shape.shared_ffn, t) if shape.shared_ffn else []
+    if expert > 1:
+        return dense + shared, experts
+    return dense + experts + shared, []
+
+
+def chunk_parameters(shape: Shape, layers: int, tensor: int = 1, pre_process: bool = True, post_process: bool = True,
+                     pipeline: int = 1, *, first_layer: int = 0, expert: int = 1,
+                     expert_tensor: int | None = None) -> list[tuple[int, bool]]:
+    """(elements, shared embedding) of each parameter of one model chunk on one tensor rank that DDP keeps in its
+    (dense) buffer, in the order megatron-core's GPTModel with the local layer spec registers them: word and position
+    embeddings (first chunk), per layer the input norm, attention projection, QKV, MLP norm, MLP in and out (weights
+    before biases; an MoE layer's router, experts and shared experts, see `_layer_parameters`), then the final norm
+    and output layer (last chunk). The chunk holds layers first_layer .. first_layer + layers - 1 (which of them are
+    MoE: shape.moe_layers). With tied embeddings over several stages the word embedding and its copy in the output
+    layer are flagged `shared_embedding` (LanguageModule.setup_embeddings_and_output_layer): DDP buckets them alone.
+    Transformer Engine's layers fuse each norm into the next linear layer: the same tensors, registered in another
+    order, which moves where a few alignment gaps fall but not the buffer's size. With expert parallelism (`expert`
+    > 1) the experts' weights are not here but in `chunk_expert_parameters`."""
+    h, t = shape.hidden, tensor
+    etp = sizes.expert_tensor_size(tensor, expert_tensor)
     vocab = shape.padded_vocab(t) // t
     shared = shape.tied and pipeline > 1
-    sizes = []
+    sizes_ = []
     if pre_process:
-        sizes.append((vocab * h, shared and not post_process))
+        sizes_.append((vocab * h, shared and not post_process))
         if shape.positions == "learned_absolute":
-            sizes.append((shape.seq_length * h, False))
-    bias = (lambda n: [n]) if shape.bias else (lambda n: [])
-    layer = [*norm, h * h // t, *bias(h), qkv * h, *bias(qkv), *norm, mlp_in * h, *bias(mlp_in),
-             h * shape.ffn_size // t, *bias(h)]
-    sizes += [(n, False) for n in layer] * layers
+            sizes_.append((shape.seq_length * h, False))
+    if not shape.moe:  # every layer alike
+        sizes_ += [(n, False) for n in _layer_parameters(shape, 0, t, 1, etp)[0]] * layers
+    else:
+        for layer in range(first_layer, first_layer + layers):
+            sizes_ += [(n, False) for n in _layer_parameters(shape, layer, t, expert, etp)[0]]
     if post_process:
-        sizes += [(n, False) for n in norm]
+        sizes_ += [(n, False) for n in ([h] if shape.norm == "RMSNorm" else [h, h])]
         if not shape.tied or not pre_process:
-            sizes.append((vocab * h, shared))
-    return sizes
+            sizes_.append((vocab * h, shared))
+    return sizes_
+
+
+def chunk_expert_parameters(shape: Shape, layers: int, *, first_layer: int = 0, expert: int = 1,
+                            expert_tensor: int = 1) -> list[tuple[int, bool]]:
+    """(elements, False) of each parameter of one model chunk on one rank that DDP keeps in its expert buffer: the
+    local experts of its MoE layers when expert parallelism is on (`_layer_parameters`), none otherwise."""
+    if not shape.moe or expert <= 1:
+        return []
+    out = []
+    for layer in range(first_layer, first_layer + layers):
+        out += [(n, False) for n in _layer_parameters(shape, layer, 1, expert, expert_tensor)[1]]
+    return out
 
 
 @lru_cache(maxsize=4096)
 def _grad_buffer(shape: Shape, layers: int, tensor: int, pre_process: bool, post_process: bool, pipeline: int,
-                 shards: int, distributed: bool, bucket_size: int | None) -> tuple[int, np.ndarray, np.ndarray]:
-    """One model chunk's _ParamAndGradBuffer: (its elements, padding included; the [start, end) of each parameter;
-    the [start, end) of each bucket). Parameters are laid out last to first, roughly in backward order."""
+                 shards: int, distributed: bool, bucket_size: int | None, first_layer: int = 0, expert: int = 1,
+                 expert_tensor: int | None = None,
+                 experts_buffer: bool = False) -> tuple[int, np.ndarray, np.ndarray]:
+    """One model chunk's _ParamAndGradBuffer (the expert one when `experts_buffer`): (its elements, padding
+    included; the [start, end) of each parameter; the [start, end) of each bucket). Parameters are laid out last to
+    first, roughly in backward order."""
     import numpy as np
 
     divisor = math.lcm(shards, BUCKET_ALIGNMENT)
@@ -194,7 +279,13 @@ def _grad_buffer(shape: Shape, layers: int, tensor: int, pre_process: bool, post
         bucket_start = at
         return at
 
-    for numel, shared in reversed(chunk_parameters(shape, layers, tensor, pre_process, post_process, pipeline)):
+    if experts_buffer:
+        parameters = chunk_expert_parameters(shape, layers, first_layer=first_layer, expert=expert,
+                                             expert_tensor=sizes.expert_tensor_size(tensor, expert_tensor))
+    else:
+        parameters = chunk_parameters(shape, layers, tensor, pre_process, post_process, pipeline,
+                                      first_layer=first_layer, expert=expert, expert_tensor=expert_tensor)
+    for numel, shared in reversed(parameters):
         if distributed:
             start = -(-start // PARAM_ALIGNMENT) * PARAM_ALIGNMENT
         alone = shared and distributed  # so both stages shard the embedding alike before its all-reduce
@@ -225,13 +316,18 @@ def _elements_below(spans: np.ndarray, x: np.ndarray) -> np.ndarray:
 @lru_cache(maxsize=4096)  # the planner asks for the same chunks again and again
 def grad_buffer_elements(shape: Shape, layers: int, *, tensor: int = 1, pre_process: bool = True,
                          post_process: bool = True, pipeline: int = 1, shards: int = 1, distributed: bool = False,
-                         bucket_size: int | None = None) -> tuple[int, np.ndarray]:
+                         bucket_size: int | None = None, first_layer: int = 0, expert: int = 1,
+                         expert_tensor: int | None = None, experts_buffer: bool = False) -> tuple[int, np.ndarray]:
     """One model chunk's DDP buffer: (its elements, padding included; the parameter elements each of the `shards`
-    ranks of the data x context group updates). Without the distributed optimizer every rank updates them all."""
+    ranks of the data x context group updates). Without the distributed optimizer every rank updates them all.
+    `experts_buffer`: the chunk's expert buffer instead (expert parallelism: its local experts), whose `shards` are the
+    expert-data-parallel ranks."""
     import numpy as np
 
+    if not shape.moe:  # which layers the chunk holds matters only where some are MoE
+        first_layer, expert, expert_tensor = 0, 1, None
     numel, spans, buckets = _grad_buffer(shape, layers, tensor, pre_process, post_process, pipeline, shards,
-                                         distributed, bucket_size)
+                                         distributed, bucket_size, first_layer, expert, expert_tensor, experts_buffer)
     total = int((spans[:, 1] - spans[:, 0]).sum())
     if not distributed:
         owned = np.full(shards, total, dtype=np.int64)
@@ -254,49 +350,94 @@ def _state_dtypes(precision: str, grad_reduce_in_bf16: bool, optimizer: str) -> 
     param_bytes = 4 if precision == "fp32" else 2
     # Megatron-LM's validate_args: bf16 (and FP8 inside bf16) reduces in fp32 unless --grad-reduce-in-bf16; fp16 and
     # fp32 keep the parameters' dtype.
-    grad_bytes = 2 if precision == "fp16" or (precision in ("bf16", "fp8") and grad_reduce_in_bf16) else 4
+    grad_bytes = 2 if precision == "fp16" or (precision in ("bf16", *LOW_PRECISION) and grad_reduce_in_bf16) else 4
     per_element = {"adam": 8, "sgd": 4}[optimizer]
     if param_bytes == 2:
         per_element += 4 + (4 if grad_bytes == 2 else 0)  # fp32 main parameters, fp32 copies of 16-bit gradients
     return param_bytes, grad_bytes, per_element
 
 
+def expert_data_parallel(tensor: int, context: int, data_parallel: int, expert: int = 1,
+                         expert_tensor: int | None = None) -> int:
+    """Ranks that hold the same experts (the expert-data-parallel group): a pipeline stage's tensor x context x data
+    ranks over expert_tensor x expert, as megatron-core's initialize_model_parallel sizes its expert grid
+    (labkit.megatron.sizes.expert_data_parallel_size)."""
+    etp = sizes.expert_tensor_size(tensor, expert_tensor)
+    return sizes.expert_data_parallel_size(tensor * context * data_parallel, expert, etp)
+
+
+def chunk_first_layers(chunks: list[list[int]]) -> list[list[int]]:
+    """The first transformer layer of each model chunk, [stage][chunk], with `chunks` the layers of each stage's
+    chunks: chunk k of stage i is virtual stage k x stages + i, and the virtual stages hold consecutive layers."""
+    p = len(chunks)
+    v = max((len(row) for row in chunks), default=1)
+    firsts = [[0] * len(row) for row in chunks]
+    layer = 0
+    for u in range(p * v):
+        i, k = u % p, u // p
+        if k < len(chunks[i]):
+            firsts[i][k] = layer
+            layer += chunks[i][k]
+    return firsts
+
+
 def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeline: int = 1, tensor: int = 1,
                       data_parallel: int = 1, context: int = 1, precision: str = "bf16",
                       distributed_optimizer: bool = False, grad_reduce_in_bf16: bool = False, optimizer: str = "adam",
-                      overlap_grad_reduce: bool = False, rank: int | None = None, zero_stage: int = 0) -> ModelState:
+                      overlap_grad_reduce: bool = False, rank: int | None = None, zero_stage: int = 0,
+                      expert: int = 1, expert_tensor: int | None = None,
+                      first_layers: list[int] | None = None) -> ModelState:
     """Weights, gradients and optimizer state in bytes on one GPU of pipeline stage `stage`, exactly as megatron-core
     0.16.1 allocates them (see the notes above). `chunks`: the transformer layers of each of the stage's model chunks
     (one without interleaving). `rank`: the GPU's rank in the data x context group; None: the one that updates the
     most elements (slices differ by a few alignment gaps). `zero_stage` 1 is the distributed optimizer; 2 and 3 are
     Megatron-FSDP (`fsdp_model_state_bytes`).
 
+    Mixture of experts: each MoE layer's experts split over `expert` ranks (num_experts / expert each), each expert
+    over `expert_tensor` ranks (None: the tensor size, Megatron-LM's default). With expert parallelism DDP keeps the
+    experts in a buffer of their own, which the distributed optimizer shards over the expert-data-parallel ranks
+    (world / (expert_tensor x expert x pipeline), `expert_data_parallel`) where the dense buffer shards over data x
+    context (megatron/core/distributed/distributed_data_parallel.py: `expert_parallel_params` get their
+    _ParamAndGradBuffer over intra_expt_dp_group; megatron/core/optimizer/__init__.py builds a distributed optimizer
+    per group). `first_layers`: the first layer of each chunk, which says which of its layers are MoE; None: the
+    chunks of every stage as this one's.
+
     Taught in lab 09.
     """
     import numpy as np
 
     param_bytes, grad_bytes, per_element = _state_dtypes(precision, grad_reduce_in_bf16, optimizer)
+    if first_layers is None:
+        first_layers = [(k * pipeline + stage) * layers for k, layers in enumerate(chunks)]
     if zero_stage in (2, 3):
         return fsdp_model_state_bytes(shape, chunks, zero_stage, stage=stage, pipeline=pipeline, tensor=tensor,
                                       data_parallel=data_parallel, context=context, precision=precision,
                                       grad_reduce_in_bf16=grad_reduce_in_bf16, optimizer=optimizer,
-                                      overlap_grad_reduce=overlap_grad_reduce)
+                                      overlap_grad_reduce=overlap_grad_reduce, expert=expert,
+                                      expert_tensor=expert_tensor, first_layers=first_layers)
     distributed_optimizer = distributed_optimizer or zero_stage == 1
     shards = data_parallel * context
+    expert_shards = expert_data_parallel(tensor, context, data_parallel, expert, expert_tensor)
     bucket_size = max(DEFAULT_BUCKET_ELEMENTS, 1_000_000 * data_parallel) if overlap_grad_reduce else None
     weights = gradients = 0
     owned = np.zeros(shards, dtype=np.int64)
+    owned_experts = np.zeros(expert_shards, dtype=np.int64)
     for k, layers in enumerate(chunks):
         first, last = stage == 0 and k == 0, stage == pipeline - 1 and k == len(chunks) - 1
         # DDP buckets only the first chunk of the first stage (distributed_data_parallel.py; Megatron-LM's get_model
         # disables bucketing for later chunks)
-        numel, mine = grad_buffer_elements(shape, layers, tensor=tensor, pre_process=first, post_process=last,
-                                           pipeline=pipeline, shards=shards, distributed=distributed_optimizer,
-                                           bucket_size=bucket_size if stage == 0 and k == 0 else None)
-        weights += numel * param_bytes  # without the distributed optimizer the buffer has no padding
-        gradients += numel * grad_bytes
-        owned += mine
-    updated = int(owned.max() if rank is None else owned[rank])
+        buffers = [(False, shards, owned)] + ([(True, expert_shards, owned_experts)]
+                                              if shape.moe and expert > 1 and layers else [])
+        for experts_buffer, n, into in buffers:
+            numel, mine = grad_buffer_elements(shape, layers, tensor=tensor, pre_process=first, post_process=last,
+                                               pipeline=pipeline, shards=n, distributed=distributed_optimizer,
+                                               bucket_size=bucket_size if stage == 0 and k == 0 else None,
+                                               first_layer=first_layers[k], expert=expert,
+                                               expert_tensor=expert_tensor, experts_buffer=experts_buffer)
+            weights += numel * param_bytes  # without the distributed optimizer the buffer has no padding
+            gradients += numel * grad_bytes
+            into += mine
+    updated = int(owned.max() if rank is None else owned[rank]) + int(owned_experts.max())
     return ModelState(weights=weights, gradients=gradients, optimizer=updated * per_element)
 
 
@@ -326,24 +467,37 @@ FSDP_MIN_COMMUNICATION_UNIT = 1_000_000_000
 def fsdp_model_state_bytes(shape: Shape, chunks: list[int], zero_stage: int, *, stage: int = 0, pipeline: int = 1,
                            tensor: int = 1, data_parallel: int = 1, context: int = 1, precision: str = "bf16",
                            grad_reduce_in_bf16: bool = False, optimizer: str = "adam",
-                           overlap_grad_reduce: bool = False) -> ModelState:
+                           overlap_grad_reduce: bool = False, expert: int = 1, expert_tensor: int | None = None,
+                           first_layers: list[int] | None = None) -> ModelState:
     """One GPU's model state under Megatron-FSDP at ZeRO stage 2 (optim_grads) or 3 (optim_grads_params), working
-    buffers included (see the notes above), in bytes."""
+    buffers included (see the notes above), in bytes. With expert parallelism the local experts are sharded over the
+    expert-data-parallel ranks (Megatron-FSDP's expert data-parallel shard group) and the rest over data x context;
+    the working buffers are counted over both together."""
     if zero_stage not in (2, 3):
         raise ValueError(f"zero_stage: Megatron-FSDP shards at stage 2 or 3, not {zero_stage}")
     param_bytes, grad_bytes, per_element = _state_dtypes(precision, grad_reduce_in_bf16, optimizer)
     shards = data_parallel * context
+    expert_shards = expert_data_parallel(tensor, context, data_parallel, expert, expert_tensor)
+    etp = sizes.expert_tensor_size(tensor, expert_tensor)
+    if first_layers is None:
+        first_layers = [(k * pipeline + stage) * layers for k, layers in enumerate(chunks)]
     bucket_size = max(DEFAULT_BUCKET_ELEMENTS, 1_000_000 * shards) if overlap_grad_reduce else None
     weights = gradients = optimizer_state = gathered = unsharded = 0
     for k, layers in enumerate(chunks):
         first, last = stage == 0 and k == 0, stage == pipeline - 1 and k == len(chunks) - 1
-        sizes = [n for n, _ in chunk_parameters(shape, layers, tensor, first, last, pipeline)]
-        total = sum(sizes)
-        shard = -(-total // shards)
-        per_layer = sum(n for n, _ in chunk_parameters(shape, 1, tensor, False, False, pipeline))
+        where = dict(first_layer=first_layers[k], expert=expert, expert_tensor=expert_tensor)
+        sizes_ = [n for n, _ in chunk_parameters(shape, layers, tensor, first, last, pipeline, **where)]
+        experts = sum(n for n, _ in chunk_expert_parameters(shape, layers, first_layer=first_layers[k],
+                                                            expert=expert, expert_tensor=etp))
+        dense = sum(sizes_)
+        total = dense + experts
+        shard = -(-dense // shards) + (-(-experts // expert_shards) if experts else 0)
+        # one layer, the model's mean: its dense and expert parameters
+        per_layer = (sum(n for n, _ in chunk_parameters(shape, 1, tensor, False, False, pipeline, **where))
+                     + experts // max(1, layers))
         if zero_stage == 3 and layers:
             # the largest bucket gathered at once: a layer, or the word embedding / output layer
-            bucket, unit = max(per_layer, *sizes), max(FSDP_MIN_COMMUNICATION_UNIT, 2 * per_layer)
+            bucket, unit = max(per_layer, *sizes_), max(FSDP_MIN_COMMUNICATION_UNIT, 2 * per_layer)
             gathered += min(total, unit // 2 + 2 * bucket) * param_bytes
         else:
             bucket = min(total, bucket_size or total)
@@ -352,13 +506,31 @@ def fsdp_model_state_bytes(shape: Shape, chunks: list[int], zero_stage: int, *, 
         weights += (shard if zero_stage == 3 else total) * param_bytes
         gradients += shard * grad_bytes
         optimizer_state += shard * per_element
-    return ModelState(weights=weights + gathered, gradients=gradients + unsharded, optimizer=optimizer_state,
-                      weights_working=gathered, gradients_working=unsharded)
+    return ModelState(weights=int(weights + gathered), gradients=int(gradients + unsharded),
+                      optimizer=int(optimizer_state), weights_working=int(gathered), gradients_working=int(unsharded))
+
+
+MOE_TOKEN_IMBALANCE = 1.0
+"""Tokens an expert rank receives over its even share (num_tokens x topk / expert ranks): the assumption behind every
+MoE term here and in labkit.estimate.timing. 1.0 is drop-less routing with perfect balance, which NVIDIA's
+Megatron-Bridge benchmarks force ("we force-balance the token distribution among experts and all benchmarks are
+token-dropless", docs/performance-summary.md). A token-dropping run with --moe-expert-capacity-factor C pads each
+expert to at most C times its share (GShard, arXiv:2006.16668, section 2.2; Switch Transformer, arXiv:2101.03961,
+section 2.2), an unbalanced drop-less one receives more than its share on its busiest rank: either is this factor
+above 1."""
+
+ROUTER_BYTES_PER_SCORE = 12
+"""Bytes the router keeps per token and expert (megatron/core/transformer/moe/router.py, TopKRouter.routing, and
+moe_utils.py, topk_routing_with_score_function and compute_routing_scores_for_aux_loss, unfused): the fp32 softmax
+scores of the top-k choice (4), the bool routing map (1), the probabilities scattered over every expert in the
+activations' dtype (2), and the load-balancing loss's own fp32 scores (4) and routing map (1). A few hundred bytes
+per token for Mixtral's 8 experts beside the hundreds of kilobytes of the rest of the layer."""
 
 
 def activation_bytes_per_layer(shape: Shape, micro_batch: int, tensor: int = 1, sequence_parallel: bool = False,
                                recompute: str | None = None, precision: str = "bf16", flash_attention: bool = False,
-                               context: int = 1, on_cpu: bool = False) -> float:
+                               context: int = 1, on_cpu: bool = False, moe: bool = False,
+                               expert_tensor: int | None = None) -> float:
     """Activation bytes one transformer layer keeps for the backward pass of one micro-batch, on one tensor rank.
 
     Each term is a tensor megatron-core 0.16.1's TransformerLayer saves; tests/test_activation_memory.py counts them
@@ -386,7 +558,26 @@ def activation_bytes_per_layer(shape: Shape, micro_batch: int, tensor: int = 1, 
       "since it is not needed in backward pass"; layernorm_linear.py likewise keeps the quantized `ln_out`). Fused
       attention's output stays 16-bit beside the projection's FP8 copy.
     Sequence parallelism splits the norms, dropout and GEMM inputs outside the tensor-parallel regions over t as well
-    (Korthikanti Table 2); context parallelism splits the sequence, and so every term, over its ranks.
+    (Korthikanti Table 2); context parallelism splits the sequence, and so every term, over its ranks. Heads of
+    kv_channels other than hidden / heads (Qwen3) make Q, K, V and the projection input heads x head_dim wide.
+    Per-head query and key norms (qk_layernorm) read views of the QKV output, which is kept anyway, and feed the
+    rotary embedding, whose fused kernel keeps none of its input: they add only their statistics, not counted.
+
+    `moe`: an MoE layer (megatron-core's MoELayer, megatron/core/transformer/moe/; the alltoall or allgather
+    dispatcher with Transformer Engine's grouped GEMM, TEGroupedMLP) in place of the dense MLP. Its MLP side keeps:
+    - the router's input (the MLP norm's output, which the shared experts' fc1 reads too) and, per token and expert,
+      ROUTER_BYTES_PER_SCORE of logits, scores and routing maps;
+    - the dispatched tokens: each of the rank's tokens goes to topk experts, so the rank's experts receive topk x
+      its tokens (times MOE_TOKEN_IMBALANCE), all-gathered over the `expert_tensor` ranks of each expert (None: the
+      tensor size, Megatron-LM's default); fc1 keeps that input (1 byte under FP8), the fused weighted SwiGLU its
+      2 f_e-wide input and the fp32 routing probability of each copy, fc2 its f_e-wide input, f_e one expert's width
+      split over the expert-tensor ranks (experts.py, TEGroupedMLP.forward; GShard's dispatch tensor, arXiv
+      2006.16668, holds the same tokens). The permutations keep only indices, and with the probabilities applied in
+      the activation ("memory efficient token permutation", the MoE README) the combine keeps nothing of width h;
+    - the shared experts, as a dense MLP of their width (DeepSeekMoE, arXiv:2401.06066).
+    Megatron-Core's MoE README ("Find the feasible parallel mapping") puts an MoE layer's peak activations under
+    expert parallelism at "~1 (varies with EP balancing)": the dispatched tokens per rank do not shrink with the
+    expert ranks, they grow with topk and with the imbalance.
 
     Taught in lab 09.
     """
@@ -395,10 +586,13 @@ def activation_bytes_per_layer(shape: Shape, micro_batch: int, tensor: int = 1, 
     split = t if sequence_parallel else 1
     if recompute == "full":
         return s * b * h * e / split  # the checkpoint keeps the layer's input
-    fp8 = precision == "fp8" and not on_cpu
+    fp8 = precision in LOW_PRECISION and not on_cpu
     gemm_input = 1 if fp8 else e
     mask = (e if on_cpu else 1) if shape.hidden_dropout else 0
-    f, r = shape.ffn_size / h, shape.groups / a
+    f = shape.ffn_size / h
+    # Q and the projection input are heads x head_dim wide, K and V groups x head_dim: as wide as the hidden state and
+    # groups / heads of it unless kv_channels says otherwise
+    q, r = shape.heads * shape.head_dim / h, shape.groups * shape.head_dim / h
     rope = shape.positions == "rope"
     core = recompute != "selective"  # selective recomputation keeps only the core attention's inputs
     unfused = core and not flash_attention
@@ -417,15 +611,29 @@ def activation_bytes_per_layer(shape: Shape, micro_batch: int, tensor: int = 1, 
     # reshape, always), and the unfused core attention repeats grouped K and V to every head.
     grouped = shape.groups < a
     if unfused and grouped:
-        qkv = 3  # a copied Q, K and V repeated: nothing keeps the QKV output
+        qkv = 3 * q  # a copied Q, K and V repeated: nothing keeps the QKV output
     else:
-        qkv = (1 if rope or (grouped and shape.groups > t) else 0) + (r if rope else 0) + 1 + 2 * r
-    projection = gemm_input + (e if fp8 and flash_attention and core else 0)
-    if shape.swiglu:
-        mlp = f * (2 * e + (2 * e if on_cpu else 0) + gemm_input)
+        qkv = (q if rope or (grouped and shape.groups > t) else 0) + (r if rope else 0) + q + 2 * r
+    projection = (gemm_input + (e if fp8 and flash_attention and core else 0)) * q
+
+    def mlp_kept(width: float) -> float:
+        """An MLP of this width (a share of h): the activation's input and the MLP-out GEMM's."""
+        if shape.swiglu:
+            return width * (2 * e + (2 * e if on_cpu else 0) + gemm_input)
+        return width * (e + gemm_input)
+
+    if not moe:
+        inside = e * qkv + projection + mlp_kept(f)
     else:
-        mlp = f * (e + gemm_input)  # the activation's input and the MLP-out GEMM's
-    inside = e * qkv + projection + mlp
+        inside = e * qkv + projection + (mlp_kept(shape.shared_ffn / h) if shape.shared_ffn else 0.0)
+        # the MLP side outside: the router's input in the activations' dtype (the router GEMM is not quantized), the
+        # shared experts' FP8 copy of it
+        outside += (e - gemm_input) + (gemm_input if fp8 and shape.shared_ffn else 0)
+        outside += shape.experts * ROUTER_BYTES_PER_SCORE / h
+        # the dispatched tokens, per token of this rank (its sequence share under sequence parallelism)
+        etp = sizes.expert_tensor_size(t, expert_tensor)
+        f_e = shape.expert_ffn_size / h
+        outside += shape.topk * MOE_TOKEN_IMBALANCE * (etp * gemm_input + mlp_kept(f_e) + 4 / h)
 
     # The core attention's own tensors, per score (a s x s per sequence) or per head and token, split over t.
     scores, per_layer = 0.0, 0.0
@@ -440,7 +648,7 @@ def activation_bytes_per_layer(shape: Shape, micro_batch: int, tensor: int = 1, 
             per_layer += s * shape.seq_length  # the bool causal mask
         scores = per_score * a * shape.seq_length / h
     if rope and on_cpu:
-        per_layer += 4 * s * (h / a) * e
+        per_layer += 4 * s * shape.head_dim * e
     return s * b * h * (outside / split + (inside + scores) / t) + per_layer
 
 
@@ -458,18 +666,22 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
                      virtual_stages: int = 1, distributed_optimizer: bool = False, zero_stage: int = 0,
                      zero_backend: str = "megatron", optimizer: str = "adam", flash_attention: bool = False,
                      context: int = 1, grad_reduce_in_bf16: bool = False, overlap_grad_reduce: bool = False,
-                     chunks: list[list[int]] | None = None) -> list[StageMemory]:
+                     chunks: list[list[int]] | None = None, expert: int = 1,
+                     expert_tensor: int | None = None) -> list[StageMemory]:
     """Peak memory of one GPU in each pipeline stage (GiB), without the CUDA context and allocator slack.
 
     Weights, gradients and optimizer state are megatron-core's (`model_state_bytes`, on the data x context rank that
     updates the most; `zero_stage` 1 the distributed optimizer, 2 and 3 Megatron-FSDP with its working buffers)
     unless `zero_backend` is deepspeed, whose ZeRO is counted from the bytes-per-parameter table.
     `chunks`: the transformer layers of each stage's model chunks; by default each stage's layers split evenly over
-    `virtual_stages`.
+    `virtual_stages`. `expert`, `expert_tensor`: a mixture-of-experts model's expert-parallel and expert-tensor sizes
+    (see `model_state_bytes`); each stage's MoE layers (shape.moe_layers, where its chunks fall) keep an MoE layer's
+    activations (`activation_bytes_per_layer` with `moe`).
     """
     p = len(partition)
     chunks = chunks or [[n // virtual_stages + (k < n % virtual_stages) for k in range(virtual_stages)]
                         for n in partition]
+    firsts = chunk_first_layers(chunks)
 
     def model_state(i: int, params: float) -> tuple[float, float, float]:
         if zero_stage and sharding.choose(zero_stage, zero_backend).implementation == sharding.DEEPSPEED:
@@ -478,20 +690,32 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
         state = model_state_bytes(shape, chunks[i], stage=i, pipeline=p, tensor=tensor, data_parallel=data_parallel,
                                   context=context, precision=precision, distributed_optimizer=distributed_optimizer,
                                   grad_reduce_in_bf16=grad_reduce_in_bf16, optimizer=optimizer,
-                                  overlap_grad_reduce=overlap_grad_reduce, zero_stage=zero_stage)
+                                  overlap_grad_reduce=overlap_grad_reduce, zero_stage=zero_stage, expert=expert,
+                                  expert_tensor=expert_tensor, first_layers=firsts[i])
         return state.weights, state.gradients, state.optimizer
 
     act_scale = 2 if precision == "fp32" else 1
     s, b, h, t = shape.seq_length / context, micro_batch, shape.hidden, tensor
     kernels = {"flash_attention": flash_attention, "context": context}
+    moe_kernels = {**kernels, "moe": True, "expert_tensor": expert_tensor}
+    params_by_stage = (stage_params(shape, partition, tensor, expert=expert, expert_tensor=expert_tensor)
+                       if shape.moe else stage_params(shape, partition, tensor))
     out = []
-    for i, (layers, params) in enumerate(zip(partition, stage_params(shape, partition, tensor))):
+    for i, (layers, params) in enumerate(zip(partition, params_by_stage)):
         held = in_flight_micro_batches(i, p, num_micro_batches, virtual_stages)
         per_layer = activation_bytes_per_layer(shape, b, t, sequence_parallel, recompute, precision, **kernels)
-        acts = held * layers * per_layer
+        if not shape.moe:
+            acts = held * layers * per_layer
+        else:
+            moe = sum(sum(moe_pattern(shape)[first:first + n]) for first, n in zip(firsts[i], chunks[i]))
+            per_moe = activation_bytes_per_layer(shape, b, t, sequence_parallel, recompute, precision, **moe_kernels)
+            acts = held * ((layers - moe) * per_layer + moe * per_moe)
         if recompute == "full" and layers:
             # the layers being recomputed hold their full activations during their backward
             full = activation_bytes_per_layer(shape, b, t, sequence_parallel, None, precision, **kernels)
+            if shape.moe:
+                full = max(full, activation_bytes_per_layer(shape, b, t, sequence_parallel, None, precision,
+                                                            **moe_kernels))
             acts += min(recompute_layers, layers) * full
         if i == 0:
             mask = s * b * h if shape.hidden_dropout else 0

@@ -1,5 +1,6 @@
-"""Published measured runs (labkit/data/published_runs.yaml: Megatron-LM on A100, megatron-core and Llama 3 on H100)
-as run specs, and the estimator's predictions beside them.
+"""Published measured runs (labkit/data/published_runs.yaml: Megatron-LM on A100, megatron-core and Llama 3 on H100,
+mixture-of-experts models and Blackwell systems from NVIDIA's NeMo and Megatron-Bridge performance summaries) as run
+specs, and the estimator's predictions beside them.
 
     published_table()      # one row per run: measured, predicted, error
 """
@@ -28,6 +29,7 @@ class PublishedRun:
     measured_key: str   # "tflops_per_gpu" or "iteration_time_s": the figure compared
     measured: float
     held_out: bool      # no calibration constant was fitted to this set
+    dev: bool = False   # development data: rows the estimator's terms were developed against, nothing fitted to them
 
 
 # SC21's and Korthikanti's tables: [billions of parameters, heads, hidden, layers, tensor, pipeline, GPUs, global
@@ -46,14 +48,16 @@ def published_runs(path=PUBLISHED_RUNS) -> list[PublishedRun]:
             measured, key = run["measured"], group["measured"]
             if key == "tokens_per_s_per_gpu":
                 measured, key = run["global"] * spec.model.seq_length / (measured * run["gpus"]), "iteration_time_s"
-            runs.append(PublishedRun(name, label, spec, key, measured, bool(group["held_out"])))
+            runs.append(PublishedRun(name, label, spec, key, measured, bool(group["held_out"]),
+                                     bool(group.get("dev", False))))
     return runs
 
 
 def _spec(name: str, group: dict, run: dict, data: dict) -> tuple[RunSpec, str]:
-    """One row as a run spec, and its label."""
-    cluster = {**data["cluster"], **group.get("cluster", {})}
-    per_node, gpus = cluster["gpus_per_node"], run["gpus"]
+    """One row as a run spec, and its label. A set may give several systems (`clusters`, by name), each row naming its
+    own (`system`); a row may give its own `precision` and expert-parallel size (`expert`)."""
+    cluster = {**data["cluster"], **group.get("cluster", {}), **group.get("clusters", {}).get(run.get("system"), {})}
+    gpus = run["gpus"]
     t, p, c = run["tensor"], run["pipeline"], run.get("context", 1)
     if "model" in run:  # a preset, or a shape the set spells out
         model = dict(group.get("models", {}).get(run["model"], {"preset": run["model"]}), seq_length=run["seq"])
@@ -67,6 +71,8 @@ def _spec(name: str, group: dict, run: dict, data: dict) -> tuple[RunSpec, str]:
                 **group.get("parallel_by_model", {}).get(run.get("model"), {})}
     if run.get("virtual", 1) > 1:
         parallel["virtual_stages"] = run["virtual"]
+    if run.get("expert", 1) > 1:
+        parallel["expert"] = run["expert"]
     recompute = None
     if group.get("recompute"):
         recompute = {"granularity": group["recompute"]}
@@ -78,18 +84,36 @@ def _spec(name: str, group: dict, run: dict, data: dict) -> tuple[RunSpec, str]:
         kernels["tp_comm_overlap"] = t > 1
     if "stack" in group:  # the software the set ran (labkit/data/calibration.yaml's stacks)
         kernels["stack"] = group["stack"]
+    precision = run.get("precision", group.get("precision", "fp16"))
+    optimizer = {**group.get("optimizer", {}), **({"zero_stage": run["zero"]} if "zero" in run else {})}
+    if precision not in ("bf16", "fp8"):
+        # the spec takes optimizer.grad_reduce_in_bf16 with bf16 and fp8 only: an MXFP8 row reduces its gradients in
+        # fp32 here, bytes its recipe does not move (overlapped with the backward, and 2 bytes more per parameter of
+        # gradient buffer)
+        optimizer.pop("grad_reduce_in_bf16", None)
     spec = load_spec({
         "name": f"{name}-{label}".replace(" ", "-"),
         "model": model, "parallel": parallel,
         "batch": {"micro": run.get("micro", 1), "global": run["global"]},
-        "precision": group.get("precision", "fp16"), "recompute": recompute,
-        "optimizer": {**group.get("optimizer", {}), **({"zero_stage": run["zero"]} if "zero" in run else {})},
+        "precision": precision, "recompute": recompute, "optimizer": optimizer,
         "kernels": kernels,
-        "cluster": {"nodes": [{"gpu": cluster["gpu"], "count": max(1, gpus // per_node),
-                               "gpus_per_node": min(gpus, per_node),
-                               "inter_node_gbps": cluster["inter_node_gbps"]}]},
+        "cluster": {"nodes": _nodes(cluster, gpus)},
     })
     return spec, label
+
+
+def _nodes(cluster: dict, gpus: int) -> list[dict]:
+    """The node groups of `gpus` GPUs of a set's system. With `rack_gpus` (GB200 and GB300 NVL72 racks run as racks of
+    that many GPUs), one group per rack: each node group starts an NVLink domain of its own (labkit.estimate.
+    topology), so that no rack's domain reaches into the next."""
+    per_node = cluster["gpus_per_node"]
+    rack = cluster.get("rack_gpus") or gpus
+    groups = []
+    for start in range(0, gpus, rack):
+        count = min(rack, gpus - start)
+        groups.append({"gpu": cluster["gpu"], "count": max(1, count // per_node), "gpus_per_node": min(count, per_node),
+                       "inter_node_gbps": cluster["inter_node_gbps"]})
+    return groups
 
 
 def published_table(path=PUBLISHED_RUNS, calibration: Calibration | None = None) -> pd.DataFrame:
@@ -105,6 +129,6 @@ def published_table(path=PUBLISHED_RUNS, calibration: Calibration | None = None)
         predicted = est.tflops_per_gpu if run.measured_key == "tflops_per_gpu" else est.iteration_time_s
         rows.append({"set": run.set, "run": run.label, "figure": run.measured_key, "measured": run.measured,
                      "predicted": predicted, "error": predicted / run.measured - 1, "mfu": est.mfu,
-                     "held_out": run.held_out, "fits": est.fits_in_memory,
+                     "held_out": run.held_out, "dev": run.dev, "fits": est.fits_in_memory,
                      "peak_gib": max(est.memory_gb_per_stage)})
     return pd.DataFrame(rows)

@@ -1,5 +1,6 @@
-"""Iteration time from its parts: per-stage compute, tensor-parallel all-reduces, pipeline send/recv, the 1F1B schedule,
-data-parallel gradient all-reduce, the tied-embedding all-reduce and the optimizer step.
+"""Iteration time from its parts: per-stage compute, tensor-parallel all-reduces, an MoE layer's token dispatch (the
+expert-parallel all-to-all, `expert_dispatch_time`), pipeline send/recv, the 1F1B schedule, data-parallel gradient
+all-reduce, the tied-embedding all-reduce and the optimizer step.
 
 Link speeds are Gbit/s per direction. Ring collectives over n ranks move 2 (n-1)/n M bytes per rank for an all-reduce
 (SC21 §3; NCCL's bus-bandwidth convention) plus 2 (n-1) latency steps. What a collective reaches is its bus bandwidth,
@@ -46,7 +47,8 @@ from typing import NamedTuple
 
 from labkit.estimate.calibration import Calibration, Stack, resolve
 from labkit.megatron.flops import attention_core_forward_flops, layer_forward_flops, logits_forward_flops
-from labkit.estimate.memory import activation_bytes_per_layer
+from labkit.estimate.memory import LOW_PRECISION, MOE_TOKEN_IMBALANCE, activation_bytes_per_layer, moe_pattern
+from labkit.megatron import sizes
 from labkit.megatron.shape import Shape
 from labkit.estimate.profiles import Profile
 
@@ -68,6 +70,70 @@ def allreduce_time(nbytes: float, n: int, gbps: float, latency_s: float) -> floa
 def p2p_time(nbytes: float, gbps: float, latency_s: float) -> float:
     """One point-to-point message (a pipeline send/recv)."""
     return nbytes / _bytes_per_s(gbps) + latency_s if nbytes > 0 else 0.0
+
+
+def alltoall_time(nbytes: float, n: int, gbps: float, latency_s: float) -> float:
+    """All-to-all over `n` ranks, each of which holds `nbytes` spread evenly over all of them (its own share included):
+    (n - 1)/n of them leave each rank, at `gbps`, what an all-to-all reaches over the group's links (see
+    labkit.estimate.topology.Topology.alltoall_gbps), plus one `latency_s`: NCCL posts the n - 1 sends and receives
+    as one group (megatron/core/tensor_parallel/mappings.py, all_to_all: torch.distributed.all_to_all_single)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return (n - 1) / n * nbytes / _bytes_per_s(gbps) + latency_s
+
+
+def gather_time(nbytes: float, n: int, gbps: float, latency_s: float) -> float:
+    """Ring all-gather over `n` ranks of `nbytes` from each (or its reverse, a reduce-scatter to `nbytes` each): n - 1
+    pieces pass each link, n - 1 latency steps; half of an all-reduce of n x nbytes."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return (n - 1) * nbytes / _bytes_per_s(gbps) + (n - 1) * latency_s
+
+
+class ExpertLinks(NamedTuple):
+    """The links an MoE layer's token dispatch runs on (Gbit/s): an all-to-all over the expert-parallel group
+    (`alltoall_time`'s rate), a ring over each expert's tensor-parallel group (expert_tensor ranks), a ring over the
+    expert-tensor x expert group (the allgather dispatcher's)."""
+    alltoall_gbps: float
+    expert_tensor_gbps: float
+    tensor_expert_gbps: float
+
+
+def expert_dispatch_time(shape: Shape, tokens: float, tensor: int, expert: int, expert_tensor: int | None,
+                         precision: str, links: ExpertLinks, latency_s: float, dispatcher: str | None = None,
+                         recompute: str | None = None) -> float:
+    """Seconds one MoE layer spends moving tokens to and from its experts, forward and backward, for `tokens` tokens
+    of one micro-batch on one context rank (each tensor rank holds 1/tensor of them: megatron-core's MoE layer runs
+    with sequence parallelism). megatron-core 0.16.1 (megatron/core/transformer/moe/token_dispatcher.py):
+    - alltoall (MoEAlltoAllTokenDispatcher): each rank sends each of its tokens to its topk experts' ranks, an
+      all-to-all of tokens x topk x hidden activations over the expert-parallel group (token_dispatch), then
+      all-gathers what it received over the expert's tensor-parallel ranks (dispatch_postprocess,
+      gather_from_sequence_parallel_region); the combine runs the reverse, a reduce-scatter and an all-to-all
+      (combine_preprocess, token_combine). The flex dispatcher (DeepEP, HybridEP) fuses the same exchange: timed as
+      alltoall, without DeepEP's removal of duplicate tokens bound for one node.
+    - allgather (MoEAllGatherTokenDispatcher, Megatron-LM's default): every rank all-gathers the tokens (not topk
+      copies: each rank picks those of its own experts) over the expert-tensor x expert group, and the combine
+      reduce-scatters them back; no topk factor, which is why the MoE README suggests it for large topk.
+    The backward runs each collective's reverse (an all-to-all's is an all-to-all, an all-gather's a reduce-scatter),
+    full recompute runs the forward's again. Each rank's traffic is scaled by MOE_TOKEN_IMBALANCE (1: drop-less and
+    balanced). megatron-core leaves these transfers exposed unless --overlap-moe-expert-parallel-comm, which labkit's
+    spec does not set (the MoE README: "EP All-to-All can consume 30-40% of training time without optimization").
+    0 for a dense model, and without expert or expert-tensor parallelism."""
+    if not shape.moe:
+        return 0.0
+    etp = sizes.expert_tensor_size(tensor, expert_tensor)
+    if expert * etp <= 1:
+        return 0.0
+    local = tokens / tensor  # this rank's share of the sequence
+    width = shape.hidden * ACTIVATION_BYTES.get(precision, 2)  # dispatched in the activations' dtype
+    if dispatcher == "allgather":
+        one = gather_time(local * width * MOE_TOKEN_IMBALANCE, etp * expert, links.tensor_expert_gbps, latency_s)
+    else:
+        sent = local * shape.topk * MOE_TOKEN_IMBALANCE * width
+        one = (alltoall_time(sent, expert, links.alltoall_gbps, latency_s)
+               + gather_time(sent, etp, links.expert_tensor_gbps, latency_s))
+    forwards = 2 if recompute == "full" else 1
+    return 2 * (forwards + 1) * one  # dispatch and combine, each forward (again when recomputed) and backward
 
 
 def data_parallel_time(params: float, n: int, gbps: float, latency_s: float, *, zero_stage: int = 0,
@@ -115,10 +181,11 @@ class StageTime:
     tp_comm_s: float      # tensor-parallel all-reduces (forward and backward) not already inside a measured profile
     source: str = "analytic"
     tp_comm_before_overlap_s: float = 0.0  # the same transfers in full, before tp_comm_overlap hides some
+    ep_comm_s: float = 0.0  # MoE layers' token dispatch and combine (expert_dispatch_time), exposed
 
     @property
     def total_s(self) -> float:
-        return self.forward_s + self.backward_s + self.tp_comm_s
+        return self.forward_s + self.backward_s + self.tp_comm_s + self.ep_comm_s
 
     @property
     def backward_share(self) -> float:
@@ -131,7 +198,8 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
                tp_gbps: float | None = None, stack: Stack | str | None = None,
                calibration: Calibration | None = None, flash_attention: bool = False, context: int = 1,
                cp_gbps: float | None = None, tp_comm_overlap: bool = False,
-               sequence_parallel: bool = False) -> StageTime:
+               sequence_parallel: bool = False, expert: int = 1, expert_tensor: int | None = None,
+               expert_links: ExpertLinks | None = None, dispatcher: str | None = None) -> StageTime:
     """Forward + backward of one micro-batch through one pipeline stage.
 
     `source` is a Profile (measured forward seconds; its time already contains the tensor-parallel all-reduces it
@@ -150,10 +218,26 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
     outlasts the stage's GEMM time. With `sequence_parallel` the LayerNorms and dropouts work on 1/tensor of the
     sequence (fewer memory-bound bytes); each all-reduce becomes an all-gather plus a reduce-scatter, which move the
     same bytes (Korthikanti et al., arXiv:2205.05198, section 4.2.2).
+
+    A mixture-of-experts model: compute is its active FLOPs (labkit.megatron.flops: the router, topk experts and the
+    shared experts per token), the model's mean layer; each rank computes its experts on the tokens routed to them,
+    topk x its own tokens when balanced, so expert parallelism moves the work between ranks without changing it.
+    Its MoE layers keep the tensor-parallel transfers of attention (and of the shared experts) and add the token
+    dispatch over the expert groups (`expert_dispatch_time` with `expert`, `expert_tensor`, `expert_links` and the
+    model's `dispatcher`), charged as `ep_comm_s`; their memory-bound passes stream an MoE layer's activations.
     """
     cal = resolve(calibration)
     stack = cal.stack(stack)
     tokens = micro_batch * shape.seq_length
+    moe_share = sum(moe_pattern(shape)) / shape.num_layers if shape.moe else 0.0
+    # layers whose MLP side is tensor-parallel: dense ones, and MoE ones with shared experts
+    mlp_share = 1.0 - moe_share * (0.0 if shape.shared_ffn else 1.0)
+    ep_comm = 0.0
+    if moe_share and layers:
+        etp = sizes.expert_tensor_size(tensor, expert_tensor)
+        links = expert_links or ExpertLinks(*[tp_gbps or 100.0] * 3)
+        ep_comm = layers * moe_share * expert_dispatch_time(shape, tokens / context, tensor, expert, etp, precision,
+                                                            links, cal.link_latency_s, dispatcher, recompute)
     layer_flops = layer_forward_flops(shape, tokens)
     core = attention_core_forward_flops(shape, tokens)
     if recompute == "full":
@@ -171,24 +255,28 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
             layer_s *= source.tensor / tensor
             ends_s *= source.tensor / tensor
             comm = _tp_comm(layers, tokens, shape, tensor, precision, recompute, tp_gbps or 100.0, stack,
-                            cal.link_latency_s)
+                            cal.link_latency_s, mlp_share)
         forward = layer_s + ends_s
         backward = source.backward_factor_at(micro_batch) * forward + recompute_fraction * layer_s
         return StageTime(forward, backward, comm, source=f"profile {source.model}/{source.gpu}/tp{source.tensor}",
-                         tp_comm_before_overlap_s=comm)
+                         tp_comm_before_overlap_s=comm, ep_comm_s=ep_comm)
 
     from labkit import catalog
 
     gpu = source if isinstance(source, catalog.GPU) else catalog.gpu(source)
     rate = gpu.peak(precision) * 1e12 * cal.gemm_efficiency(gpu.name, precision)
-    core_rate = gpu.peak("bf16" if precision == "fp8" else precision) * 1e12 * cal.gpu_efficiency(gpu.name)
+    core_rate = gpu.peak("bf16" if precision in LOW_PRECISION else precision) * 1e12 * cal.gpu_efficiency(gpu.name)
     bandwidth = gpu.memory_bw_gb_s * 1e9
     activations = activation_bytes_per_layer(shape, micro_batch, tensor, sequence_parallel and tensor > 1,
                                              precision=precision, flash_attention=flash_attention, context=context)
+    if moe_share:  # the model's mean layer
+        activations += moe_share * (activation_bytes_per_layer(
+            shape, micro_batch, tensor, sequence_parallel and tensor > 1, precision=precision,
+            flash_attention=flash_attention, context=context, moe=True, expert_tensor=expert_tensor) - activations)
     memory_s = stack.memory_passes * activations / bandwidth
     # Attention's core: its GEMMs are as thin as a head (d wide), so they run below the layer GEMMs' efficiency; the
     # unfused kernels compute every score, a flash kernel skips the causal mask's upper half.
-    head_dim = shape.hidden / shape.heads
+    head_dim = shape.head_dim
     kernel = "flash" if flash_attention else "unfused"
     attention_rate = core_rate * cal.attention_core_share(kernel, head_dim, gpu)
     core_s = core * (0.5 if flash_attention else 1.0) / attention_rate
@@ -208,7 +296,7 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
     if tp_gbps is None:
         tp_gbps = cal.bus_gbps(cal.intra_node_link(gpu), inter_node=False)
     comm = _tp_comm(layers, tokens // context, shape, tensor, precision, recompute, tp_gbps, stack,
-                    cal.link_latency_s)
+                    cal.link_latency_s, mlp_share)
     full = comm
     if tp_comm_overlap:
         # the forward and backward GEMMs hide the chunks in flight, all but a fitted fraction (Calibration.
@@ -219,28 +307,36 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
         # forward and twice backward (K, V and their gradients). Transformer Engine's p2p context parallelism
         # (AttnFuncWithCPAndKVP2P) sends the next chunk while attention's core runs on the one held, so a transfer
         # shows only where it outlasts one step of the core (1/context of this rank's share)
-        kv = 2 * (tokens / context) * shape.hidden * shape.groups / shape.heads / tensor
+        kv = 2 * (tokens / context) * shape.groups * shape.head_dim / tensor
         step = p2p_time(kv * ACTIVATION_BYTES.get(precision, 2), cp_gbps or tp_gbps, cal.link_latency_s)
         core_step_s = core_s / tensor / context / context * stack.compute_scale
         comm += layers * 3 * (context - 1) * max(0.0, step - core_step_s)
         full += layers * 3 * (context - 1) * step
-    return StageTime(forward, backward, comm, source=f"analytic {gpu.name}", tp_comm_before_overlap_s=full)
+    return StageTime(forward, backward, comm, source=f"analytic {gpu.name}", tp_comm_before_overlap_s=full,
+                     ep_comm_s=ep_comm)
 
 
 def combined(chunks: list[StageTime]) -> StageTime:
     """One pipeline stage's time from its model chunks' (each chunk's layers, the embedding or the loss with them)."""
     return StageTime(sum(c.forward_s for c in chunks), sum(c.backward_s for c in chunks),
                      sum(c.tp_comm_s for c in chunks), source=chunks[0].source,
-                     tp_comm_before_overlap_s=sum(c.tp_comm_before_overlap_s for c in chunks))
+                     tp_comm_before_overlap_s=sum(c.tp_comm_before_overlap_s for c in chunks),
+                     ep_comm_s=sum(c.ep_comm_s for c in chunks))
 
 
 def _tp_comm(layers: int, tokens: int, shape: Shape, tensor: int, precision: str, recompute: str | None,
-             gbps: float, stack: Stack, latency_s: float) -> float:
-    """Megatron's 2 forward + 2 backward all-reduces of b s h activations per layer (2 more for a recomputed forward)."""
+             gbps: float, stack: Stack, latency_s: float, mlp_share: float = 1.0) -> float:
+    """Megatron's 2 forward + 2 backward all-reduces of b s h activations per layer (2 more for a recomputed forward):
+    one each for attention and the MLP. `mlp_share`: the layers whose MLP side is tensor-parallel (an MoE layer's
+    routed experts exchange their tokens over the expert groups instead, see `expert_dispatch_time`; its shared
+    experts are a tensor-parallel MLP)."""
     if tensor <= 1:
         return 0.0
     message = tokens * shape.hidden * ACTIVATION_BYTES.get(precision, 2)
-    per_layer = 4 + (2 if recompute == "full" else 0)
+    if mlp_share == 1.0:
+        per_layer = 4 + (2 if recompute == "full" else 0)
+    else:
+        per_layer = (1 + mlp_share) * (2 + (1 if recompute == "full" else 0))
     return layers * per_layer * (allreduce_time(message, tensor, gbps, latency_s) + stack.tp_allreduce_s)
 
 

@@ -8,6 +8,12 @@ over NVLink. A group spanning domains runs at the slowest node's inter-node link
 leaving a node through its network interfaces. Speeds returned are bus bandwidths (Calibration.bus_gbps: what NCCL
 reaches on the link), in Gbit/s; `group_link` says which link a group of ranks spans, for any group (tensor, context,
 data, pipeline, or expert-parallel ones).
+
+The expert layers of a mixture-of-experts model fold their own grid over the same ranks: megatron-core's expert
+RankGenerator (parallel_state.initialize_model_parallel) orders them tp-ep-dp-pp with the expert-tensor size as tp,
+rank = etp + ET x (ep + E x (edp + D_e x pp)), ET the expert-tensor, E the expert-parallel and D_e the
+expert-data-parallel size (world / (ET x E x pipeline)). Pipeline stages are the same contiguous blocks as the dense
+layers'; `expert_group` gives a stage's groups in that order.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from typing import Iterable
 
 from labkit import catalog
 from labkit.estimate.calibration import Calibration, resolve
+from labkit.megatron import sizes
 from labkit.spec.layout import layout_of, stage_gpus
 
 
@@ -49,6 +56,11 @@ class Topology:
         cluster = spec.cluster_or_default()
         self.layout = layout_of(spec)
         self.tensor, self.pipeline, self.data = self.layout.tensor, self.layout.pipeline, self.layout.data
+        self.expert = spec.parallel.expert
+        self.expert_tensor = sizes.expert_tensor_size(self.tensor, spec.parallel.expert_tensor)
+        # ranks of one stage per expert-tensor x expert block (a spec whose sizes do not divide was refused)
+        self.expert_data = max(1, self.layout.per_stage // (self.expert * self.expert_tensor))
+        self._expert_links: dict = {}
         self._stage_gpus = stage_gpus(cluster.nodes, self.layout)
         slots, node, domain = [], 0, 0
         for group in cluster.nodes:
@@ -112,12 +124,71 @@ class Topology:
         node's network interface."""
         return self._ring_gbps(stage, self.layout.group(self.layout.rank(pp=stage), "cp"))
 
-    def _ring_gbps(self, stage: int, ranks: list[int]) -> float:
+    def _ring_gbps(self, stage: int, ranks: list[int], siblings: list[int] | None = None) -> float:
+        """A ring over `ranks`, one of several alike (one per rank of `siblings`: by default the stage's first tensor
+        group) that share each node's network interface when the ring crosses it."""
         gbps = self.group_gbps(ranks)
         if self.crosses_network(ranks):
-            per_node = Counter(self.slots[self.rank(stage, 0, k)].node for k in range(self.tensor))
+            siblings = siblings if siblings is not None else [self.rank(stage, 0, k) for k in range(self.tensor)]
+            per_node = Counter(self.slots[r].node for r in siblings)
             gbps /= max(per_node.values())
         return gbps
+
+    def expert_group(self, stage: int, kind: str) -> list[int]:
+        """The ranks of stage `stage`'s first group of `kind`, in megatron-core's expert rank order (see the module's
+        docstring): "ep" the expert-parallel group (stride expert_tensor), "etp" one expert's tensor-parallel ranks,
+        "tp_ep" both (the allgather dispatcher's group), "edp" the expert-data-parallel group that reduces the
+        experts' gradients (stride expert_tensor x expert)."""
+        base, et, e = stage * self.layout.per_stage, self.expert_tensor, self.expert
+        if kind == "ep":
+            return [base + et * j for j in range(e)]
+        if kind == "etp":
+            return [base + j for j in range(et)]
+        if kind == "tp_ep":
+            return [base + j for j in range(et * e)]
+        if kind == "edp":
+            return [base + et * e * j for j in range(self.expert_data)]
+        raise ValueError(f"expert group kind {kind!r}: expected ep, etp, tp_ep or edp")
+
+    def alltoall_gbps(self, ranks: list[int]) -> float:
+        """What an all-to-all over `ranks` reaches (labkit.estimate.timing.alltoall_time's rate, for the (n - 1)/n of
+        its bytes that leave each rank): inside one NVLink domain its bus bandwidth (group_link). Across domains each
+        rank sends (n - g)/n of its bytes over the network, g the group's ranks in its own domain, and every GPU of a
+        node does so at once (each node's GPUs all belong to groups of this shape), so a rank has 1/(its node's GPUs)
+        of the node's network; the rest goes over NVLink at the same time. The slower of the two sets the pace.
+        An approximation of NCCL's all-to-all, which posts every send and receive at once."""
+        n = len(ranks)
+        link = self.group_link(ranks)
+        if n <= 1 or not link.inter_node:
+            return link.bus_gbps
+        slots = [self.slots[r] for r in ranks]
+        per_domain = Counter(s.domain for s in slots)
+        gpus_per_node = Counter(s.node for s in self.slots)
+        slowest, network_rate = float("inf"), min(x.inter_gbps for x in slots)
+        for s in slots:
+            inside = per_domain[s.domain]
+            network = self.calibration.bus_gbps(network_rate, inter_node=True) / gpus_per_node[s.node]
+            nvlink = self.calibration.bus_gbps(s.intra_gbps, inter_node=False)
+            seconds_per_bit = max((n - inside) / n / network, (inside - 1) / n / nvlink)
+            slowest = min(slowest, (n - 1) / n / seconds_per_bit)
+        return slowest
+
+    def expert_links(self, stage: int):
+        """The links of stage `stage`'s token dispatch (labkit.estimate.timing.ExpertLinks): the all-to-all over its
+        expert-parallel group, a ring over an expert's tensor-parallel ranks and one over the expert-tensor x expert
+        group, each shared by the concurrent groups as `_ring_gbps` shares a node's network."""
+        from labkit.estimate.timing import ExpertLinks
+
+        if stage not in self._expert_links:
+            self._expert_links[stage] = ExpertLinks(self.alltoall_gbps(self.expert_group(stage, "ep")),
+                                                    self._ring_gbps(stage, self.expert_group(stage, "etp")),
+                                                    self._ring_gbps(stage, self.expert_group(stage, "tp_ep")))
+        return self._expert_links[stage]
+
+    def edp_gbps(self, stage: int) -> float:
+        """A ring over the stage's expert-data-parallel ranks, the group megatron-core reduces expert gradients over;
+        the stage's expert_tensor x expert rings share each node's network interface."""
+        return self._ring_gbps(stage, self.expert_group(stage, "edp"), siblings=self.expert_group(stage, "tp_ep"))
 
     def pair_gbps(self, stage_a: int, stage_b: int) -> float:
         """Per-pair speed when every rank of stage_a sends to its peer (same tp, cp and dp) in stage_b at the same

@@ -107,13 +107,14 @@ def memory_bars(est) -> go.Figure:
 
 
 def breakdown_table(est) -> pd.DataFrame:
-    """Seconds and share of the iteration for each part of the breakdown.
+    """Seconds and share of the iteration for each part of the breakdown (the token all-to-all, ep_comm, only where a
+    mixture-of-experts model spends any).
 
     Taught in lab 05.
     """
     total = est.iteration_time_s
     return pd.DataFrame([{"part": k, "seconds": v, "share": v / total if total else 0.0}
-                         for k, v in est.breakdown.items()])
+                         for k, v in est.breakdown.items() if v or k != "ep_comm"])
 
 
 def time_breakdown(est) -> go.Figure:

@@ -15,10 +15,15 @@ from labkit import catalog
 from labkit.estimate import estimate
 from labkit.plan.inputs import SEARCHED, Constraints
 
-FAMILIES = {"no pipeline": ("pipeline", 1), "no tensor parallelism": ("tensor", 1), "no data parallelism": ("data", 1)}
-"""The families the top row is compared with: the layouts that leave one kind of parallelism out."""
+FAMILIES = {"no pipeline": ("pipeline", 1), "no tensor parallelism": ("tensor", 1), "no data parallelism": ("data", 1),
+            "no expert parallelism": ("expert", 1)}
+"""The families the top row is compared with: the layouts that leave one kind of parallelism out (expert parallelism
+only where the top row of a mixture-of-experts model uses it)."""
 
-PARTS = {"compute": ("compute",), "bubble": ("bubble",), "exposed comm": ("tp_comm", "pp_comm", "dp_comm",
+ROW_SIZE = {"pipeline": "pp", "tensor": "tp", "data": "dp", "expert": "ep"}
+"""A family's parallel field -> the plan row's size of it."""
+
+PARTS = {"compute": ("compute",), "bubble": ("bubble",), "exposed comm": ("tp_comm", "ep_comm", "pp_comm", "dp_comm",
                                                                           "embedding_comm"),
          "optimizer": ("optimizer",)}
 """The step's parts as the explanation groups the estimator's breakdown (seconds)."""
@@ -43,7 +48,8 @@ def _layout(row) -> str:
         ([f"ZeRO-{row.zero_stage}"] if row.zero_stage > 1 else ["dist opt"] if row.distributed_optimizer else []) + \
         ([f"vp{row.virtual_stages}"] if row.virtual_stages > 1 else [])
     cp = f" cp{row.cp}" if row.cp > 1 else ""
-    return f"tp{row.tp}{cp} pp{row.pp} dp{row.dp} ({', '.join(extras)})"
+    ep = f" ep{row.ep} etp{row.etp or row.tp}" if row.ep > 1 else ""
+    return f"tp{row.tp}{cp}{ep} pp{row.pp} dp{row.dp} ({', '.join(extras)})"
 
 
 def comparisons(plan, base=None, constraints: Constraints | None = None, **search_options) -> list[tuple[str, object]]:
@@ -61,8 +67,7 @@ def comparisons(plan, base=None, constraints: Constraints | None = None, **searc
         chosen.append(("runner-up", fitting[1]))
     constraints = constraints or Constraints()
     for label, (key, size) in FAMILIES.items():
-        if base is None or getattr(top, {"pipeline": "pp", "tensor": "tp", "data": "dp"}[key]) == size \
-                or not constraints.allows(key, size):
+        if base is None or getattr(top, ROW_SIZE[key]) == size or not constraints.allows(key, size):
             continue
         narrowed = replace(constraints, **{key: size}) if getattr(constraints, key) is SEARCHED else constraints
         best = search(base, constraints=narrowed, **{**search_options, "top": 1}).best
@@ -86,6 +91,41 @@ def sharding_bought(row, profiles=None, calibration=None) -> list[str]:
                    f"({max(est.memory_gb_per_stage):.1f} GB, {'fits' if est.fits_in_memory else 'does not fit'}) "
                    f"and is {abs(faster):.4f} s per step {'faster' if faster >= 0 else 'slower'}")
     return out
+
+
+def experts_bought(row, profiles=None, calibration=None) -> list[str]:
+    """What the row's expert parallelism buys and costs, per the estimate: against the same layout without it
+    (parallel.expert 1, each expert tensor-parallel like the rest of the layer), the memory of the fullest GPU and
+    the step time, beside the all-to-all time the row spends exchanging tokens (its exposed "ep" communication);
+    for a mixture-of-experts row without expert parallelism, what the smallest expert size its layout allows would
+    buy and cost. [] for a dense model."""
+    if row.spec is None or not row.spec.model.num_experts:
+        return []
+    par = row.spec.parallel
+    experts = row.spec.model.num_experts
+    if row.ep > 1:
+        other = replace(row.spec, parallel=replace(par, expert=1, expert_tensor=None))
+    else:
+        stage_ranks = row.tp * row.cp * row.dp
+        sizes = [e for e in range(2, experts + 1) if experts % e == 0 and stage_ranks % e == 0]
+        if not sizes:
+            return [f"expert parallelism: none fits this layout ({experts} experts over {stage_ranks} ranks per "
+                    "stage)"]
+        other = replace(row.spec, parallel=replace(par, expert=sizes[0], expert_tensor=1))
+    est = estimate(other, profiles, calibration=calibration)
+    mine, theirs = max(row.memory_gb_per_stage), max(est.memory_gb_per_stage)
+    alltoall = row.breakdown.get("ep_comm", 0.0)
+    faster = est.iteration_time_s - row.estimated_s
+    verdict = "fits" if est.fits_in_memory else "does not fit"
+    if row.ep > 1:
+        return [f"parallel.expert {row.ep} (expert_tensor {row.etp or row.tp}) holds {mine:.1f} GB per GPU where "
+                f"expert 1 would hold {theirs:.1f} GB ({verdict}): {theirs - mine:.1f} GB saved; its token "
+                f"all-to-all costs {alltoall:.4f} s per step ({100 * alltoall / row.estimated_s:.1f}% of it), and "
+                f"the step is {abs(faster):.4f} s {'faster' if faster >= 0 else 'slower'} than at expert 1"]
+    cost = est.breakdown.get("ep_comm", 0.0)
+    return [f"without expert parallelism: parallel.expert {other.parallel.expert} would hold {theirs:.1f} GB per GPU "
+            f"({verdict}, {mine - theirs:.1f} GB less) at {cost:.4f} s per step of token all-to-all, a step "
+            f"{abs(faster):.4f} s {'slower' if faster >= 0 else 'faster'}"]
 
 
 def explain_table(plan, base=None, constraints: Constraints | None = None, **search_options) -> pd.DataFrame:
@@ -119,7 +159,9 @@ def explain_text(plan, base=None, constraints: Constraints | None = None, **sear
     lines = [table.to_string(index=False), ""]
     top = table.iloc[0]
     lines.append(f"top: {top['layout']} at {top['s/step']} s per step, {top['headroom GB']} GB of headroom")
-    lines += sharding_bought(comparisons(plan)[0][1], search_options.get("profiles"), search_options.get("calibration"))
+    top_row = comparisons(plan)[0][1]
+    lines += sharding_bought(top_row, search_options.get("profiles"), search_options.get("calibration"))
+    lines += experts_bought(top_row, search_options.get("profiles"), search_options.get("calibration"))
     for _, rec in table.iloc[1:].iterrows():
         worst = max(PARTS, key=lambda name: rec[f"{name} vs top"])
         lines.append(f"{rec['row']}: {rec['layout']} is {rec['s/step'] - top['s/step']:+.4f} s per step; most of it "

@@ -48,6 +48,10 @@ class Constraints:
     """optimizer.distributed."""
     zero_stage: object = SEARCHED
     """optimizer.zero_stage (optimizer.distributed, its stage-1 spelling, fixes it too)."""
+    expert: object = SEARCHED
+    """parallel.expert (a mixture-of-experts model's; a dense model's is 1)."""
+    expert_tensor: object = SEARCHED
+    """parallel.expert_tensor: a size, or None for the tensor size."""
 
     @classmethod
     def written(cls, data: dict, spec: RunSpec) -> "Constraints":
@@ -55,7 +59,8 @@ class Constraints:
         loaded) resolved them to."""
         parallel = data.get("parallel") if isinstance(data.get("parallel"), dict) else {}
         fixed = {key: getattr(spec.parallel, key) for key in ("tensor", "pipeline", "data", "context",
-                                                               "virtual_stages", "partition", "sequence_parallel")
+                                                               "virtual_stages", "partition", "sequence_parallel",
+                                                               "expert", "expert_tensor")
                  if parallel.get(key) is not None}
         if isinstance(data.get("batch"), dict) and data["batch"].get("micro") is not None:
             fixed["micro_batch"] = spec.batch.micro
@@ -200,7 +205,7 @@ def _processes(parallel) -> int:
 
 
 # parallel fields a spec may write for the planner to keep whose checks need the cluster or the tensor size it picks
-LAYOUT_PENDING = ("context", "sequence_parallel")
+LAYOUT_PENDING = ("context", "sequence_parallel", "expert", "expert_tensor")
 
 
 def _check_pending(pending: dict, on_cluster: RunSpec, spec_data: dict, overlap_tp: bool = False) -> None:
@@ -216,6 +221,19 @@ def _check_pending(pending: dict, on_cluster: RunSpec, spec_data: dict, overlap_
             SPEC_FIELDS.get, seq_length=spec_data["model"]["seq_length"], context=context)]
     if not isinstance(sp, bool):
         errors.append(f"parallel.sequence_parallel: {sp!r} is not true or false")
+    for key in ("expert", "expert_tensor"):
+        size = pending.get(key)
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            errors.append(f"parallel.{key}: {size!r} is not a whole number of 1 or more; leave it out for the planner "
+                          "to choose")
+    model = spec_data.get("model") or {}
+    experts = model.get("num_experts") or catalog.models().get(model.get("preset"), {}).get("num_experts")
+    if pending.get("expert", 1) != 1 and not errors:
+        if not experts:
+            errors.append("parallel.expert: splits experts over ranks; the model has none (model.num_experts)")
+        elif experts % pending["expert"]:
+            errors.append(f"parallel.expert: {pending['expert']} ranks cannot share model.num_experts {experts} "
+                          f"evenly; use a divisor of {experts}")
     on_cpu = any(catalog.gpu(g.gpu).is_cpu for g in on_cluster.cluster.nodes)
     for key, used in (("parallel.context", context != 1), ("parallel.sequence_parallel", sp is True),
                       ("kernels.tp_comm_overlap", overlap_tp)):

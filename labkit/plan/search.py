@@ -1,12 +1,14 @@
 """Search the parallel layouts of one model on one cluster and rank them by the estimator's iteration time or price.
 
-The space: tensor size (divisors of the GPUs per node that split the heads), pipeline and data sizes that use every
-GPU, micro-batch (divisors of global/data), interleaved virtual stages (every count whose chunks split the layers
-evenly, down to NVIDIA's one layer per chunk), sequence parallelism, recompute (none,
-selective, full), the distributed optimizer, and the node order (placement.py: one order per class no cost can tell
-apart). Fields the input spec wrote are kept (inputs.Constraints). Each point gets the exact min-max layer partition
-(partition.py) under the estimator's own per-stage costs, then `labkit.estimate.estimate` of the resulting run spec
-gives its row. Sequence parallelism is on wherever tensor parallelism is, on GPUs (smaller pipeline messages and
+The space: tensor size (divisors of the GPUs of an NVLink domain that split the heads: a node's, or a GB200 NVL72
+rack's 72 over its trays), pipeline and data sizes that use every GPU, for a mixture-of-experts model the
+expert-parallel size (divisors of its experts, with the expert-tensor size, 1 or the tensor size, dividing the
+stage's ranks; `expert_sizes`, pruned by memory first), micro-batch (divisors of global/data), interleaved virtual
+stages (every count whose chunks split the layers evenly, down to NVIDIA's one layer per chunk), sequence
+parallelism, recompute (none, selective, full), the distributed optimizer, and the node order (placement.py: one order
+per class no cost can tell apart). Fields the input spec wrote are kept (inputs.Constraints). Each point gets the
+exact min-max layer partition (partition.py) under the estimator's own per-stage costs, then
+`labkit.estimate.estimate` of the resulting run spec gives its row. Sequence parallelism is on wherever tensor parallelism is, on GPUs (smaller pipeline messages and
 activations, the same GEMMs); recompute and the distributed optimizer never make a step faster, they only save
 memory, so they are tried only on layouts that do not fit without them, cheapest first; layouts that fit nowhere stay
 in the table, marked oom.
@@ -21,9 +23,10 @@ from dataclasses import dataclass, field, replace
 from labkit import catalog
 from labkit.estimate import (Shape, allreduce_time, estimate, memory_per_stage, p2p_time, pipeline_lower_bound,
                              stage_params, stage_time)
-from labkit.estimate.estimator import MEMORY_MARGIN, flash_attention, profile_fits, profile_lookup, profiled_model
+from labkit.estimate.estimator import (MEMORY_MARGIN, expert_params_per_stage, flash_attention, profile_fits,
+                                       profile_lookup, profiled_model)
 from labkit.estimate.calibration import Calibration, resolve
-from labkit.estimate.timing import ACTIVATION_BYTES, GRAD_REDUCE_BYTES, Pipeline
+from labkit.estimate.timing import ACTIVATION_BYTES, GRAD_REDUCE_BYTES, ExpertLinks, Pipeline
 from labkit.estimate.topology import Topology
 from labkit.megatron import sizes
 from labkit.plan.inputs import SEARCHED, Constraints
@@ -66,11 +69,19 @@ class Row:
     idle_gpus: int = 0              # GPUs of stages without transformer layers (they hold only embedding/output)
     zero_stage: int = 0             # optimizer.zero_stage: 1 the distributed optimizer, 2 and 3 Megatron-FSDP
     within_budget: bool = True
+    ep: int = 1                     # expert-parallel size (parallel.expert); 1 for a dense model
+    etp: int = 0                    # expert-tensor size in effect (parallel.expert_tensor, else tp); tp when dense
     spec: RunSpec | None = field(default=None, repr=False)
     pipeline: Pipeline | None = field(default=None, repr=False)   # what pipeline_s was timed from, to draw it
 
     def to_dict(self) -> dict:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("spec", "pipeline")}
+        out = {}
+        for k, v in self.__dict__.items():
+            if k in ("spec", "pipeline", "ep", "etp"):
+                continue
+            out[k] = v
+            if k == "cp":  # beside tp, pp, dp and cp
+                out["ep"], out["etp"] = self.ep, self.etp or self.tp
         out["partition_string"] = "-".join(str(n) for n in self.partition)
         return out
 
@@ -130,10 +141,26 @@ def context_sizes(base: RunSpec, on_gpus: bool, flash: bool, constraints: Constr
     return [1] + [c for c in (2, 4, 8, 16) if on_gpus and flash and s % (2 * c) == 0 and s // c >= MIN_CONTEXT_TOKENS]
 
 
+def tensor_domain(cluster: ClusterSpec) -> int:
+    """The most GPUs a tensor-parallel group may span on this cluster: those of one NVLink domain on every node group
+    (a node's GPUs, or, where the catalog gives nvlink_domain_gpus, the domain's: GB200 NVL72's 72 over 18 trays of 4,
+    as many of them as the group has), the smallest over the groups."""
+    out = None
+    for group in cluster.nodes:
+        gpu = catalog.gpu(group.gpu)
+        domain = group.gpus_per_node
+        if gpu.nvlink_domain_gpus and gpu.nvlink_domain_gpus > group.gpus_per_node:
+            domain = min(gpu.nvlink_domain_gpus // group.gpus_per_node, group.count) * group.gpus_per_node
+        out = domain if out is None else min(out, domain)
+    return out or 1
+
+
 def splits(base: RunSpec, world: int, gpus_per_node: int, constraints: Constraints = Constraints(),
            contexts: list[int] | None = None):
     """(tensor, pipeline, data, context) sizes that use every GPU, split the heads and the batch, keep tensor groups
-    in a node, and agree with the constraints; `contexts`: the context-parallel sizes to try (the spec's if None)."""
+    in an NVLink domain (`gpus_per_node`: the GPUs of one, `tensor_domain`; a tensor size divides it, so that no
+    group straddles two), and agree with the constraints; `contexts`: the context-parallel sizes to try (the spec's
+    if None)."""
     m = base.model
     for c in contexts or [base.parallel.context]:
         for t in divisors(gpus_per_node):
@@ -148,6 +175,56 @@ def splits(base: RunSpec, world: int, gpus_per_node: int, constraints: Constrain
                 if p <= m.num_layers and base.batch.global_ % d == 0 and constraints.allows("pipeline", p) \
                         and constraints.allows("data", d) and not (fsdp and p > 1):
                     yield t, p, d, c
+
+
+def expert_sizes(base: RunSpec, shape: Shape, tensor: int, pipeline: int, data: int, context: int,
+                 constraints: Constraints = Constraints(), memory_gb: float | None = None,
+                 fully_sharded: bool = False, flash: bool = False) -> list[tuple[int, int]]:
+    """(expert, expert_tensor) sizes to try at one split: (1, tensor) for a dense model. For a mixture-of-experts
+    model, expert sizes that divide its experts, each with expert_tensor 1 (whole experts, as most MoE recipes run
+    them) or the tensor size (Megatron-LM's default), whose product divides the stage's tensor x context x data ranks
+    (megatron-core's expert grid, labkit.megatron.rules); expert size 1 keeps expert_tensor at the tensor size, and
+    experts with biases need expert_tensor 1 (the rule book).
+
+    Pruned by memory first (with `memory_gb`, the largest GPU's usable memory; a size the spec fixed is kept as it
+    is): a size is dropped when even its least memory does not fit, the model state as sharded as the variants the
+    planner tries go (the distributed optimizer, ZeRO-3 where `fully_sharded` and without pipeline parallelism) with
+    one sequence per micro-batch under full recompute (or the recompute the spec fixed). Every size that fits is
+    kept: a larger one holds less memory and reduces fewer expert gradients per rank (over a smaller
+    expert-data-parallel group), a smaller one exchanges its tokens over nearer links; the lower bounds sort them.
+    """
+    if not shape.moe:
+        return [(1, tensor)]
+    wanted_tensor = constraints.expert_tensor
+    by_tensor: dict[int, list[int]] = {}
+    for etp in ([1] if shape.bias else sorted({1, tensor})):
+        for ep in divisors(shape.experts):
+            if ep == 1 and etp != (1 if shape.bias else tensor):
+                continue  # without expert parallelism each expert is tensor-parallel like the rest of the layer
+            if (tensor * context * data) % (ep * etp) or not constraints.allows("expert", ep):
+                continue
+            if wanted_tensor is not SEARCHED and sizes.expert_tensor_size(tensor, wanted_tensor) != etp:
+                continue
+            by_tensor.setdefault(etp, []).append(ep)
+    if memory_gb is None or constraints.expert is not SEARCHED:
+        return [(ep, etp) for etp, eps in by_tensor.items() for ep in eps]
+    stages = ([0, 1] + ([2, 3] if pipeline == 1 and fully_sharded else [])) if data > 1 else [0]
+    if constraints.zero_stage is not SEARCHED:
+        stages = [constraints.zero_stage]
+    fixed = constraints.recompute is not SEARCHED
+    plain = (constraints.recompute.granularity if constraints.recompute else None) if fixed else None
+    limit = (1 - MEMORY_MARGIN) * memory_gb
+    even = [shape.num_layers // pipeline + (i < shape.num_layers % pipeline) for i in range(pipeline)]
+
+    def fits(ep: int, etp: int, recompute: str | None) -> bool:
+        return max(m.total for m in memory_per_stage(
+            shape, even, tensor=tensor, data_parallel=data, micro_batch=1, num_micro_batches=1,
+            precision=base.precision, recompute=recompute, sequence_parallel=tensor > 1, zero_stage=max(stages),
+            distributed_optimizer=max(stages) >= 1, flash_attention=flash, context=context, expert=ep,
+            expert_tensor=etp, optimizer=base.optimizer.name)) <= limit
+
+    recompute = plain if fixed else "full"
+    return [(ep, etp) for etp, eps in by_tensor.items() for ep in eps if fits(ep, etp, recompute)]
 
 
 def schedules(base: RunSpec, pipeline: int, data: int, virtual_stages=None,
@@ -192,8 +269,9 @@ class _StageCosts:
     def __init__(self, shape: Shape, precision: str, global_batch: int, lookup,
                  calibration: Calibration | None = None, flash: bool = False, overlap_dp: bool = False,
                  overlap_tp: bool = False, sequence_parallel: bool = False, stack: str | None = None,
-                 on_gpus: bool = True):
+                 on_gpus: bool = True, dispatcher: str | None = None):
         self.shape, self.precision, self.global_batch, self.lookup = shape, precision, global_batch, lookup
+        self.dispatcher = dispatcher  # an MoE model's token dispatcher, as the estimator reads the spec
         self.calibration, self.overlap_dp = resolve(calibration), overlap_dp
         # interleaved, the pipeline's sends overlap compute as the estimator plays them (NCCL, not gloo)
         self.overlap_p2p = on_gpus and self.calibration.stack(stack).overlap_p2p
@@ -202,24 +280,40 @@ class _StageCosts:
         self.sequence_parallel = sequence_parallel  # on every layout with tensor > 1
         self._cache: dict = {}
 
-    def stage_params(self, layers: tuple[int, ...], tensor: int) -> list[float]:
-        key = ("params", layers, tensor)
+    def stage_params(self, layers: tuple[int, ...], tensor: int, expert: int = 1,
+                     expert_tensor: int | None = None) -> list[float]:
+        """Each stage's parameters on one rank that the data-parallel group reduces: with expert parallelism, all but
+        its experts' (reduced over the expert-data-parallel group, which estimate() adds)."""
+        key = ("params", layers, tensor, expert, expert_tensor)
         if key not in self._cache:
-            self._cache[key] = stage_params(self.shape, list(layers), tensor)
+            if not self.shape.moe:
+                self._cache[key] = stage_params(self.shape, list(layers), tensor)
+            else:
+                total = stage_params(self.shape, list(layers), tensor, expert=expert, expert_tensor=expert_tensor)
+                experts = expert_params_per_stage(self.shape, list(layers), tensor, expert, expert_tensor)
+                self._cache[key] = [n - e for n, e in zip(total, experts)]
         return self._cache[key]
+
+    def _expert(self, moe) -> dict:
+        """stage_time's expert arguments from `moe`, (expert, expert_tensor, ExpertLinks) or None."""
+        if moe is None or not self.shape.moe:
+            return {}
+        ep, etp, links = moe
+        return {"expert": ep, "expert_tensor": etp, "expert_links": links, "dispatcher": self.dispatcher}
 
     def source(self, gpu: str, tensor: int):
         prof = self.lookup(gpu, tensor)
         return prof if profile_fits(prof, self.shape) else catalog.gpu(gpu)
 
     def per_layer(self, gpu: str, tensor: int, micro: int, recompute: str | None, tp_gbps: float,
-                  context: int = 1) -> list[float]:
-        key = ("layer", gpu, tensor, micro, recompute, tp_gbps, context)
+                  context: int = 1, moe: tuple | None = None) -> list[float]:
+        """Each layer's time on a stage; `moe`: (expert, expert_tensor, ExpertLinks) of an MoE model's layout."""
+        key = ("layer", gpu, tensor, micro, recompute, tp_gbps, context, moe)
         if key not in self._cache:
             source = self.source(gpu, tensor)
             kw = dict(shape=self.shape, precision=self.precision, recompute=recompute, tp_gbps=tp_gbps,
                       calibration=self.calibration, sequence_parallel=self.sequence_parallel, context=context,
-                      cp_gbps=tp_gbps, **self.kernels)
+                      cp_gbps=tp_gbps, **self.kernels, **self._expert(moe))
             zero = stage_time(source, 0, micro, tensor, **kw).total_s
             layers = self.shape.num_layers
             measured = getattr(source, "layers_s", None)
@@ -232,7 +326,7 @@ class _StageCosts:
 
     def ends(self, gpu: str, tensor: int, micro: int, recompute: str | None, tp_gbps: float, first: bool,
              last: bool, context: int = 1) -> float:
-        key = ("ends", gpu, tensor, micro, recompute, tp_gbps, first, last, context)
+        key = ("ends", gpu, tensor, micro, recompute, tp_gbps, first, last, context)  # no layers: no experts
         if key not in self._cache:
             self._cache[key] = stage_time(self.source(gpu, tensor), 0, micro, tensor, shape=self.shape,
                                           precision=self.precision, recompute=recompute, tp_gbps=tp_gbps,
@@ -252,17 +346,22 @@ class _Links:
     dp: tuple[tuple[float, float], ...]          # (Gbit/s, latency s) of each stage's data-parallel ring
     boundaries: tuple[tuple[float, float], ...]  # (Gbit/s, latency s) between stage i and i + 1
     ends: tuple[float, float]                    # (Gbit/s, latency s) between the first and the last stage
+    experts: tuple[ExpertLinks | None, ...] = ()  # each stage's token-dispatch links (an MoE model's), else None
+    edp: tuple[tuple[int, float, float], ...] = ()  # (ranks, Gbit/s, latency s) of each stage's expert-data ring
 
     @classmethod
     def of(cls, spec: RunSpec, calibration: Calibration | None = None) -> "_Links":
         topo, p = Topology(spec, calibration), spec.parallel.pipeline
         latency = topo.calibration.link_latency_s
+        moe = bool(spec.model.num_experts)
         return cls(
             stage_gpus=tuple(topo.stage_gpu(i) for i in range(p)),
             tp_gbps=tuple(topo.tp_gbps(i) for i in range(p)),
             dp=tuple((topo.dp_gbps(i), latency) for i in range(p)),
             boundaries=tuple((topo.pair_gbps(i, i + 1), latency) for i in range(p - 1)),
-            ends=(topo.pair_gbps(0, p - 1), latency))
+            ends=(topo.pair_gbps(0, p - 1), latency),
+            experts=tuple(topo.expert_links(i) if moe else None for i in range(p)),
+            edp=tuple((topo.expert_data, topo.edp_gbps(i), latency) if moe else (1, 0.0, latency) for i in range(p)))
 
     def boundary_times(self, message_bytes: float) -> list[float]:
         return [p2p_time(message_bytes, gbps, latency) for gbps, latency in self.boundaries]
@@ -279,7 +378,8 @@ def _memory_caps(spec: RunSpec, shape: Shape, links: _Links, flash: bool) -> lis
               zero_stage=spec.optimizer.zero_stage, zero_backend=spec.optimizer.zero_backend,
               optimizer=spec.optimizer.name, flash_attention=flash, context=spec.parallel.context,
               grad_reduce_in_bf16=spec.optimizer.grad_reduce_in_bf16,
-              overlap_grad_reduce=spec.kernels.overlap_grad_reduce)
+              overlap_grad_reduce=spec.kernels.overlap_grad_reduce,
+              expert=spec.parallel.expert, expert_tensor=spec.parallel.expert_tensor)
     zero, one, two = ([m.total for m in memory_per_stage(shape, [n] * p, **kw)] for n in (0, 1, 2))
     caps = []
     for i in range(p):
@@ -294,10 +394,12 @@ def _memory_caps(spec: RunSpec, shape: Shape, links: _Links, flash: bool) -> lis
 
 def _split_and_bound(shape: Shape, precision: str, t: int, p: int, d: int, b: int, v: int, recompute: str | None,
                      links: _Links, costs: _StageCosts, caps: list[int] | None = None, sequence_parallel: bool = False,
-                     context: int = 1, accounted: bool = False) -> tuple[list[int] | None, float]:
+                     context: int = 1, accounted: bool = False,
+                     expert: tuple[int, int] = (1, None)) -> tuple[list[int] | None, float]:
     """The exact min-max split of a layout (None when no split fits the caps) and a lower bound on the estimator's
     iteration time with it: the 1F1B pipeline plus the all-reduces after it, without the optimizer step. Interleaved,
-    the layers split as megatron-core splits them, the embedding and the loss counted as layers when `accounted`."""
+    the layers split as megatron-core splits them, the embedding and the loss counted as layers when `accounted`.
+    `expert`: an MoE model's (expert, expert_tensor) sizes."""
     message = b * shape.seq_length / context * shape.hidden * ACTIVATION_BYTES.get(precision, 2)
     if sequence_parallel:
         message /= t
@@ -306,12 +408,13 @@ def _split_and_bound(shape: Shape, precision: str, t: int, p: int, d: int, b: in
     per_layer, ends = [], []
     for i in range(p):
         gpu, tp_gbps = links.stage_gpus[i], links.tp_gbps[i]
-        per_layer.append(costs.per_layer(gpu, t, b, recompute, tp_gbps, context))
+        moe = (*expert, links.experts[i]) if shape.moe else None
+        per_layer.append(costs.per_layer(gpu, t, b, recompute, tp_gbps, context, moe))
         ends.append(costs.ends(gpu, t, b, recompute, tp_gbps, i == 0, i == p - 1, context))
     if v > 1 or p == 1:
         chunks = sizes.chunk_layers(shape.num_layers, p, v, account_for_embedding=accounted, account_for_loss=accounted)
         return _bound(shape, precision, t, d, b, v, links, costs, per_layer, ends, boundaries,
-                      [sum(row) for row in chunks], chunks)
+                      [sum(row) for row in chunks], chunks, expert)
     steps = [e + edges[i] + edges[i + 1] for i, e in enumerate(ends)]
     best = None, float("inf")
     # every split below has the least possible slowest step; they differ in fill/drain and all-reduce sizes
@@ -319,7 +422,8 @@ def _split_and_bound(shape: Shape, precision: str, t: int, p: int, d: int, b: in
         found = min_max_partition(per_layer, steps, caps, balance)
         if found is None:
             return best
-        bounded = _bound(shape, precision, t, d, b, v, links, costs, per_layer, ends, boundaries, found.layers)
+        bounded = _bound(shape, precision, t, d, b, v, links, costs, per_layer, ends, boundaries, found.layers,
+                         expert=expert)
         if bounded[1] < best[1]:
             best = bounded
     return best
@@ -327,7 +431,8 @@ def _split_and_bound(shape: Shape, precision: str, t: int, p: int, d: int, b: in
 
 def _bound(shape: Shape, precision: str, t: int, d: int, b: int, v: int, links: _Links, costs: _StageCosts,
            per_layer: list[list[float]], ends: list[float], boundaries: list[float],
-           layers: list[int], chunks: list[list[int]] | None = None) -> tuple[list[int], float]:
+           layers: list[int], chunks: list[list[int]] | None = None,
+           expert: tuple[int, int | None] = (1, None)) -> tuple[list[int], float]:
     totals, start = [], 0
     for i, n in enumerate(layers):
         totals.append(ends[i] + sum(per_layer[i][start:start + n]))
@@ -351,9 +456,15 @@ def _bound(shape: Shape, precision: str, t: int, d: int, b: int, v: int, links: 
     grad_bytes = GRAD_REDUCE_BYTES.get(precision, 4)
     # overlapped with the backward (kernels.overlap_grad_reduce), or reduce-scattered as the backward goes (ZeRO
     # stages 2 and 3, tried without pipeline parallelism), the reduce may hide entirely: 0 stays a lower bound
-    per_stage = zip(costs.stage_params(tuple(layers), t), links.dp)
+    per_stage = zip(costs.stage_params(tuple(layers), t, *expert), links.dp)
     dp_s = 0.0 if costs.overlap_dp or len(layers) == 1 else max(allreduce_time(n * grad_bytes, d, gbps, latency)
                                             for n, (gbps, latency) in per_stage)
+    if shape.moe and expert[0] > 1 and dp_s:
+        # and the experts' gradients over the expert-data-parallel group, after the dense ones
+        experts = expert_params_per_stage(shape, list(layers), t, *expert)
+        dp_s = max(allreduce_time(n * grad_bytes, d, gbps, latency) + allreduce_time(e * grad_bytes, *edp)
+                   for n, e, (gbps, latency), edp in zip(costs.stage_params(tuple(layers), t, *expert), experts,
+                                                         links.dp, links.edp))
     embedding_s = (allreduce_time(shape.vocab * shape.hidden / t * grad_bytes, 2, *links.ends)
                    if len(layers) > 1 and shape.tied else 0.0)
     return layers, pipe_s + dp_s + embedding_s
@@ -366,7 +477,8 @@ def _balanced_partition(spec: RunSpec, shape: Shape, costs: _StageCosts, links: 
     layers, _ = _split_and_bound(shape, spec.precision, par.tensor, par.pipeline, spec.data_parallel, spec.batch.micro,
                                  par.virtual_stages, spec.recompute.granularity if spec.recompute else None, links,
                                  costs, _memory_caps(spec, shape, links, costs.kernels["flash_attention"]) if caps
-                                 else None, par.sequence_parallel, par.context)
+                                 else None, par.sequence_parallel, par.context,
+                                 expert=(par.expert, par.expert_tensor))
     return layers
 
 
@@ -417,11 +529,12 @@ def _row(spec: RunSpec, est, order_names: list[str], price_s: float) -> Row:
                recompute_granularity=spec.recompute.granularity if spec.recompute else None,
                breakdown={k: float(v) for k, v in bd.items()}, idle_gpus=idle, placement=order_names,
                partition=spec.layer_partition, estimated_s=est.iteration_time_s,
-               pipeline_s=bd["compute"] + bd["bubble"] + bd["tp_comm"] + bd["pp_comm"],
+               pipeline_s=bd["compute"] + bd["bubble"] + bd["tp_comm"] + bd["ep_comm"] + bd["pp_comm"],
                dp_allreduce_s=bd["dp_comm"], embedding_allreduce_s=bd["embedding_comm"],
                price_per_step=price_s * est.iteration_time_s, oom=not est.fits_in_memory,
                memory_gb_per_stage=[round(x, 3) for x in est.memory_gb_per_stage],
-               stage_times_s=est.stage_times_s, spec=spec, pipeline=est.pipeline)
+               stage_times_s=est.stage_times_s, spec=spec, pipeline=est.pipeline, ep=par.expert,
+               etp=sizes.expert_tensor_size(par.tensor, par.expert_tensor))
 
 
 def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None = None,
@@ -468,37 +581,45 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
     costs = _StageCosts(shape, base.precision, base.batch.global_, cached_lookup, cal,
                         flash=flash_attention(base.kernels.attention_backend, [g.gpu for g in cluster.nodes]),
                         overlap_dp=base.kernels.overlap_grad_reduce, overlap_tp=base.kernels.tp_comm_overlap,
-                        sequence_parallel=sequence_parallel, stack=base.kernels.stack, on_gpus=on_gpus)
+                        sequence_parallel=sequence_parallel, stack=base.kernels.stack, on_gpus=on_gpus,
+                        dispatcher=(base.model.moe_token_dispatcher_type or "allgather") if shape.moe else None)
     flash = costs.kernels["flash_attention"]
-    layout_splits = list(splits(base, world, min(k.gpus_per_node for k in kinds), constraints,
+    layout_splits = list(splits(base, world, tensor_domain(cluster), constraints,
                                 context_sizes(base, on_gpus, flash, constraints)))
+    fully_sharded = fully_sharded_runs(base)
+    largest_gb = max(catalog.gpu(k.gpu).memory_limit_gb for k in kinds)
     cluster_price_s = price_per_second(cluster, prices)  # every layout uses every GPU: one price for all
     bar = None
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=len(layout_splits), desc="plan", unit="split", file=sys.stderr, leave=False)
 
-    def parallel(t: int, p: int, d: int, c: int, v: int = 1, partition=None, accounted=False) -> ParallelSpec:
+    def parallel(t: int, p: int, d: int, c: int, v: int = 1, partition=None, accounted=False, ep: int = 1,
+                 etp: int | None = None) -> ParallelSpec:
         sp = sequence_parallel and t > 1
         return ParallelSpec(tensor=t, pipeline=p, data=d, context=c, virtual_stages=v, partition=partition,
                             sequence_parallel=sp, account_for_embedding_in_pipeline_split=accounted,
-                            account_for_loss_in_pipeline_split=accounted)
+                            account_for_loss_in_pipeline_split=accounted, expert=ep,
+                            expert_tensor=None if etp is None or etp == t else etp)
 
     # First a lower bound on every layout's step time under its exact split: cheap, most layouts stop here. Only
     # what identifies a candidate is kept (its node order is rebuilt if it is estimated).
     bounded = []
     for t, p, d, c in layout_splits:
         sp = parallel(t, p, d, c).sequence_parallel
+        experts = expert_sizes(base, shape, t, p, d, c, constraints, largest_gb, fully_sharded, flash)
         for order in (placements(cluster, t, d * c, p) if orders == "all" else grouped_orders(kinds, counts)):
-            links = _Links.of(replace(base, cluster=as_cluster(order, kinds, cluster), parallel=parallel(t, p, d, c)),
-                              cal)
-            for b, v, accounted in schedules(base, p, d, virtual_stages, constraints):
-                layers, step_s = _split_and_bound(shape, base.precision, t, p, d, b, v, None, links, costs,
-                                                  sequence_parallel=sp, context=c, accounted=accounted)
-                if constraints.partition is not SEARCHED:
-                    layers = list(constraints.partition)
-                bound = step_s if objective == "time" else step_s * cluster_price_s
-                bounded.append((bound, order, (t, p, d, c, b, v, accounted, layers)))
+            for ep, etp in experts:
+                layout = parallel(t, p, d, c, ep=ep, etp=etp)
+                links = _Links.of(replace(base, cluster=as_cluster(order, kinds, cluster), parallel=layout), cal)
+                for b, v, accounted in schedules(base, p, d, virtual_stages, constraints):
+                    layers, step_s = _split_and_bound(shape, base.precision, t, p, d, b, v, None, links, costs,
+                                                      sequence_parallel=sp, context=c, accounted=accounted,
+                                                      expert=(ep, layout.expert_tensor))
+                    if constraints.partition is not SEARCHED:
+                        layers = list(constraints.partition)
+                    bound = step_s if objective == "time" else step_s * cluster_price_s
+                    bounded.append((bound, order, (t, p, d, c, ep, etp, b, v, accounted, layers)))
         if bar is not None:
             bar.update()
     bounded.sort(key=lambda c: c[0])
@@ -508,13 +629,12 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
     kept: list[float] = []  # a heap of the best `top` objective values of fitting, within-budget rows, negated
     evaluated = pruned = 0
     fixed_partition = constraints.partition is not SEARCHED
-    fully_sharded = fully_sharded_runs(base)
-    for i, (bound, order, (t, p, d, c, b, v, accounted, layers)) in enumerate(bounded):
+    for i, (bound, order, (t, p, d, c, ep, etp, b, v, accounted, layers)) in enumerate(bounded):
         if top and len(kept) >= top and bound > -kept[0]:
             pruned = len(bounded) - i
             break
         placed = as_cluster(order, kinds, cluster)
-        layout = parallel(t, p, d, c, v, layers if v == 1 and p > 1 else None, accounted)
+        layout = parallel(t, p, d, c, v, layers if v == 1 and p > 1 else None, accounted, ep, etp)
         # tensor-parallel overlap hides sequence parallelism's transfers: on where the layout has them
         kernels = replace(base.kernels, tp_comm_overlap=base.kernels.tp_comm_overlap and layout.sequence_parallel)
         spec = replace(base, cluster=placed, batch=replace(base.batch, micro=b), recompute=None, parallel=layout,
@@ -560,7 +680,8 @@ def _distinct(rows: list[Row]) -> list[Row]:
     layers and the same time are one row (the first, as ranked)."""
     seen, out = set(), []
     for row in rows:
-        key = (row.tp, row.pp, row.dp, row.cp, row.mbs, row.virtual_stages, row.sequence_parallel, row.recompute_granularity,
+        key = (row.tp, row.pp, row.dp, row.cp, row.ep, row.etp, row.mbs, row.virtual_stages, row.sequence_parallel,
+               row.recompute_granularity,
                row.zero_stage, tuple(row.spec.stage_gpus), tuple(row.partition), round(row.estimated_s, 9))
         if key not in seen:
             seen.add(key)

@@ -7,7 +7,8 @@ import pandas as pd
 from labkit.estimate.timing import Event, Pipeline
 
 TABLE_COLUMNS = {
-    "mbs": "micro", "tp": "tp", "cp": "cp", "dp": "dp", "pp": "pp", "virtual_stages": "vp", "sequence_parallel": "sp",
+    "mbs": "micro", "tp": "tp", "cp": "cp", "ep": "ep", "etp": "etp", "dp": "dp", "pp": "pp", "virtual_stages": "vp",
+    "sequence_parallel": "sp",
     "recompute_granularity": "recompute", "distributed_optimizer": "dist opt", "zero_stage": "ZeRO",
     "placement": "placement",
     "partition": "partition", "idle_gpus": "idle GPUs",
@@ -30,14 +31,20 @@ def _short_placement(names: list[str]) -> str:
 
 def ranked_table(plan, top: int | None = None) -> pd.DataFrame:
     """The ranked rows with FASOP's columns (plus virtual stages, sequence parallelism, recompute, the distributed
-    optimizer, and the GPUs of stages left without transformer layers, which the price still counts).
+    optimizer, and the GPUs of stages left without transformer layers, which the price still counts; for a
+    mixture-of-experts model the expert-parallel and expert-tensor sizes).
 
     Taught in lab 06.
     """
     rows = plan.rows[:top] if top else plan.rows
+    # the expert-parallel columns for a mixture-of-experts model only
+    moe = any(r.spec is not None and r.spec.model.num_experts for r in rows)
+    columns = {key: label for key, label in TABLE_COLUMNS.items() if moe or key not in ("ep", "etp")}
     records = []
     for r in rows:
-        rec = {label: getattr(r, key) for key, label in TABLE_COLUMNS.items()}
+        rec = {label: getattr(r, key) for key, label in columns.items()}
+        if moe:
+            rec["etp"] = r.etp or r.tp
         rec["placement"] = _short_placement(r.placement)
         rec["partition"] = "-".join(str(n) for n in r.partition)
         rec["recompute"] = r.recompute_granularity or "-"
@@ -46,13 +53,14 @@ def ranked_table(plan, top: int | None = None) -> pd.DataFrame:
             rec[key] = round(rec[key], 4)
         rec["USD/step"] = round(rec["USD/step"], 5)
         records.append(rec)
-    return pd.DataFrame.from_records(records, columns=list(TABLE_COLUMNS.values()))
+    return pd.DataFrame.from_records(records, columns=list(columns.values()))
 
 
 def layout_name(row) -> str:
     """Every layout field of a plan row on one line, as the table's columns name them: 'tp4 cp2 pp8 vp5 dp2 micro 1,
     sequence parallel, distributed optimizer, no recompute, partition 10-10-..., on H100-SXMx8'."""
-    parts = [f"tp{row.tp} cp{row.cp} pp{row.pp} vp{row.virtual_stages} dp{row.dp} micro {row.mbs}",
+    experts = f" ep{row.ep} etp{row.etp or row.tp}" if row.ep > 1 or (row.spec and row.spec.model.num_experts) else ""
+    parts = [f"tp{row.tp} cp{row.cp}{experts} pp{row.pp} vp{row.virtual_stages} dp{row.dp} micro {row.mbs}",
              "sequence parallel" if row.sequence_parallel else "no sequence parallel",
              ("ZeRO stage 2 (optimizer states and gradients sharded)" if row.zero_stage == 2 else
               "ZeRO stage 3 (optimizer states, gradients and parameters sharded)") if row.zero_stage > 1 else
