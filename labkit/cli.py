@@ -37,21 +37,10 @@ def register(sub) -> None:
     p.set_defaults(func=_validate)
 
 
-def print_spec_errors(where, exc, as_json: bool = False) -> int:
-    """Every error of a SpecError on stderr, one per line (as_json: {"spec": where, "errors": [...]} on stdout, for a
-    program to read); returns the exit status for invalid input (2)."""
-    if as_json:
-        print(json.dumps({"spec": str(where), "errors": exc.errors}, indent=2))
-        return 2
-    print(f"{where}: {len(exc.errors)} error(s)", file=sys.stderr)
-    for error in exc.errors:
-        print(f"  - {error}", file=sys.stderr)
-    return 2
-
-
 def _validate(args) -> int:
     from labkit.estimate.checkpoint import requeue_notes
     from labkit.spec import SpecError, load_spec, resolved_summary
+    from labkit.spec.errors import print_spec_errors
     from labkit.spec.files import path_notes
 
     try:

@@ -244,9 +244,7 @@ CASES = [({"preset": name}) for name in PRESETS] + [
     {"preset": "tiny", "qk_layernorm": True, "kv_channels": 32},  # a dense model with Qwen3's attention
     {"preset": "tiny", "num_experts": 4, "add_bias_linear": False, "moe_layer_freq": "([0]+[1]*1)",
      "moe_shared_expert_intermediate_size": 96},
-    pytest.param({"preset": "tiny", "num_experts": 4}, marks=pytest.mark.xfail(
-        strict=True, reason="the estimate leaves out the MoE router's bias (num_experts per MoE layer), which "
-                            "megatron-core's Router has with --add-bias-linear")),
+    {"preset": "tiny", "num_experts": 4},  # biases: the router's too
 ]
 
 

@@ -8,7 +8,8 @@ from labkit.spec import SpecError, load_spec
 
 
 def test_modules_render_as_megatron_lm_spells_them_and_parse():
-    spec = load_spec({"recompute": {"granularity": "selective", "modules": ["core_attn", "mlp", "layernorm"]}})
+    spec = load_spec({"recompute": {"granularity": "selective", "modules": ["core_attn", "mlp", "layernorm"]},
+                      "cluster": {"nodes": [{"gpu": "H100", "count": 1, "gpus_per_node": 8}]}})
     args = build_parser().parse_args(megatron_args(spec))
     assert (args.recompute_granularity, args.recompute_modules) == ("selective", ["core_attn", "mlp", "layernorm"])
     plain = megatron_args(load_spec({"recompute": {"granularity": "selective"}}))
@@ -25,6 +26,7 @@ def test_modules_render_as_megatron_lm_spells_them_and_parse():
      "needs model.moe_shared_expert_intermediate_size"),
     ({"granularity": "selective", "modules": ["mlp"]}, {"num_experts": 4}, "every layer of this model is MoE"),
     ({"granularity": "selective", "modules": ["mla_up_proj"]}, {}, "which labkit does not build"),
+    ({"granularity": "selective", "modules": ["mlp"]}, {}, "with Transformer Engine on GPUs only"),
 ])
 def test_each_module_rule_is_named_by_its_field(recompute, model, error):
     with pytest.raises(SpecError) as refused:
@@ -34,5 +36,6 @@ def test_each_module_rule_is_named_by_its_field(recompute, model, error):
 
 def test_a_pattern_with_dense_layers_may_recompute_their_mlps():
     spec = load_spec({"model": {"preset": "tiny", "num_experts": 4, "moe_layer_freq": "([0]+[1])"},
-                      "recompute": {"granularity": "selective", "modules": ["mlp", "moe"]}})
+                      "recompute": {"granularity": "selective", "modules": ["mlp", "moe"]},
+                      "cluster": {"nodes": [{"gpu": "H100", "count": 1, "gpus_per_node": 8}]}})
     assert spec.recompute.modules == ["mlp", "moe"]

@@ -177,6 +177,8 @@ DERIVED = {
     "use_pytorch_profiler": None,  # Megatron-LM's choice between profilers; the driver's --profile is torch.profiler
     "zero_stage": None,  # Megatron-DeepSpeed's spelling of the stage ds_config.json sets; the parser checks they agree
     "help": None,
+    # the driver saves the distributed optimizer fully reshardable whatever it is told (labkit/train/checkpoint.py)
+    "dist_ckpt_optim_fully_reshardable": None,
 }
 REFUSED = {"tp_comm_overlap": ["--tp-comm-overlap"], "context_parallel_size": ["--context-parallel-size", "2"],
            "use_megatron_fsdp": ["--use-megatron-fsdp"],

@@ -22,7 +22,7 @@ def register(sub) -> None:
 
 
 def _run(args) -> int:
-    from labkit.cli import print_spec_errors
+    from labkit.spec.errors import print_spec_errors
     from labkit.estimate import estimate
     from labkit.spec import SpecError, load_spec
 

@@ -53,7 +53,8 @@ def moe_params(shape: Shape, tensor: int = 1, expert: int = 1, expert_tensor: in
     replicated), `experts` of the routed experts (all of them unless given: topk for the active count) split over
     `expert` ranks and `expert_tensor` ranks each, and the shared experts, tensor-parallel like a dense MLP."""
     routed = shape.experts if experts is None else experts
-    n = shape.experts * shape.hidden + routed / expert * mlp_params(shape, shape.expert_ffn_size, expert_tensor)
+    router = shape.experts * (shape.hidden + 1 if shape.bias else shape.hidden)  # megatron-core's Router: its bias too
+    n = router + routed / expert * mlp_params(shape, shape.expert_ffn_size, expert_tensor)
     if shape.shared_ffn:
         n += mlp_params(shape, shape.shared_ffn, tensor)
     return n

@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from labkit.cli import print_spec_errors
+from labkit.spec.errors import print_spec_errors
 from labkit.spec import SpecError
 
 

@@ -325,6 +325,13 @@ def _recompute_problems(args, world_size: int, runtime: Runtime, name: Name) -> 
                  "recomputes dense MLPs, and every layer of this model is MoE; use moe or moe_act")):
             if module in modules and not ok:
                 found.append(Problem("recompute_modules", f"{module} {why}"))
+        beyond = [m for m in modules if m != "core_attn"]
+        if beyond and runtime.driver and not (runtime.cuda and runtime.transformer_engine):
+            # megatron-core 0.16.1's output-discarding checkpoint (layernorm, moe_act) calls Transformer Engine's FP8
+            # state even in bf16, and its MLP checkpoint does not finish a backward pass on the CPU
+            found.append(Problem("recompute_modules", f"{', '.join(beyond)}: labkit's driver recomputes modules other "
+                                 "than core_attn with Transformer Engine on GPUs only; use core_attn here, or run on "
+                                 "GPUs"))
     return found
 
 

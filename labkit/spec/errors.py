@@ -3,8 +3,10 @@ collected into one SpecError, and the user's values quoted short.
 """
 from __future__ import annotations
 
+import json
 import re
 import reprlib
+import sys
 
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 """Characters no single line of a job script, a name or a path may hold."""
@@ -41,3 +43,15 @@ class SpecError(ValueError):
                                             "first"]
         self.errors = errors
         super().__init__("invalid run spec:\n" + "\n".join(f"  - {e}" for e in self.errors))
+
+
+def print_spec_errors(where, exc, as_json: bool = False) -> int:
+    """Every error of a SpecError on stderr, one per line (as_json: {"spec": where, "errors": [...]} on stdout, for a
+    program to read); returns the exit status for invalid input (2)."""
+    if as_json:
+        print(json.dumps({"spec": str(where), "errors": exc.errors}, indent=2))
+        return 2
+    print(f"{where}: {len(exc.errors)} error(s)", file=sys.stderr)
+    for error in exc.errors:
+        print(f"  - {error}", file=sys.stderr)
+    return 2

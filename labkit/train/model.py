@@ -57,6 +57,8 @@ def transformer_config(args, timers=None) -> TransformerConfig:
         recompute_granularity=recompute,
         recompute_method=args.recompute_method if recompute == "full" else None,
         recompute_num_layers=args.recompute_num_layers if recompute == "full" else None,
+        # None: megatron-core's default, core_attn (TransformerConfig.__post_init__)
+        recompute_modules=args.recompute_modules if recompute == "selective" else None,
         # CPU runs initialise weights on the CPU (identically on every tensor-parallel rank, then split); GPUs in place.
         use_cpu_initialization=not torch.cuda.is_available(),
         **{name: on for name, (on, _) in fusions(args, torch.cuda.is_available()).items()},
@@ -90,7 +92,7 @@ def moe_fields(args, ffn: int) -> dict:
     return dict(
         num_moe_experts=experts,
         moe_router_topk=args.moe_router_topk,
-        moe_ffn_hidden_size=args.moe_ffn_hidden_size or ffn,
+        moe_ffn_hidden_size=sizes.moe_ffn_hidden_size(ffn, args.moe_ffn_hidden_size),
         moe_shared_expert_intermediate_size=args.moe_shared_expert_intermediate_size,
         moe_layer_freq=moe_layer_freq(args.moe_layer_freq, args.num_layers),
         moe_router_load_balancing_type=args.moe_router_load_balancing_type,
