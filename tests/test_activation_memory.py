@@ -127,7 +127,7 @@ def _saved_bytes(case: Case, layers: int, rank: int) -> int:
         norm = _norm_for_sequence_shards()
         local = get_gpt_layer_local_spec(normalization=args.normalization)
         local.submodules.input_layernorm = local.submodules.pre_mlp_layernorm = norm
-        driver_model.layer_spec = lambda _: TransformerBlockSubmodules(layer_specs=[local] * layers, layer_norm=norm)
+        driver_model.layer_spec = lambda *_: TransformerBlockSubmodules(layer_specs=[local] * layers, layer_norm=norm)
     try:
         chunk = driver_model.build_model(args, config)[0]
     finally:
