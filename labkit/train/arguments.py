@@ -93,8 +93,8 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
     if args.kv_channels is None:
         args.kv_channels = args.hidden_size // args.num_attention_heads
     args.expert_tensor_parallel_size = sizes.expert_tensor_size(tp, args.expert_tensor_parallel_size)
-    if args.num_experts is not None and args.moe_ffn_hidden_size is None:
-        args.moe_ffn_hidden_size = args.ffn_hidden_size
+    if args.num_experts is not None:
+        args.moe_ffn_hidden_size = sizes.moe_ffn_hidden_size(args.ffn_hidden_size, args.moe_ffn_hidden_size)
     args.moe_layer_freq = moe_layer_freq(args.moe_layer_freq, args.num_layers)
     args.params_dtype = "torch.float16" if args.fp16 else "torch.bfloat16" if args.bf16 else "torch.float32"
 
