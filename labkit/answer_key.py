@@ -68,6 +68,27 @@ def _lab09_sequence_parallel(answer):
                  hint="(10 + 24/t + 5as/(ht)) / ((34 + 5as/h) / t): the s b h cancels")
 
 
+def _lab10_active(answer):
+    from labkit.estimate.params import active_params
+    from labkit.megatron.shape import Shape
+    from labkit.spec import load_spec
+
+    shape = Shape.of(load_spec({"model": {"preset": "mixtral-8x22b"}}).model)
+    check_number(answer, active_params(shape) / 1e9, name="Exercise 1 (Mixtral-8x22B active parameters, B)",
+                 rel_tol=0.01, hint="every layer's attention and router, 2 of the 8 experts, the embeddings and output")
+
+
+def _lab10_expert_share(answer):
+    from labkit.estimate.params import mlp_params, total_params
+    from labkit.megatron.shape import Shape
+    from labkit.spec import load_spec
+
+    shape = Shape.of(load_spec({"model": {"preset": "mixtral-8x7b"}}).model)
+    experts = len(shape.moe_layers) * shape.experts * mlp_params(shape, shape.expert_ffn_size)
+    check_number(answer, experts / total_params(shape), name="Exercise 2 (expert weights' share)", rel_tol=0.01,
+                 hint="32 layers x 8 experts x 3 x 4096 x 14336 SwiGLU weights, over the 46.7 B")
+
+
 def _lab00_gres(answer):
     written = answer.strip().lower().removeprefix("--gres=") if isinstance(answer, str) else answer
     check_choice(written, "gpu:a100:2", name="Exercise 3 (two A100s per node)",
@@ -119,6 +140,10 @@ KEY: dict[str, Callable[..., None]] = {
     "09.2": lambda a: check_number(a, (2 + 14 / 64) * 7.5, name="Exercise 2 (ZeRO-2, 7.5B on 64 GPUs)", rel_tol=0.01,
                                    hint="stage 2 keeps the 2-byte weights whole and splits the other 14 bytes"),
     "09.3": _lab09_sequence_parallel,
+    "10.1": _lab10_active,
+    "10.2": _lab10_expert_share,
+    "10.3": lambda a: check_number(a, 4096 * 1 * 2 // 8, name="Exercise 3 (token rows per expert)", rel_tol=0.0,
+                                   hint="every token fills k = 2 slots, spread evenly over the 8 experts"),
 }
 
 
@@ -126,7 +151,7 @@ def check(exercise: str, answer: Any, **lab_values: Any) -> None:
     """Check `answer` to lab exercise `exercise` ("LAB.N") against the key; `lab_values` are what the lab computed
     that the answer depends on.
 
-    Taught in labs 00, 01, 02, 03, 04, 05, 06, 07, 08 and 09.
+    Taught in labs 00, 01, 02, 03, 04, 05, 06, 07, 08, 09 and 10.
     """
     if exercise not in KEY:
         raise KeyError(f"no exercise {exercise!r}; the labs' exercises are {', '.join(KEY)}")

@@ -90,7 +90,7 @@ def prediction_table(guesses: dict[str, Any], estimated: dict[str, Any], measure
     sets the three side by side once the runs are measured. A guess left as `...` reads "(not written)"; a question
     the estimate or the measurement does not answer reads "-".
 
-    Taught in labs 01, 02, 03, 04, 05, 06, 07 and 09.
+    Taught in labs 01, 02, 03, 04, 05, 06, 07, 09 and 10.
     """
     import pandas as pd
 

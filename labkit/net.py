@@ -7,7 +7,7 @@ import socket
 def free_port() -> int:
     """A TCP port free on this host now, for a rendezvous that only this host's processes join.
 
-    Taught in lab 09.
+    Taught in labs 09 and 10.
     """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

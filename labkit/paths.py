@@ -59,7 +59,7 @@ def course_dir(name: str) -> Path:
 def example(name: str) -> Path:
     """A shipped example run spec, e.g. example("tiny-cpu.yaml").
 
-    Taught in labs 00, 01, 02, 03, 04, 05, 07 and 09.
+    Taught in labs 00, 01, 02, 03, 04, 05, 07, 09 and 10.
     """
     return course_dir("examples") / name
 
@@ -67,7 +67,7 @@ def example(name: str) -> Path:
 def runs_dir(path: str | os.PathLike | None = None) -> Path:
     """Where run records and lab runs live: the argument, else $LABKIT_RUNS_DIR, else ./runs.
 
-    Taught in labs 01, 06 and 07.
+    Taught in labs 01, 06, 07 and 10.
     """
     return Path(path or os.environ.get("LABKIT_RUNS_DIR") or "runs").resolve()
 

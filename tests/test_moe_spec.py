@@ -130,6 +130,12 @@ def refused(**changes) -> list[str]:
     ({"model__num_experts": 0}, "model.num_experts", "must be a positive number"),
     ({"parallel__expert_tensor": 2, "model__add_bias_linear": True}, "parallel.expert_tensor",
      "biases only when each expert is whole"),
+    ({"model__moe_router_load_balancing_type": "sinkhorn", "model__moe_aux_loss_coeff": 0.01},
+     "model.moe_aux_loss_coeff", "Sinkhorn routing balances the load itself"),
+    ({"parallel__expert": 2, "optimizer__zero_stage": 3, "model__untie_embeddings": True}, "parallel.expert",
+     "does not split experts over expert ranks"),
+    ({"parallel__expert": 2, "optimizer__zero_stage": 2, "optimizer__zero_backend": "deepspeed"}, "parallel.expert",
+     "every expert on every rank"),
 ])
 def test_each_expert_rule_is_named_by_its_field(changes, field, words):
     errors = refused(**changes)

@@ -191,6 +191,27 @@ def test_layout_heuristic_without_process_group_records(tmp_path):
     assert tr.communication_calls(t, tensor=8)["group"].tolist() == ["tp", "tp", "pp"]
 
 
+def test_the_moe_token_dispatch_is_expert_traffic_though_tensor_parallels_mappings_make_the_call(tmp_path):
+    """megatron-core's dispatcher calls tensor_parallel/mappings.py's all_to_all over the expert group: the frame
+    outside names the group; the same mapping under attention stays tensor-parallel traffic."""
+    def frame(name, ts, dur):
+        return _op(name, ts, dur, cat="python_function")
+
+    events = [frame("megatron/core/transformer/moe/token_dispatcher.py(700): token_dispatch", 0, 100),
+              frame("megatron/core/tensor_parallel/mappings.py(520): all_to_all", 10, 50),
+              _op("c10d::alltoall_base_", 20, 10, **{"Input Dims": [[[48, 64]]]}),
+              # its backward pass, which autograd runs without the dispatcher's frames
+              frame("megatron/core/tensor_parallel/mappings.py(453): backward", 120, 50),
+              _op("c10d::alltoall_base_", 130, 10, **{"Input Dims": [[[48, 64]]]}),
+              frame("megatron/core/transformer/attention.py(900): forward", 200, 100),
+              frame("megatron/core/tensor_parallel/mappings.py(330): reduce_from_tensor_model_parallel_region", 210,
+                    50),
+              _op("c10d::allreduce_", 220, 10, **{"Input Dims": [[[64, 2, 32]]]})]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events, "distributedInfo": {"rank": 0, "world_size": 4}}))
+    assert tr.communication_calls(tr.load_trace(path), tensor=2)["group"].tolist() == ["ep", "ep", "tp"]
+
+
 def test_memory_timeline_reads_categories(tmp_path):
     path = tmp_path / "rank0.memory_timeline.json"
     # [times in µs, sizes]: column 0 unused, then parameter, optimizer_state, input, temporary, activation, ...

@@ -155,7 +155,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     charged as "ep_comm" in the breakdown and as exposed communication of kind "ep"; the experts' gradients are
     reduced over the expert-data-parallel group, after the dense ones, in the data-parallel time.
 
-    Taught in labs 01, 05, 06 and 07.
+    Taught in labs 01, 05, 06, 07 and 10.
     """
     cal = resolve(calibration)
     latency = cal.link_latency_s

@@ -103,14 +103,20 @@ def output_params(shape: Shape, tensor: int = 1, vocab: int | None = None) -> fl
 
 def total_params(shape: Shape) -> int:
     """The whole model with its vocabulary unpadded: gpt_params(l, h, s, V) + the final norm for a plain GPT (MHA, 4h
-    GELU MLP, tied embeddings), the published count of a Llama, and every expert of an MoE model."""
+    GELU MLP, tied embeddings), the published count of a Llama, and every expert of an MoE model.
+
+    Taught in lab 10.
+    """
     return round(sum(stage_params(shape, [shape.num_layers], vocab=shape.vocab)))
 
 
 def active_params(shape: Shape) -> int:
     """The parameters one token passes through, vocabulary unpadded: all of a dense model; of an MoE model the
     router, the shared experts and the top-k routed experts of each MoE layer (the "active" count model cards give:
-    Mixtral-8x7B 12.9 B of 46.7 B)."""
+    Mixtral-8x7B 12.9 B of 46.7 B).
+
+    Taught in lab 10.
+    """
     return round(sum(stage_params(shape, [shape.num_layers], vocab=shape.vocab, active=True)))
 
 

@@ -62,7 +62,7 @@ BACKENDS = {"local": _local, "slurm": _slurm, "k8s": _k8s}  # name -> backend(**
 def backend_named(name: str, **options) -> Backend:
     """The backend called `name` ("local", "slurm" or "k8s"), built with `options`.
 
-    Taught in labs 00, 01, 02, 03, 04, 06, 07, 08 and 09.
+    Taught in labs 00, 01, 02, 03, 04, 06, 07, 08, 09 and 10.
     """
     if name not in BACKENDS:
         raise ValueError(f"backend {name!r}: use one of {', '.join(BACKENDS)}")

@@ -44,7 +44,7 @@ def profiled(spec: RunSpec, first: int, last: int | None = None, ranks: tuple[in
     """The spec with torch.profiler over iterations `first`..`last` (numbered as in the log, inclusive) on `ranks`,
     and TensorBoard scalars (loss, loss scale, timers, memory), all written to the run directory's tensorboard/.
 
-    Taught in labs 02, 03, 04 and 07.
+    Taught in labs 02, 03, 04, 07 and 10.
     """
     last = first if last is None else last
     iters = spec.train.iters

@@ -11,7 +11,7 @@ def loss_table(runs: Mapping) -> pd.DataFrame:
     """One row per iteration logged by every run, one column of `lm loss` per run, and `spread` (largest minus
     smallest of the row). Runs are {name: ParsedLog}; iterations that some run did not log are left out.
 
-    Taught in labs 03, 04 and 09.
+    Taught in labs 03, 04, 09 and 10.
     """
     if len(runs) < 2:
         raise ValueError("runs: give at least two {name: ParsedLog} to compare")

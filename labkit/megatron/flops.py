@@ -50,7 +50,10 @@ def attention_core_forward_flops(shape: Shape, tokens: float) -> float:
 
 
 def model_flops(shape: Shape, global_batch: int) -> float:
-    """Model FLOPs of one iteration (no recompute): the MFU numerator."""
+    """Model FLOPs of one iteration (no recompute): the MFU numerator.
+
+    Taught in lab 10.
+    """
     tokens = global_batch * shape.seq_length
     return 3 * (shape.num_layers * layer_forward_flops(shape, tokens) + logits_forward_flops(shape, tokens))
 

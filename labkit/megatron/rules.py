@@ -240,6 +240,11 @@ def _expert_problems(args, world_size: int, runtime: Runtime, name: Name) -> lis
     elif topk == 1 and not args.moe_router_pre_softmax and args.moe_router_load_balancing_type != "sinkhorn":
         found.append(Problem("moe_router_topk", f"1 needs {name('moe_router_pre_softmax')} (a softmax over one chosen "
                              "expert has zero gradient; megatron-core refuses it)"))
+    if args.moe_router_load_balancing_type == "sinkhorn" and args.moe_aux_loss_coeff:
+        # megatron-core's TopKRouter.sinkhorn_load_balancing asserts it ("Sinkhorn routing does not support aux loss")
+        found.append(Problem("moe_aux_loss_coeff", f"{args.moe_aux_loss_coeff}: Sinkhorn routing balances the load "
+                             "itself and takes no auxiliary loss; use 0, or another "
+                             f"{name('moe_router_load_balancing_type')}"))
     if args.add_bias_linear and etp != 1:
         found.append(Problem("expert_tensor_parallel_size", f"{etp}: megatron-core keeps experts' biases only when each "
                              f"expert is whole; use {name('expert_tensor_parallel_size')} 1, or drop the linear layers' "
@@ -482,6 +487,8 @@ def _sharding_problems(args, world_size: int, runtime: Runtime, name: Name) -> l
                 ("untie_embeddings_and_output_weights", not args.untie_embeddings_and_output_weights,
                  "which needs untied embeddings; untie them"),
                 ("fp16", args.fp16, "which does not run fp16; use bf16 or fp32"),
+                ("expert_model_parallel_size", args.expert_model_parallel_size > 1,
+                 "which does not split experts over expert ranks; use 1, or ZeRO stage 1"),
                 ("overlap_param_gather", args.overlap_param_gather, "which gathers each layer's parameters itself; "
                                                                     "leave it out"),
                 ("save" if args.save else "load", runtime.driver and (args.save or args.load),
@@ -524,6 +531,8 @@ def _deepspeed_problems(args, runtime: Runtime, name: Name) -> list[Problem]:
             ("pipeline_model_parallel_size", args.pipeline_model_parallel_size > 1,
              "takes one whole GPT per rank on labkit's driver (Megatron-DeepSpeed's model parallelism is its own code); "
              "use 1"),
+            ("expert_model_parallel_size", args.expert_model_parallel_size > 1,
+             "takes one whole GPT per rank on labkit's driver, every expert on every rank; use 1"),
             ("overlap_param_gather", args.overlap_param_gather, "gathers its own parameters; leave it out"),
             ("optimizer", args.optimizer != "adam", "steps Adam-family optimizers; use adam"),
             ("fp16", args.fp16 and not runtime.cuda, "does not run fp16 on CPUs (\"Type fp16 is not supported on your "

@@ -246,9 +246,9 @@ def communication(traces: Trace | Sequence[Trace], tensor: int = 1, pipeline: in
 
     Each call's group is read, most reliable first, from: its process-group record (NCCL writes `record_param_comms`
     with Megatron's group description, or a group found in the trace's process-group table); the Megatron code that
-    made the call (its Python frames, when the profiler ran with_stack=True as the driver does: tensor_parallel ->
-    tp, p2p_communication -> pp, the gradient buffers -> dp, embedding-gradient sync -> embedding, gradient norm ->
-    model, timers -> world); the record's ranks against the run's layout; else the layout alone (`tensor`,
+    made the call (its Python frames, when the profiler ran with_stack=True as the driver does: the MoE token
+    dispatcher and its all-to-all -> ep, tensor_parallel -> tp, p2p_communication -> pp, the gradient buffers -> dp,
+    embedding-gradient sync -> embedding, gradient norm -> model, timers -> world); the record's ranks against the run's layout; else the layout alone (`tensor`,
     `pipeline`, `context`; data parallel is the rest of the world, labkit.megatron.sizes.data_parallel_size):
     point-to-point is pp (cp when only context parallelism passes keys and values round its ring), a collective is
     the only one of tp/dp wider than 1, and with both wider than 1 a collective on a flat (1-D) buffer is dp and on an
@@ -284,7 +284,7 @@ def communication_by_group(traces: Trace | Sequence[Trace], tensor: int = 1, pip
                            context: int = 1) -> pd.DataFrame:
     """Communication time per rank and parallel group (tp/dp/pp/...): time_ms, calls, and share of the profiled span.
 
-    Taught in lab 07.
+    Taught in labs 07 and 10.
     """
     table = communication(traces, tensor, pipeline, context)
     spans = {t.rank: (t.window[1] - t.window[0]) / 1e3 for t in _as_list(traces)}
@@ -551,6 +551,11 @@ _CALLER_GROUPS = [
     ("model", r"megatron/core/optimizer/"),
     ("world", r"megatron/core/timers\.py"),
 ]
+# The MoE token dispatcher moves tokens with tensor_parallel's mapping functions over the expert groups, so a call
+# made under it is expert traffic whatever frame lies inside; so is the backward pass of those mappings' all-to-all,
+# which autograd runs without the dispatcher's frames (megatron-core's only all-to-all users are the MoE layers).
+_MOE_DISPATCHER = re.compile(r"megatron/core/transformer/moe/(?:token_dispatcher|fused_a2a)\.py")
+_TENSOR_PARALLEL_MAPPINGS = re.compile(r"megatron/core/tensor_parallel/mappings\.py")
 
 
 def _layout(trace: Trace, tensor: int, pipeline: int, context: int) -> Layout:
@@ -615,6 +620,9 @@ def _caller_group(trace: Trace, call) -> str | None:
     if f.empty:
         return None
     around = f[(f["tid"] == call.tid) & (f["ts"] <= call.ts) & (f["end"] >= call.ts + call.dur)]
+    if around["name"].str.contains(_MOE_DISPATCHER).any() or (
+            call.collective == "all_to_all" and around["name"].str.contains(_TENSOR_PARALLEL_MAPPINGS).any()):
+        return "ep"
     for name in around.sort_values("ts", ascending=False)["name"]:
         for group, pattern in _CALLER_GROUPS:
             if re.search(pattern, name):

@@ -555,7 +555,7 @@ def load_spec(source) -> RunSpec:
     """Read a spec (a YAML or JSON path, a mapping or a RunSpec) with its model preset merged under the values it sets,
     and check it. Raises SpecError with every problem, each naming its field and the fix.
 
-    Taught in labs 00, 01, 02, 03, 04, 05, 06, 07, 08 and 09.
+    Taught in labs 00, 01, 02, 03, 04, 05, 06, 07, 08, 09 and 10.
     """
     data, errors, derived = read_source(source)
     spec = build(RunSpec, data, "", errors)

@@ -182,7 +182,10 @@ def define_moe_names_without_te() -> None:
     """megatron-core 0.16.1's moe_utils imports Transformer Engine's MoE kernels in a try block and, without Transformer
     Engine, leaves their names undefined, yet its router reads `te_general_gemm is not None` (a NameError in every MoE
     forward). Later megatron-core sets them to None when Transformer Engine is absent; so does this, which makes the
-    router and the permutations take their plain PyTorch paths, as megatron-core intends."""
+    router and the permutations take their plain PyTorch paths, as megatron-core intends.
+
+    Taught in lab 10.
+    """
     from megatron.core.transformer.moe import moe_utils
 
     for name in _TE_NAMES_IN_MOE_UTILS:
