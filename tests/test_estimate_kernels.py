@@ -47,6 +47,22 @@ def test_megatron_logs_causal_attention_flops():
     assert model_flops(shape, B) - megatron_logged_flops(shape, B) == pytest.approx(3 * L * 2 * B * s * s * h, rel=1e-3)
 
 
+def test_megatron_logs_an_moe_models_routed_and_shared_experts_but_not_its_router():
+    """num_floating_point_operations for a DeepSeek-style pattern: dense MLPs on the dense layers, top-k routed experts
+    of their own width and the shared experts on the MoE layers; no router GEMM."""
+    shape = Shape.of(load_spec({"model": {"preset": "tiny-llama", "num_layers": 4, "num_experts": 8,
+                                          "moe_router_topk": 2, "moe_ffn_hidden_size": 48,
+                                          "moe_shared_expert_intermediate_size": 96,
+                                          "moe_layer_freq": "([0]+[1]*3)"}}).model)
+    B, s, h, f, V = 4, shape.seq_length, shape.hidden, shape.ffn_size, shape.vocab
+    g, a, d = shape.groups, shape.heads, shape.head_dim
+    attention = 4 * B * s * h * (a * d + g * d + s * a * d / h / 2)
+    mlp = 6 * B * s * h * (f * 1 + (48 * 2 + 96) * 3)
+    by_hand = 3 * (4 * attention + mlp) + 6 * B * s * h * V
+    assert megatron_logged_flops(shape, B) == pytest.approx(by_hand)
+    assert model_flops(shape, B) - megatron_logged_flops(shape, B, "2024") == pytest.approx(3 * 3 * 2 * B * s * h * 8)
+
+
 def test_overlapped_gradient_reduction_hides_what_the_last_backward_covers():
     plain = estimate(h100_spec())
     overlapped = estimate(h100_spec(kernels={"overlap_grad_reduce": True}))

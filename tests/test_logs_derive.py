@@ -164,6 +164,30 @@ def test_a_llama_shape_is_read_back_from_the_arguments_block_the_driver_prints()
     assert (shape.norm, shape.positions, shape.bias, shape.hidden_dropout) == ("RMSNorm", "rope", False, 0.0)
 
 
+@pytest.mark.parametrize("model", [
+    {"preset": "tiny", "num_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 96, "num_layers": 4,
+     "moe_layer_freq": "([0]+[1]*3)", "moe_shared_expert_intermediate_size": 64},
+    {"preset": "tiny-llama", "num_experts": 8, "kv_channels": 8, "qk_layernorm": True, "moe_layer_freq": "2"}])
+def test_an_moe_shape_is_read_back_with_its_experts_and_pattern(model):
+    """The log's FLOPs and MFU count an MoE model's active experts only, so the reader must see the experts, their
+    width, the layer pattern (printed by validate_args as its list) and Qwen3-style heads."""
+    from labkit.estimate.params import Shape, active_params, total_params
+    from labkit.logs.derive import shape_from_arguments
+    from labkit.megatron.flops import model_flops
+    from labkit.megatron_args import megatron_args
+    from labkit.train import megatron_log
+    from labkit.train.arguments import build_parser, finish
+
+    spec = load_spec({"model": {**model, "hidden_dropout": 0.0, "attention_dropout": 0.0}})
+    args = finish(build_parser().parse_args(megatron_args(spec)), world_size=1, rank=0, cuda=False)
+    args.padded_vocab_size = spec.model.vocab_size
+    shape = shape_from_arguments(parse_text(megatron_log.arguments_block(args)).arguments)
+    expected = Shape.of(spec.model)
+    assert shape.moe_layers == expected.moe_layers and (shape.experts, shape.topk) == (expected.experts, expected.topk)
+    assert (total_params(shape), active_params(shape)) == (total_params(expected), active_params(expected))
+    assert model_flops(shape, 8) == model_flops(expected, 8) < model_flops(Shape(**{**vars(expected), "topk": 3}), 8)
+
+
 def test_a_logged_throughput_that_rounds_to_zero_gives_way_to_the_model_flops():
     """A tiny model on a CPU logs `throughput per GPU (TFLOP/s/GPU): 0.0`; with the model's shape known, the table
     shows the model FLOPs per second instead, and says so."""

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from labkit import catalog
+from labkit.megatron.flags import FLAG
 from labkit.megatron.flops import model_flops
 from labkit.megatron.shape import Shape
 
@@ -89,7 +90,15 @@ def shape_from_arguments(args: dict) -> Shape | None:
     if None in (layers, hidden, heads, seq, vocab):
         return None
     groups = get("num_query_groups") if args.get("group_query_attention") else None
+    kv_channels, experts = get("kv_channels"), get("num_experts")  # validate_args prints kv_channels always
+    moe = {}
+    if experts:  # validate_args prints the layer pattern as its list (an integer N stays N)
+        freq = args.get("moe_layer_freq")
+        moe = {"experts": experts, "topk": get("moe_router_topk") or FLAG.moe_router_topk.default,
+               "expert_ffn": get("moe_ffn_hidden_size"), "shared_ffn": get("moe_shared_expert_intermediate_size"),
+               "moe_layer_freq": None if freq in (None, 1) else str(freq)}
     return Shape(num_layers=layers, hidden=hidden, heads=heads, seq_length=seq, vocab=vocab, query_groups=groups,
+                 kv_channels=kv_channels if kv_channels != hidden // heads else None, qk_layernorm=bool(args.get("qk_layernorm")), **moe,
                  ffn=get("ffn_hidden_size"), swiglu=bool(args.get("swiglu")),
                  tied=not args.get("untie_embeddings_and_output_weights", False),
                  norm=_text_arg(args, "normalization", "LayerNorm"),

@@ -64,13 +64,16 @@ def megatron_logged_flops(shape: Shape, global_batch: int, version: str = "2025"
     2023: 60 B s l h^2 (1 + g/(5a) + s/(5h) + V/(10 l h)) (commit 2748e7c7d4, MHA-only MLP of 4h);
     2024: the general model FLOPs (commit e116d81ed7, non-causal attention);
     2025: as 2024 but the causal mask halves the attention-score FLOPs (commit 8873b55d6a), so long sequences log less.
+    Neither counts an MoE layer's router GEMM (hidden x experts per token; num_floating_point_operations in
+    megatron/training/training.py counts the routed and shared experts only), which model_flops does.
     """
     B, s, l, h, V = global_batch, shape.seq_length, shape.num_layers, shape.hidden, shape.vocab
     if version == "2023":
         g, a = shape.groups, shape.heads
         return 60 * B * s * l * h * h * (1 + g / (5 * a) + s / (5 * h) + V / (10 * l * h))
+    routers = 3 * sum(shape.moe_layers) * 2 * B * s * h * (shape.experts or 0)
     if version == "2024":
-        return model_flops(shape, global_batch)
+        return model_flops(shape, global_batch) - routers
     if version == "2025":
-        return model_flops(shape, global_batch) - 3 * l * attention_core_forward_flops(shape, B * s) / 2
+        return model_flops(shape, global_batch) - routers - 3 * l * attention_core_forward_flops(shape, B * s) / 2
     raise ValueError(f"version: {version!r} is not one of 2023, 2024, 2025")
