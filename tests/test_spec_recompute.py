@@ -26,7 +26,8 @@ def test_modules_render_as_megatron_lm_spells_them_and_parse():
      "needs model.moe_shared_expert_intermediate_size"),
     ({"granularity": "selective", "modules": ["mlp"]}, {"num_experts": 4}, "every layer of this model is MoE"),
     ({"granularity": "selective", "modules": ["mla_up_proj"]}, {}, "which labkit does not build"),
-    ({"granularity": "selective", "modules": ["mlp"]}, {}, "with Transformer Engine on GPUs only"),
+    ({"granularity": "selective", "modules": ["layernorm"]}, {}, "with Transformer Engine on GPUs only"),
+    ({"granularity": "selective", "modules": ["mlp"]}, {}, "(model.add_bias_linear false)"),
 ])
 def test_each_module_rule_is_named_by_its_field(recompute, model, error):
     with pytest.raises(SpecError) as refused:
@@ -39,3 +40,11 @@ def test_a_pattern_with_dense_layers_may_recompute_their_mlps():
                       "recompute": {"granularity": "selective", "modules": ["mlp", "moe"]},
                       "cluster": {"nodes": [{"gpu": "H100", "count": 1, "gpus_per_node": 8}]}})
     assert spec.recompute.modules == ["mlp", "moe"]
+
+
+def test_the_cpu_driver_recomputes_mlps_and_experts_of_a_model_without_biases():
+    for model, modules in (({"preset": "tiny-llama"}, ["core_attn", "mlp"]),
+                           ({"preset": "tiny-llama", "num_experts": 4, "moe_shared_expert_intermediate_size": 64},
+                            ["moe", "shared_experts"])):
+        spec = load_spec({"model": model, "recompute": {"granularity": "selective", "modules": modules}})
+        assert spec.recompute.modules == modules

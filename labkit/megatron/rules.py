@@ -330,13 +330,21 @@ def _recompute_problems(args, world_size: int, runtime: Runtime, name: Name) -> 
                  "recomputes dense MLPs, and every layer of this model is MoE; use moe or moe_act")):
             if module in modules and not ok:
                 found.append(Problem("recompute_modules", f"{module} {why}"))
-        beyond = [m for m in modules if m != "core_attn"]
-        if beyond and runtime.driver and not (runtime.cuda and runtime.transformer_engine):
+        if runtime.driver and not (runtime.cuda and runtime.transformer_engine):
             # megatron-core 0.16.1's output-discarding checkpoint (layernorm, moe_act) calls Transformer Engine's FP8
-            # state even in bf16, and its MLP checkpoint does not finish a backward pass on the CPU
-            found.append(Problem("recompute_modules", f"{', '.join(beyond)}: labkit's driver recomputes modules other "
-                                 "than core_attn with Transformer Engine on GPUs only; use core_attn here, or run on "
-                                 "GPUs"))
+            # state even in bf16. Its plain checkpoint (mlp, moe, shared_experts) returns the local layers' output
+            # bias, a parameter, as an output of the checkpoint, so the recomputed backward re-enters itself without
+            # end: those run on the CPU without biases.
+            needs_te = [m for m in modules if m in ("layernorm", "moe_act")]
+            with_bias = [m for m in modules if m in ("mlp", "moe", "shared_experts")] if args.add_bias_linear else []
+            if needs_te:
+                found.append(Problem("recompute_modules", f"{', '.join(needs_te)}: labkit's driver recomputes these "
+                                     "with Transformer Engine on GPUs only; leave them out here, or run on GPUs"))
+            if with_bias:
+                found.append(Problem("recompute_modules", f"{', '.join(with_bias)}: without Transformer Engine "
+                                     "megatron-core's checkpoint of a layer with biases never finishes its backward "
+                                     f"pass; drop the linear layers' biases ({name('add_bias_linear')} false), or "
+                                     "recompute core_attn only"))
     return found
 
 
