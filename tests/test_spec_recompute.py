@@ -48,3 +48,26 @@ def test_the_cpu_driver_recomputes_mlps_and_experts_of_a_model_without_biases():
                             ["moe", "shared_experts"])):
         spec = load_spec({"model": model, "recompute": {"granularity": "selective", "modules": modules}})
         assert spec.recompute.modules == modules
+
+
+def test_each_recomputed_module_repeats_its_own_forward_flops():
+    """Per mean layer of a model with one dense and three MoE layers: the dense MLP on a quarter of the layers, the
+    MoE side (router, top-k experts, shared experts) on three quarters, elementwise modules none."""
+    from labkit.megatron.flops import attention_core_forward_flops, mlp_forward_flops, recomputed_forward_flops
+    from labkit.megatron.shape import Shape
+
+    shape = Shape.of(load_spec({"model": {"preset": "tiny-llama", "num_layers": 4, "num_experts": 4,
+                                          "moe_shared_expert_intermediate_size": 64,
+                                          "moe_layer_freq": "([0]+[1]*3)"}}).model)
+    tokens, h = 256, shape.hidden
+
+    def extra(*modules):
+        return recomputed_forward_flops(shape, tokens, "selective", list(modules))
+
+    assert extra() == extra("core_attn") == attention_core_forward_flops(shape, tokens)
+    assert extra("mlp") == mlp_forward_flops(shape, tokens) / 4
+    assert extra("moe") == 3 / 4 * 2 * tokens * h * (4 + 2 * 3 * shape.expert_ffn_size + 3 * 64)
+    assert extra("shared_experts") == 3 / 4 * 2 * tokens * h * 3 * 64
+    assert extra("moe", "shared_experts") == extra("moe")  # the MoE layer holds its shared experts
+    assert extra("layernorm", "moe_act") == 0
+    assert recomputed_forward_flops(shape, tokens, None, ["mlp"]) == 0

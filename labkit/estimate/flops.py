@@ -10,20 +10,18 @@ it achieves.
 """
 from __future__ import annotations
 
-from labkit.megatron.flops import attention_core_forward_flops, layer_forward_flops, model_flops
+from labkit.megatron.flops import model_flops, recomputed_forward_flops
 from labkit.megatron.shape import Shape
 
 SECONDS_PER_DAY = 86400.0
 
 
-def hardware_flops(shape: Shape, global_batch: int, recompute: str | None = "full") -> float:
-    """FLOPs actually executed: full recompute runs every layer's forward twice, selective re-runs attention's core."""
+def hardware_flops(shape: Shape, global_batch: int, recompute: str | None = "full",
+                   modules: tuple[str, ...] | list[str] | None = None) -> float:
+    """FLOPs actually executed: full recompute runs every layer's forward twice, selective re-runs its `modules`
+    (attention's core by default; labkit.megatron.flops.recomputed_forward_flops)."""
     tokens = global_batch * shape.seq_length
-    extra = 0.0
-    if recompute == "full":
-        extra = shape.num_layers * layer_forward_flops(shape, tokens)
-    elif recompute == "selective":
-        extra = shape.num_layers * attention_core_forward_flops(shape, tokens)
+    extra = shape.num_layers * recomputed_forward_flops(shape, tokens, recompute, modules)
     return model_flops(shape, global_batch) + extra
 
 

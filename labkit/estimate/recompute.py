@@ -17,7 +17,7 @@ from typing import Mapping
 import pandas as pd
 
 from labkit.estimate.estimator import flash_attention
-from labkit.megatron.flops import attention_core_forward_flops, layer_forward_flops, model_flops
+from labkit.megatron.flops import layer_forward_flops, model_flops, recomputed_forward_flops
 from labkit.estimate.memory import GIB, activation_bytes_per_layer, memory_per_stage
 from labkit.megatron.shape import Shape
 from labkit.spec import RunSpec
@@ -65,7 +65,9 @@ def mode_name(spec: RunSpec) -> str:
     r = spec.recompute
     if r is None:
         return "none"
-    return "selective" if r.granularity == "selective" else f"full/{r.method}"
+    if r.granularity == "selective":
+        return f"selective: {' '.join(r.modules)}" if r.modules else "selective"
+    return f"full/{r.method}"
 
 
 def recompute_cost(spec: RunSpec) -> RecomputeCost:
@@ -91,7 +93,7 @@ def recompute_cost(spec: RunSpec) -> RecomputeCost:
         stage = stored_activations(layers, r.granularity if r else None, r.method if r else None,
                                    r.num_layers if r else 1)
         if r is not None and r.granularity == "selective":
-            extra += layers * attention_core_forward_flops(shape, tokens)
+            extra += layers * recomputed_forward_flops(shape, tokens, "selective", r.modules)
         else:
             extra += sum(k in ("input", "inner") for k in stage) * layer_forward_flops(shape, tokens)
     step = model_flops(shape, b.micro)

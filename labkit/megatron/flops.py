@@ -49,6 +49,33 @@ def attention_core_forward_flops(shape: Shape, tokens: float) -> float:
     return 2 * tokens * 2 * shape.seq_length * shape.heads * shape.head_dim
 
 
+SELECTIVE_DEFAULT = ("core_attn",)
+"""megatron-core's --recompute-modules when selective granularity names none (TransformerConfig.recompute_modules)."""
+
+
+def recomputed_forward_flops(shape: Shape, tokens: float, granularity: str | None,
+                             modules: tuple[str, ...] | list[str] | None = None) -> float:
+    """Forward FLOPs the backward pass runs again, per mean layer of the model (as layer_forward_flops): a whole layer
+    under full recompute; under selective the modules' own (megatron-core 0.16.1's TransformerLayer and MoELayer,
+    `recompute_modules`): core_attn QK^T and attention x V; mlp the dense layers' MLP; moe an MoE layer's router,
+    experts and shared experts; shared_experts the shared experts alone; layernorm and moe_act recompute elementwise
+    work only (norms, the experts' activation), no matrix multiplication."""
+    if granularity == "full":
+        return layer_forward_flops(shape, tokens)
+    if granularity != "selective":
+        return 0.0
+    chosen = set(modules or SELECTIVE_DEFAULT)
+    moe_share = sum(shape.moe_layers) / shape.num_layers
+    extra = attention_core_forward_flops(shape, tokens) if "core_attn" in chosen else 0.0
+    if "mlp" in chosen:
+        extra += (1 - moe_share) * mlp_forward_flops(shape, tokens)
+    if "moe" in chosen:
+        extra += moe_share * mlp_forward_flops(shape, tokens, moe=True)
+    elif "shared_experts" in chosen and shape.shared_ffn:
+        extra += moe_share * 2 * tokens * shape.hidden * shape.shared_ffn * (3 if shape.swiglu else 2)
+    return extra
+
+
 def model_flops(shape: Shape, global_batch: int) -> float:
     """Model FLOPs of one iteration (no recompute): the MFU numerator.
 
