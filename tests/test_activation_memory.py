@@ -52,9 +52,12 @@ class Case:
     """None, "selective" or "full" (uniform, one layer per checkpoint)."""
     precision: str = "bf16"
     """bf16 or fp32."""
+    modules: tuple[str, ...] = ()
+    """With selective recompute, the modules recomputed (none: megatron-core's default, core_attn)."""
 
     def spec(self, layers: int | None = None):
-        recompute = {"granularity": self.recompute, **({"method": "uniform"} if self.recompute == "full" else {})}
+        recompute = {"granularity": self.recompute, **({"method": "uniform"} if self.recompute == "full" else {}),
+                     **({"modules": list(self.modules)} if self.modules else {})}
         return load_spec({
             "name": self.name, "model": {**self.model, **({"num_layers": layers} if layers else {})},
             "precision": self.precision, "data": {"mock": True}, "parallel": {"tensor": self.tensor},
@@ -64,12 +67,15 @@ class Case:
 
     def estimate(self) -> float:
         return activation_bytes_per_layer(Shape.of(self.spec().model), MICRO_BATCH, self.tensor,
-                                          self.sequence_parallel, self.recompute, self.precision, on_cpu=True)
+                                          self.sequence_parallel, self.recompute, self.precision, on_cpu=True,
+                                          recompute_modules=self.modules or None)
 
 
-def case(model: str, tensor: int = 1, sp: bool = False, recompute: str | None = None, precision: str = "bf16"):
-    name = f"{model} t{tensor}{' sp' if sp else ''} {recompute or 'none'} {precision}"
-    return Case(name, MODELS[model], tensor, sp, recompute, precision)
+def case(model: str, tensor: int = 1, sp: bool = False, recompute: str | None = None, precision: str = "bf16",
+         modules: tuple[str, ...] = ()):
+    mode = f"{recompute}:{'+'.join(modules)}" if modules else recompute or "none"
+    name = f"{model} t{tensor}{' sp' if sp else ''} {mode} {precision}"
+    return Case(name, MODELS[model], tensor, sp, recompute, precision, modules)
 
 
 def grid() -> list[Case]:
@@ -83,6 +89,9 @@ def grid() -> list[Case]:
              for precision in ("bf16", "fp32")]
     cases += [case(model, tensor, recompute=recompute)
               for model in ("gpt-gqa", "llama-mha") for tensor in (1, 2) for recompute in (None, "selective")]
+    # recompute by module: what the CPU's layers recompute (the MLP of a layer without biases)
+    cases += [case("llama", tensor, recompute="selective", modules=modules, precision=precision)
+              for tensor in (1, 2) for modules in (("mlp",), ("core_attn", "mlp")) for precision in ("bf16", "fp32")]
     return cases
 
 
@@ -210,7 +219,8 @@ SMALL_GRID = [case("gpt", 1, recompute=None, precision="bf16"), case("gpt", 2, T
               case("gpt", 2, recompute="full"), case("llama", 1, recompute="selective"),
               case("llama", 2, precision="fp32"), case("llama", 2, True), case("gpt-gqa", 1),
               case("gpt-gqa", 1, recompute="selective"), case("gpt-gqa", 2, recompute="selective"),
-              case("llama-mha", 1)]
+              case("llama-mha", 1), case("llama", 1, recompute="selective", modules=("mlp",)),
+              case("llama", 2, recompute="selective", modules=("core_attn", "mlp"), precision="fp32")]
 
 
 @pytest.mark.slow

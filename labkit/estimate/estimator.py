@@ -170,6 +170,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     m = spec.num_micro_batches
     partition = spec.layer_partition
     recompute = spec.recompute.granularity if spec.recompute is not None else None
+    recompute_modules = spec.recompute.modules if spec.recompute is not None else None
     precision = spec.precision
     topo = Topology(spec, cal)
     lookup = profile_lookup(profiles, profiled_model(shape))
@@ -197,7 +198,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                                        calibration=cal, flash_attention=flash, context=c, cp_gbps=topo.cp_gbps(i),
                                        tp_comm_overlap=spec.kernels.tp_comm_overlap,
                                        sequence_parallel=par.sequence_parallel,
-                                       expert_links=topo.expert_links(i) if shape.moe else None, **expert)
+                                       expert_links=topo.expert_links(i) if shape.moe else None,
+                                       recompute_modules=recompute_modules, **expert)
         first_layer += layers
     stages = [combined(row) for row in chunk_times]
     sources = [st.source for st in stages]
@@ -292,7 +294,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
 
     # FLOPs and utilisation.
     num_gpus = t * c * p * d
-    executed = F.hardware_flops(shape, b.global_, recompute)
+    executed = F.hardware_flops(shape, b.global_, recompute, recompute_modules)
     model = model_flops(shape, b.global_)
     peak_total = sum(catalog.gpu(topo.slots[r].gpu).peak(precision) for r in range(num_gpus))
     tflops = F.achieved_tflops(executed, iteration, num_gpus)
@@ -309,7 +311,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                            zero_stage=zero_stage, zero_backend=spec.optimizer.zero_backend,
                            flash_attention=flash, context=c, chunks=chunks,
                            grad_reduce_in_bf16=spec.optimizer.grad_reduce_in_bf16, overlap_grad_reduce=overlap_dp,
-                           expert=ep, expert_tensor=etp)
+                           expert=ep, expert_tensor=etp, recompute_modules=recompute_modules)
     limits = [catalog.gpu(g).memory_limit_gb for g in gpus]
     fits = all(s.total <= (1 - MEMORY_MARGIN) * lim for s, lim in zip(mem, limits))
 

@@ -47,6 +47,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from labkit.estimate.params import stage_params
+from labkit.megatron.flops import SELECTIVE_DEFAULT
 from labkit.megatron.shape import Shape
 from labkit.megatron import sharding, sizes
 
@@ -530,7 +531,8 @@ per token for Mixtral's 8 experts beside the hundreds of kilobytes of the rest o
 def activation_bytes_per_layer(shape: Shape, micro_batch: int, tensor: int = 1, sequence_parallel: bool = False,
                                recompute: str | None = None, precision: str = "bf16", flash_attention: bool = False,
                                context: int = 1, on_cpu: bool = False, moe: bool = False,
-                               expert_tensor: int | None = None) -> float:
+                               expert_tensor: int | None = None,
+                               recompute_modules: tuple[str, ...] | list[str] | None = None) -> float:
     """Activation bytes one transformer layer keeps for the backward pass of one micro-batch, on one tensor rank.
 
     Each term is a tensor megatron-core 0.16.1's TransformerLayer saves; tests/test_activation_memory.py counts them
@@ -579,6 +581,15 @@ def activation_bytes_per_layer(shape: Shape, micro_batch: int, tensor: int = 1, 
     expert parallelism at "~1 (varies with EP balancing)": the dispatched tokens per rank do not shrink with the
     expert ranks, they grow with topk and with the imbalance.
 
+    Selective recomputation (`recompute` "selective") keeps what its `recompute_modules` (megatron-core's
+    --recompute-modules, core_attn when none) would have made, and recomputes it in the backward pass
+    (TransformerLayer, MoELayer): core_attn drops the attention core's own tensors, keeping Q, K and V; mlp the dense
+    MLP's (its input, the norm's output, stays as the checkpoint's input); moe an MoE layer's router, dispatched tokens
+    and shared experts (its input stays); shared_experts the shared experts'; moe_act the experts' activation output,
+    fc2's input; layernorm the outputs of the norms that are modules of their own (both on the CPU's local layers; on
+    a GPU Transformer Engine fuses the input norm and a dense layer's MLP norm into the next GEMM, which megatron-core
+    then leaves alone, so only an MoE layer's pre-MLP norm output, the router's input).
+
     Taught in lab 09.
     """
     s, b, h, a, t = shape.seq_length / context, micro_batch, shape.hidden, shape.heads, tensor
@@ -594,7 +605,8 @@ def activation_bytes_per_layer(shape: Shape, micro_batch: int, tensor: int = 1, 
     # groups / heads of it unless kv_channels says otherwise
     q, r = shape.heads * shape.head_dim / h, shape.groups * shape.head_dim / h
     rope = shape.positions == "rope"
-    core = recompute != "selective"  # selective recomputation keeps only the core attention's inputs
+    modules = set(recompute_modules or SELECTIVE_DEFAULT) if recompute == "selective" else set()
+    core = "core_attn" not in modules  # recomputing the core attention keeps only its inputs
     unfused = core and not flash_attention
 
     # Per token and hidden unit, outside the tensor-parallel regions: each norm's input (and statistics), the QKV and
@@ -603,7 +615,12 @@ def activation_bytes_per_layer(shape: Shape, micro_batch: int, tensor: int = 1, 
         norm = 8 + 4 / h if shape.norm == "RMSNorm" else e + 2 * e / h
     else:
         norm = e + (4 if shape.norm == "RMSNorm" else 8) / h
-    outside = 2 * (norm + gemm_input + mask)
+    # The norms' outputs are the QKV GEMM's input and the MLP's (an MoE layer's router reads it in the activations'
+    # dtype: its GEMM is not quantized); recomputed norms keep neither (see the docstring for which).
+    recomputed_norms = "layernorm" in modules
+    input_norm_out = 0.0 if recomputed_norms and on_cpu else gemm_input
+    mlp_norm_out = 0.0 if recomputed_norms and (on_cpu or moe) else (e if moe else gemm_input)
+    outside = 2 * (norm + mask) + input_norm_out + mlp_norm_out
 
     # Inside them, split over t: Q, K and V as the core attention keeps them, the projection input, the MLP. A view of
     # the QKV GEMM's output keeps all of it (1 + 2g/a); rotary embeddings make new Q and K; a grouped Q is reshaped
@@ -616,24 +633,29 @@ def activation_bytes_per_layer(shape: Shape, micro_batch: int, tensor: int = 1, 
         qkv = (q if rope or (grouped and shape.groups > t) else 0) + (r if rope else 0) + q + 2 * r
     projection = (gemm_input + (e if fp8 and flash_attention and core else 0)) * q
 
+    def activation_out(width: float) -> float:
+        """What an MLP's activation function keeps beyond its input: its output, the MLP-out GEMM's input (unfused
+        SwiGLU on the CPU also its SiLU output and linear half)."""
+        return width * (gemm_input + (2 * e if on_cpu and shape.swiglu else 0))
+
     def mlp_kept(width: float) -> float:
         """An MLP of this width (a share of h): the activation's input and the MLP-out GEMM's."""
-        if shape.swiglu:
-            return width * (2 * e + (2 * e if on_cpu else 0) + gemm_input)
-        return width * (e + gemm_input)
+        return width * (2 * e if shape.swiglu else e) + activation_out(width)
 
     if not moe:
-        inside = e * qkv + projection + mlp_kept(f)
+        inside = e * qkv + projection + (0.0 if "mlp" in modules else mlp_kept(f))
+    elif "moe" in modules:  # the whole MoE side is recomputed from its input, the norm's output
+        inside = e * qkv + projection
     else:
-        inside = e * qkv + projection + (mlp_kept(shape.shared_ffn / h) if shape.shared_ffn else 0.0)
-        # the MLP side outside: the router's input in the activations' dtype (the router GEMM is not quantized), the
-        # shared experts' FP8 copy of it
-        outside += (e - gemm_input) + (gemm_input if fp8 and shape.shared_ffn else 0)
-        outside += shape.experts * ROUTER_BYTES_PER_SCORE / h
+        shared = shape.shared_ffn and "shared_experts" not in modules
+        inside = e * qkv + projection + (mlp_kept(shape.shared_ffn / h) if shared else 0.0)
+        # outside: the shared experts' FP8 copy of their input, the router's scores
+        outside += (gemm_input if fp8 and shared else 0) + shape.experts * ROUTER_BYTES_PER_SCORE / h
         # the dispatched tokens, per token of this rank (its sequence share under sequence parallelism)
         etp = sizes.expert_tensor_size(t, expert_tensor)
         f_e = shape.expert_ffn_size / h
-        outside += shape.topk * MOE_TOKEN_IMBALANCE * (etp * gemm_input + mlp_kept(f_e) + 4 / h)
+        expert_mlp = mlp_kept(f_e) - (activation_out(f_e) if "moe_act" in modules else 0.0)
+        outside += shape.topk * MOE_TOKEN_IMBALANCE * (etp * gemm_input + expert_mlp + 4 / h)
 
     # The core attention's own tensors, per score (a s x s per sequence) or per head and token, split over t.
     scores, per_layer = 0.0, 0.0
@@ -667,7 +689,8 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
                      zero_backend: str = "megatron", optimizer: str = "adam", flash_attention: bool = False,
                      context: int = 1, grad_reduce_in_bf16: bool = False, overlap_grad_reduce: bool = False,
                      chunks: list[list[int]] | None = None, expert: int = 1,
-                     expert_tensor: int | None = None) -> list[StageMemory]:
+                     expert_tensor: int | None = None,
+                     recompute_modules: tuple[str, ...] | list[str] | None = None) -> list[StageMemory]:
     """Peak memory of one GPU in each pipeline stage (GiB), without the CUDA context and allocator slack.
 
     Weights, gradients and optimizer state are megatron-core's (`model_state_bytes`, on the data x context rank that
@@ -696,7 +719,7 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
 
     act_scale = 2 if precision == "fp32" else 1
     s, b, h, t = shape.seq_length / context, micro_batch, shape.hidden, tensor
-    kernels = {"flash_attention": flash_attention, "context": context}
+    kernels = {"flash_attention": flash_attention, "context": context, "recompute_modules": recompute_modules}
     moe_kernels = {**kernels, "moe": True, "expert_tensor": expert_tensor}
     params_by_stage = (stage_params(shape, partition, tensor, expert=expert, expert_tensor=expert_tensor)
                        if shape.moe else stage_params(shape, partition, tensor))

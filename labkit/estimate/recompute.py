@@ -81,6 +81,7 @@ def recompute_cost(spec: RunSpec) -> RecomputeCost:
     kernels = {"flash_attention": flash_attention(spec.kernels.attention_backend,
                                                   [node.gpu for node in spec.cluster.nodes]),
                "context": par.context}
+    kernels["recompute_modules"] = r.modules if r else None
     per_kind = {kind: activation_bytes_per_layer(shape, b.micro, par.tensor, par.sequence_parallel, setting,
                                                  spec.precision, **kernels) for kind, setting in _KEPT_AS.items()}
     layers_bytes = sum(per_kind.get(k, 0.0) for k in kept)  # "inner" layers keep nothing

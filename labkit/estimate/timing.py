@@ -46,7 +46,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from labkit.estimate.calibration import Calibration, Stack, resolve
-from labkit.megatron.flops import attention_core_forward_flops, layer_forward_flops, logits_forward_flops
+from labkit.megatron.flops import (SELECTIVE_DEFAULT, attention_core_forward_flops, layer_forward_flops,
+                                   logits_forward_flops, recomputed_forward_flops)
 from labkit.estimate.memory import LOW_PRECISION, MOE_TOKEN_IMBALANCE, activation_bytes_per_layer, moe_pattern
 from labkit.megatron import sizes
 from labkit.megatron.shape import Shape
@@ -101,7 +102,8 @@ class ExpertLinks(NamedTuple):
 
 def expert_dispatch_time(shape: Shape, tokens: float, tensor: int, expert: int, expert_tensor: int | None,
                          precision: str, links: ExpertLinks, latency_s: float, dispatcher: str | None = None,
-                         recompute: str | None = None) -> float:
+                         recompute: str | None = None, recompute_modules: tuple[str, ...] | list[str] | None = None
+                         ) -> float:
     """Seconds one MoE layer spends moving tokens to and from its experts, forward and backward, for `tokens` tokens
     of one micro-batch on one context rank (each tensor rank holds 1/tensor of them: megatron-core's MoE layer runs
     with sequence parallelism). megatron-core 0.16.1 (megatron/core/transformer/moe/token_dispatcher.py):
@@ -115,7 +117,7 @@ def expert_dispatch_time(shape: Shape, tokens: float, tensor: int, expert: int, 
       copies: each rank picks those of its own experts) over the expert-tensor x expert group, and the combine
       reduce-scatters them back; no topk factor, which is why the MoE README suggests it for large topk.
     The backward runs each collective's reverse (an all-to-all's is an all-to-all, an all-gather's a reduce-scatter),
-    full recompute runs the forward's again. Each rank's traffic is scaled by MOE_TOKEN_IMBALANCE (1: drop-less and
+    full recompute (or selective with the moe module) runs the forward's again. Each rank's traffic is scaled by MOE_TOKEN_IMBALANCE (1: drop-less and
     balanced). megatron-core leaves these transfers exposed unless --overlap-moe-expert-parallel-comm, which labkit's
     spec does not set (the MoE README: "EP All-to-All can consume 30-40% of training time without optimization").
     0 for a dense model, and without expert or expert-tensor parallelism."""
@@ -132,7 +134,7 @@ def expert_dispatch_time(shape: Shape, tokens: float, tensor: int, expert: int, 
         sent = local * shape.topk * MOE_TOKEN_IMBALANCE * width
         one = (alltoall_time(sent, expert, links.alltoall_gbps, latency_s)
                + gather_time(sent, etp, links.expert_tensor_gbps, latency_s))
-    forwards = 2 if recompute == "full" else 1
+    forwards = 2 if recompute == "full" or (recompute == "selective" and "moe" in (recompute_modules or ())) else 1
     return 2 * (forwards + 1) * one  # dispatch and combine, each forward (again when recomputed) and backward
 
 
@@ -199,7 +201,8 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
                calibration: Calibration | None = None, flash_attention: bool = False, context: int = 1,
                cp_gbps: float | None = None, tp_comm_overlap: bool = False,
                sequence_parallel: bool = False, expert: int = 1, expert_tensor: int | None = None,
-               expert_links: ExpertLinks | None = None, dispatcher: str | None = None) -> StageTime:
+               expert_links: ExpertLinks | None = None, dispatcher: str | None = None,
+               recompute_modules: tuple[str, ...] | list[str] | None = None) -> StageTime:
     """Forward + backward of one micro-batch through one pipeline stage.
 
     `source` is a Profile (measured forward seconds; its time already contains the tensor-parallel all-reduces it
@@ -207,7 +210,9 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
     tensor-parallel all-reduces (2 forward + 2 backward per layer of b s h activations) are added from `tp_gbps`
     (a bus bandwidth, see `Calibration.bus_gbps`). The stack adds its memory-bound passes (a third in the forward)
     and its fixed cost per all-reduce. Full recompute adds one more forward of the transformer layers to the
-    backward; selective re-runs attention's core. `calibration` (default: the shipped one) gives the efficiency, link
+    backward; selective re-runs its `recompute_modules` (attention's core by default; the GEMMs of each module,
+    labkit.megatron.flops.recomputed_forward_flops, at the layer's rates; norms and activations are charged no
+    time), with a recomputed MLP's tensor-parallel all-reduce and a recomputed MoE layer's dispatch again. `calibration` (default: the shipped one) gives the efficiency, link
     fractions and stacks.
 
     With `flash_attention` no memory-bound pass touches the s x s scores. fp8 runs the linear layers' GEMMs at the
@@ -237,15 +242,13 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
         etp = sizes.expert_tensor_size(tensor, expert_tensor)
         links = expert_links or ExpertLinks(*[tp_gbps or 100.0] * 3)
         ep_comm = layers * moe_share * expert_dispatch_time(shape, tokens / context, tensor, expert, etp, precision,
-                                                            links, cal.link_latency_s, dispatcher, recompute)
+                                                            links, cal.link_latency_s, dispatcher, recompute,
+                                                            recompute_modules)
     layer_flops = layer_forward_flops(shape, tokens)
     core = attention_core_forward_flops(shape, tokens)
-    if recompute == "full":
-        recompute_fraction = 1.0
-    elif recompute == "selective":
-        recompute_fraction = core / layer_flops
-    else:
-        recompute_fraction = 0.0
+    recomputed = recomputed_forward_flops(shape, tokens, recompute, recompute_modules)
+    recomputes_core = recompute == "selective" and "core_attn" in (recompute_modules or SELECTIVE_DEFAULT)
+    recompute_fraction = recomputed / layer_flops
 
     if isinstance(source, Profile):
         layer_s, ends_s = source.forward_s(first_layer, layers, micro_batch, embedding=first, output=last)
@@ -255,7 +258,7 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
             layer_s *= source.tensor / tensor
             ends_s *= source.tensor / tensor
             comm = _tp_comm(layers, tokens, shape, tensor, precision, recompute, tp_gbps or 100.0, stack,
-                            cal.link_latency_s, mlp_share)
+                            cal.link_latency_s, mlp_share, recompute_modules)
         forward = layer_s + ends_s
         backward = source.backward_factor_at(micro_batch) * forward + recompute_fraction * layer_s
         return StageTime(forward, backward, comm, source=f"profile {source.model}/{source.gpu}/tp{source.tensor}",
@@ -282,8 +285,9 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
     core_s = core * (0.5 if flash_attention else 1.0) / attention_rate
     linear_s = (layer_flops - core) / rate
     layer_gemm_s = (linear_s + core_s) / tensor / context
-    if recompute == "selective":
-        recompute_fraction = core_s / (linear_s + core_s)
+    if recompute == "selective":  # the core at its own rate, the other modules' GEMMs at the layer's
+        other = recomputed - (core if recomputes_core else 0.0)
+        recompute_fraction = ((core_s if recomputes_core else 0.0) + other / rate) / (linear_s + core_s)
     layer_s = layers * (layer_gemm_s + memory_s / 3) * stack.compute_scale
     ends_s = 0.0
     if last:
@@ -296,7 +300,7 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
     if tp_gbps is None:
         tp_gbps = cal.bus_gbps(cal.intra_node_link(gpu), inter_node=False)
     comm = _tp_comm(layers, tokens // context, shape, tensor, precision, recompute, tp_gbps, stack,
-                    cal.link_latency_s, mlp_share)
+                    cal.link_latency_s, mlp_share, recompute_modules)
     full = comm
     if tp_comm_overlap:
         # the forward and backward GEMMs hide the chunks in flight, all but a fitted fraction (Calibration.
@@ -325,18 +329,20 @@ def combined(chunks: list[StageTime]) -> StageTime:
 
 
 def _tp_comm(layers: int, tokens: int, shape: Shape, tensor: int, precision: str, recompute: str | None,
-             gbps: float, stack: Stack, latency_s: float, mlp_share: float = 1.0) -> float:
-    """Megatron's 2 forward + 2 backward all-reduces of b s h activations per layer (2 more for a recomputed forward):
-    one each for attention and the MLP. `mlp_share`: the layers whose MLP side is tensor-parallel (an MoE layer's
-    routed experts exchange their tokens over the expert groups instead, see `expert_dispatch_time`; its shared
-    experts are a tensor-parallel MLP)."""
+             gbps: float, stack: Stack, latency_s: float, mlp_share: float = 1.0,
+             recompute_modules: tuple[str, ...] | list[str] | None = None) -> float:
+    """Megatron's 2 forward + 2 backward all-reduces of b s h activations per layer (2 more for a recomputed forward,
+    1 for a recomputed dense MLP or MoE layer's shared experts): one each for attention and the MLP. `mlp_share`: the
+    layers whose MLP side is tensor-parallel (an MoE layer's routed experts exchange their tokens over the expert
+    groups instead, see `expert_dispatch_time`; its shared experts are a tensor-parallel MLP)."""
     if tensor <= 1:
         return 0.0
     message = tokens * shape.hidden * ACTIVATION_BYTES.get(precision, 2)
-    if mlp_share == 1.0:
-        per_layer = 4 + (2 if recompute == "full" else 0)
-    else:
-        per_layer = (1 + mlp_share) * (2 + (1 if recompute == "full" else 0))
+    modules = set(recompute_modules or ()) if recompute == "selective" else set()
+    dense_share = 1.0 - sum(moe_pattern(shape)) / shape.num_layers if shape.moe else 1.0
+    recomputed_mlps = (dense_share if "mlp" in modules else 0.0) + (
+        mlp_share - dense_share if modules & {"moe", "shared_experts"} else 0.0)
+    per_layer = (1 + mlp_share) * (2 + (1 if recompute == "full" else 0)) + recomputed_mlps
     return layers * per_layer * (allreduce_time(message, tensor, gbps, latency_s) + stack.tp_allreduce_s)
 
 
