@@ -5,9 +5,11 @@ Each area of the library registers its own subcommands here; the commands are th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
+import signal
 import sys
 
 import yaml
@@ -69,7 +71,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+INTERRUPTED = 130
+"""The exit status after Ctrl-C (128 + SIGINT, as a shell reports a command that SIGINT stopped)."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; Ctrl-C anywhere stops it with one line on stderr and exit status 130, never a traceback (a
+    command that leaves something running, as `labkit run --wait` does, says so itself and how to stop it)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # A second Ctrl-C while the line is written, or while the program exits, changes nothing; called from Python
+        # (argv given), the caller's handler is back afterwards.
+        with _deaf_to_ctrl_c(restore=argv is not None):
+            words = [w for w in (sys.argv[1:] if argv is None else argv) if not w.startswith("-")][:1]
+            print(f"{' '.join(['labkit', *words])}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+
+
+@contextlib.contextmanager
+def _deaf_to_ctrl_c(restore: bool):
+    """SIGINT ignored from here (in the main thread; elsewhere signals stay as they are), and with `restore` as it
+    was again after the block."""
+    try:
+        before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:
+        before = None
+    try:
+        yield
+    finally:
+        if before is not None and restore:
+            signal.signal(signal.SIGINT, before)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -215,7 +215,7 @@ def test_a_job_labkit_could_not_record_never_starts(tmp_path, monkeypatch):
     (child,) = backend._children.values()
     assert child.wait(timeout=10) != 0
     (run,) = RunIndex(tmp_path / "runs").run_dirs()
-    assert [p.name for p in (run / "logs").iterdir()] == ["runner.out"]  # no node ever started
+    assert sorted(p.name for p in (run / "logs").iterdir()) == ["runner.exit", "runner.out"]  # no node started
     assert not RunRecord(run).settle_abandoned()  # the process that created it still runs: it may yet record it
     assert RunRecord(run).last_status()["state"] == "CREATED"
 
@@ -233,7 +233,7 @@ def test_launch_from_a_killed_labkit_never_runs_untracked(tmp_path):
     while subprocess.run(["pgrep", "-f", str(run)], capture_output=True).stdout and time.monotonic() < deadline:
         time.sleep(0.1)
     assert subprocess.run(["pgrep", "-f", str(run)], capture_output=True).stdout == b""
-    assert [p.name for p in (run / "logs").iterdir()] == ["runner.out"]
+    assert sorted(p.name for p in (run / "logs").iterdir()) == ["runner.exit", "runner.out"]
     creator = RunRecord(run).events()[0]["pid"]
     (run / f".job.json.{creator}-1.tmp").write_text("{")  # as if killed while writing job.json
     # `labkit runs` says what became of it, instead of CREATED for ever, and removes what it was writing.
@@ -318,7 +318,8 @@ def test_labkit_run_on_a_disk_that_fills_up_never_leaves_a_job_untracked(tmp_pat
         assert code == 0 or "No space left on device" in err, (n, err)
         for run in RunIndex(runs).run_dirs():
             if not (run / "job.json").exists():  # never recorded, so never started
-                assert [p.name for p in (run / "logs").iterdir()] in ([], ["runner.out"]), n
+                assert sorted(p.name for p in (run / "logs").iterdir()) in ([], ["runner.exit"],
+                                                                           ["runner.exit", "runner.out"]), n
         # (a run.sh that is finishing may be writing its own logs/JOBID/state.tmp)
         assert not [p for p in runs.rglob("*.tmp") if "logs" not in p.relative_to(runs).parts], n
         n += 1

@@ -88,7 +88,9 @@ def job_of(record: RunRecord, backend: Backend | None = None) -> Job:
     from labkit.jobs.job import Job
 
     last = record.last_status()
-    status = Status(State(last["state"]), last.get("exit_code"), last.get("reason")) \
+    # A completed run's recorded cause can only be a note: its end was read from other evidence than its own record.
+    status = Status(State(last["state"]), last.get("exit_code"), last.get("reason"),
+                    note=last.get("cause") if last["state"] == "COMPLETED" else None) \
         if last.get("state") in State.__members__ else None
     return Job(backend or backend_named(info["backend"]), info["job_ids"], record, status)
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 
 from labkit.spec.errors import print_spec_errors
@@ -67,6 +68,7 @@ def _run(args) -> int:
     from labkit.paths import runs_dir
     from labkit.spec import load_spec
 
+    submitting = False
     if args.poll is not None and not args.wait:
         print("--poll: sets how often --wait asks the scheduler; add --wait, or leave --poll out", file=sys.stderr)
         return 2
@@ -97,7 +99,15 @@ def _run(args) -> int:
             return 0
         options = {"runs_dir": args.runs_dir}
         backend = backend_named(args.backend, **options) if args.backend else default_backend(**options)
+        submitting = True
         job = backend.submit(spec, layout=args.layout) if backend.name == "slurm" else backend.submit(spec)
+    except KeyboardInterrupt:
+        if not submitting:
+            raise  # nothing was submitted: labkit.cli says so
+        where = f" --runs-dir {shlex.quote(args.runs_dir)}" if args.runs_dir else ""
+        print(f"interrupted while submitting: `labkit runs{where}` lists the run if it was recorded, and "
+              "`labkit cancel RUN` stops its job", file=sys.stderr)
+        return 130
     except SpecError as exc:
         return print_spec_errors(args.spec, exc, as_json=args.json)
     except SlurmError as exc:
@@ -123,9 +133,11 @@ def _run(args) -> int:
     progress = not args.json and sys.stdout.isatty() and sys.stderr.isatty()
     try:
         state = job.wait(progress=progress, poll_s=args.poll)
+    except KeyboardInterrupt:
+        print(_still_running(job, args), file=sys.stderr)
+        return 130
     except RecordError as exc:
-        print(f"{job.record.run_id}: {exc}", file=sys.stderr)
-        return 1
+        return _end_not_recorded(job, exc, submitted, args)
     if args.json:
         print(json.dumps({**submitted, "state": state.name, "cause": job.cause()}, indent=2))
         return 0 if state.name == "COMPLETED" else 1
@@ -137,30 +149,74 @@ def _run(args) -> int:
     return 1
 
 
+def _still_running(job, args) -> str:
+    """The one line `labkit run --wait` leaves when interrupted: the job runs on, and how to cancel it."""
+    cancel = ["labkit", "cancel", job.record.run_id]
+    if args.runs_dir:
+        cancel += ["--runs-dir", args.runs_dir]
+    return (f"interrupted: run {job.record.run_id} ({job.spec.name}, {job.backend.name} job {', '.join(job.job_ids)}) "
+            f"keeps running; to stop it: {shlex.join(cancel)}")
+
+
+def _end_not_recorded(job, exc, submitted: dict, args) -> int:
+    """`labkit run --wait` when the job ended but its run record could not take the end (a full disk, a read-only runs
+    directory): how it ended, and that the record does not hold it yet. Exit 0 only if it COMPLETED."""
+    status = job.unrecorded
+    if status is None or not status.state.finished:
+        print(f"{job.record.run_id}: {exc}", file=sys.stderr)
+        return 1
+    cause = job.cause(status)
+    later = (f"the run record does not hold this end ({exc}); `labkit status {job.record.run_id}` records it once the "
+             "runs directory can be written")
+    if args.json:
+        print(json.dumps({**submitted, "state": status.state.name, "cause": cause, "recorded": False}, indent=2))
+    else:
+        print(f"{job.record.run_id}: {status.state}" + (f": {cause}" if cause else ""))
+    print(f"{job.record.run_id}: {later}", file=sys.stderr)
+    return 0 if status.state.name == "COMPLETED" else 1
+
+
+def _unwritable_note(exc) -> str:
+    return f"note: {exc}; states are as polled now, and nothing is recorded"
+
+
 def _status(args) -> int:
     from labkit.jobs import job_of
     from labkit.jobs.report import format_report, report
-    from labkit.jobs.record import RunIndex, load_run
+    from labkit.jobs.record import RunIndex, load_run, unwritable
 
+    note = None
     try:
         if args.run:
             record = load_run(args.run, args.runs_dir)
         else:
             index = RunIndex(args.runs_dir)
             if index.writable():
-                index.catch_up()  # the latest run, even one a crash left out of the index
-            rows = index.rows()
+                try:
+                    index.catch_up()  # the latest run, even one a crash left out of the index
+                except RuntimeError as exc:
+                    if not unwritable(exc):
+                        raise
+                    note = _unwritable_note(exc)  # a full disk: read the records as they are
+            rows = index.rows(read_only=note is not None)
             if not rows:
                 print("no runs yet", file=sys.stderr)
                 return 1
             record = load_run(rows[-1]["run_id"], args.runs_dir)
-        record.read_only = not RunIndex(record.root).writable()  # a read-only runs directory is read, not written
-        record.settle_abandoned()
-        job = job_of(record)
-        rep = report(job, lines=args.lines)
+        record.read_only = note is not None or not RunIndex(record.root).writable()  # read, not written
+        try:
+            record.settle_abandoned()
+            rep = report(job_of(record), lines=args.lines)
+        except RuntimeError as exc:
+            if not unwritable(exc):
+                raise
+            note, record.read_only = _unwritable_note(exc), True  # a full disk: polled now, nothing recorded
+            rep = report(job_of(record), lines=args.lines)
     except (FileNotFoundError, RuntimeError) as exc:  # RecordError included
         print(exc, file=sys.stderr)
         return 1
+    if note:
+        print(note, file=sys.stderr)
     if args.json:
         print(json.dumps(rep.to_dict(), indent=2, default=str))
     else:
@@ -170,21 +226,46 @@ def _status(args) -> int:
 
 def _cancel(args) -> int:
     from labkit.jobs import SlurmError, job_of
-    from labkit.jobs.record import load_run
+    from labkit.jobs.record import load_run, unwritable
+    from labkit.jobs.watcher import WATCHER
 
+    note = None
     try:
-        job = job_of(load_run(args.run, args.runs_dir))
-        stopped = job.cancel()
+        record = load_run(args.run, args.runs_dir)
+        job = job_of(record)
+        try:
+            # How the run stands now, not as last recorded: a run that has already ended is not cancelled, and says
+            # how it ended.
+            ended = job.status().state.finished
+            stopped = False if ended else job.cancel()
+            if not stopped and not job.status(refresh=False).state.finished:
+                WATCHER.refresh([job], force=True)  # it ended meanwhile, on its own: how
+        except RuntimeError as exc:
+            if not unwritable(exc):
+                raise
+            note, record.read_only = _unwritable_note(exc), True  # a full disk: say what happened, record nothing
+            job = job_of(record)
+            ended = job.status().state.finished
+            stopped = False if ended else job.cancel()
     except (FileNotFoundError, RuntimeError, SlurmError) as exc:
         print(exc, file=sys.stderr)
         return 1
+    if note:
+        print(note, file=sys.stderr)
+    status = job.status(refresh=False)
     if args.json:
         print(json.dumps({"run_id": job.record.run_id, "backend": job.backend.name, "job_ids": job.job_ids,
-                          "cancelled": stopped, "state": job.status(refresh=False).state.name}, indent=2))
+                          "cancelled": stopped, "state": status.state.name}, indent=2))
         return 0 if stopped else 1
     if not stopped:
-        print(f"{job.record.run_id}: nothing to cancel ({job.backend.name} job {', '.join(job.job_ids)} is not "
-              f"running; recorded state {job.status(refresh=False).state})", file=sys.stderr)
+        jobs = f"{job.backend.name} job {', '.join(job.job_ids)}"
+        if status.state.finished:
+            cause = job.cause()
+            print(f"{job.record.run_id}: nothing to cancel: {jobs} already ended {status.state}"
+                  + (f" ({cause})" if cause else ""), file=sys.stderr)
+        else:
+            print(f"{job.record.run_id}: nothing to cancel ({jobs} is not running; state {status.state})",
+                  file=sys.stderr)
         return 1
     print(f"cancelled {job.record.run_id} ({job.backend.name} job {', '.join(job.job_ids)})")
     return 0
@@ -192,21 +273,41 @@ def _cancel(args) -> int:
 
 def _runs(args) -> int:
     from labkit.jobs import backend_named, job_of
-    from labkit.jobs.record import UNFINISHED_STATES, RecordError, RunIndex, load_run
+    from labkit.jobs.record import UNFINISHED_STATES, RecordError, RunIndex, load_run, unwritable
     from labkit.jobs.watcher import WATCHER
 
     index = RunIndex(args.runs_dir)
     writable = index.writable()  # a read-only runs directory is listed as recorded, and polled without recording
+    note = None if writable else f"note: {index.root} is read-only: states are as polled now, and nothing is recorded"
+
+    def cannot_write(exc: BaseException) -> None:
+        """A write failed (a full disk): from here on, read the records as they are and record nothing."""
+        nonlocal writable, note
+        if not unwritable(exc):
+            raise exc
+        writable, note = False, _unwritable_note(exc)
+
     try:
-        lost = writable and not index.exists() and index.run_dirs()
-        if args.rebuild or lost or (writable and index.damaged()):
+        if args.rebuild:  # asked for: a failure to write is the answer
             damaged = index.damaged()
             count = index.rebuild()
             print(f"rebuilt {index.path} from {count} run directories"
                   + (f" (the damaged index is kept as {index.path.name}.damaged)" if damaged else ""), file=sys.stderr)
+        elif writable and ((not index.exists() and index.run_dirs()) or index.damaged()):
+            damaged = index.damaged()
+            try:
+                count = index.rebuild()
+                print(f"rebuilt {index.path} from {count} run directories"
+                      + (f" (the damaged index is kept as {index.path.name}.damaged)" if damaged else ""),
+                      file=sys.stderr)
+            except RecordError as exc:
+                cannot_write(exc)
         if writable:
-            index.catch_up()
-        rows = index.rows()
+            try:
+                index.catch_up()
+            except RecordError as exc:
+                cannot_write(exc)
+        rows = index.rows(read_only=not writable)
     except RecordError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -215,8 +316,13 @@ def _runs(args) -> int:
         if row["state"] == "CREATED" and writable:
             try:
                 load_run(row["run_id"], args.runs_dir).settle_abandoned()
-            except (FileNotFoundError, RecordError):
+            except FileNotFoundError:
                 continue
+            except RecordError as exc:
+                if not unwritable(exc):
+                    print(exc, file=sys.stderr)
+                    return 1
+                cannot_write(exc)
     unfinished = [r for r in rows if r["state"] in UNFINISHED_STATES - {"CREATED"}]
     backends: dict = {}  # one backend of each kind, so that one query serves all its runs
     jobs = []
@@ -230,19 +336,34 @@ def _runs(args) -> int:
         except (FileNotFoundError, RuntimeError, ValueError):
             continue
     for backend in backends.values():
-        try:
-            WATCHER.refresh([job for job in jobs if job.backend is backend])
-        except Exception as exc:  # a scheduler that cannot be reached leaves the recorded states
-            print(f"could not refresh {backend.name} runs: {exc}", file=sys.stderr)
+        mine = [job for job in jobs if job.backend is backend]
+        for _ in range(2):
+            try:
+                WATCHER.refresh(mine)
+                break
+            except RecordError as exc:  # a full disk: poll again without recording
+                try:
+                    cannot_write(exc)
+                except RecordError:
+                    print(f"could not refresh {backend.name} runs: {exc}", file=sys.stderr)
+                    break
+                for job in jobs:
+                    job.record.read_only = True
+            except Exception as exc:  # a scheduler that cannot be reached leaves the recorded states
+                print(f"could not refresh {backend.name} runs: {exc}", file=sys.stderr)
+                break
     try:
-        rows = index.rows()
+        rows = index.rows(read_only=not writable)
     except RecordError as exc:
         print(exc, file=sys.stderr)
         return 1
-    if not writable:
-        polled = {job.record.run_id: job.status(refresh=False).state.name for job in jobs}
-        rows = [{**row, "state": polled.get(row["run_id"], row["state"])} for row in rows]
-        print(f"note: {index.root} is read-only: states are as polled now, and nothing is recorded", file=sys.stderr)
+    if not writable:  # the states as polled now, which the records do not hold
+        polled = {job.record.run_id: job for job in jobs}
+        for i, row in enumerate(rows):
+            job = polled.get(row["run_id"])
+            if job is not None and job.status(refresh=False).state.name != row["state"]:
+                rows[i] = {**row, "state": job.status(refresh=False).state.name, "cause": job.cause()}
+        print(note, file=sys.stderr)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
         return 0

@@ -78,6 +78,9 @@ class Job:
         self.job_ids = list(job_ids)
         self.record = record
         self._status = status or Status(State.PENDING)
+        self.unrecorded: Status | None = None
+        """The latest status its backend reported that the run record could not hold (a full disk, a read-only runs
+        directory); the next poll records it. None once recorded."""
         WATCHER.watch(self)
 
     @property
@@ -149,8 +152,9 @@ class Job:
             self.record.set_status(status.state, exit_code=status.exit_code, reason=status.reason,
                                    cause=self.cause())
         except BaseException:
-            self._status = previous  # not recorded (a full disk): the next poll records it
+            self._status, self.unrecorded = previous, status  # not recorded (a full disk): the next poll records it
             raise
+        self.unrecorded = None
         if status.state.finished:
             self.record.save_metrics(run_metrics(self.iterations()))
 
@@ -200,6 +204,9 @@ class Job:
 
         try:
             return WATCHER.wait([self], timeout, poll_s, tick=show)[self]
+        except KeyboardInterrupt:
+            bar.leave = False  # interrupted (Ctrl-C): the bar goes, so that the caller's one line is all that shows
+            raise
         finally:
             bar.close()
 
@@ -223,10 +230,13 @@ class Job:
             if path.exists():
                 yield LogText(path.name, _read(path))
 
-    def cause(self) -> str | None:
+    def cause(self, status: Status | None = None) -> str | None:
         """Why the job waits (pending, with squeue's reason) or did not complete; None while it runs or after
-        success."""
-        return explain(self._status, self.spec, self.log_texts())
+        success, unless its end was read from other evidence than its own record of it (Status.note), which is said
+        too. `status`: of that status instead of the job's own."""
+        status = status or self._status
+        why = explain(status, self.spec, self.log_texts())
+        return f"{why}; {status.note}" if why and status.note else why or status.note
 
     def result(self) -> ParsedLog:
         """The latest attempt's parsed training log: labkit.logs.parse_log over its node logs, each row naming its

@@ -6,11 +6,19 @@ run.sh's pid, and run.sh leads a process group (its own session) holding its nod
 records its end (COMPLETED, FAILED, CANCELLED or TIMEOUT with the exit code) in LOGDIR/JOBID/state, so a run can be
 followed and cancelled from another process too. run.sh starts no node before labkit has recorded its job id in
 job.json: a job never runs untracked.
+
+When run.sh ended on its own but could not write that state file (the runs directory became read-only, the disk
+filled up), its end is read from the evidence instead: run.sh's exit status (which its shell writes over the blanks
+of logs/runner.exit, reserved when the job was submitted, so that it fits on a full disk; the labkit that started it
+also has it from the child process), its own complaint in logs/runner.out, and each node log's last line ("node N:
+torchrun exited with status S"). The recorded cause then says that the end could not be written, and why.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -18,7 +26,7 @@ import time
 from pathlib import Path
 
 from labkit.extras import require
-from labkit.jobs.job import Job
+from labkit.jobs.job import Job, tail_file
 from labkit.jobs.render import render
 from labkit.jobs.submission import submission_errors
 from labkit.jobs.record import RecordError, RunRecord
@@ -55,10 +63,11 @@ class LocalBackend:
         try:
             script = record.write_script("run.sh", render(spec, record.logs, layout="local", run_id=record.run_id,
                                                           torchrun=self.torchrun).scripts["run.sh"])
+            exit_file = record.reserve_log(RUNNER_EXIT, RUNNER_EXIT_BYTES)
             with record.new_log("runner.out") as runner_log:
-                process = subprocess.Popen(["bash", str(script)], cwd=record.path, stdout=runner_log,
-                                           stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True,
-                                           env={**os.environ, "LABKIT_LAUNCH_GATE": "1"})
+                process = subprocess.Popen(["bash", "-c", _with_exit_status(exit_file), str(script)], cwd=record.path,
+                                           stdout=runner_log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
+                                           start_new_session=True, env={**os.environ, "LABKIT_LAUNCH_GATE": "1"})
             job_id = str(process.pid)  # also its process group's id (a new session)
             self._children[job_id] = process
             record.attach(self.name, "local", [job_id], host=socket.gethostname(), pgid=process.pid)
@@ -98,9 +107,38 @@ class LocalBackend:
             return Status(State.RUNNING, reason=f"the local runner was killed; {len(left)} of its processes still "
                                                 "run (`labkit cancel` stops them)")
         if job.log_dir.exists():  # started, but ended without recording how
-            return Status(State.FAILED, reason="the local runner stopped without recording an end")
+            return self._unwritten_end(job) or Status(State.FAILED,
+                                                      reason="the local runner stopped without recording an end")
         # Gone before it made its log directory: it started no node (not told to start, or it could not write).
         return Status(State.FAILED, reason="the local runner stopped before starting any node (see logs/runner.out)")
+
+    def _unwritten_end(self, job: Job) -> Status | None:
+        """How a run.sh that ended on its own, but could not write its state file, ended: from its exit status (this
+        process's child's, else the one its shell wrote into logs/runner.exit), or, when neither is known but
+        runner.out says a write failed, from every node's torchrun exit status. None without such evidence (run.sh
+        was killed: it never tried to record an end)."""
+        child = self._children.get(job.job_id)
+        code = child.returncode if child is not None else None
+        if code is not None and code < 0:
+            return None  # killed by a signal, before it could record an end
+        if code is None:
+            code = _runner_exit(job.record.logs / RUNNER_EXIT)
+        complaint = _write_complaint(job.record.logs / "runner.out")
+        nodes = _node_exits(job.log_dir)
+        failed = next((status for status in nodes.values() if status), None)
+        if code is not None:
+            source = f"the runner's exit status {code}" + (" and the node logs" if nodes else "")
+        elif complaint is not None and len(nodes) >= sum(g.count for g in job.spec.cluster_or_default().nodes):
+            code, source = failed or 0, "every node's torchrun exit status"
+        else:
+            return None
+        if code == 0 and failed:
+            code = failed  # a node says it failed: not a completed run, whatever else says so
+        state = RUNNER_ENDS.get(code, State.FAILED)
+        written = job.log_dir / "state"
+        why = complaint or f"{written.relative_to(job.record.path)} was not written"
+        return Status(state, exit_code=f"{code}:0", note=f"its end could not be recorded ({why}); it was read from "
+                                                         f"{source}")
 
     def _alive(self, job: Job) -> bool:
         """Whether the job's run.sh still runs (its pid could have been reused by another program since)."""
@@ -163,6 +201,58 @@ class LocalBackend:
             except (OSError, ValueError, IndexError):
                 continue
         return members if ours else []
+
+
+RUNNER_EXIT = "runner.exit"
+"""logs/runner.exit: run.sh's exit status, written in place by its shell as it exits (blank until then)."""
+RUNNER_EXIT_BYTES = 32
+RUNNER_ENDS = {0: State.COMPLETED, 143: State.CANCELLED, 124: State.TIMEOUT}
+"""run.sh's exit status -> its end, as its finish() records them (any other status: FAILED)."""
+_WRITE_COMPLAINT = re.compile(r"Read-only file system|No space left on device|Disk quota exceeded|Permission denied|"
+                              r"Input/output error|write error")
+_NODE_EXIT = re.compile(r"^node (\S+): torchrun exited with status (\d{1,3})$")
+
+
+def _with_exit_status(exit_file: Path) -> str:
+    """`bash -c` code that runs the script named by $0 in this shell (so that its pid is the job id, as before), and
+    writes its exit status over the reserved blanks of `exit_file` when it exits."""
+    write = f"printf '%-{RUNNER_EXIT_BYTES - 1}s\\n' \"$?\" 2>/dev/null 1<>{shlex.quote(str(exit_file))}"
+    return f"trap {shlex.quote(write)} EXIT; . \"$0\""
+
+
+def _runner_exit(path: Path) -> int | None:
+    """The exit status run.sh's shell wrote into logs/runner.exit; None while blank, or when it cannot be read."""
+    try:
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() and len(text) <= 3 else None
+
+
+def _write_complaint(runner_out: Path) -> str | None:
+    """The runner's own line saying that it could not write something (its state file), as `runner.out:N: text`."""
+    try:
+        with open(runner_out, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 64_000))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    found = [(n, line.strip()) for n, line in enumerate(lines, 1) if _WRITE_COMPLAINT.search(line)]
+    n, line = next((hit for hit in found if "state" in hit[1]), found[0] if found else (None, None))
+    return f"runner.out:{n}: {line[:300]}" if line else None
+
+
+def _node_exits(log_dir: Path) -> dict[str, int]:
+    """{node: torchrun's exit status} from the last lines of each NODE.out that has one."""
+    exits = {}
+    for out in sorted(log_dir.glob("*.out")):
+        for line in reversed(tail_file(out, 5)):
+            found = _NODE_EXIT.match(line.strip())
+            if found:
+                exits[found.group(1)] = int(found.group(2))
+                break
+    return exits
 
 
 def _recorded_end(state_file: Path) -> Status | None:

@@ -51,6 +51,14 @@ def _slug(name: str) -> str:
 
 class RecordError(RuntimeError):
     """A run record could not be written or read (a read-only or full runs directory); the message names where."""
+    damaged = False
+    """True when the index is damaged (not an SQLite file, or a malformed one), rather than unwritable."""
+
+
+def unwritable(exc: BaseException) -> bool:
+    """Whether `exc` says the run records could not be written (a full disk, a read-only runs directory), which a
+    reader can do without: it then reads the records as they are and records nothing."""
+    return isinstance(exc, RecordError) and not exc.damaged
 
 
 @contextmanager
@@ -168,6 +176,14 @@ class RunRecord:
 
     def write_script(self, name: str, text: str) -> Path:
         return self._write_once(name, text, 0o755)
+
+    def reserve_log(self, name: str, size: int) -> Path:
+        """A new file under logs/ of `size` blank bytes, synced: a process later overwrites it in place, which needs no
+        new space (it still works on a disk that has filled up meanwhile)."""
+        path = self.logs / name
+        with _storing(self.path):
+            _write_synced(path, b" " * (size - 1) + b"\n", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        return path
 
     @contextmanager
     def new_log(self, name: str):
@@ -415,8 +431,10 @@ class RunIndex:
         except sqlite3.DatabaseError as exc:
             if not _damaged(exc):
                 raise
-            raise RecordError(f"the run index {self.path} is damaged ({exc}); `labkit runs --rebuild` rebuilds it "
-                              "from the run directories") from exc
+            error = RecordError(f"the run index {self.path} is damaged ({exc}); `labkit runs --rebuild` rebuilds it "
+                                "from the run directories")
+            error.damaged = True
+            raise error from exc
 
     def writable(self) -> bool:
         """Whether this process can write the runs directory and its index (not on a read-only one); a directory yet
@@ -457,19 +475,32 @@ class RunIndex:
     def exists(self) -> bool:
         return self.path.exists()
 
-    def rows(self) -> list[dict]:
-        """Every run's row, oldest first. In a read-only runs directory the index is only read, and without one the
-        rows are read from the run directories."""
+    def rows(self, read_only: bool = False) -> list[dict]:
+        """Every run's row, oldest first. In a read-only runs directory (or with `read_only`, for a reader that found it
+        cannot write: a full disk) the index is only read, and without one, or with a damaged one, the rows are read
+        from the run directories; a writable index that cannot be written is read the same way."""
         if not self.root.is_dir():
             return []
-        if not self.writable():
-            if not self.exists():
-                rows = [self.row_of(RunRecord(path, read_only=True)) for path in self.run_dirs()]
-                return sorted(rows, key=lambda row: (row["created"] or "", row["run_id"]))
-            found = self._read_only_rows()
-        else:
+        if read_only or not self.writable():
+            return self._rows_as_they_are()
+        try:
             found = self._execute(f"SELECT {', '.join(self.COLUMNS)} FROM runs ORDER BY created, run_id")
+        except RecordError as exc:
+            if exc.damaged:
+                raise
+            return self._rows_as_they_are()  # e.g. a full disk that leaves no room to make the index
         return [dict(zip(self.COLUMNS, row)) for row in found]
+
+    def _rows_as_they_are(self) -> list[dict]:
+        """The rows without writing anything: the index opened read-only, or the run directories' own files."""
+        if self.exists():
+            try:
+                return [dict(zip(self.COLUMNS, row)) for row in self._read_only_rows()]
+            except RecordError as exc:
+                if not exc.damaged:
+                    raise
+        rows = [self.row_of(RunRecord(path, read_only=True)) for path in self.run_dirs()]
+        return sorted(rows, key=lambda row: (row["created"] or "", row["run_id"]))
 
     def run_dirs(self) -> list[Path]:
         """The run directories under the root (those holding a spec; not the hidden drafts of runs being made)."""

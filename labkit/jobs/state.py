@@ -59,6 +59,9 @@ class Status:
     """How many times the scheduler has requeued the job (Slurm's RestartCnt): the current attempt's number."""
     ended_attempts: list[Attempt] = field(default_factory=list)
     """How the earlier attempts ended, oldest first, as far as the scheduler has recorded them."""
+    note: str | None = None
+    """What the recorded cause must say even when the job completed: its end was read from other evidence (the
+    runner's exit status and the node logs) because the end could not be written where it is kept, and why."""
 
 
 @dataclass
