@@ -118,3 +118,21 @@ def test_numbers_beyond_any_count_are_not_read_as_one(log):
 def test_an_iteration_at_the_largest_count_is_still_read():
     parsed = parse_text(INTERVAL % b"100000000000000000")  # 18 digits (a float64 holds 10**17 exactly)
     assert parsed.iterations["iteration"].tolist() == [10**17]
+
+
+@pytest.mark.parametrize("line", [
+    INTERVAL % b"9223372036854775808",  # 2**63: beyond int64
+    INTERVAL % b"4611686018427387904", INTERVAL % (b"9" * 500),
+    b" iteration        1/" + b"9" * 30 + b" | elapsed time per iteration (ms): 100.0 | lm loss: 1.0E+01 |\n",
+    b"\niteration " + b"9" * 25 + b" : 1.5 s\n",  # FASOP's summary
+    b"validation loss at iteration " + b"9" * 40 + b" | lm loss value: 2.0E+00 |\n",
+    b"[Rank 0] (after " + b"9" * 40 + b" iterations) memory (MB) | allocated: 1 | max allocated: 2 |\n",
+])
+def test_an_iteration_beyond_int64_is_reported_not_dropped(line):
+    log = INTERVAL % b"5" + line + INTERVAL % b"10"
+    parsed = parse_text(log)
+    assert parsed.iterations["iteration"].tolist() == [5, 10]  # the damaged line is no row, and no other is lost
+    assert parsed.validation.empty and parsed.memory.empty
+    (reported,) = parsed.partial_lines["line"].tolist()
+    assert reported == (3 if line.startswith(b"\n") else 2), parsed.partial_lines  # its own line, named
+    assert parsed.summary()["partial_lines"] == 1

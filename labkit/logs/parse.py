@@ -17,7 +17,8 @@ Conventions. Iteration numbers are kept as printed, NeMo's 0-based `iteration 28
 beside it). Times are milliseconds. One row per iteration even when several ranks print it: rows of one iteration are merged, the first
 value printed wins; when a stream prints an iteration again after a higher one (a restart from a checkpoint) the later
 print wins. A line cut off mid-record (a truncated file, a line broken by another rank's output) is ignored and
-reported in `partial_lines`. Bytes that are not UTF-8 are replaced, never fatal.
+reported in `partial_lines`, and so is a line whose iteration number is longer than any count (over 18 digits, beyond
+what the int64 columns hold): damage is never read as a row, nor dropped unseen. Bytes that are not UTF-8 are replaced, never fatal.
 
 The scan works on bytes with one C-level regex pass per record kind, so Python code runs only for lines that carry
 data; that is what keeps large multi-rank logs fast (see benchmarks/bench_log_parse.py). On a large log the
@@ -34,6 +35,7 @@ import itertools
 import multiprocessing
 import os
 import re
+import signal
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,8 +50,11 @@ from labkit.megatron import sizes
 # Record patterns. Each starts with a literal so the regex engine can skip ahead quickly. A count is at most 18 digits
 # (\d{1,18}(?!\d)): below 2**62, which the int64 columns hold; a longer number is damage, not an iteration or a size.
 
-_ITERATION = re.compile(rb"iteration[ =]+(\d{1,18}(?!\d)) */ *(\d{1,18}(?!\d)) *\|")
-_GET_RESULT_TIME = re.compile(rb"\niteration (\d{1,18}(?!\d)) : ([\d.]+) s(?=\n)")  # FASOP's get_result.sh summary
+# An iteration number is read whatever its length, and one longer than a count (a damaged line) is reported among the
+# partial lines instead of becoming a row: never dropped unseen.
+_ITERATION = re.compile(rb"iteration[ =]+(\d+) */ *(\d+) *\|")
+_GET_RESULT_TIME = re.compile(rb"\niteration (\d+) : ([\d.]+) s(?=\n)")  # FASOP's get_result.sh summary
+_MAX_COUNT_DIGITS = 18
 _MEMORY = re.compile(rb"memory \(MB\) *\|([^\n]*)")
 _TIMER_LINE = re.compile(rb"time \(ms\) *\|([^\n]*)")
 _TIMER_BLOCK = re.compile(rb"across ranks \(ms\):")
@@ -64,7 +69,7 @@ _TOPOLOGY = re.compile(rb"Using topology: \{[^\n]*")
 _PARAMS_DTYPE = re.compile(rb"using (torch\.\w+) for parameters")
 _PADDED_VOCAB = re.compile(rb"padded vocab \(size: (\d{1,18}(?!\d))\) with (\d{1,18}(?!\d)) dummy tokens "
                            rb"\(new size: (\d{1,18}(?!\d))\)")
-_VALIDATION = re.compile(rb"validation loss at (?:iteration +(\d{1,18}(?!\d))(?: on (\w+) set)?"
+_VALIDATION = re.compile(rb"validation loss at (?:iteration +(\d+)(?: on (\w+) set)?"
                          rb"|the end of training for (\w+) data)"
                          rb" *\|([^\n]*)")
 _TAIL_HEADER = re.compile(rb"^==> ([^\n]*) <==[ \t]*$", re.M)  # tail prints each header on a line of its own
@@ -86,7 +91,7 @@ _PREFIX_TOKEN = re.compile(r"\s*(?:\[([^\]]*)\]:?|([^\s:\[\]]+):(?=\s|\[|$)|(\S+
 _BRACKET_RANK = re.compile(r"(?:Rank |rank)(\d{1,18}(?!\d))$")
 _BRACKET_ROLE = re.compile(r"([A-Za-z_]+)(\d{1,18}(?!\d))$")
 _HOST = re.compile(r"[A-Za-z0-9][\w.-]*$")
-_AFTER_ITERS = re.compile(rb"after (\d{1,18}(?!\d)) iterations")
+_AFTER_ITERS = re.compile(rb"after (\d+) iterations")
 _ARG_ENTRY = re.compile(rb"\s*([A-Za-z_][A-Za-z0-9_]*) \.* ?(.*?)\s*$")
 _ARG_ENTRY_INDENTED = re.compile(rb"\s+([A-Za-z_][A-Za-z0-9_]*) \.* ?(.*?)\s*$")
 _TIMER_MAX = re.compile(rb"\s+(\S.*?) \.*: ([-+.\deEnaif]+)\s*$")
@@ -585,7 +590,7 @@ def _scan(data: bytes, source: str, node: str | None, first_line: int = 1, last_
         "iterations": iterations,
         "memory": _memory(s, iteration_pos, partial),
         "timers": _timers(s, iteration_pos),
-        "validation": _validation(s),
+        "validation": _validation(s, partial),
         "events": _events(s, event_hits()),
     }
     partial.extend(s.partial)
@@ -625,6 +630,12 @@ def _iterations(s: _Scan):
                 partial.append((s.line_no(start), s.line_text(start)))
                 cut_line = start
             continue
+        if _beyond_a_count(current.group(1), current.group(2)):
+            # An iteration number no int64 column holds is damage: the line is reported, not read.
+            if start != cut_line:
+                partial.append((s.line_no(start), s.line_text(start)))
+                cut_line = start
+            continue
         it, n = int(current.group(1)), int(current.group(2))
         if nemo is not None:
             # NeMo counts from 0 (`iteration 28/99`); the numbers are kept as printed, with the epoch beside them.
@@ -655,6 +666,9 @@ def _iterations(s: _Scan):
         positions.append((start, it))
         cols.n += 1
     for m in _GET_RESULT_TIME.finditer(buf):
+        if _beyond_a_count(m.group(1)):
+            partial.append((s.line_no(m.start() + 1), s.line_text(m.start() + 1)))
+            continue
         cols.add_raw("elapsed_ms", m.group(2), 1000.0)
         iteration.append(int(m.group(1)))
         train_iters.append(None)
@@ -672,6 +686,11 @@ def _iterations(s: _Scan):
                     source=[s.source] * cols.n, node=nodes, task=tasks, rank=ranks, local_rank=local_ranks,
                     line=s.line_nos(lines))
     return cols.frame(ITERATION_COLUMNS), positions, partial
+
+
+def _beyond_a_count(*numbers: bytes) -> bool:
+    """Whether a number printed as an iteration is longer than any count (what the int64 columns hold)."""
+    return any(len(n) > _MAX_COUNT_DIGITS for n in numbers)
 
 
 def _odd_fields(s: _Scan, cols: _Columns, rest: bytes) -> None:
@@ -734,8 +753,11 @@ def _memory(s: _Scan, iteration_pos, partial: list) -> pd.DataFrame:
             continue
         parts = rest.replace(b":", b"|").split(b"|")
         keys, values = tuple(parts[0::2]), parts[1::2]
-        if rest.count(b":") != rest.count(b"|") + 1 or not all(v.strip() for v in values):
-            # A field without its value: the line was cut off.
+        after = _AFTER_ITERS.search(head)
+        if rest.count(b":") != rest.count(b"|") + 1 or not all(v.strip() for v in values) \
+                or (after and _beyond_a_count(after.group(1))):
+            # A field without its value: the line was cut off; or an iteration no count reaches (damage, and not the
+            # last iteration's either).
             partial.append((s.line_no(start), s.line_text(start)))
             continue
         cols.add_fields(keys, values, _memory_field)
@@ -746,7 +768,6 @@ def _memory(s: _Scan, iteration_pos, partial: list) -> pd.DataFrame:
                 cols.add_raw(_snake(keys[j]) + "_mb", values[j])
             else:
                 notes.setdefault(_snake(keys[j]), {})[cols.n] = _text(values[j]).strip()
-        after = _AFTER_ITERS.search(head)
         its.append(int(after.group(1)) if after else _last_iteration(iteration_pos, start))
         # The launcher prefix and `[Rank N]` come before "(after N iterations)", which changes every report.
         cut = head.find(b"after ")
@@ -942,11 +963,14 @@ def _block_lines(s: _Scan, pos: int, prefix: bytes, max_foreign: int = 64):
         pos = end + 1
 
 
-def _validation(s: _Scan) -> pd.DataFrame:
+def _validation(s: _Scan, partial: list) -> pd.DataFrame:
     cols = _Columns()
     its, splits, lines = [], [], []
     for m in _VALIDATION.finditer(s.buf):
-        if len(m.group(4)) > _MAX_RECORD:
+        if len(m.group(4)) > _MAX_RECORD or (m.group(1) and _beyond_a_count(m.group(1))):
+            # Too long to be a record, or at an iteration no count reaches: reported, not read.
+            start = s.line_start(m.start())
+            partial.append((s.line_no(start), s.line_text(start)))
             continue
         for f in m.group(4).split(b"|"):
             key, sep, value = f.partition(b":")
@@ -1014,6 +1038,9 @@ def _can_fork_a_scanner() -> bool:
 
 
 def _send_event_hits(buf: bytes, send) -> None:
+    # Ctrl-C reaches the whole process group: the parent stops the parse (the command line reports it in one line)
+    # and this daemon child goes with it, without a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     send.send(_event_hits(buf))
     send.close()
 
