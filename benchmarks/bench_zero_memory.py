@@ -10,13 +10,14 @@ Megatron-LM, runs its reduce-scatters and all-gathers on CUDA streams). One opti
 then each rank sums the storage it holds: parameters (FSDP2: the local shards), gradients (DDP's buffers, or FSDP2's
 sharded gradients) and the optimizer's main parameters, their gradients and Adam's moments, each storage once.
 
-The estimate is labkit.estimate.memory.model_state_bytes for the same model in fp32 on the data-parallel rank that
-holds the most: exact for stages 0 and 1 (megatron-core's padded buffers); for stages 2 and 3 its sharded terms
-(Megatron-FSDP's ceil(elements / ranks)), without the working buffers it adds for the layer being computed, which
-are not held between steps. FSDP2 pads each parameter's first dimension to a multiple of the ranks (a few elements
-per parameter), and keeps stage 2's parameters sharded between steps, gathering them for the forward and keeping them
-to the backward: ZeRO-2's memory only at the peak, which the estimate's weights (Megatron-FSDP's, never sharded at
-stage 2) count all the time.
+The estimate is labkit.estimate.memory.model_state_bytes for the same model on labkit's driver (what the spec's
+entrypoint runs: FSDP2 at stages 2 and 3, `torch_fsdp2_model_state_bytes`) on the data-parallel rank that holds the
+most, without the working buffers it adds for the layers being computed, which are not held between steps: exact for
+stages 0 and 1 (megatron-core's padded buffers) and for FSDP2's shards (each parameter's rows split over the ranks,
+padded to ceil(rows / ranks)). FSDP2 keeps stage 2's parameters sharded between steps too, gathering them for the
+forward and keeping them to the backward: ZeRO-2's unsharded parameters exist only at the peak.
+`--precision bf16` runs the 16-bit model with Megatron's fp32 main copies instead of fp32; there FSDP2's 16-bit
+gradient shards live from the backward to the step only (the estimate counts them, as they are part of the peak).
 """
 from __future__ import annotations
 
@@ -39,23 +40,34 @@ MODEL = {"num_layers": 2, "hidden_size": 72, "num_attention_heads": 4, "seq_leng
 STAGES = (0, 1, 2, 3)
 
 
+PRECISION = "fp32"
+
+
 def spec(stage: int, data: int):
-    return load_spec({"model": MODEL, "precision": "fp32", "parallel": {"data": data},
+    return load_spec({"model": MODEL, "precision": PRECISION, "parallel": {"data": data},
                       "batch": {"micro": 1, "global": data}, "optimizer": {"zero_stage": stage}})
 
 
 def estimate(stage: int, data: int) -> tuple[int, int, int]:
     """The estimate's bytes held between steps: weights, gradients and optimizer state, working buffers left out."""
     s = spec(stage, data)
-    state = model_state_bytes(Shape.of(s.model), [s.model.num_layers], data_parallel=data, precision="fp32",
+    state = model_state_bytes(Shape.of(s.model), [s.model.num_layers], data_parallel=data, precision=PRECISION,
                               distributed_optimizer=s.optimizer.distributed, zero_stage=stage)
-    return (state.weights - state.weights_working, state.gradients - state.gradients_working, state.optimizer)
+    gradients = state.gradients - state.gradients_working
+    if stage >= 2 and PRECISION != "fp32":
+        # Megatron's 16-bit optimizer frees FSDP2's 16-bit gradient shards once it has copied them to fp32
+        # (Float16OptimizerWithFloat16Params._copy_model_grads_to_main_grads): held from the backward to the step only
+        gradients = 0
+    return (state.weights - state.weights_working, gradients, state.optimizer)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=int, nargs="+", default=[2, 4], help="data-parallel sizes (gloo processes)")
-    sizes = parser.parse_args().data
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    options = parser.parse_args()
+    global PRECISION
+    sizes, PRECISION = options.data, options.precision
     print(f"{'dp':>2} {'stage':>5} {'runs as':<28} {'measured weights/grads/optimizer (bytes, fullest rank)':>56} "
           f"{'estimate':>30} {'total diff':>10}")
     for world in sizes:
@@ -65,8 +77,6 @@ def main() -> None:
             runs = ("megatron-core DDP", "distributed optimizer", "torch FSDP2, no reshard", "torch FSDP2")[stage]
             print(f"{world:>2} {stage:>5} {runs:<28} {'/'.join(f'{x:,}' for x in fullest):>56} "
                   f"{'/'.join(f'{x:,}' for x in est):>30} {sum(fullest) - sum(est):>+10,}")
-    print("stage 2: FSDP2 keeps the parameters sharded between steps and gathers them from forward to backward; the "
-          "estimate counts Megatron-FSDP's optim_grads, whose 16-bit parameters are never sharded")
 
 
 if __name__ == "__main__":

@@ -166,10 +166,10 @@ def test_the_driver_refuses_megatron_fsdp_naming_the_stage():
 P = 6_738_415_616
 
 
-def llama2_7b_state(stage: int, overlap_grad_reduce: bool = False):
+def llama2_7b_state(stage: int, overlap_grad_reduce: bool = False, entrypoint: str = "megatron-lm"):
     shape = Shape.of(with_optimizer().model)
     return model_state_bytes(shape, [32], data_parallel=8, precision="bf16", zero_stage=stage,
-                             overlap_grad_reduce=overlap_grad_reduce)
+                             overlap_grad_reduce=overlap_grad_reduce, entrypoint=entrypoint)
 
 
 def test_llama2_7b_model_state_per_rank_falls_stage_by_stage_as_the_definitions_say():
@@ -181,6 +181,28 @@ def test_llama2_7b_model_state_per_rank_falls_stage_by_stage_as_the_definitions_
     assert sharded == [(2 * P, 4 * P, 12 * P), (2 * P, 4 * P, 12 * P // 8), (2 * P, 4 * P // 8, 12 * P // 8),
                        (2 * P // 8, 4 * P // 8, 12 * P // 8)]
     assert [round(sum(s) / 1e9, 2) for s in sharded] == [121.29, 50.54, 26.95, 15.16]
+
+
+def test_labkits_driver_holds_fsdp2s_shards_and_only_the_layers_it_gathers():
+    """FSDP2 on labkit's driver: 16-bit weight and gradient shards and Megatron's fp32 main copies, their fp32
+    gradients and Adam's moments, all over 8 ranks (Llama-2-7B's rows divide by 8: no padding): 20P/8 at stages 2 and
+    3 alike. Unsharded only what computes: at stage 3 two layers (the one computing, the one prefetched) and the root
+    unit's final norm and output layer; at stage 2 every unit, gathered from its forward to its backward. No
+    billion-element gradient unit: that is Megatron-FSDP's."""
+    shape = Shape.of(with_optimizer().model)
+    layer = sum(n for n, _ in chunk_parameters(shape, 1, pre_process=False, post_process=False))
+    root = 4096 + 32000 * 4096
+    for stage in (2, 3):
+        s = llama2_7b_state(stage, entrypoint="labkit")
+        assert (s.weights - s.weights_working, s.gradients - s.gradients_working, s.optimizer) == \
+            (2 * P // 8, 2 * P // 8, 16 * P // 8)
+        assert s.gradients_working == (2 * layer + root) * 2
+    assert llama2_7b_state(3, entrypoint="labkit").weights_working == (2 * layer + root) * 2
+    assert llama2_7b_state(2, entrypoint="labkit").weights_working == P * 2
+    def held(state):
+        return state.weights + state.gradients + state.optimizer
+
+    assert held(llama2_7b_state(3)) - held(llama2_7b_state(3, entrypoint="labkit")) > 3e9  # 19.0 GB against 22.6
 
 
 def test_megatron_fsdp_working_buffers_follow_its_communication_unit():
@@ -232,7 +254,8 @@ def test_megatron_bridge_llama3_8b_fsdp_rows_fit_their_h100s():
 
 
 def test_the_planner_shards_further_where_memory_needs_it_and_says_what_it_bought():
-    base = load_spec({**LLAMA2_7B_ON_8_A100, "parallel": {}, "recompute": None})
+    base = load_spec({**LLAMA2_7B_ON_8_A100, "parallel": {}, "recompute": None,
+                      "job": {"entrypoint": "megatron-lm", "megatron_lm": "/opt/m"}})
     fixed = Constraints(tensor=1, pipeline=1, context=1, micro_batch=2, recompute=None)
     best = search(base, constraints=fixed, top=1).best
     assert (best.dp, best.zero_stage, best.oom) == (8, 3, False)  # stage 1 holds 84 GB at micro-batch 2
@@ -273,3 +296,14 @@ def test_the_driver_refusal_names_the_one_setting_that_stops_fsdp2():
     errors = [e for e in submission_errors(spec, "multinode") if "FSDP2" in e]
     assert len(errors) == 1 and errors[0].startswith("model.untie_embeddings: ")
     assert "untied embeddings" in errors[0] and "fp16" not in errors[0] and "Megatron-LM's pretrain_gpt.py" in errors[0]
+
+
+def test_the_estimate_says_which_fsdp_it_assumed_and_that_stage_3_gathers_every_micro_batch():
+    on_driver = estimate(with_optimizer(zero_stage=3))
+    assert "ZeRO stage 3 as PyTorch FSDP2 (labkit's)" in on_driver.assumptions
+    assert any(line.startswith("the parameters are all-gathered 2 time(s) in each of the 8 micro-batches")
+               for line in on_driver.assumptions)
+    megatron_lm = estimate(load_spec({**LLAMA2_7B_ON_8_A100, "optimizer": {"zero_stage": 3},
+                                      "job": {"entrypoint": "megatron-lm", "megatron_lm": "/opt/m"}}))
+    assert "ZeRO stage 3 as Megatron-FSDP (Megatron-LM's)" in megatron_lm.assumptions
+    assert on_driver.memory_gb_per_stage[0] < megatron_lm.memory_gb_per_stage[0] - 3  # no billion-element unit

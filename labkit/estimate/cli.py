@@ -83,4 +83,5 @@ def render(spec, est) -> str:
                      f"{mem:8.2f} ({limit:g}){flag}  {est.stage_sources[i]}")
     verdict = "fits" if est.fits_in_memory else "does NOT fit"
     lines.append(f"  memory: {verdict} (itemised memory within {100 * (1 - MEMORY_MARGIN):.0f}% of each GPU's)")
+    lines += ["  assumed"] + [f"    {line}" for line in est.assumptions]
     return "\n".join(lines)

@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 from labkit import catalog
 from labkit.estimate import flops as F
 from labkit.estimate.calibration import Calibration, resolve
-from labkit.estimate.memory import GIB, expert_data_parallel, memory_per_stage, moe_pattern
+from labkit.estimate.memory import GIB, MOE_TOKEN_IMBALANCE, expert_data_parallel, memory_per_stage, moe_pattern
 from labkit.estimate.params import active_params, mlp_params, params_with_padding, stage_params, total_params
 from labkit.estimate.profiles import Profile, find_profile
 from labkit.estimate.timing import (ACTIVATION_BYTES, GRAD_REDUCE_BYTES, Pipeline, allreduce_time, combined,
                                     data_parallel_time, optimizer_step_time, p2p_time, stage_time)
 from labkit.estimate.topology import Topology
 from labkit.megatron import sharding
-from labkit.megatron.flops import megatron_logged_flops, model_flops
+from labkit.megatron.flops import SELECTIVE_DEFAULT, megatron_logged_flops, model_flops
 from labkit.megatron.shape import Shape
 from labkit.spec import load_spec
 
@@ -57,6 +57,7 @@ class Estimate:
     flash_attention: bool = False       # the attention kernel keeps no s x s scores (kernels.attention_backend)
     exposed_comm_s: dict[str, float] = field(default_factory=dict)  # per kind, what computation does not hide
     hidden_comm_s: dict[str, float] = field(default_factory=dict)   # per kind, what overlap hides behind computation
+    assumptions: list[str] = field(default_factory=list)  # what the estimate took for granted, in words
 
     def to_dict(self) -> dict:
         out = {
@@ -86,6 +87,7 @@ class Estimate:
             "params_per_stage": self.params_per_stage,
             "num_gpus": self.num_gpus,
             "tokens_per_iteration": self.tokens_per_iteration,
+            "assumptions": list(self.assumptions),
         }
         if self.tokens is not None:
             out["tokens"] = self.tokens
@@ -230,14 +232,18 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     edp = expert_data_parallel(t, c, d, ep, etp) if shape.moe else 1
     # --grad-reduce-in-bf16 reduces bf16 gradients, where Megatron-LM's bf16 default reduces fp32 ones
     grad_bytes = grad_reduce_bytes or (2 if spec.optimizer.grad_reduce_in_bf16 else GRAD_REDUCE_BYTES.get(precision, 4))
-    zero_stage = sharding.of_spec(spec).stage
+    shard = sharding.of_spec(spec)
+    zero_stage = shard.stage
+    fsdp2 = shard.implementation == sharding.TORCH_FSDP2
+    if fsdp2:  # FSDP2 reduce-scatters in the parameters' dtype
+        grad_bytes = 4 if precision == "fp32" else 2
     dp_exposed, dp_total = [], []
     for i, params in enumerate(per_stage_params):
         # megatron-core reduces gradients over data x context ranks (its intra data-and-context-parallel group)
         experts = experts_by_stage[i]
         dp_options = dict(zero_stage=zero_stage, grad_bytes=grad_bytes, param_bytes=4 if precision == "fp32" else 2,
                           micro_batches=m, layers=partition[i], overlap_grad_reduce=overlap_dp,
-                          overlap_param_gather=spec.kernels.overlap_param_gather)
+                          overlap_param_gather=spec.kernels.overlap_param_gather, torch_fsdp2=fsdp2)
         exposed_s, total_s = data_parallel_time(
             params - experts if experts else params, d * c, topo.dp_gbps(i), latency,
             forward_s=stages[i].forward_s, backward_s=stages[i].backward_s, **dp_options)
@@ -311,9 +317,26 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                            zero_stage=zero_stage, zero_backend=spec.optimizer.zero_backend,
                            flash_attention=flash, context=c, chunks=chunks,
                            grad_reduce_in_bf16=spec.optimizer.grad_reduce_in_bf16, overlap_grad_reduce=overlap_dp,
-                           expert=ep, expert_tensor=etp, recompute_modules=recompute_modules)
+                           expert=ep, expert_tensor=etp, recompute_modules=recompute_modules,
+                           entrypoint=spec.job.entrypoint)
     limits = [catalog.gpu(g).memory_limit_gb for g in gpus]
     fits = all(s.total <= (1 - MEMORY_MARGIN) * lim for s, lim in zip(mem, limits))
+
+    assumptions = [f"software stack {stack.name}" + (" (kernels.stack)" if spec.kernels.stack else
+                                                     " (the default; set kernels.stack for another)")]
+    if zero_stage:
+        assumptions.append(f"ZeRO stage {zero_stage} as {sharding.DESCRIPTIONS[shard.implementation]}"
+                           f" ({'labkit' if spec.job.entrypoint != sharding.MEGATRON_LM else 'Megatron-LM'}'s)")
+    gathers = 2 if zero_stage == 3 else 1 if (zero_stage == 2 and fsdp2) else 0
+    if gathers and m > 1:
+        assumptions.append(f"the parameters are all-gathered {gathers} time(s) in each of the {m} micro-batches: "
+                           f"{sum(dp_total) / p:.3g} s of data-parallel transfers per step, "
+                           f"{dp_comm:.3g} s exposed (fewer, larger micro-batches gather less)")
+    if spec.recompute is not None and spec.recompute.granularity == "selective":
+        assumptions.append("selective recompute of " + ", ".join(recompute_modules or SELECTIVE_DEFAULT))
+    if shape.moe:
+        assumptions.append(f"tokens spread over the experts {MOE_TOKEN_IMBALANCE:g} x evenly "
+                           "(labkit.estimate.memory.MOE_TOKEN_IMBALANCE), none dropped")
 
     tokens_per_iteration = b.global_ * shape.seq_length
     days = tokens / tokens_per_iteration * iteration / F.SECONDS_PER_DAY if tokens is not None else None
@@ -346,6 +369,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         flash_attention=flash,
         exposed_comm_s=exposed,
         hidden_comm_s=hidden,
+        assumptions=assumptions,
     )
 
 

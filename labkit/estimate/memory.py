@@ -12,8 +12,9 @@ objects).
 ZeRO (Rajbhandari et al., arXiv 1910.02054) counts mixed-precision Adam as 2 + 2 + 12 = 16: stage 1 -> 4 + 12/d,
 stage 2 -> 2 + 14/d, stage 3 -> 16/d, which is what DeepSpeed's engine holds. SGD keeps one momentum instead of
 Adam's two moments (4 bytes fewer). Megatron's own stages keep Megatron's dtypes: stage 1 is the distributed
-optimizer above (bf16: 6 + 12/d), stages 2 and 3 are Megatron-FSDP (bf16: 2 + 16/d, then 18/d), plus the unsharded
-buffers Megatron-FSDP works in while a layer computes (`fsdp_model_state_bytes`).
+optimizer above (bf16: 6 + 12/d); stages 2 and 3 are Megatron-FSDP on Megatron-LM (bf16: 2 + 16/d, then 18/d, plus the
+unsharded buffers it works in while a layer computes: `fsdp_model_state_bytes`) and PyTorch FSDP2 on labkit's driver
+(bf16: 20/d at both stages between steps, its gathered layers beside: `torch_fsdp2_model_state_bytes`).
 
 Activations per transformer layer per micro-batch, 16-bit (Korthikanti et al., arXiv 2205.05198, Table 2):
     no recompute         s b h (10 + 24/t + 5 a s/(h t))      (t = 1 gives 34 + 5as/h)
@@ -166,10 +167,10 @@ class ModelState:
     """Of `gradients`, Megatron-FSDP's temporary unsharded gradient buckets (ZeRO-2 and 3) awaiting reduce-scatter."""
 
 
-def _layer_parameters(shape: Shape, layer: int, tensor: int, expert: int, expert_tensor: int) -> tuple[list[int],
-                                                                                                     list[int]]:
+def _layer_parameters(shape: Shape, layer: int, tensor: int, expert: int, expert_tensor: int) -> tuple[
+        list[tuple[int, int]], list[tuple[int, int]]]:
     """(the parameters of transformer layer `layer` that DDP keeps in its dense buffer, those it keeps in its expert
-    buffer), each in registration order, elements on one rank.
+    buffer), each in registration order, as (elements on one rank, rows: the first dimension, which FSDP2 shards).
 
     Attention (megatron-core's SelfAttention): input norm, output projection (row-parallel), QKV (heads x head_dim
     queries, 2 x groups x head_dim keys and values, column-parallel), Qwen3's per-head query and key norms. The MLP
@@ -183,20 +184,20 @@ def _layer_parameters(shape: Shape, layer: int, tensor: int, expert: int, expert
     gives such parameters a buffer of their own over the expert-data-parallel group (distributed_data_parallel.py,
     `expert_parallel_params`)."""
     h, t, d = shape.hidden, tensor, shape.head_dim
-    norm = [h] if shape.norm == "RMSNorm" else [h, h]
-    head_norm = [d] if shape.norm == "RMSNorm" else [d, d]
-    bias = (lambda n: [n]) if shape.bias else (lambda n: [])
+    norm = [(h, h)] if shape.norm == "RMSNorm" else [(h, h), (h, h)]
+    head_norm = [(d, d)] if shape.norm == "RMSNorm" else [(d, d), (d, d)]
+    bias = (lambda n: [(n, n)]) if shape.bias else (lambda n: [])
     qkv = d * (shape.heads + 2 * shape.groups) // t
-    attention = [*norm, shape.heads * d * h // t, *bias(h), qkv * h, *bias(qkv)]
+    attention = [*norm, (shape.heads * d * h // t, h), *bias(h), (qkv * h, qkv), *bias(qkv)]
     if shape.qk_layernorm:
         attention += head_norm * 2
 
-    def fc1(width: int, split: int) -> list[int]:  # column-parallel: 2 x width under SwiGLU
+    def fc1(width: int, split: int) -> list[tuple[int, int]]:  # column-parallel: 2 x width under SwiGLU
         width_in = (2 if shape.swiglu else 1) * width // split
-        return [width_in * h, *bias(width_in)]
+        return [(width_in * h, width_in), *bias(width_in)]
 
-    def fc2(width: int, split: int) -> list[int]:  # row-parallel, its bias whole
-        return [h * width // split, *bias(h)]
+    def fc2(width: int, split: int) -> list[tuple[int, int]]:  # row-parallel, its bias whole
+        return [(h * width // split, h), *bias(h)]
 
     def mlp(width: int, split: int) -> list[int]:
         return fc1(width, split) + fc2(width, split)
@@ -205,7 +206,7 @@ def _layer_parameters(shape: Shape, layer: int, tensor: int, expert: int, expert
         return attention + norm + mlp(shape.ffn_size, t), []
     local = shape.experts // expert
     experts = fc1(shape.expert_ffn_size, expert_tensor) * local + fc2(shape.expert_ffn_size, expert_tensor) * local
-    dense = attention + norm + [shape.experts * h]
+    dense = attention + norm + [(shape.experts * h, shape.experts)]
     shared = mlp(shape.shared_ffn, t) if shape.shared_ffn else []
     if expert > 1:
         return dense + shared, experts
@@ -235,10 +236,10 @@ def chunk_parameters(shape: Shape, layers: int, tensor: int = 1, pre_process: bo
         if shape.positions == "learned_absolute":
             sizes_.append((shape.seq_length * h, False))
     if not shape.moe:  # every layer alike
-        sizes_ += [(n, False) for n in _layer_parameters(shape, 0, t, 1, etp)[0]] * layers
+        sizes_ += [(n, False) for n, _ in _layer_parameters(shape, 0, t, 1, etp)[0]] * layers
     else:
         for layer in range(first_layer, first_layer + layers):
-            sizes_ += [(n, False) for n in _layer_parameters(shape, layer, t, expert, etp)[0]]
+            sizes_ += [(n, False) for n, _ in _layer_parameters(shape, layer, t, expert, etp)[0]]
     if post_process:
         sizes_ += [(n, False) for n in ([h] if shape.norm == "RMSNorm" else [h, h])]
         if not shape.tied or not pre_process:
@@ -254,7 +255,7 @@ def chunk_expert_parameters(shape: Shape, layers: int, *, first_layer: int = 0, 
         return []
     out = []
     for layer in range(first_layer, first_layer + layers):
-        out += [(n, False) for n in _layer_parameters(shape, layer, 1, expert, expert_tensor)[1]]
+        out += [(n, False) for n, _ in _layer_parameters(shape, layer, 1, expert, expert_tensor)[1]]
     return out
 
 
@@ -387,12 +388,14 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
                       distributed_optimizer: bool = False, grad_reduce_in_bf16: bool = False, optimizer: str = "adam",
                       overlap_grad_reduce: bool = False, rank: int | None = None, zero_stage: int = 0,
                       expert: int = 1, expert_tensor: int | None = None,
-                      first_layers: list[int] | None = None) -> ModelState:
+                      first_layers: list[int] | None = None, entrypoint: str = "labkit") -> ModelState:
     """Weights, gradients and optimizer state in bytes on one GPU of pipeline stage `stage`, exactly as megatron-core
     0.16.1 allocates them (see the notes above). `chunks`: the transformer layers of each of the stage's model chunks
     (one without interleaving). `rank`: the GPU's rank in the data x context group; None: the one that updates the
     most elements (slices differ by a few alignment gaps). `zero_stage` 1 is the distributed optimizer; 2 and 3 are
-    Megatron-FSDP (`fsdp_model_state_bytes`).
+    what `entrypoint` runs them as (labkit.megatron.sharding): PyTorch FSDP2 on labkit's driver
+    (`torch_fsdp2_model_state_bytes`), Megatron-FSDP on Megatron-LM, job.entrypoint megatron-lm
+    (`fsdp_model_state_bytes`).
 
     Mixture of experts: each MoE layer's experts split over `expert` ranks (num_experts / expert each), each expert
     over `expert_tensor` ranks (None: the tensor size, Megatron-LM's default). With expert parallelism DDP keeps the
@@ -410,6 +413,12 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
     param_bytes, grad_bytes, per_element = _state_dtypes(precision, grad_reduce_in_bf16, optimizer)
     if first_layers is None:
         first_layers = [(k * pipeline + stage) * layers for k, layers in enumerate(chunks)]
+    if zero_stage in (2, 3) and sharding.choose(zero_stage, entrypoint=entrypoint).implementation == \
+            sharding.TORCH_FSDP2:
+        return torch_fsdp2_model_state_bytes(shape, chunks, zero_stage, stage=stage, pipeline=pipeline, tensor=tensor,
+                                             data_parallel=data_parallel, context=context, precision=precision,
+                                             optimizer=optimizer, expert=expert, expert_tensor=expert_tensor,
+                                             first_layers=first_layers)
     if zero_stage in (2, 3):
         return fsdp_model_state_bytes(shape, chunks, zero_stage, stage=stage, pipeline=pipeline, tensor=tensor,
                                       data_parallel=data_parallel, context=context, precision=precision,
@@ -509,6 +518,63 @@ def fsdp_model_state_bytes(shape: Shape, chunks: list[int], zero_stage: int, *, 
         optimizer_state += shard * per_element
     return ModelState(weights=int(weights + gathered), gradients=int(gradients + unsharded),
                       optimizer=int(optimizer_state), weights_working=int(gathered), gradients_working=int(unsharded))
+
+
+# --- PyTorch FSDP2 through megatron-core (labkit's driver at ZeRO stages 2 and 3) -------------------------------------
+# megatron-core 0.16.1's TorchFullyShardedDataParallel (megatron/core/distributed/torch_fully_sharded_data_parallel.py)
+# calls torch's fully_shard on every TransformerLayer and the embedding (with the local layers, not the output layer),
+# then on the whole chunk, whose own unit keeps the rest: the final norm and the output layer. fully_shard stores each
+# parameter as its rows split over the data x context ranks, each rank's share padded to ceil(rows / ranks) rows
+# (torch/distributed/fsdp/_fully_shard/_fsdp_param.py, FSDPParam._init_sharded_param); gradients come back
+# reduce-scattered into the same shards, in the parameters' dtype. Megatron's optimizer for FSDP2 is its mixed-precision
+# one without a distributed optimizer: fp32 main copies of the local shards, fp32 copies of their gradients and Adam's
+# moments. Unsharded, for the time a unit computes: its all-gathered parameters (the layer computing and the next one
+# prefetched) and its gradients until their reduce-scatter; the root unit is never resharded after forward (FSDP2's
+# rule for the root), and at stage 2 (reshard_after_forward=False) no unit is, so every layer stays gathered from its
+# forward to its backward.
+
+
+def torch_fsdp2_model_state_bytes(shape: Shape, chunks: list[int], zero_stage: int, *, stage: int = 0,
+                                  pipeline: int = 1, tensor: int = 1, data_parallel: int = 1, context: int = 1,
+                                  precision: str = "bf16", optimizer: str = "adam", expert: int = 1,
+                                  expert_tensor: int | None = None,
+                                  first_layers: list[int] | None = None) -> ModelState:
+    """One GPU's model state under PyTorch FSDP2 at ZeRO stage 2 (no resharding after forward) or 3, working buffers
+    included (see the notes above), in bytes."""
+    if zero_stage not in (2, 3):
+        raise ValueError(f"zero_stage: FSDP2 shards at stage 2 or 3, not {zero_stage}")
+    # FSDP2 reduces in the parameters' dtype: Megatron's 16-bit optimizer then keeps fp32 copies of the gradients
+    param_bytes, grad_bytes, per_element = _state_dtypes(precision, True, optimizer)
+    shards = data_parallel * context
+    etp = sizes.expert_tensor_size(tensor, expert_tensor)
+    if first_layers is None:
+        first_layers = [(k * pipeline + stage) * layers for k, layers in enumerate(chunks)]
+    h = shape.hidden
+
+    def shard(parameters: list[tuple[int, int]]) -> int:
+        return sum(-(-rows // shards) * (numel // rows) for numel, rows in parameters)
+
+    sharded = gathered = unsharded_grads = 0
+    for k, layers in enumerate(chunks):
+        first, last = stage == 0 and k == 0, stage == pipeline - 1 and k == len(chunks) - 1
+        vocab = shape.padded_vocab(tensor) // tensor
+        embedding = ([(vocab * h, vocab)] + ([(shape.seq_length * h, shape.seq_length)]
+                                             if shape.positions == "learned_absolute" else [])) if first else []
+        root = ([(h, h)] * (1 if shape.norm == "RMSNorm" else 2)
+                + ([(vocab * h, vocab)] if not (shape.tied and first) else [])) if last else []
+        units = [sum(_layer_parameters(shape, layer, tensor, expert, etp), [])
+                 for layer in range(first_layers[k], first_layers[k] + layers)]
+        everything = embedding + root + [p for unit in units for p in unit]
+        sharded += shard(everything)
+        sizes_ = [sum(n for n, _ in unit) for unit in ([embedding] if embedding else []) + units]
+        largest = max(sizes_, default=0)
+        resident = sum(sizes_) if zero_stage == 2 else min(sum(sizes_), 2 * largest)
+        gathered += resident + sum(n for n, _ in root)
+        unsharded_grads += min(sum(sizes_), 2 * largest) + sum(n for n, _ in root)
+    return ModelState(weights=int((sharded + gathered) * param_bytes),
+                      gradients=int((sharded + unsharded_grads) * grad_bytes),
+                      optimizer=int(sharded * per_element), weights_working=int(gathered * param_bytes),
+                      gradients_working=int(unsharded_grads * grad_bytes))
 
 
 MOE_TOKEN_IMBALANCE = 1.0
@@ -690,12 +756,14 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
                      context: int = 1, grad_reduce_in_bf16: bool = False, overlap_grad_reduce: bool = False,
                      chunks: list[list[int]] | None = None, expert: int = 1,
                      expert_tensor: int | None = None,
-                     recompute_modules: tuple[str, ...] | list[str] | None = None) -> list[StageMemory]:
+                     recompute_modules: tuple[str, ...] | list[str] | None = None,
+                     entrypoint: str = "labkit") -> list[StageMemory]:
     """Peak memory of one GPU in each pipeline stage (GiB), without the CUDA context and allocator slack.
 
     Weights, gradients and optimizer state are megatron-core's (`model_state_bytes`, on the data x context rank that
-    updates the most; `zero_stage` 1 the distributed optimizer, 2 and 3 Megatron-FSDP with its working buffers)
-    unless `zero_backend` is deepspeed, whose ZeRO is counted from the bytes-per-parameter table.
+    updates the most; `zero_stage` 1 the distributed optimizer, 2 and 3 FSDP2 on labkit's driver or Megatron-FSDP
+    on Megatron-LM (`entrypoint`), with their working buffers) unless `zero_backend` is deepspeed, whose ZeRO is
+    counted from the bytes-per-parameter table.
     `chunks`: the transformer layers of each stage's model chunks; by default each stage's layers split evenly over
     `virtual_stages`. `expert`, `expert_tensor`: a mixture-of-experts model's expert-parallel and expert-tensor sizes
     (see `model_state_bytes`); each stage's MoE layers (shape.moe_layers, where its chunks fall) keep an MoE layer's
@@ -707,14 +775,14 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
     firsts = chunk_first_layers(chunks)
 
     def model_state(i: int, params: float) -> tuple[float, float, float]:
-        if zero_stage and sharding.choose(zero_stage, zero_backend).implementation == sharding.DEEPSPEED:
+        if zero_stage and sharding.choose(zero_stage, zero_backend, entrypoint).implementation == sharding.DEEPSPEED:
             return tuple(params * n for n in bytes_per_param(precision, data_parallel, zero_stage=zero_stage,
                                                              optimizer=optimizer))
         state = model_state_bytes(shape, chunks[i], stage=i, pipeline=p, tensor=tensor, data_parallel=data_parallel,
                                   context=context, precision=precision, distributed_optimizer=distributed_optimizer,
                                   grad_reduce_in_bf16=grad_reduce_in_bf16, optimizer=optimizer,
                                   overlap_grad_reduce=overlap_grad_reduce, zero_stage=zero_stage, expert=expert,
-                                  expert_tensor=expert_tensor, first_layers=firsts[i])
+                                  expert_tensor=expert_tensor, first_layers=firsts[i], entrypoint=entrypoint)
         return state.weights, state.gradients, state.optimizer
 
     act_scale = 2 if precision == "fp32" else 1

@@ -117,9 +117,10 @@ def expert_dispatch_time(shape: Shape, tokens: float, tensor: int, expert: int, 
       copies: each rank picks those of its own experts) over the expert-tensor x expert group, and the combine
       reduce-scatters them back; no topk factor, which is why the MoE README suggests it for large topk.
     The backward runs each collective's reverse (an all-to-all's is an all-to-all, an all-gather's a reduce-scatter),
-    full recompute (or selective with the moe module) runs the forward's again. Each rank's traffic is scaled by MOE_TOKEN_IMBALANCE (1: drop-less and
-    balanced). megatron-core leaves these transfers exposed unless --overlap-moe-expert-parallel-comm, which labkit's
-    spec does not set (the MoE README: "EP All-to-All can consume 30-40% of training time without optimization").
+    full recompute (or selective with the moe module) runs the forward's again. Each rank's traffic is scaled by
+    MOE_TOKEN_IMBALANCE (1: drop-less and balanced). megatron-core leaves these transfers exposed unless
+    --overlap-moe-expert-parallel-comm, which labkit's spec does not set (the MoE README: "EP All-to-All can consume
+    30-40% of training time without optimization").
     0 for a dense model, and without expert or expert-tensor parallelism."""
     if not shape.moe:
         return 0.0
@@ -141,7 +142,7 @@ def expert_dispatch_time(shape: Shape, tokens: float, tensor: int, expert: int, 
 def data_parallel_time(params: float, n: int, gbps: float, latency_s: float, *, zero_stage: int = 0,
                        grad_bytes: int = 4, param_bytes: int = 2, forward_s: float = 0.0, backward_s: float = 0.0,
                        micro_batches: int = 1, layers: int = 1, overlap_grad_reduce: bool = False,
-                       overlap_param_gather: bool = False) -> tuple[float, float]:
+                       overlap_param_gather: bool = False, torch_fsdp2: bool = False) -> tuple[float, float]:
     """(exposed, total) seconds per step of one pipeline stage's data-parallel traffic over `n` ranks, by ZeRO stage;
     `forward_s`, `backward_s`: one micro-batch's compute on the stage, which the overlapped transfers hide behind.
     A reduce-scatter or an all-gather is half a ring all-reduce.
@@ -156,16 +157,21 @@ def data_parallel_time(params: float, n: int, gbps: float, latency_s: float, *, 
     - 3 (optim_grads_params): per micro-batch, an all-gather of the parameters layer by layer in the forward and again
       in the backward, prefetched behind the computation except the first layer's, and the reduce-scatter of the
       gradients in the backward. Rajbhandari et al.'s 1.5x the all-reduce's volume, per micro-batch.
+    `torch_fsdp2`: stages 2 and 3 as PyTorch FSDP2 on labkit's driver: its stage 2 (no resharding after forward)
+    gathers the parameters once per micro-batch, in the forward, and keeps them to the backward; its stage 3 as above.
     """
     reduce_s = allreduce_time(params * grad_bytes, n, gbps, latency_s)
     if zero_stage == 0:
         return (max(0.0, reduce_s - backward_s) if overlap_grad_reduce else reduce_s), reduce_s
     scatter_s = reduce_s / 2
     gather_s = allreduce_time(params * param_bytes, n, gbps, latency_s) / 2 if zero_stage >= 2 else reduce_s / 2
-    if zero_stage == 3:
+    if zero_stage == 3 or (zero_stage == 2 and torch_fsdp2):
         first = gather_s / max(1, layers)
-        exposed = max(first, gather_s - forward_s) + max(first, gather_s + scatter_s - backward_s)
-        return micro_batches * exposed, micro_batches * (2 * gather_s + scatter_s)
+        if zero_stage == 3:
+            exposed = max(first, gather_s - forward_s) + max(first, gather_s + scatter_s - backward_s)
+        else:
+            exposed = max(first, gather_s - forward_s) + max(0.0, scatter_s - backward_s)
+        return micro_batches * exposed, micro_batches * ((2 if zero_stage == 3 else 1) * gather_s + scatter_s)
     exposed_gather = max(0.0, gather_s - forward_s) if overlap_param_gather else gather_s
     if zero_stage == 2:
         last = max(0.0, scatter_s - backward_s)
@@ -212,8 +218,8 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
     and its fixed cost per all-reduce. Full recompute adds one more forward of the transformer layers to the
     backward; selective re-runs its `recompute_modules` (attention's core by default; the GEMMs of each module,
     labkit.megatron.flops.recomputed_forward_flops, at the layer's rates; norms and activations are charged no
-    time), with a recomputed MLP's tensor-parallel all-reduce and a recomputed MoE layer's dispatch again. `calibration` (default: the shipped one) gives the efficiency, link
-    fractions and stacks.
+    time), with a recomputed MLP's tensor-parallel all-reduce and a recomputed MoE layer's dispatch again.
+    `calibration` (default: the shipped one) gives the efficiency, link fractions and stacks.
 
     With `flash_attention` no memory-bound pass touches the s x s scores. fp8 runs the linear layers' GEMMs at the
     GPU's FP8 peak and attention's core at bf16. `context` ranks share each sequence: each does 1/context of the
