@@ -74,7 +74,8 @@ def amp_rows() -> list[dict]:
             tp, pp, dp = int(row["tp"]), int(row["pp"]), int(row["dp"])
             spec = load_spec({
                 "name": f"amp-{row['row_id']}", "model": dict(AMP_MODEL),
-                "parallel": {"tensor": tp, "pipeline": pp, "data": dp, "partition": layers_per_stage(partition)},
+                "parallel": {"tensor": tp, "pipeline": pp, "data": dp,
+                             **({"partition": layers_per_stage(partition)} if pp > 1 else {})},
                 "batch": {"micro": int(row["micro_batch"]), "global": int(row["global_batch"])},
                 "precision": "fp16", "recompute": "none", "cluster": {"nodes": AMP_CLUSTERS[row["gpu"]]},
             })

@@ -215,3 +215,20 @@ def test_every_context_rank_sends_its_pipeline_messages_across_the_node_boundary
     tensor8 = Topology(h100_spec(parallel={"tensor": 8, "pipeline": 4}))
     context2 = Topology(h100_spec(parallel={"tensor": 4, "pipeline": 4, "context": 2}))
     assert context2.pair_gbps(0, 1) == pytest.approx(tensor8.pair_gbps(0, 1))
+
+
+@pytest.mark.parametrize("virtual_stages", [1, 2])
+def test_a_billion_micro_batches_are_timed_from_the_schedules_period_not_played_out(virtual_stages, monkeypatch):
+    """The span of a long step grows by one period per p micro-batches once the pipeline is full: extrapolated from
+    that period it equals the played-out span, and a billion micro-batches cost no more than a few hundred."""
+    from labkit.estimate import timing
+
+    args = ([1.0, 1.2, 0.9, 1.1], [0.05, 0.02, 0.04], 1000, 1, None, virtual_stages, 0.03, None, True)
+    played = timing.schedule_span(*args)
+    monkeypatch.setattr(timing, "MAX_PLAYED_MICRO_BATCHES", 64)
+    assert timing.schedule_span(*args) == pytest.approx(played, rel=1e-12)
+    calls = []
+    real = timing._play_1f1b
+    monkeypatch.setattr(timing, "_play_1f1b", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    huge = timing.schedule_span(*args[:2], 10 ** 9, *args[3:])
+    assert huge == pytest.approx(played / 1000 * 10 ** 9, rel=5e-3) and max(calls) < 100  # fill and drain aside

@@ -429,8 +429,11 @@ def schedule_span(stage_times: list[float], boundary_times: list[float], num_mic
     system: once its transient is over, each further micro-batch adds the system's cycle time, here the slowest
     stage's steady time per micro-batch (its work and its transfers) (Heidergott, Olsder and van der Woude, Max Plus
     at Work, 2006, ch. 3). The span is played out for two micro-batch counts p apart that share m's remainder
-    modulo p; where they already differ by p cycle times, the rest of the step adds a cycle time per micro-batch,
-    else (the transient lasts longer, or the cycle time is another) the whole step is played out.
+    modulo p; where they already differ by p cycle times, the rest of the step adds a cycle time per micro-batch.
+    Else (the transient lasts longer, or the cycle time is another, as the interleaved schedule's can be) the span is
+    played out p micro-batches further at a time until two successive groups add the same time, which the rest of
+    the step then adds per group; a step of up to MAX_PLAYED_MICRO_BATCHES is played out whole where no period
+    shows, so time and memory stay bounded by the layout, not by the batch.
     """
     p, m, v = len(stage_times), num_micro_batches, max(1, virtual_stages)
     args = (messages, backward_shares, virtual_stages, wrap_time)
@@ -444,9 +447,21 @@ def schedule_span(stage_times: list[float], boundary_times: list[float], num_mic
         return span(m)
     cycle = max(steady_times(stage_times, boundary_times, messages, v, wrap_time, overlap_sends))
     first, second = span(start), span(start + p)
-    if abs(second - first - p * cycle) > 1e-9 * second:
+    if abs(second - first - p * cycle) <= 1e-9 * second:
+        return first + (m - start) * cycle
+    if m <= MAX_PLAYED_MICRO_BATCHES:
         return span(m)
-    return first + (m - start) * cycle
+    played, group = start + p, second - first
+    while played + p < min(m, MAX_PLAYED_MICRO_BATCHES):
+        first, second, played = second, span(played + p), played + p
+        if abs(second - first - group) <= 1e-9 * second:
+            break
+        group = second - first
+    return second + (m - played) // p * (second - first)  # start, and so played, shares m's remainder modulo p
+
+
+MAX_PLAYED_MICRO_BATCHES = 4096
+"""Longest step schedule_span plays out operation by operation; longer ones are extrapolated from their period."""
 
 
 def bubble_fraction(events: list[Event]) -> float:
