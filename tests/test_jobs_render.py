@@ -181,9 +181,10 @@ def test_hostile_strings_reach_their_target_verbatim_and_never_run(field, tmp_pa
     job: dict = {}
     spec_changes: dict = {}
     if field == "name":
+        payload = payload.replace("\n", " ")  # a name with a line break is refused outright
         spec_changes["name"] = payload
     elif field == "data.path":
-        payload = f"/{payload}"  # a relative path renders absolute, from where the spec was read
+        payload = f"/{payload}".replace("\n", " ")  # relative paths render absolute; a line break is refused
         spec_changes["data"] = {"mock": False, "path": payload}
     elif field == "env":
         job["env"] = {"NCCL_DEBUG": payload}
@@ -193,7 +194,7 @@ def test_hostile_strings_reach_their_target_verbatim_and_never_run(field, tmp_pa
         payload = payload.replace("\n", " ")  # an image name with a line break is refused outright
         job["container"] = {"image": payload}
     elif field == "container.mounts":
-        mount = payload.replace(",", "")
+        mount = "/" + payload.replace(",", "").replace(":", "")  # SRC:DST: a path, then where it goes
         job["container"] = {"image": "img", "mounts": [mount.replace("\n", " ") + ":/data"]}
     elif field == "enroot.image":
         payload = payload.replace("\n", " ")
@@ -225,7 +226,8 @@ def test_hostile_strings_reach_their_target_verbatim_and_never_run(field, tmp_pa
 
 def test_hostile_name_stays_on_its_line(tmp_path):
     marker = tmp_path / "INJECTED"
-    lines = render(two_node_spec(name=hostile(marker)), tmp_path / "logs").scripts["job.sbatch"].splitlines()
+    name = hostile(marker).replace("\n", " ")  # (a line break is refused outright)
+    lines = render(two_node_spec(name=name), tmp_path / "logs").scripts["job.sbatch"].splitlines()
     job_name = [line for line in lines if line.startswith("#SBATCH --job-name=")]
     assert len(job_name) == 1 and re.fullmatch(r"#SBATCH --job-name=[A-Za-z0-9._+-]+", job_name[0])
     assert lines[1].startswith("# labkit run: x'y\"z $(touch") and lines[2].startswith("# 2 node(s) x 1 process(es)")

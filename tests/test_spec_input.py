@@ -47,6 +47,8 @@ TEXTS = ["2:00:00", "30:00", "0123", "010", "0x1F", "0o17", "1_000", "1.50", "1e
 
 @pytest.mark.parametrize("text", TEXTS)
 def test_every_text_field_keeps_the_text_as_written(tmp_path, text):
+    # A mount is SRC:DST with paths: the text goes into its source where it makes one
+    mount = f"/{text}:/data" if ":" not in text else "/data:/data"
     yaml_text = BASE.format(name=text) + f"""\
 data: {{path: {text}, vocab_file: {text}}}
 job:
@@ -54,7 +56,7 @@ job:
   account: {text}
   env: {{VALUE: {text}}}
   extra_args: [--data-cache-path, {text}]
-  container: {{image: {text}, mounts: [{text}]}}
+  container: {{image: {text}, mounts: [{mount}]}}
 cluster: {{nodes: [{{gpu: cpu, count: 1, gpus_per_node: 1}}]}}
 train: {{save: {text}}}
 """
@@ -63,7 +65,7 @@ train: {{save: {text}}}
     assert spec.name == text
     assert (spec.data.path, spec.data.vocab_file, spec.train.save) == (text,) * 3
     assert (job.partition, job.account, job.env["VALUE"], job.extra_args, job.container.image, job.container.mounts) \
-        == (text, text, text, ["--data-cache-path", text], text, [text])
+        == (text, text, text, ["--data-cache-path", text], text, [mount])
 
 
 @pytest.mark.parametrize("key", ["0123", "0x1F", "1.50", "2:00:00"])

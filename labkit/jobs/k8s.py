@@ -97,7 +97,7 @@ def _mounts(spec: RunSpec) -> tuple[list[tuple[str, str, bool]], list[str]]:
             errors.append(f"job.container.mounts[{i}]: {mount!r} is not SRC[:DST[:ro]] with absolute paths; a pod "
                           "mounts SRC from its node at DST")
             continue
-        mounts.append((source, destination, "ro" in flags.split(",")))
+        mounts.append((source, destination, "ro" in flags.split("+")))  # pyxis joins flags with '+'
     return mounts, errors
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB
 from labkit.spec import RunSpec
-from labkit.spec.checks import login_errors
+from labkit.spec.checks import login_errors, remote_option_error
 from labkit.spec.files import container_image_file
 
 REMOTE_DIR = "labkit-runs"
@@ -73,6 +73,18 @@ class LocalRunner:
 class RemoteError(RuntimeError):
     """The login node could not be reached, or refused a command or a transfer; the message says which, with ssh's
     own words."""
+
+
+def _remote_path(path, field: str) -> str:
+    """A path for a command of the login node's shell, quoted; refused (naming `field` and the fix) when it starts with
+    '-', which the command would read as an option. The commands also get `--` before it."""
+    path = str(path)
+    if path.startswith("-") and field.startswith("cluster."):
+        raise RemoteError(remote_option_error(field, path))
+    if path.startswith("-"):
+        raise RemoteError(f"{field} {path!r} starts with '-', which a command on the login node would read as an "
+                          "option; it must be an absolute path")
+    return shlex.quote(path)
 
 
 class SshRunner:
@@ -128,7 +140,7 @@ class SshRunner:
             words = ["env", *(shlex.quote(f"{k}={v}") for k, v in env.items()), *words]
         command = " ".join(words)
         if cwd is not None:
-            command = f"cd {shlex.quote(str(cwd))} && {command}"
+            command = f"cd -- {_remote_path(cwd, 'cluster.remote_dir')} && {command}"
         # 127 is the remote shell's "command not found"; ask whether that was the command itself.
         done = self._ssh(f"command -v {shlex.quote(str(args[0]))} >/dev/null || exit 127; {command}")
         if done.returncode == 127 and not done.stdout:
@@ -136,14 +148,14 @@ class SshRunner:
         return done
 
     def read_text(self, path: str) -> str | None:
-        done = self._ssh(f"cat {shlex.quote(path)}")
+        done = self._ssh(f"cat -- {_remote_path(path, 'the file to read')}")
         return done.stdout if done.returncode == 0 else None
 
     def root(self) -> str:
         """remote_dir as an absolute path on the login node (a relative one is made there and asked for)."""
         if self._root is None:
-            quoted = shlex.quote(self.remote_dir)
-            done = self._ssh(f"mkdir -p {quoted} && cd {quoted} && pwd -P")
+            quoted = _remote_path(self.remote_dir, "cluster.remote_dir")
+            done = self._ssh(f"mkdir -p -- {quoted} && cd -- {quoted} && pwd -P")
             if done.returncode != 0:
                 raise RemoteError(f"cluster.remote_dir: cannot make {self.remote_dir} on {self.login}: "
                                   f"{done.stderr.strip()}")
@@ -156,7 +168,7 @@ class SshRunner:
     def place(self, run_dir: Path) -> str:
         """Make the run's directory (and its logs/) on the login node; its absolute path there."""
         where = self.remote_run_dir(run_dir)
-        done = self._ssh(f"mkdir -p {shlex.quote(where)}/logs")
+        done = self._ssh(f"mkdir -p -- {_remote_path(where, 'cluster.remote_dir')}/logs")
         if done.returncode != 0:
             raise RemoteError(f"cluster.remote_dir: cannot make {where} on {self.login}: {done.stderr.strip()}")
         return where
@@ -202,7 +214,7 @@ class SshRunner:
             return spec
         # The copies exist on the cluster only: nothing here looks for them, and the job script does before it starts.
         job = dataclasses.replace(job, cluster_paths=[*job.cluster_paths, f"{self.root()}/inputs"])
-        done = self._ssh("mkdir -p " + " ".join(shlex.quote(d) for d in sent))
+        done = self._ssh("mkdir -p -- " + " ".join(_remote_path(d, "cluster.remote_dir") for d in sent))
         if done.returncode != 0:
             raise RemoteError(f"cluster.remote_dir: cannot make {self.root()}/inputs on {self.login}: "
                               f"{done.stderr.strip()}")

@@ -12,6 +12,8 @@ SpecError naming the field.
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 import shlex
 import sys
@@ -28,7 +30,7 @@ from labkit.megatron_args import megatron_args
 from labkit.spec import RunSpec, SpecError
 from labkit.spec.checks import time_limit_seconds
 from labkit.spec.errors import CONTROL_CHARS
-from labkit.spec.files import job_start_checks
+from labkit.spec.files import is_image_file, job_start_checks
 
 
 @dataclass(frozen=True)
@@ -257,6 +259,11 @@ def render_array(specs: list[RunSpec], log_dirs: list[Path | str], *, layout: st
         components[1] = whole_job + components[1]
 
     container = job.container
+    if container is not None and is_image_file(container.image) and not container.image.startswith("/"):
+        # An image file (by its form: a path, or a .sqsh/.sif name) goes to pyxis and enroot as the absolute path
+        # `labkit validate` found it at, as data paths do (pyxis reads an image that does not start with / or . as a
+        # registry name); an absolute path stays as written.
+        container = dataclasses.replace(container, image=os.path.abspath(os.path.expanduser(container.image)))
     mounts = []
     srun_flags = " --kill-on-bad-exit=1"
     if container is not None:

@@ -475,7 +475,16 @@ def login_errors(login, remote_dir) -> list[str]:
         if not isinstance(remote_dir, str) or not REMOTE_PATH.fullmatch(remote_dir) or ".." in remote_dir.split("/"):
             errors.append(f"cluster.remote_dir: {quote(remote_dir)} is not a plain path; use letters, digits and "
                           "_ . / + - (absolute, or under your home on the login node, e.g. labkit-runs), without '..'")
+        elif remote_dir.startswith("-"):
+            errors.append(remote_option_error("cluster.remote_dir", remote_dir))
     return errors
+
+
+def remote_option_error(field: str, path: str) -> str:
+    """A path that starts with '-', which mkdir, cd and the other commands of the login node's shell would read as an
+    option: the error naming its field and the fix."""
+    return (f"{field}: {quote(path)} starts with '-', which mkdir and cd on the login node would read as an option; "
+            f"write ./{path} for a directory of that name under your home, or an absolute path")
 
 
 _ACCOUNT_FOR = {"account_for_embedding_in_pipeline_split": "the embedding",
@@ -716,6 +725,7 @@ def check_job(spec: RunSpec) -> list[str]:
     for where, value in (("name", spec.name), ("data.path", spec.data.path)):
         if value and "\x00" in value:
             errors.append(f"{where}: contains a NUL byte; remove it")
+    errors += one_line_errors(spec)
     container = job.container
     if container is not None:
         if container.runtime not in ("pyxis", "enroot"):
@@ -723,10 +733,63 @@ def check_job(spec: RunSpec) -> list[str]:
         if not container.image or CONTROL_CHARS.search(container.image):
             errors.append("job.container.image: give an image (e.g. nvcr.io#nvidia/pytorch:24.01-py3 or a .sqsh path) "
                           "on one line")
-        for i, mount in enumerate(container.mounts):
-            if "," in mount or CONTROL_CHARS.search(mount) or not mount.strip():
-                errors.append(f"job.container.mounts[{i}]: {quote(mount)} must be SRC[:DST[:FLAGS]] without commas or "
-                              "line breaks (pyxis separates mounts with commas)")
+        errors += [f"job.container.mounts[{i}]: {problem}" for i, mount in enumerate(container.mounts)
+                   for problem in mount_problems(mount)]
     return errors
+
+
+def one_line_fields(spec: RunSpec) -> list[tuple[str, str | None]]:
+    """(field, value) of every path and name a spec writes that lands on one line of a job script or command (those
+    with checks of their own, such as job.container.image, job.megatron_lm or job.partition, are not listed)."""
+    data, train, tokenizer, wandb = spec.data, spec.train, spec.data.tokenizer, spec.train.wandb
+    return [("name", spec.name), ("data.path", data.path), ("data.vocab_file", data.vocab_file),
+            ("data.merge_file", data.merge_file), ("data.tokenizer.model", tokenizer.model if tokenizer else None),
+            ("train.save", train.save), ("train.load", train.load), ("train.tensorboard_dir", train.tensorboard_dir),
+            *((f"train.wandb.{key}", getattr(wandb, key)) for key in ("project", "exp_name", "save_dir")
+              if wandb is not None)]
+
+
+def one_line_errors(spec: RunSpec) -> list[str]:
+    """A line break (or another control character) in a path or name: no file, flag or job name holds one; refused
+    naming the field, never cut or replaced. (A NUL byte is refused as the spec is read.)"""
+    errors = []
+    for field, value in one_line_fields(spec):
+        if isinstance(value, str) and "\x00" not in value and CONTROL_CHARS.search(value):
+            what = "a line break" if re.search(r"[\n\r]", value) else "a control character"
+            errors.append(f"{field}: {quote(value)} holds {what}, which no path or name on a job's command line may "
+                          f"hold; write {field} on one line, without it")
+    return errors
+
+
+MOUNT_FLAG = re.compile(r"[A-Za-z0-9_=.-]+")
+"""One of a mount's flags (ro, rbind, x-create=file): pyxis joins them with '+'."""
+
+
+def mount_problems(mount) -> list[str]:
+    """What keeps a job.container.mounts entry from being pyxis's SRC:DST[:FLAGS] (--container-mounts): the host path
+    and the container path, each absolute or relative (starting with '/' or '.'; the source may also be tmpfs or
+    umount), then optional flags joined with '+'; no comma (it separates mounts) and no line break."""
+    text = str(mount)
+    if "," in text or CONTROL_CHARS.search(text) or not text.strip():
+        return [f"{quote(mount)} must be SRC:DST[:FLAGS] on one line without commas (pyxis separates mounts with "
+                "commas), e.g. /fsx:/fsx"]
+    parts = text.split(":")
+    source, target, flags = (parts + [""] * 3)[:3]
+    fix = ("write the host path and the container path, each starting with / (or .), and any flags joined with +, "
+           "e.g. /fsx:/fsx or /data:/data:ro")
+    if len(parts) < 2:
+        return [f"{quote(mount)} is not SRC:DST[:FLAGS]: it gives no container path; {fix}"]
+    if len(parts) > 3:
+        return [f"{quote(mount)} is not SRC:DST[:FLAGS]: it has {len(parts) - 1} colons; {fix}"]
+    problems = []
+    if not (source[:1] in ("/", ".") or source in ("tmpfs", "umount")):
+        problems.append(f"{quote(mount)}: the source {quote(source)} is not a path (pyxis takes one starting with / or "
+                        f"., or tmpfs); {fix}")
+    if target[:1] not in ("/", "."):
+        problems.append(f"{quote(mount)}: the container path {quote(target)} does not start with / (or .); {fix}")
+    if flags and not all(MOUNT_FLAG.fullmatch(flag) for flag in flags.split("+")):
+        problems.append(f"{quote(mount)}: the flags {quote(flags)} are not mount flags joined with + (e.g. ro or "
+                        "ro+rprivate)")
+    return problems
 
 

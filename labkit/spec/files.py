@@ -48,11 +48,23 @@ def _container_image_errors(spec: RunSpec) -> list[str]:
             "job.cluster_paths if it exists only on the cluster"]
 
 
+IMAGE_FILE_SUFFIXES = (".sqsh", ".sif")
+"""How an image file is named: an enroot squashfs (what pyxis runs) or an Apptainer/Singularity image."""
+
+
+def is_image_file(image: str | None) -> bool:
+    """Whether a container image is given as a file, by its form: a path (/images/megatron.sqsh, ./megatron.sqsh,
+    ~/megatron.sqsh) or a name ending in .sqsh or .sif (megatron.sqsh, here); else a registry reference
+    (nvcr.io#nvidia/pytorch:25.04-py3, whose tag never ends so)."""
+    return bool(image) and (image.startswith(("/", "./", "../", "~"))
+                            or image.lower().endswith(IMAGE_FILE_SUFFIXES))
+
+
 def container_image_file(spec: RunSpec) -> str | None:
-    """The container image as a file path (/images/megatron.sqsh, ./megatron.sqsh, ~/megatron.sqsh); None for a
-    registry reference (nvcr.io#nvidia/pytorch:25.04-py3) or no container."""
+    """The container image as a file (is_image_file), as written; None for a registry reference
+    (nvcr.io#nvidia/pytorch:25.04-py3) or no container."""
     image = spec.job.container.image if spec.job.container else None
-    return image if image and image.startswith(("/", "./", "../", "~")) else None
+    return image if is_image_file(image) else None
 
 
 def tokenizer_file(spec: RunSpec) -> str | None:
