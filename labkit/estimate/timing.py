@@ -303,6 +303,10 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
         ends_s *= stack.compute_scale
     forward = layer_s + ends_s
     backward = 2 * forward + recompute_fraction * layer_s
+    if flash_attention:
+        # a flash kernel's backward recomputes the scores (Q K^T) it never stored beside its four other products: 2.5
+        # times its forward's FLOPs where the rest of the layer takes 2 (Dao, arXiv:2205.14135, Algorithm 4)
+        backward += 0.5 * layers * core_s / tensor / context * stack.compute_scale
     if tp_gbps is None:
         tp_gbps = cal.bus_gbps(cal.intra_node_link(gpu), inter_node=False)
     comm = _tp_comm(layers, tokens // context, shape, tensor, precision, recompute, tp_gbps, stack,
