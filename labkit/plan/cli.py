@@ -168,8 +168,8 @@ def _plan(args) -> int:
         print(json.dumps(out, indent=2, default=float))
         return UNMET if unmet else 0
     print(ranked_table(plan, top=args.top).to_string(index=False))
-    print(f"\n{plan.configs_evaluated} layouts estimated, {plan.configs_pruned} ruled out by their pipeline time "
-          f"alone, in {plan.search_seconds:.3f} s")
+    print(f"\n{plan.configs_evaluated} layouts estimated, {plan.configs_pruned} ruled out by a lower bound on their "
+          f"step time, in {plan.search_seconds:.3f} s")
     if args.explain:
         from labkit.plan.explain import explain_text
         print("\n" + explain_text(plan, base, constraints, **options))

@@ -21,14 +21,15 @@ import time
 from dataclasses import dataclass, field, replace
 
 from labkit import catalog
-from labkit.estimate import (Shape, allreduce_time, estimate, memory_per_stage, p2p_time, pipeline_lower_bound,
-                             stage_params, stage_time)
+from labkit.estimate import (Shape, allreduce_time, bytes_per_param, estimate, memory_per_stage, p2p_time,
+                             pipeline_lower_bound, stage_params, stage_time)
 from labkit.estimate.estimator import (MEMORY_MARGIN, expert_params_per_stage, flash_attention, profile_fits,
                                        profile_lookup, profiled_model)
 from labkit.estimate.calibration import Calibration, resolve
+from labkit.estimate.memory import GIB
 from labkit.estimate.timing import ACTIVATION_BYTES, GRAD_REDUCE_BYTES, ExpertLinks, Pipeline
 from labkit.estimate.topology import Topology
-from labkit.megatron import sizes
+from labkit.megatron import sharding, sizes
 from labkit.plan.inputs import SEARCHED, Constraints
 from labkit.plan.partition import min_max_partition
 from labkit.plan.placement import as_cluster, grouped_orders, node_kinds, order_count, placements
@@ -392,6 +393,72 @@ def _memory_caps(spec: RunSpec, shape: Shape, links: _Links, flash: bool) -> lis
     return caps
 
 
+class _MemoryFloor:
+    """A bound below the estimator's memory, to skip estimates of layouts that no split of the layers fits. Each stage
+    holds its model state (weights, gradients and optimizer state at the table's bytes per parameter, which leaves out
+    megatron-core's padding) and the activations its layers keep for the micro-batches 1F1B holds at its peak (a dense
+    model's; an MoE model's are left out), the least the estimator could count."""
+
+    def __init__(self, shape: Shape, flash: bool):
+        self.shape, self.flash = shape, flash
+        self._cache: dict = {}
+
+    def may_fit(self, spec: RunSpec, stage_gpus: tuple[str, ...]) -> bool:
+        """Whether some split of the layers could fit each stage's GPU under the layout of `spec`."""
+        par = spec.parallel
+        t, p, c, b = par.tensor, par.pipeline, par.context, spec.batch.micro
+        etp = sizes.expert_tensor_size(t, par.expert_tensor)
+        per_param = self._bytes_per_param(spec, etp)
+        ends, layer_params = self._params(t, p, par.expert, etp)
+        activations = self._activations(spec)
+        layers = 0
+        for i, (gpu, end) in enumerate(zip(stage_gpus, ends)):
+            room = (1 - MEMORY_MARGIN) * catalog.gpu(gpu).memory_limit_gb * GIB - end * per_param
+            if room < 0:
+                return False
+            # 1F1B: stage i holds the activations of p - i micro-batches at its peak (more when interleaved)
+            layers += room // (layer_params * per_param + min(p - i, spec.num_micro_batches) * activations)
+        return layers >= self.shape.num_layers
+
+    def _bytes_per_param(self, spec: RunSpec, etp: int) -> float:
+        par, optimizer = spec.parallel, spec.optimizer
+        shards = spec.data_parallel * par.context  # the distributed optimizer's ranks; more only lowers the floor
+        if self.shape.moe:  # the experts' state shards over the expert-data-parallel ranks
+            shards = max(shards, sizes.expert_data_parallel_size(par.tensor * shards, par.expert, etp))
+        zero = optimizer.zero_stage
+        # megatron-core's DDP and distributed optimizer: the table's row for the precision (fp32 gradients in bf16)
+        own_row = sharding.choose(zero, optimizer.zero_backend).megatron_core
+        return sum(bytes_per_param(spec.precision, shards, zero >= 1, 0 if own_row else zero, optimizer.name,
+                                   optimizer.grad_reduce_in_bf16))
+
+    def _params(self, t: int, p: int, ep: int, etp: int) -> tuple[list[float], float]:
+        """Each stage's parameters without layers (embedding, output), and the fewest parameters of one layer."""
+        key = ("params", t, p, ep, etp)
+        if key not in self._cache:
+            experts = {"expert": ep, "expert_tensor": etp} if self.shape.moe else {}
+            ends = stage_params(self.shape, [0] * p, t, **experts)
+            # every layer on a stage of its own between an embedding-only and an output-only stage: its own parameters
+            layers = stage_params(self.shape, [0] + [1] * self.shape.num_layers + [0], t, **experts)[1:-1]
+            self._cache[key] = ends, min(layers)
+        return self._cache[key]
+
+    def _activations(self, spec: RunSpec) -> float:
+        """Bytes one layer keeps per micro-batch: the estimator's memory of a one-stage model of two layers less that
+        of one."""
+        if self.shape.moe:
+            return 0.0
+        par, recompute = spec.parallel, spec.recompute
+        kept = {"tensor": par.tensor, "micro_batch": spec.batch.micro, "context": par.context,
+                "sequence_parallel": par.sequence_parallel, "recompute": recompute.granularity if recompute else None,
+                "recompute_modules": tuple(recompute.modules) if recompute and recompute.modules else None}
+        key = ("activations", *kept.values())
+        if key not in self._cache:
+            two, one = (memory_per_stage(self.shape, [layers], precision=spec.precision, flash_attention=self.flash,
+                                         **kept)[0] for layers in (2, 1))
+            self._cache[key] = (two.activations - one.activations) * GIB
+        return self._cache[key]
+
+
 def _split_and_bound(shape: Shape, precision: str, t: int, p: int, d: int, b: int, v: int, recompute: str | None,
                      links: _Links, costs: _StageCosts, caps: list[int] | None = None, sequence_parallel: bool = False,
                      context: int = 1, accounted: bool = False,
@@ -549,7 +616,9 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
     `virtual_stages`: the interleavings tried where the spec leaves them open; None: every even split
     (labkit.megatron.sizes.virtual_stage_counts).
     `top`: only the best `top` rows are wanted, so layouts whose pipeline time alone (a lower bound on the step time)
-    cannot reach them are not estimated further. `orders`: "all" node orders up to symmetry, "grouped" (the nodes
+    cannot reach them are not estimated further: behind `top` rows within the budget, or behind `top` fitting rows
+    and beyond the budget (an unmeetable budget costs no more estimates than no budget); and while `top` layouts fit,
+    no variant is estimated whose memory floor (`_MemoryFloor`) no split of the layers fits. `orders`: "all" node orders up to symmetry, "grouped" (the nodes
     of each kind kept together), or "auto" (all when there are at most MAX_ORDERS, else grouped). `calibration`: the
     estimator's constants (see labkit.estimate.calibration), the shipped ones when None. `prices`: USD per GPU-hour by
     GPU type, over the spec's and the catalog's (see `price_per_second`). `constraints`: the layout fields to keep
@@ -619,54 +688,82 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
                     if constraints.partition is not SEARCHED:
                         layers = list(constraints.partition)
                     bound = step_s if objective == "time" else step_s * cluster_price_s
-                    bounded.append((bound, order, (t, p, d, c, ep, etp, b, v, accounted, layers)))
+                    bounded.append((bound, step_s, order, (t, p, d, c, ep, etp, b, v, accounted, layers)))
         if bar is not None:
             bar.update()
     bounded.sort(key=lambda c: c[0])
 
     # Then the estimator on the most promising first, until no remaining layout can enter the top `top`.
-    rows: list[Row] = []
-    kept: list[float] = []  # a heap of the best `top` objective values of fitting, within-budget rows, negated
-    evaluated = pruned = 0
     fixed_partition = constraints.partition is not SEARCHED
-    for i, (bound, order, (t, p, d, c, ep, etp, b, v, accounted, layers)) in enumerate(bounded):
-        if top and len(kept) >= top and bound > -kept[0]:
-            pruned = len(bounded) - i
-            break
-        placed = as_cluster(order, kinds, cluster)
-        layout = parallel(t, p, d, c, v, layers if v == 1 and p > 1 else None, accounted, ep, etp)
-        # tensor-parallel overlap hides sequence parallelism's transfers: on where the layout has them
-        kernels = replace(base.kernels, tp_comm_overlap=base.kernels.tp_comm_overlap and layout.sequence_parallel)
-        spec = replace(base, cluster=placed, batch=replace(base.batch, micro=b), recompute=None, parallel=layout,
-                       kernels=kernels, optimizer=replace(base.optimizer, distributed=False, zero_stage=0))
-        links = _Links.of(spec, cal)
-        names = [kinds[k].gpu for k in order]
-        for attempt in _variants(spec, constraints, fully_sharded):
-            rebalance = attempt.parallel.virtual_stages == 1 and attempt.parallel.pipeline > 1 and not fixed_partition
-            if rebalance and (attempt.recompute is not None or attempt.optimizer.distributed):
-                attempt.parallel = replace(attempt.parallel,
-                                           partition=_balanced_partition(attempt, shape, costs, links, caps=False))
-            est = estimate(attempt, cached_lookup, calibration=cal)
-            evaluated += 1
-            if not est.fits_in_memory and rebalance:
-                # the fastest split overflows a stage: take the fastest split that fits, if there is one
-                layers = _balanced_partition(attempt, shape, costs, links, caps=True)
-                if layers is not None and layers != attempt.parallel.partition:
-                    attempt.parallel = replace(attempt.parallel, partition=layers)
-                    est = estimate(attempt, cached_lookup, calibration=cal)
-                    evaluated += 1
-            row = _row(attempt, est, names, cluster_price_s)
-            row.within_budget = ((max_step_s is None or row.estimated_s <= max_step_s)
-                                 and (max_price_per_step is None or row.price_per_step <= max_price_per_step))
-            rows.append(row)
-            if est.fits_in_memory:
-                if row.within_budget and top:
-                    value = row.estimated_s if objective == "time" else row.price_per_step
-                    if len(kept) < top:
-                        heapq.heappush(kept, -value)
-                    elif value < -kept[0]:
-                        heapq.heapreplace(kept, -value)
+    floor = _MemoryFloor(shape, flash)
+
+    def within_budget(step_s: float) -> bool:
+        return ((max_step_s is None or step_s <= max_step_s)
+                and (max_price_per_step is None or step_s * cluster_price_s <= max_price_per_step))
+
+    def keep_best(heap: list[float], value: float) -> None:
+        """`heap`: the best `top` objective values, negated."""
+        if len(heap) < top:
+            heapq.heappush(heap, -value)
+        elif value < -heap[0]:
+            heapq.heapreplace(heap, -value)
+
+    def ranked(skip_unfit: bool) -> tuple[list[Row], int, int, int]:
+        """The rows, the estimates made, the layouts pruned and the layouts that fit (up to `top`). `skip_unfit`: no
+        estimate of a variant whose memory floor no split fits (its row would rank behind every fitting one)."""
+        rows: list[Row] = []
+        kept: list[float] = []     # fitting rows within the budget
+        fitting: list[float] = []  # fitting rows
+        evaluated = pruned = 0
+        for i, (bound, step_s, order, (t, p, d, c, ep, etp, b, v, accounted, layers)) in enumerate(bounded):
+            if top and len(kept) >= top and bound > -kept[0]:
+                pruned += len(bounded) - i
                 break
+            if top and len(fitting) >= top and bound > -fitting[0] and not within_budget(step_s):
+                pruned += 1  # beyond the budget, so behind `top` fitting rows already found
+                continue
+            placed = as_cluster(order, kinds, cluster)
+            layout = parallel(t, p, d, c, v, layers if v == 1 and p > 1 else None, accounted, ep, etp)
+            # tensor-parallel overlap hides sequence parallelism's transfers: on where the layout has them
+            kernels = replace(base.kernels, tp_comm_overlap=base.kernels.tp_comm_overlap and layout.sequence_parallel)
+            spec = replace(base, cluster=placed, batch=replace(base.batch, micro=b), recompute=None, parallel=layout,
+                           kernels=kernels, optimizer=replace(base.optimizer, distributed=False, zero_stage=0))
+            links = _Links.of(spec, cal)
+            names = [kinds[k].gpu for k in order]
+            for attempt in _variants(spec, constraints, fully_sharded):
+                if skip_unfit and not floor.may_fit(attempt, links.stage_gpus):
+                    continue
+                rebalance = (attempt.parallel.virtual_stages == 1 and attempt.parallel.pipeline > 1
+                             and not fixed_partition)
+                if rebalance and (attempt.recompute is not None or attempt.optimizer.distributed):
+                    attempt.parallel = replace(attempt.parallel,
+                                               partition=_balanced_partition(attempt, shape, costs, links, caps=False))
+                est = estimate(attempt, cached_lookup, calibration=cal)
+                evaluated += 1
+                if not est.fits_in_memory and rebalance:
+                    # the fastest split overflows a stage: take the fastest split that fits, if there is one
+                    split = _balanced_partition(attempt, shape, costs, links, caps=True)
+                    if split is not None and split != attempt.parallel.partition:
+                        attempt.parallel = replace(attempt.parallel, partition=split)
+                        est = estimate(attempt, cached_lookup, calibration=cal)
+                        evaluated += 1
+                row = _row(attempt, est, names, cluster_price_s)
+                row.within_budget = within_budget(row.estimated_s)
+                rows.append(row)
+                if est.fits_in_memory:
+                    if top:
+                        value = row.estimated_s if objective == "time" else row.price_per_step
+                        keep_best(fitting, value)
+                        if row.within_budget:
+                            keep_best(kept, value)
+                    break
+        return rows, evaluated, pruned, len(fitting)
+
+    rows, evaluated, pruned, fitting = ranked(skip_unfit=bool(top))
+    if top and fitting < top:
+        # the top rows include layouts out of memory, and nothing was pruned: estimate those the floor skipped too
+        rows, more, pruned, _ = ranked(skip_unfit=False)
+        evaluated += more
 
     primary = "estimated_s" if objective == "time" else "price_per_step"
     secondary = "price_per_step" if objective == "time" else "estimated_s"
