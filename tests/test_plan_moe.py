@@ -118,3 +118,15 @@ def test_tensor_groups_may_span_the_trays_of_an_nvl72_rack():
     trays = load_spec({"model": {"preset": "gpt2-small"}, "batch": {"micro": 1, "global": 8},
                        "cluster": {"nodes": [{"gpu": "GB200", "count": 2, "gpus_per_node": 4}]}})
     assert tensor_domain(trays.cluster) == 8
+
+
+def test_memory_caps_of_a_pipeline_with_fewer_than_two_layers_per_stage():
+    """Mixtral's 32 layers over 32 stages: the caps are read from one layer per stage, the model having no 64."""
+    from labkit.catalog import clusters
+    from labkit.plan.search import _Links, _memory_caps
+
+    spec = load_spec({"model": {"preset": "mixtral-8x7b"}, "batch": {"micro": 1, "global": 64},
+                      "parallel": {"pipeline": 32}, "recompute": {"granularity": "full", "num_layers": 1},
+                      "cluster": {"nodes": clusters()["a100-a10-hetero"]["nodes"]}})
+    caps = _memory_caps(spec, Shape.of(spec.model), _Links.of(spec), flash=True)
+    assert len(caps) == 32 and caps[0] >= 1

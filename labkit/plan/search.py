@@ -379,16 +379,19 @@ def _memory_caps(spec: RunSpec, shape: Shape, links: _Links, flash: bool) -> lis
               zero_stage=spec.optimizer.zero_stage, zero_backend=spec.optimizer.zero_backend,
               optimizer=spec.optimizer.name, flash_attention=flash, context=spec.parallel.context,
               grad_reduce_in_bf16=spec.optimizer.grad_reduce_in_bf16,
-              overlap_grad_reduce=spec.kernels.overlap_grad_reduce,
+              overlap_grad_reduce=spec.kernels.overlap_grad_reduce, entrypoint=spec.job.entrypoint,
               expert=spec.parallel.expert, expert_tensor=spec.parallel.expert_tensor)
-    zero, one, two = ([m.total for m in memory_per_stage(shape, [n] * p, **kw)] for n in (0, 1, 2))
+    zero, one = ([m.total for m in memory_per_stage(shape, [n] * p, **kw)] for n in (0, 1))
+    # the cost of a layer from one to two per stage, where the model has that many (an MoE model's layer pattern
+    # has no more); else from none to one, which counts full recompute's recomputed layer once more
+    two = [m.total for m in memory_per_stage(shape, [2] * p, **kw)] if 2 * p <= shape.num_layers else None
     caps = []
     for i in range(p):
         limit = (1 - MEMORY_MARGIN) * catalog.gpu(links.stage_gpus[i]).memory_limit_gb
         if zero[i] > limit or one[i] > limit:
             caps.append(0)
         else:
-            slope = two[i] - one[i]
+            slope = two[i] - one[i] if two else one[i] - zero[i]
             caps.append(shape.num_layers if slope <= 0 else 1 + int((limit - one[i]) / slope))
     return caps
 
@@ -428,7 +431,8 @@ class _MemoryFloor:
         zero = optimizer.zero_stage
         # megatron-core's DDP and distributed optimizer: the table's row for the precision (fp32 gradients in bf16)
         own_row = sharding.choose(zero, optimizer.zero_backend).megatron_core
-        return sum(bytes_per_param(spec.precision, shards, zero >= 1, 0 if own_row else zero, optimizer.name,
+        # FSDP and DeepSpeed: as if every part were sharded (their stages differ in what they gather back, and when)
+        return sum(bytes_per_param(spec.precision, shards, zero >= 1, 0 if own_row else 3, optimizer.name,
                                    optimizer.grad_reduce_in_bf16))
 
     def _params(self, t: int, p: int, ep: int, etp: int) -> tuple[list[float], float]:
