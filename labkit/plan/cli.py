@@ -38,7 +38,9 @@ def register(sub) -> None:
     p.add_argument("--explain", action="store_true",
                    help="why the top row wins: it against the runner-up and the best row of each other family "
                         "(compute, bubble, exposed communication, memory headroom)")
-    p.add_argument("--json", action="store_true", help="print rows, search_seconds, configs_evaluated and spec as JSON")
+    p.add_argument("--json", action="store_true",
+                   help="print rows, search_seconds, configs_evaluated, assumed (the stack and overlaps the estimates "
+                        "take) and spec as JSON")
     p.add_argument("--output", "-o", help="also write the chosen run spec to this YAML file (not when exit status 3 "
                                           "says no layout keeps the memory or the budget)")
     p.set_defaults(func=_plan)
@@ -124,7 +126,7 @@ def _unmet(plan, args) -> str | None:
 
 def _plan(args) -> int:
     from labkit.megatron_args import megatron_args, pipeline_layout
-    from labkit.plan.inputs import planning_input
+    from labkit.plan.inputs import assumptions, planning_input
     from labkit.plan.search import search
     from labkit.plan.views import ranked_table
 
@@ -158,10 +160,12 @@ def _plan(args) -> int:
         sys.stderr.flush()
     elif args.output:
         Path(args.output).write_text(chosen.to_yaml())
+    assumed = assumptions(base)
     if args.json:
         out = plan.to_dict(top=args.top)
         out["spec"] = chosen.to_dict()
         out["unmet"] = unmet
+        out["assumed"] = assumed
         if args.explain:
             from labkit.plan.explain import explain_table
             out["explain"] = explain_table(plan, base, constraints, **options).to_dict(orient="records")
@@ -170,6 +174,7 @@ def _plan(args) -> int:
     print(ranked_table(plan, top=args.top).to_string(index=False))
     print(f"\n{plan.configs_evaluated} layouts estimated, {plan.configs_pruned} ruled out by a lower bound on their "
           f"step time, in {plan.search_seconds:.3f} s")
+    print(_assumed_line(assumed))
     if args.explain:
         from labkit.plan.explain import explain_text
         print("\n" + explain_text(plan, base, constraints, **options))
@@ -185,6 +190,19 @@ def _plan(args) -> int:
     print("megatron: " + " ".join(megatron_args(chosen)))
     print("\n" + chosen.to_yaml(), end="")
     return 0
+
+
+# where a layout allows each overlap (labkit.megatron.rules' pairings)
+_WHERE = {"overlap_param_gather": " where the optimizer is sharded",
+          "tp_comm_overlap": " where sequence parallelism is"}
+
+
+def _assumed_line(assumed: dict) -> str:
+    """The software the plan's estimates take, in one line: the stack and each overlap (a run spec's kernels set
+    them)."""
+    overlaps = ", ".join(f"{name} {'on' + _WHERE.get(name, '') if on else 'off'}" for name, on in assumed.items()
+                         if name != "stack")
+    return f"assumed: kernels.stack {assumed['stack']}, {overlaps} (a run spec's kernels set them)"
 
 
 def _profile(args) -> int:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from labkit import catalog
+from labkit.estimate.calibration import default_calibration
 from labkit.megatron import rules
 from labkit.spec import RunSpec, SpecError, load_spec
 from labkit.spec.checks import MAX_WORLD, SPEC_FIELDS
@@ -87,7 +88,8 @@ def planning_input(target: str, model: str | None = None, global_batch: int | No
     """The spec the planner varies and the constraints it keeps: from a named cluster, a cluster YAML or a run spec,
     plus the model preset, global batch and precision (each over the spec's). What the GPUs must run (the precision,
     attention kernels, overlaps) is checked on the GPUs of the planner's cluster; the layout once the planner has
-    chosen one. Raises SpecError naming what is wrong."""
+    chosen one. The overlaps the input does not write are what its stack runs there (`stack_overlaps`). Raises
+    SpecError naming what is wrong."""
     spec_data: dict = {}
     written_data = None
     if target in catalog.clusters():
@@ -121,6 +123,7 @@ def planning_input(target: str, model: str | None = None, global_batch: int | No
     pending: dict = {}
     constraints = Constraints()
     overlap_tp = False
+    written_kernels: dict = {}
     if written_data is not None:
         without, pending = _without_layout_checks(written_data)
         written = _load_on_gpus(without, gpus)
@@ -128,8 +131,9 @@ def planning_input(target: str, model: str | None = None, global_batch: int | No
             setattr(written.parallel, key, value)
         spec_data = written.to_dict()
         constraints = Constraints.written({**written_data, "optimizer": without.get("optimizer")}, written)
-        kernels = written_data.get("kernels")
-        overlap_tp = isinstance(kernels, dict) and kernels.get("tp_comm_overlap") is True
+        if isinstance(written_data.get("kernels"), dict):
+            written_kernels = written_data["kernels"]
+        overlap_tp = written_kernels.get("tp_comm_overlap") is True
     if model:
         spec_data["model"] = {"preset": model}
     elif not spec_data.get("model"):
@@ -149,9 +153,37 @@ def planning_input(target: str, model: str | None = None, global_batch: int | No
     spec_data.update(parallel={"tensor": 1, "pipeline": 1}, recompute=None)
     spec_data["batch"] = {**spec_data["batch"], "micro": 1}
     base = _load_on_gpus(spec_data, gpus)
-    # tensor-parallel overlap where the planner's layout has sequence parallelism (labkit.plan.search)
-    base = replace(base, cluster=checked.cluster, kernels=replace(base.kernels, tp_comm_overlap=overlap_tp))
-    return base, constraints
+    # overlaps on wherever the planner's layout allows them (labkit.plan.search): tensor-parallel overlap where it has
+    # sequence parallelism, the parameter gather where it shards the optimizer
+    on_gpus = not any(catalog.gpu(g.gpu).is_cpu for g in checked.cluster.nodes)
+    kernels = replace(base.kernels, tp_comm_overlap=overlap_tp)
+    kernels = replace(kernels, **stack_overlaps(kernels.stack, on_gpus, written_kernels))
+    return replace(base, cluster=checked.cluster, kernels=kernels), constraints
+
+
+OVERLAPS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")
+"""The kernels fields that overlap communication with computation."""
+
+
+def stack_overlaps(stack: str | None, on_gpus: bool, written: dict | None = None) -> dict[str, bool]:
+    """The overlaps a plan takes where its input does not write them (`written`: the spec's kernels mapping): those
+    the training software (kernels.stack; None: the calibration's default_stack) runs. On GPUs, megatron-core and
+    megatron-bridge stand for NVIDIA's NeMo and Megatron-Bridge recipes, which overlap tensor-, data- and
+    pipeline-parallel communication (labkit/data/published_runs.yaml); deepspeed-megatron-2020 overlaps none. The
+    calibration records which by a stack's overlap_p2p. labkit's driver on CPUs overlaps none. The parameter gather
+    runs only beside the gradient reduce (labkit.megatron.rules)."""
+    written = written or {}
+    runs = on_gpus and default_calibration().stack(stack).overlap_p2p
+    overlaps = {name: written.get(name, runs) is True for name in OVERLAPS}
+    overlaps["overlap_param_gather"] &= overlaps["overlap_grad_reduce"]
+    return {name: value for name, value in overlaps.items() if name not in written}
+
+
+def assumptions(base: RunSpec) -> dict:
+    """What a plan of `base` (from `planning_input`) takes the software to do, for the plan to state: the stack and
+    its overlaps (each on wherever the chosen layout allows it)."""
+    return {"stack": default_calibration().stack(base.kernels.stack).name,
+            **{name: getattr(base.kernels, name) for name in OVERLAPS}}
 
 
 def _without_layout_checks(data: dict) -> tuple[dict, dict]:

@@ -409,7 +409,7 @@ class _MemoryFloor:
     def may_fit(self, spec: RunSpec, stage_gpus: tuple[str, ...]) -> bool:
         """Whether some split of the layers could fit each stage's GPU under the layout of `spec`."""
         par = spec.parallel
-        t, p, c, b = par.tensor, par.pipeline, par.context, spec.batch.micro
+        t, p = par.tensor, par.pipeline
         etp = sizes.expert_tensor_size(t, par.expert_tensor)
         per_param = self._bytes_per_param(spec, etp)
         ends, layer_params = self._params(t, p, par.expert, etp)
@@ -562,7 +562,9 @@ def fully_sharded_runs(base: RunSpec) -> bool:
                                            account_for_embedding_in_pipeline_split=False,
                                            account_for_loss_in_pipeline_split=False),
                     batch=replace(base.batch, micro=1, global_=world),
-                    optimizer=replace(base.optimizer, zero_stage=3, distributed=True))
+                    optimizer=replace(base.optimizer, zero_stage=3, distributed=True),
+                    # the overlaps the planner sets by layout (`search`, `_with`) are not what it asks about
+                    kernels=replace(base.kernels, overlap_param_gather=False, tp_comm_overlap=False))
     return not rule_errors(probe, layout="local")
 
 
@@ -585,7 +587,11 @@ def _variants(spec: RunSpec, constraints: Constraints, fully_sharded: bool):
 
 
 def _with(spec: RunSpec, recompute, zero_stage: int) -> RunSpec:
-    return replace(spec, recompute=recompute,
+    # the parameter gather overlaps the all-gather of parameters that the distributed optimizer or Megatron-FSDP
+    # shards; FSDP2 and DeepSpeed gather their own
+    runs = sharding.choose(zero_stage, spec.optimizer.zero_backend, spec.job.entrypoint).implementation
+    gather = spec.kernels.overlap_param_gather and runs in (sharding.DISTRIBUTED_OPTIMIZER, sharding.MEGATRON_FSDP)
+    return replace(spec, recompute=recompute, kernels=replace(spec.kernels, overlap_param_gather=gather),
                    optimizer=replace(spec.optimizer, zero_stage=zero_stage, distributed=zero_stage >= 1))
 
 
