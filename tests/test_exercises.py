@@ -54,7 +54,7 @@ def test_every_exercise_is_checked_by_name_in_its_lab_and_solution_and_nowhere_s
     root = Path(__file__).resolve().parent.parent / "notebooks"
     for folder in (root, root / "solutions"):
         found = {}
-        for path in sorted(folder.glob("0*.py")):
+        for path in sorted(folder.glob("[0-9][0-9]_*.py")):
             text = path.read_text()
             assert not re.search(r"^\s*check_(number|choice|spec)\(", text, re.M), f"{path.name} checks in the open"
             for exercise in re.findall(r'^check\("(\d\d\.\d)", answer_\d', text, re.M):
