@@ -130,3 +130,18 @@ def test_memory_caps_of_a_pipeline_with_fewer_than_two_layers_per_stage():
                       "cluster": {"nodes": clusters()["a100-a10-hetero"]["nodes"]}})
     caps = _memory_caps(spec, Shape.of(spec.model), _Links.of(spec), flash=True)
     assert len(caps) == 32 and caps[0] >= 1
+
+
+def test_expert_parallel_rows_on_labkits_driver_shard_no_further_than_the_distributed_optimizer():
+    """FSDP2, which runs ZeRO stages 2 and 3 on labkit's driver, keeps every expert on every rank: the driver refuses
+    expert parallelism with it, so no such row is offered; Megatron-LM's Megatron-FSDP splits experts and keeps them."""
+    from labkit.plan.search import search
+    from labkit.spec import load_spec
+
+    cluster = {"nodes": [{"gpu": "GB200", "count": 18, "gpus_per_node": 4}]}
+    base = {"model": {"preset": "mixtral-8x7b"}, "batch": {"micro": 4, "global": 576}, "cluster": cluster}
+    on_driver = search(load_spec(base), top=40).rows
+    assert not [r for r in on_driver if r.ep > 1 and r.zero_stage >= 2]
+    assert [r for r in on_driver if r.ep > 1] and [r for r in on_driver if r.zero_stage >= 2]
+    megatron_lm = search(load_spec({**base, "job": {"entrypoint": "megatron-lm", "megatron_lm": "/opt/m"}}), top=40).rows
+    assert [r for r in megatron_lm if r.ep > 1 and r.zero_stage >= 2]

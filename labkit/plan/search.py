@@ -575,7 +575,9 @@ def _variants(spec: RunSpec, constraints: Constraints, fully_sharded: bool):
     recompute."""
     recomputes = [None, SELECTIVE_RECOMPUTE, FULL_RECOMPUTE] if constraints.recompute is SEARCHED \
         else [constraints.recompute]
-    sharded = spec.parallel.pipeline == 1 and fully_sharded
+    # FSDP2 (labkit's driver) does not split experts over expert ranks, where Megatron-FSDP does
+    fsdp2 = sharding.choose(3, spec.optimizer.zero_backend, spec.job.entrypoint).implementation == sharding.TORCH_FSDP2
+    sharded = spec.parallel.pipeline == 1 and fully_sharded and not (fsdp2 and spec.parallel.expert > 1)
     stages = ([0, 1] + ([2, 3] if sharded else [])) if spec.data_parallel > 1 else [0]
     if constraints.zero_stage is not SEARCHED:
         stages = [constraints.zero_stage]
