@@ -47,6 +47,12 @@ class GPU:
     """GPUs that share one NVLink domain where it spans several nodes (GB200 NVL72: 72, over 18 trays of 4 GPUs):
     ranks on different nodes of one domain talk over the NVLink rate (intra_node_gbps), not the network. None: the
     domain is the node (labkit.estimate.topology)."""
+    p2p_gbps: float | None = None
+    """Point-to-point rate between two ranks of one node where it differs from what the collectives reach on
+    intra_node_gbps (a CPU host's gloo send/recv over loopback TCP), in Gbit/s; None: the collectives' rate."""
+    message_latency_s: float | None = None
+    """One small message's latency on the device's links where it exceeds the calibration's link_latency_s (gloo's
+    send/recv on a CPU host), in seconds; None: the calibration's."""
 
     def peak(self, precision: str) -> float:
         """Dense peak TFLOP/s for a precision; fp32 training on tensor cores is not assumed. Blackwell's block-scaled
@@ -109,6 +115,8 @@ _POSITIVE = {  # field -> what it is, for the fix
                        "(NVLink4's 450 GB/s)",
     "inter_node_gbps": "a node's network in Gbit/s, e.g. inter_node_gbps: 400",
     "usable_memory_gb": "the memory a process can allocate in GB (nvidia-smi's total), or leave it out",
+    "p2p_gbps": "the point-to-point rate between two ranks of a node in Gbit/s, or leave it out",
+    "message_latency_s": "one small message's latency in seconds, e.g. message_latency_s: 1.0e-4, or leave it out",
 }
 _WHOLE = {"gpus_per_node": "GPUs per node, e.g. gpus_per_node: 8",
           "nvlink_domain_gpus": "GPUs of one NVLink domain when it spans nodes, e.g. nvlink_domain_gpus: 72"}

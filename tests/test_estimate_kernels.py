@@ -232,3 +232,19 @@ def test_a_billion_micro_batches_are_timed_from_the_schedules_period_not_played_
     monkeypatch.setattr(timing, "_play_1f1b", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
     huge = timing.schedule_span(*args[:2], 10 ** 9, *args[3:])
     assert huge == pytest.approx(played / 1000 * 10 ** 9, rel=5e-3) and max(calls) < 100  # fill and drain aside
+
+
+def test_a_cpu_pipelines_messages_take_gloos_measured_send_rate_and_latency():
+    """Two gloo processes pass each micro-batch's activations with send/recv: the catalog's measured point-to-point
+    rate and latency on a CPU host (not a collective's bus rate, not NCCL's latency); GPUs keep theirs."""
+    from labkit import catalog
+
+    cpu = catalog.gpu("cpu")
+    spec = load_spec({"model": {"preset": "tiny"}, "parallel": {"pipeline": 2}, "batch": {"micro": 2, "global": 8},
+                      "precision": "fp32", "cluster": {"nodes": [{"gpu": "cpu", "count": 1, "gpus_per_node": 2}]}})
+    message = 2 * spec.model.seq_length * spec.model.hidden_size * 4
+    boundary = estimate(spec).pipeline.boundary_times_s[0]
+    assert boundary == pytest.approx(cpu.message_latency_s + message * 8 / (cpu.p2p_gbps * 1e9), rel=1e-6)
+    h100 = estimate(spec.replace(**{"precision": "bf16", "cluster": {"nodes": [{"gpu": "H100", "count": 1,
+                                                                                "gpus_per_node": 2}]}}))
+    assert h100.pipeline.boundary_times_s[0] < 1e-4

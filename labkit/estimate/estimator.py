@@ -214,9 +214,13 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     message = b.micro * shape.seq_length / c * shape.hidden * ACTIVATION_BYTES.get(precision, 2)
     if par.sequence_parallel:
         message /= t
-    boundaries = [p2p_time(message, topo.pair_gbps(i, i + 1), latency + stack.p2p_message_s) for i in range(p - 1)]
+    # a message's latency: the calibration's, or the device's own where the catalog gives a longer one (gloo on CPUs)
+    message_latency = max([latency] + [catalog.gpu(g).message_latency_s or 0.0 for g in gpus])
+    boundaries = [p2p_time(message, topo.pair_gbps(i, i + 1), message_latency + stack.p2p_message_s)
+                  for i in range(p - 1)]
     # interleaved, the last stage's chunk c feeds the first stage's chunk c + 1
-    wrap = p2p_time(message, topo.pair_gbps(p - 1, 0), latency + stack.p2p_message_s) if v > 1 and p > 1 else 0.0
+    wrap = (p2p_time(message, topo.pair_gbps(p - 1, 0), message_latency + stack.p2p_message_s) if v > 1 and p > 1
+            else 0.0)
     # interleaved on GPUs, NCCL's sends and receives overlap compute; gloo's block (labkit.train.model)
     on_gpus = not any(catalog.gpu(gpu).is_cpu for gpu in gpus)
     pipeline = Pipeline(tuple(s.total_s for s in stages), tuple(boundaries), m, v, messages=stack.p2p_messages,

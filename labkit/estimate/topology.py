@@ -34,6 +34,7 @@ class Slot:
     intra_gbps: float   # the NVLink domain's (or node's PCIe) link rate
     inter_gbps: float   # the node's network
     domain: int         # the NVLink domain: the node, or several nodes where the catalog's nvlink_domain_gpus says so
+    p2p_gbps: float | None = None  # the catalog's point-to-point rate inside the domain, where it has its own
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class Topology:
             # a group's nodes fill NVLink domains in turn (one node each, unless the catalog's domain spans nodes)
             nodes_per_domain = max(1, (gpu.nvlink_domain_gpus or 0) // group.gpus_per_node)
             for k in range(group.count):
-                slot = Slot(node, name, float(intra), float(inter), domain + k // nodes_per_domain)
+                slot = Slot(node, name, float(intra), float(inter), domain + k // nodes_per_domain, gpu.p2p_gbps)
                 slots += [slot] * group.gpus_per_node
                 node += 1
             domain += -(-group.count // nodes_per_domain)
@@ -198,7 +199,9 @@ class Topology:
         slowest, bus = float("inf"), self.calibration.bus_gbps
         for a, b in pairs:
             sa, sb = self.slots[a], self.slots[b]
-            if sa.domain == sb.domain:
+            if sa.domain == sb.domain and sa.p2p_gbps and sb.p2p_gbps:
+                gbps = min(sa.p2p_gbps, sb.p2p_gbps)  # measured as sends, not as a collective's bus
+            elif sa.domain == sb.domain:
                 gbps = bus(min(sa.intra_gbps, sb.intra_gbps), inter_node=False)
             else:
                 gbps = bus(min(sa.inter_gbps, sb.inter_gbps), inter_node=True) / crossing[sa.node]
