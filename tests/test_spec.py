@@ -311,3 +311,27 @@ def test_every_env_preset_variable_names_its_source_and_aws_efa_cites_the_right_
     lines = render(spec, "/runs/RUN/logs").scripts["job.sbatch"].splitlines()
     assert {"export NCCL_NVLS_ENABLE=0", "export TORCH_NCCL_AVOID_RECORD_STREAMS=1", "export FI_PROVIDER=efa"} <= \
         set(lines)
+
+
+@pytest.mark.parametrize("data, field", [
+    ({"model": {"preset": "tiny", "num_layers": 4294967296}}, "model.num_layers"),
+    ({"model": {"preset": "tiny", "seq_length": 1 << 30}}, "model.seq_length"),
+    ({"model": {"preset": "tiny"}, "batch": {"micro": 1, "global": 10 ** 12}}, "batch.global")])
+def test_sizes_beyond_any_run_are_refused_naming_the_field_and_the_bound(data, field):
+    with pytest.raises(SpecError) as refused:
+        load_spec(data)
+    assert any(e.startswith(f"{field}: ") and "at most" in e for e in refused.value.errors), refused.value.errors
+
+
+def test_the_estimate_of_a_spec_at_the_bounds_takes_well_under_five_seconds():
+    import time
+
+    from labkit.estimate import estimate
+    from labkit.spec.checks import SIZE_BOUNDS
+
+    start = time.process_time()
+    for model in ({"num_layers": SIZE_BOUNDS["num_layers"]}, {"num_layers": 4, "vocab_size": SIZE_BOUNDS["vocab_size"]}):
+        estimate(load_spec({"model": {"preset": "tiny", **model}, "parallel": {"pipeline": 2, "virtual_stages": 2},
+                            "batch": {"micro": 1, "global": SIZE_BOUNDS["global_batch"]},
+                            "cluster": {"nodes": [{"gpu": "H100", "count": 1, "gpus_per_node": 2}]}}))
+    assert time.process_time() - start < 5

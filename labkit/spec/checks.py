@@ -126,6 +126,15 @@ def rule_errors(spec: RunSpec, layout: str | None = None) -> list[str]:
             for problem in rules.problems(args, spec.world_size, where, name=field)]
 
 
+SIZE_BOUNDS = {"num_layers": 4096, "hidden_size": 1 << 20, "num_attention_heads": 1 << 16, "seq_length": 1 << 24,
+               "vocab_size": 1 << 24, "global_batch": 1 << 31}
+"""The largest sizes a spec may give: a few hundred times today's largest runs (Llama 3.1 405B: 126 layers, hidden
+16384, 128 heads; million-token contexts; 256K vocabularies; global batches of a few thousand sequences), so that
+every size a real run uses passes and a typo such as 4294967296 layers is refused before the estimate sizes lists by
+it."""
+SIZE_BOUNDS_WHY = "labkit.spec.checks.SIZE_BOUNDS: far beyond today's largest runs"
+
+
 def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
     """Every problem with the spec, each 'field: what is wrong; how to fix it'; raises SpecError when `raise_errors`."""
     errors: list[str] = check_job(spec)
@@ -140,6 +149,9 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
             errors.append(f"model.{name}: missing; set it or pick a model.preset ({', '.join(catalog.models())})")
         elif value <= 0:
             errors.append(f"model.{name}: must be a positive number, got {value}")
+        elif value > SIZE_BOUNDS[name]:
+            errors.append(f"model.{name}: {value:,} is beyond any model a cluster trains; at most "
+                          f"{SIZE_BOUNDS[name]:,} ({SIZE_BOUNDS_WHY})")
     for name in ("num_query_groups", "ffn_hidden_size", "kv_channels", "num_experts", "moe_router_topk",
                  "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size"):
         value = getattr(m, name)
@@ -153,6 +165,9 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
                          ("train.log_interval", spec.train.log_interval)):
         if value is not None and value <= 0:
             errors.append(f"{where}: must be a positive number, got {value}")
+    if b.global_ is not None and b.global_ > SIZE_BOUNDS["global_batch"]:
+        errors.append(f"batch.global: {b.global_:,} sequences per step is beyond any run; at most "
+                      f"{SIZE_BOUNDS['global_batch']:,} ({SIZE_BOUNDS_WHY})")
     errors += _check_sizes(spec)
     if spec.precision not in PRECISIONS:
         errors.append(f"precision: {quote(spec.precision)} is not one of {', '.join(PRECISIONS)}")
