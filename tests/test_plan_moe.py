@@ -143,5 +143,6 @@ def test_expert_parallel_rows_on_labkits_driver_shard_no_further_than_the_distri
     on_driver = search(load_spec(base), top=40).rows
     assert not [r for r in on_driver if r.ep > 1 and r.zero_stage >= 2]
     assert [r for r in on_driver if r.ep > 1] and [r for r in on_driver if r.zero_stage >= 2]
-    megatron_lm = search(load_spec({**base, "job": {"entrypoint": "megatron-lm", "megatron_lm": "/opt/m"}}), top=40).rows
+    megatron_lm = search(load_spec({**base, "job": {"entrypoint": "megatron-lm", "megatron_lm": "/opt/m"}}),
+                         top=40).rows
     assert [r for r in megatron_lm if r.ep > 1 and r.zero_stage >= 2]

@@ -330,7 +330,8 @@ def test_the_estimate_of_a_spec_at_the_bounds_takes_well_under_five_seconds():
     from labkit.spec.checks import SIZE_BOUNDS
 
     start = time.process_time()
-    for model in ({"num_layers": SIZE_BOUNDS["num_layers"]}, {"num_layers": 4, "vocab_size": SIZE_BOUNDS["vocab_size"]}):
+    for model in ({"num_layers": SIZE_BOUNDS["num_layers"]},
+                  {"num_layers": 4, "vocab_size": SIZE_BOUNDS["vocab_size"]}):
         estimate(load_spec({"model": {"preset": "tiny", **model}, "parallel": {"pipeline": 2, "virtual_stages": 2},
                             "batch": {"micro": 1, "global": SIZE_BOUNDS["global_batch"]},
                             "cluster": {"nodes": [{"gpu": "H100", "count": 1, "gpus_per_node": 2}]}}))
