@@ -6,16 +6,21 @@ Failures print with the end of the spec that caused them (--show N of each kind)
 tests/test_spec_fuzz.py and does one of: put a hostile value in a field (YAML 1.1 look-alikes, numbers at and past the
 bounds, NaN, tags, aliases, long and deep values, random text), delete, repeat, swap or re-indent lines, splice random
 bytes, replace the whole file (empty, scalars, lists, BOMs, bombs), or write one of the classes found by the last
-attack (CLASSES: null in a model field, data.mock false without a path, a preset that is no name, a NUL byte in text,
-a learning rate, split or log interval that means nothing, a world the sizes cannot split). It runs
-`labkit validate --json` in this process and counts:
+attacks (CLASSES: null in a model field, data.mock false without a path, a preset that is no name, a NUL byte in text,
+a learning rate, split or log interval that means nothing, a world the sizes cannot split; and of paths and names:
+a cluster.remote_dir that starts with '-' and one that is plain, an image file (.sqsh, .sif, a path) that is not there
+and a registry image, a mount that is not SRC:DST[:FLAGS] and one that is, a line break or other control character
+in a path or name such as train.tensorboard_dir, train.wandb.* or train.save). It runs `labkit validate --json` in
+this process and counts:
 
   traceback          an exception out of labkit.cli.main
   silent change      exit 0 with a field's value other than the text written (or a YAML 1.2 number other than its
-                     value), a quoted text changed, a null model field not the preset's value, or data.mock false
-                     taken as mock data
+                     value), a quoted text changed, a null model field not the preset's value, data.mock false
+                     taken as mock data, or a remote directory, image or mount accepted as other than written
   nonsense accepted  exit 0 for a value no run means (a NUL byte, a learning rate above 1, a split of no numbers, a
-                     log interval above the iterations)
+                     log interval above the iterations, a remote directory read as an option, a missing image file,
+                     a mount that is not SRC:DST, a line break in a path or name)
+  good value refused exit 2 for a plain remote directory, a registry image or a good mount
   unnamed            exit 2 without every error naming a field, a value of the wrong kind or nonsense refused without
                      its field, or an error that quotes "?" or a number other than as written
   hang               a run over 5 s of CPU time (or 30 s of wall time)
@@ -79,10 +84,17 @@ def random_token(rng: random.Random) -> str:
 
 
 def issue_case(rng: random.Random) -> tuple[bytes, dict]:
-    """One spec of the classes the last attack found, and what must become of it: {"keep": field, "as": text} (exit
-    0 with the field's value in the spec `text`, which leaves the key out), or {"refuse": field, "silent": bool} (exit 2 naming the field; exit 0 is a silent change when
-    silent, else nonsense accepted), with "not": text an error must not hold."""
+    """One spec of the classes the last attacks found, with what must become of it and its class (`class`)."""
     kind = rng.choice(CLASSES)
+    data, expect = _issue_case(kind, rng)
+    return data, {**expect, "class": kind}
+
+
+def _issue_case(kind: str, rng: random.Random) -> tuple[bytes, dict]:
+    """A spec of class `kind`, and what must become of it: {"keep": field, "as": text} (exit 0 with the field's value
+    in the spec `text`, which leaves the key out), {"accept": field, "value": text} (exit 0 with the field exactly the
+    text written), or {"refuse": field, "silent": bool} (exit 2 naming the field; exit 0 is a silent change when
+    silent, else nonsense accepted), with "not": text an error must not hold."""
     if kind == "null in a model field":
         preset = rng.choice(["tiny-llama", "llama2-7b", "gpt2-small", "mistral-7b"])
         values = {k: v for k, v in catalog.models()[preset].items() if k != "source"}
@@ -113,6 +125,8 @@ def issue_case(rng: random.Random) -> tuple[bytes, dict]:
         iters = rng.randint(1, 50)
         text = BASE.replace("  iters: 20\n", f"  iters: {iters}\n  log_interval: {iters + rng.randint(1, 100)}\n")
         return text.encode(), {"refuse": "train.log_interval", "silent": False}
+    if kind in PATH_CLASSES:
+        return path_case(kind, rng)
     tensor = rng.choice([2, 4, 8])  # a world the sizes cannot split
     gpus = rng.choice([g for g in range(1, 16) if g % tensor])
     text = BASE.replace("  tensor: 1\n", f"  tensor: {tensor}\n")
@@ -120,9 +134,72 @@ def issue_case(rng: random.Random) -> tuple[bytes, dict]:
     return text.encode(), {"refuse": "parallel.data", "silent": False, "not": "?"}
 
 
+def _inserted(after: str, line: str) -> str:
+    """BASE with `line` added under its section `after` (e.g. "train:")."""
+    return BASE.replace(f"\n{after}\n", f"\n{after}\n{line}\n", 1)
+
+
+# Paths and names: what reaches a remote shell, container images by their form, mounts, line breaks.
+OPTION_LIKE_DIRS = ["-rf", "--help", "-", "-x/runs", "-oProxyCommand=touch x"]
+PLAIN_DIRS = ["./-runs", "labkit-runs", "/scratch/-x", "runs/2026"]
+MISSING_IMAGES = ["megatron.sqsh", "images/x.sif", "a.SQSH", "./m.sqsh", "/nonexistent/m.sqsh", "~/no-such.sif"]
+REGISTRY_IMAGES = ["nvcr.io#nvidia/pytorch:25.04-py3", "ubuntu:22.04", "nvcr.io/nvidia/pytorch:24.05-py3", "img.sqsh2"]
+BAD_MOUNTS = ["0", "/fsx", "fsx:/fsx", "/a:b", "/a:/b:ro:x", "0:0", "data", "/a:/b:r o", "~/x:/x"]
+GOOD_MOUNTS = ["/fsx:/fsx", "/data:/data:ro", "/a:/b:ro+rprivate", "./cache:/cache", "tmpfs:/scratch"]
+ONE_LINE_FIELDS = ["name", "data.path", "data.vocab_file", "train.save", "train.load", "train.tensorboard_dir",
+                   "train.wandb.project", "train.wandb.exp_name", "train.wandb.save_dir"]
+
+
+def path_case(kind: str, rng: random.Random) -> tuple[bytes, dict]:
+    """One spec of the path and name classes, and what must become of it (see issue_case; {"accept": field, "value":
+    text}: exit 0 with the field's value exactly the text written)."""
+    if kind in ("a remote directory that starts with -", "a remote directory kept as written"):
+        bad = kind.endswith("-")
+        token = rng.choice(OPTION_LIKE_DIRS if bad else PLAIN_DIRS)
+        text = _inserted("cluster:", f"  login: alice@login.cluster.org\n  remote_dir: {json.dumps(token)}")
+        return text.encode(), ({"refuse": "cluster.remote_dir", "silent": False} if bad
+                               else {"accept": "cluster.remote_dir", "value": token})
+    if kind == "an image file that is not there":
+        token = rng.choice(MISSING_IMAGES)
+        return with_value("job.container.image", json.dumps(token)).encode(), \
+            {"refuse": "job.container.image", "silent": False}
+    if kind == "a registry image kept as written":
+        token = rng.choice(REGISTRY_IMAGES)
+        return with_value("job.container.image", json.dumps(token)).encode(), \
+            {"accept": "job.container.image", "value": token}
+    if kind == "a mount that is not SRC:DST":
+        token = rng.choice(BAD_MOUNTS)
+        plain = rng.random() < 0.5 and PLAIN.match(token)  # as written plain (0 is then a YAML number) or quoted
+        written = token if plain else json.dumps(token)
+        return with_value("job.container.mounts[0]", written).encode(), \
+            {"refuse": "job.container.mounts[0]", "silent": False}
+    if kind == "a mount kept as written":
+        token = rng.choice(GOOD_MOUNTS)
+        return with_value("job.container.mounts[0]", token).encode(), \
+            {"accept": "job.container.mounts[0]", "value": token}
+    field = rng.choice(ONE_LINE_FIELDS)  # a line break (or another control character) in a path or name
+    value = "".join(rng.choice("abc/._- ") for _ in range(rng.randint(0, 6)))
+    at = rng.randint(0, len(value))
+    value = value[:at] + rng.choice(["\n", "\r", "\r\n", "\t", "\x1b", "\n\n"]) + value[at:]
+    quoted = json.dumps(value)
+    if field in FIELDS:
+        text = with_value(field, quoted)
+    elif field.startswith("train.wandb."):
+        key = field.rsplit(".", 1)[1]
+        values = {"project": "labkit", key: value}
+        text = _inserted("train:", "  wandb: {" + ", ".join(f"{k}: {json.dumps(v)}" for k, v in values.items()) + "}")
+    else:
+        section, key = field.split(".")
+        text = _inserted(f"{section}:", f"  {key}: {quoted}")
+    return text.encode(), {"refuse": field, "silent": False}
+
+
+PATH_CLASSES = ["a remote directory that starts with -", "a remote directory kept as written",
+                "an image file that is not there", "a registry image kept as written", "a mount that is not SRC:DST",
+                "a mount kept as written", "a line break in a path or name"]
 CLASSES = ["null in a model field", "data.mock false without a path", "a preset that is no name", "a NUL byte in text",
            "a learning rate that means nothing", "a split that means nothing", "a log interval above the iterations",
-           "a world the sizes cannot split"]
+           "a world the sizes cannot split", *PATH_CLASSES]
 
 
 def mutate(rng: random.Random) -> tuple[bytes, tuple[str, str] | dict | None]:
@@ -183,6 +260,13 @@ def issue_outcome(rc: int, printed: dict | None, err: str, expect: dict) -> tupl
         got = resolved(printed["spec"], field) if rc == 0 else None
         return ("exit 0", "") if rc == 0 and got == value else ("silent change", f"{field}: unset {value!r}, "
                                                                                  f"got {got!r} (exit {rc}) {err[:200]}")
+    if "accept" in expect:  # a good value: exit 0, the field exactly as written
+        field = expect["accept"]
+        if rc != 0:
+            return "good value refused", f"{field} {expect['value']!r}: {err[:300]}"
+        got = resolved(printed["spec"], field)
+        return ("exit 0", "") if got == expect["value"] else ("silent change", f"{field}: wrote "
+                                                                               f"{expect['value']!r}, got {got!r}")
     if rc == 0:
         return ("silent change" if expect["silent"] else "nonsense accepted"), f"{expect['refuse']} accepted"
     if f"\n  - {expect['refuse']}:" not in err or expect.get("not", "Traceback") in err:
@@ -259,6 +343,7 @@ def main_bench() -> None:
     signal.signal(signal.SIGALRM, _alarm)
     counts, examples, slowest = collections.Counter(), collections.defaultdict(list), 0.0
     issues, pipes = collections.Counter(), collections.Counter()
+    by_class = collections.defaultdict(collections.Counter)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "spec.yaml"
@@ -271,6 +356,7 @@ def main_bench() -> None:
             examples[outcome].append((data[-300:], detail))
             if isinstance(target, dict):
                 issues[outcome in ("exit 0", "exit 2")] += 1
+                by_class[target.get("class")][outcome in ("exit 0", "exit 2")] += 1
         for _ in range(args.pipes):
             outcome, detail = run_piped(path, mutate(rng)[0])
             pipes[outcome != "traceback"] += 1
@@ -280,9 +366,12 @@ def main_bench() -> None:
     print(f"{args.n} seeded mutations (seed {args.seed}) in {time.perf_counter() - start:.0f} s; "
           f"slowest {slowest * 1000:.0f} ms; {sum(issues.values())} of them of the last attack's classes "
           f"({issues[True]} as they should be); {args.pipes} with the reader gone ({pipes[True]} quiet)")
-    kinds = ("traceback", "silent change", "nonsense accepted", "unnamed", "hang", "big output")
+    kinds = ("traceback", "silent change", "nonsense accepted", "good value refused", "unnamed", "hang", "big output")
     for outcome in ("exit 0", "exit 2") + kinds:
         print(f"  {outcome:18s} {counts[outcome]}")
+    print("  of the path and name classes:")
+    for kind in PATH_CLASSES:
+        print(f"    {kind:40s} {sum(by_class[kind].values()):5d} ({by_class[kind][True]} as they should be)")
     for outcome in kinds:
         for data, detail in examples[outcome][:args.show]:
             print(f"\n{outcome}: ...{data!r}\n{detail}")
