@@ -1,6 +1,6 @@
 """`labkit validate` on 10,000 seeded spec mutations (goal: 0 tracebacks, 0 silent changes, 0 hangs over 5 s).
 
-    .venv/bin/python benchmarks/bench_spec_fuzz.py [--n 10000] [--seed 0] [--pipes 10]
+    .venv/bin/python benchmarks/bench_spec_fuzz.py [--n 10000] [--seed 0] [--pipes 10] [--interrupted 0.05]
 
 Failures print with the end of the spec that caused them (--show N of each kind). Each mutation takes the spec of
 tests/test_spec_fuzz.py and does one of: put a hostile value in a field (YAML 1.1 look-alikes, numbers at and past the
@@ -25,6 +25,9 @@ this process and counts:
                      its field, or an error that quotes "?" or a number other than as written
   hang               a run over 5 s of CPU time (or 30 s of wall time)
   big output         stderr over 100 KB
+  unclean interrupt  Ctrl-C (a share --interrupted of the runs, each a KeyboardInterrupt raised as a random one of
+                     its first 50,000 Python calls starts, as SIGINT's handler raises it) not ending in exit 130 with
+                     the one line `labkit validate: interrupted` on stderr
 
 Then --pipes mutated specs go through `labkit validate` in a new process whose reader has left (as `| true`): any
 traceback on stderr is counted as one.
@@ -274,21 +277,47 @@ def issue_outcome(rc: int, printed: dict | None, err: str, expect: dict) -> tupl
     return "exit 2", ""
 
 
-def run_one(path: Path, data: bytes, target) -> tuple[str, str]:
-    """(outcome, detail) of validating one mutated spec."""
+class Interrupt:
+    """Ctrl-C as the `after`-th Python call starts: KeyboardInterrupt raised there, as SIGINT's handler raises it
+    between two steps of the program (a trace function that raises stops tracing, and the call gets the exception)."""
+
+    def __init__(self, after: int):
+        self.after, self.calls = after, 0
+
+    def __call__(self, frame, event, arg):
+        self.calls += 1
+        if self.calls == self.after:
+            raise KeyboardInterrupt
+
+    @property
+    def fired(self) -> bool:
+        return self.calls >= self.after
+
+
+def run_one(path: Path, data: bytes, target, interrupt: Interrupt | None = None) -> tuple[str, str]:
+    """(outcome, detail) of validating one mutated spec (with `interrupt`, Ctrl-C in the middle of it)."""
     path.write_bytes(data)
     out, err = io.StringIO(), io.StringIO()
     signal.alarm(KILL_S)
     start = time.process_time()  # CPU time, as tests/test_spec_fuzz.py: a busy machine slows a run without hanging it
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = main(["validate", str(path), "--json"])
+            sys.settrace(interrupt)
+            try:
+                rc = main(["validate", str(path), "--json"])
+            finally:
+                sys.settrace(None)
     except TimeoutError:
         return "hang", f"over {KILL_S} s"
     except BaseException:  # noqa: BLE001 - anything out of main is the traceback this counts
         return "traceback", traceback.format_exc(limit=-3)
     finally:
         signal.alarm(0)
+    if interrupt is not None and interrupt.fired:
+        lines = err.getvalue().splitlines()
+        if rc == 130 and lines == ["labkit validate: interrupted"]:
+            return "interrupted", ""
+        return "unclean interrupt", f"exit {rc} at call {interrupt.after}: {err.getvalue()[-300:]!r}"
     seconds, err = time.process_time() - start, error_lines(rc, out.getvalue()) + err.getvalue()
     if seconds > HANG_S:
         return "hang", f"{seconds:.1f} s"
@@ -338,8 +367,9 @@ def main_bench() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--show", type=int, default=1, help="failures of each kind to print")
     parser.add_argument("--pipes", type=int, default=10, help="mutated specs validated with the reader gone")
+    parser.add_argument("--interrupted", type=float, default=0.05, help="the share of runs that get a Ctrl-C")
     args = parser.parse_args()
-    rng = random.Random(args.seed)
+    rng, interrupts = random.Random(args.seed), random.Random(args.seed + 1)
     signal.signal(signal.SIGALRM, _alarm)
     counts, examples, slowest = collections.Counter(), collections.defaultdict(list), 0.0
     issues, pipes = collections.Counter(), collections.Counter()
@@ -349,12 +379,15 @@ def main_bench() -> None:
         path = Path(tmp) / "spec.yaml"
         for _ in range(args.n):
             data, target = mutate(rng)
+            interrupt = Interrupt(interrupts.randint(1, 50_000)) if interrupts.random() < args.interrupted else None
             t0 = time.perf_counter()
-            outcome, detail = run_one(path, data, target)
+            outcome, detail = run_one(path, data, target, interrupt)
+            if interrupt is not None and not interrupt.fired:
+                counts["ended before its Ctrl-C"] += 1
             slowest = max(slowest, time.perf_counter() - t0)
             counts[outcome] += 1
             examples[outcome].append((data[-300:], detail))
-            if isinstance(target, dict):
+            if isinstance(target, dict) and outcome != "interrupted":
                 issues[outcome in ("exit 0", "exit 2")] += 1
                 by_class[target.get("class")][outcome in ("exit 0", "exit 2")] += 1
         for _ in range(args.pipes):
@@ -366,9 +399,12 @@ def main_bench() -> None:
     print(f"{args.n} seeded mutations (seed {args.seed}) in {time.perf_counter() - start:.0f} s; "
           f"slowest {slowest * 1000:.0f} ms; {sum(issues.values())} of them of the last attack's classes "
           f"({issues[True]} as they should be); {args.pipes} with the reader gone ({pipes[True]} quiet)")
-    kinds = ("traceback", "silent change", "nonsense accepted", "good value refused", "unnamed", "hang", "big output")
+    kinds = ("traceback", "silent change", "nonsense accepted", "good value refused", "unnamed", "hang", "big output",
+             "unclean interrupt")
     for outcome in ("exit 0", "exit 2") + kinds:
         print(f"  {outcome:18s} {counts[outcome]}")
+    print(f"  Ctrl-C'd {counts['interrupted'] + counts['unclean interrupt']} mid-run ({counts['interrupted']} exit 130 "
+          f"with one line), {counts['ended before its Ctrl-C']} ended before theirs")
     print("  of the path and name classes:")
     for kind in PATH_CLASSES:
         print(f"    {kind:40s} {sum(by_class[kind].values()):5d} ({by_class[kind][True]} as they should be)")
