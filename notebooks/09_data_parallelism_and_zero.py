@@ -90,8 +90,8 @@ my_prediction = {
 # %% [markdown]
 # The idea (`bytes_per_param`, ZeRO's accounting) and megatron-core's own buffers (`model_state_bytes`, which the
 # estimator uses: it adds the padding the distributed optimizer aligns its buckets with, none at this size). For
-# stages 2 and 3 the estimate also counts the unsharded buffers Megatron-FSDP works in while a layer computes; the
-# column below leaves them out, as they are not held between steps.
+# stages 2 and 3 it counts what the driver runs, FSDP2: each parameter's rows split over the ranks, and beside them
+# the layers it gathers while they compute; the column below leaves those out, as they are not held between steps.
 
 # %%
 def held_estimate(spec):
@@ -215,16 +215,16 @@ memory["ZeRO's idea"] = estimated["ZeRO's idea"]
 memory
 
 # %% tags=["check-claim"]
-for name in ("zero0", "zero1", "zero3"):  # exact for megatron-core's buffers; FSDP2 pads a few elements at most
+for name in stages:  # exact: megatron-core's buffers, and FSDP2's shards padded to whole rows
     assert abs(memory.loc[name, "measured"] / memory.loc[name, "estimate"] - 1) < 0.01, memory
 assert memory["measured"].is_monotonic_decreasing and memory.loc["zero3", "measured"] < memory.loc["zero1", "measured"]
 
 # %% [markdown]
 # Stage 1 halves the optimizer state; stage 3 halves everything. Stage 2 measures as stage 3 here: labkit's driver
 # runs it as FSDP2 without resharding after forward, which keeps the parameters sharded between steps and gathers
-# them from the forward to the backward, so ZeRO-2's whole parameters exist only at the peak. The estimate counts
-# Megatron-FSDP's `optim_grads` (what Megatron-LM runs), whose parameters are never sharded. Your guesses beside
-# both:
+# them from the forward to the backward, so ZeRO-2's whole parameters exist only at the peak, which the estimate
+# counts in its working buffers. (Megatron-LM runs stage 2 as Megatron-FSDP's `optim_grads`, whose parameters are
+# never sharded: its estimate holds more, `job.entrypoint: megatron-lm`.) Your guesses beside both:
 
 # %%
 prediction_table(my_prediction,

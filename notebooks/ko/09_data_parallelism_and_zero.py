@@ -94,9 +94,9 @@ my_prediction = {
 # %% [markdown]
 # 아이디어(`bytes_per_param`, ZeRO의 계산 방식)와 megatron-core 자체의 버퍼(buffer)(`model_state_bytes`)를 나란히
 # 봅니다. 추정기(estimator)가 쓰는 `model_state_bytes`는 분산 옵티마이저가 버킷(bucket)을 정렬하느라 붙이는
-# 패딩(padding)을 더하는데, 이 크기에서는 패딩이 없습니다. 2단계와 3단계에서는 레이어(layer)가 계산하는 동안
-# Megatron-FSDP가 작업 공간으로 쓰는, 샤딩되지 않은 버퍼도 추정값에 들어갑니다. 이 버퍼는 스텝 사이에 유지되지 않으므로
-# 아래 열에서는 뺍니다.
+# 패딩(padding)을 더하는데, 이 크기에서는 패딩이 없습니다. 2단계와 3단계에서는 드라이버가 실행하는 FSDP2를 셉니다. 각
+# 파라미터의 행(row)을 랭크들에 나누고, 그 옆에 레이어(layer)가 계산하는 동안 모아 두는 레이어들을 더합니다. 이것은
+# 스텝 사이에 유지되지 않으므로 아래 열에서는 뺍니다.
 
 # %%
 def held_estimate(spec):
@@ -221,7 +221,7 @@ memory["ZeRO's idea"] = estimated["ZeRO's idea"]
 memory
 
 # %% tags=["check-claim"]
-for name in ("zero0", "zero1", "zero3"):  # exact for megatron-core's buffers; FSDP2 pads a few elements at most
+for name in stages:  # exact: megatron-core's buffers, and FSDP2's shards padded to whole rows
     assert abs(memory.loc[name, "measured"] / memory.loc[name, "estimate"] - 1) < 0.01, memory
 assert memory["measured"].is_monotonic_decreasing and memory.loc["zero3", "measured"] < memory.loc["zero1", "measured"]
 
@@ -229,8 +229,9 @@ assert memory["measured"].is_monotonic_decreasing and memory.loc["zero3", "measu
 # 1단계는 옵티마이저 상태를 절반으로 줄이고, 3단계는 모든 것을 절반으로 줄입니다. 여기서 2단계는 3단계와 같게
 # 측정됩니다. labkit의 드라이버는 2단계를 순전파 뒤에 다시 샤딩하지 않는(without resharding after forward) FSDP2로
 # 실행합니다. 이 방식은 스텝 사이에는 파라미터를 샤딩된 채로 두고 순전파부터 역전파까지만 모아 두므로, ZeRO-2의 온전한
-# 파라미터는 최고점(peak)에서만 존재합니다. 추정값은 Megatron-FSDP의 `optim_grads`(Megatron-LM이 실행하는 것)를 세며,
-# 여기서는 파라미터가 전혀 샤딩되지 않습니다. 여러분의 예측을 둘과 나란히 놓아 봅니다:
+# 파라미터는 최고점(peak)에서만 존재하며, 추정값은 이것을 작업 버퍼로 셉니다. (Megatron-LM은 2단계를 Megatron-FSDP의
+# `optim_grads`로 실행하는데, 여기서는 파라미터가 전혀 샤딩되지 않으므로 그 추정값은 더 많이 가집니다:
+# `job.entrypoint: megatron-lm`.) 여러분의 예측을 둘과 나란히 놓아 봅니다:
 
 # %%
 prediction_table(my_prediction,
