@@ -5,7 +5,6 @@ Each area of the library registers its own subcommands here; the commands are th
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import json
 import os
@@ -81,27 +80,28 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     except KeyboardInterrupt:
-        # A second Ctrl-C while the line is written, or while the program exits, changes nothing; called from Python
-        # (argv given), the caller's handler is back afterwards.
-        with _deaf_to_ctrl_c(restore=argv is not None):
-            words = [w for w in (sys.argv[1:] if argv is None else argv) if not w.startswith("-")][:1]
-            print(f"{' '.join(['labkit', *words])}: interrupted", file=sys.stderr)
-        return INTERRUPTED
-
-
-@contextlib.contextmanager
-def _deaf_to_ctrl_c(restore: bool):
-    """SIGINT ignored from here (in the main thread; elsewhere signals stay as they are), and with `restore` as it
-    was again after the block."""
-    try:
-        before = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:
-        before = None
-    try:
-        yield
-    finally:
-        if before is not None and restore:
+        # A second Ctrl-C while the line is written changes nothing; called from Python (argv given), the caller's
+        # handler is back afterwards.
+        before = _ignore_ctrl_c()
+        words = [w for w in (sys.argv[1:] if argv is None else argv) if not w.startswith("-")][:1]
+        print(f"{' '.join(['labkit', *words])}: interrupted", file=sys.stderr)
+        if before is not None and argv is not None:
             signal.signal(signal.SIGINT, before)
+        return INTERRUPTED
+    finally:
+        if argv is None:
+            # The program's command has ended: a Ctrl-C while Python exits (which can take a tenth of a second after a
+            # large parse) changes nothing, where it would kill the process silently once Python has put back
+            # SIGINT's default action (an ignored signal it leaves ignored).
+            _ignore_ctrl_c()
+
+
+def _ignore_ctrl_c():
+    """SIGINT ignored from here on; its handler before, or None where it cannot be set (outside the main thread)."""
+    try:
+        return signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:
+        return None
 
 
 def _main(argv: list[str] | None) -> int:

@@ -128,3 +128,13 @@ def test_sigint_to_labkit_run_wait_leaves_the_job_running_and_names_the_cancel_c
     assert job.status().state == State.RUNNING  # the job was not stopped by the Ctrl-C
     assert cli.main(shlex.split(command)[1:]) == 0
     assert job_of(RunRecord(runs / run_id)).status().state == State.CANCELLED
+
+
+def test_ctrl_c_while_the_program_exits_changes_nothing(tmp_path):
+    # Once the command has ended, Python's exit (freeing a large parse can take a tenth of a second) ignores Ctrl-C:
+    # otherwise, once Python has put back SIGINT's default action, it would kill the process silently.
+    check = ("import signal, sys; from labkit.cli import main; code = main(); "
+             "sys.exit(0 if code == 0 and signal.getsignal(signal.SIGINT) is signal.SIG_IGN else 3)")
+    done = subprocess.run([sys.executable, "-c", check, "completion", "bash"], cwd=tmp_path, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done
