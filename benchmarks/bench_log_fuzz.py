@@ -1,6 +1,8 @@
-"""`labkit logs parse` on 10,000 seeded mutations of real logs (goal: 0 crashes, 0 hangs over 5 s, 0 invented rows).
+"""`labkit logs parse` on 10,000 seeded mutations of real logs (goal: 0 crashes, 0 hangs over 5 s, 0 invented rows,
+0 lines dropped unseen, 0 unclean interrupts).
 
-    .venv/bin/python benchmarks/bench_log_fuzz.py [--n 10000] [--seed 0] [--pipes 5]
+    .venv/bin/python benchmarks/bench_log_fuzz.py [--n 10000] [--seed 0] [--pipes 5] [--interrupted 0.03]
+                                                  [--big-interrupts 6]
 
 Each mutation takes one of the logs in tests/fixtures/logs and does one of: cut it anywhere, delete, repeat or swap
 lines, splice random bytes or log-shaped fragments (interval, timer, memory, argument and tail-header pieces, colour
@@ -13,17 +15,29 @@ summary and the JSON (as `labkit logs parse --json` does) and counts:
   hang           a parse over 5 s of CPU time (its own and a forked scanner's)
   invented row   after a cut or a deletion (which only take text away), an iteration row whose values the whole
                  log does not have; or an iteration number no int64 column holds
+  dropped unseen an interval line whose iteration number (or count) is beyond int64 that is neither a row nor among
+                 the partial lines, or a summary that reports no partial line for it
+  unclean interrupt  Ctrl-C (a share --interrupted of the parses, each a KeyboardInterrupt raised as a random one of
+                 its first 30,000 Python calls starts, as SIGINT's handler raises it) that the parse does not pass on,
+                 or that leaves a forked scanner behind
 
 Then --pipes mutated logs go through `labkit logs parse` in a new process whose reader has left (as `| head`): a
-traceback on stderr counts as a crash.
+traceback on stderr counts as a crash. Then --big-interrupts parses of a 23 MB log (large enough that the event scan
+runs in a forked process) are interrupted: half in this process at a random call, half as `labkit logs parse` in a new
+process that gets a real SIGINT (to its process group, as a terminal's Ctrl-C) at a random moment; each must end in
+exit 130 with one line on stderr (or the KeyboardInterrupt passed on), no traceback, and no process left behind.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import math
+import multiprocessing
+import os
 import random
 import re
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -64,6 +78,94 @@ BEYOND = [  # where a log holds a count: each with a number no count reaches
     lambda n: b"setting number of micro-batches to constant %s\nvirtual stages per pipeline stage: %s\n" % (n, n),
     lambda n: b"successfully saved checkpoint from iteration %s to ckpt\n" % n,
 ]
+
+
+_INTERVAL = re.compile(rb"iteration[ =]+(\d+) */ *(\d+) *\|")
+
+
+def beyond_int64(digits: bytes) -> bool:
+    return len(digits) > 19 or (len(digits) == 19 and int(digits) >= 2**63)
+
+
+def dropped_unseen(data: bytes, parsed) -> list[int]:
+    """The line numbers of interval lines with an iteration number (or count) beyond int64 that the parse neither
+    read as a row nor reported among its partial lines (or whose summary reports no partial line)."""
+    lines = {data.count(b"\n", 0, m.start()) + 1 for m in _INTERVAL.finditer(data)
+             if beyond_int64(m.group(1)) or beyond_int64(m.group(2))}
+    if not lines:
+        return []
+    if not parsed.summary()["partial_lines"]:
+        return sorted(lines)
+    return sorted(lines - set(parsed.partial_lines["line"]))
+
+
+class Interrupt:
+    """Ctrl-C as the `after`-th Python call of this process starts: KeyboardInterrupt raised there, as SIGINT's
+    handler raises it between two steps of the program (a process forked meanwhile is left alone: SIGINT's handler
+    does not run there either)."""
+
+    def __init__(self, after: int):
+        self.after, self.calls, self.pid = after, 0, os.getpid()
+
+    def __call__(self, frame, event, arg):
+        if os.getpid() != self.pid:
+            sys.settrace(None)
+            return None
+        self.calls += 1
+        if self.calls == self.after:
+            raise KeyboardInterrupt
+        return None
+
+    @property
+    def fired(self) -> bool:
+        return self.calls >= self.after
+
+
+def parse_interrupted(data: bytes, interrupt: Interrupt) -> str:
+    """Parse, summarise and serialise `data` with Ctrl-C at `interrupt`: "interrupted", "ended first", or what went
+    wrong (the KeyboardInterrupt swallowed, a forked scanner left running)."""
+    sys.settrace(interrupt)
+    try:
+        parsed = parse_text(data)
+        parsed.summary()
+        parsed.to_json()
+        outcome = "swallowed" if interrupt.fired else "ended first"
+    except KeyboardInterrupt:
+        outcome = "interrupted"
+    finally:
+        sys.settrace(None)
+    left = multiprocessing.active_children()
+    for child in left:
+        child.kill()
+        child.join()
+    return f"left {len(left)} scanner(s)" if left else outcome
+
+
+def sigint_logs_parse(path: Path, delay_s: float) -> str:
+    """`labkit logs parse PATH` in a new process, SIGINT to its process group `delay_s` after it has started:
+    "interrupted", "ended first", or what went wrong."""
+    launch = "import sys; from labkit.cli import main; print('ready', flush=True); sys.exit(main())"
+    process = subprocess.Popen([sys.executable, "-c", launch, "logs", "parse", str(path)], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    process.stdout.readline()  # imported: from here on the command handles Ctrl-C
+    time.sleep(delay_s)
+    try:
+        os.killpg(process.pid, signal.SIGINT)
+    except ProcessLookupError:
+        pass
+    out, err = process.communicate(timeout=120)
+    err = err.decode(errors="replace")
+    time.sleep(0.2)
+    left = subprocess.run(["pgrep", "-f", str(path)], capture_output=True, text=True).stdout.split()
+    for pid in left:
+        os.kill(int(pid), signal.SIGKILL)
+    if left:
+        return f"left {len(left)} process(es)"
+    if process.returncode == 0 and not err:
+        return "ended first"
+    if process.returncode != 130 or err.splitlines() != ["labkit logs: interrupted"]:
+        return f"exit {process.returncode}: {err[-300:]!r}"
+    return "interrupted"
 
 
 def mutate(data: bytes, rng: random.Random) -> tuple[bytes, bool]:
@@ -135,12 +237,14 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", type=Path, help="write each failing mutated log into this directory")
     ap.add_argument("--pipes", type=int, default=5, help="mutated logs parsed by a new process with the reader gone")
+    ap.add_argument("--interrupted", type=float, default=0.03, help="the share of parses that get a Ctrl-C")
+    ap.add_argument("--big-interrupts", type=int, default=6, help="Ctrl-Cs in the parse of a 23 MB log")
     args = ap.parse_args(argv)
-    rng = random.Random(args.seed)
+    rng, interrupts = random.Random(args.seed), random.Random(args.seed + 1)
     logs = {p.name: p.read_bytes() for p in sorted(FIXTURES.iterdir()) if p.is_file() and p.suffix != ".md"}
     whole = {name: rows(parse_text(data)) for name, data in logs.items()}
-    counts = {"crash": 0, "hang": 0, "invented row": 0}
-    beyond = 0
+    counts = {"crash": 0, "hang": 0, "invented row": 0, "dropped unseen": 0, "unclean interrupt": 0}
+    beyond, interrupted, ended_first = 0, 0, 0
     slowest, start = 0.0, time.perf_counter()
     def keep(number: int, kind: str, name: str, data: bytes) -> None:
         print(f"  mutation {number} ({kind}, kind {mutate.kind}) of {name}", file=sys.stderr)
@@ -151,6 +255,14 @@ def main(argv=None) -> int:
     for number in range(args.n):
         name = rng.choice(sorted(logs))
         data, only_removed = mutate(logs[name], rng)
+        if interrupts.random() < args.interrupted:
+            outcome = parse_interrupted(data, Interrupt(interrupts.randint(1, 30_000)))
+            interrupted += outcome == "interrupted"
+            ended_first += outcome == "ended first"
+            if outcome not in ("interrupted", "ended first"):
+                counts["unclean interrupt"] += 1
+                keep(number, f"unclean interrupt ({outcome})", name, data)
+            continue
         began, began_cpu = time.perf_counter(), cpu_seconds()
         try:
             parsed = parse_text(data)
@@ -174,6 +286,10 @@ def main(argv=None) -> int:
         elif only_removed and invented(rows(parsed), whole[name]):
             counts["invented row"] += 1
             keep(number, "invented row", name, data)
+        lost = dropped_unseen(data, parsed)
+        if lost:
+            counts["dropped unseen"] += 1
+            keep(number, f"dropped unseen (lines {lost[:5]})", name, data)
     quiet = 0
     with tempfile.TemporaryDirectory() as tmp:
         for number in range(args.pipes):
@@ -190,9 +306,23 @@ def main(argv=None) -> int:
                 print(f"  piped {number} of {name}: {err[-300:]}", file=sys.stderr)
             else:
                 quiet += 1
+        big = Path(tmp) / "big.log"
+        big.write_bytes(logs["03-mlm2025-gpt2-fp16-autodl.log"] * 400)
+        big_outcomes = collections.Counter()
+        for number in range(args.big_interrupts):
+            if number % 2 == 0:
+                outcome = parse_interrupted(big.read_bytes(), Interrupt(interrupts.randint(1, 240_000)))
+            else:
+                outcome = sigint_logs_parse(big, interrupts.uniform(0.0, 1.5))
+            big_outcomes[outcome] += 1
+            if outcome not in ("interrupted", "ended first"):
+                counts["unclean interrupt"] += 1
+                print(f"  Ctrl-C {number} in the parse of a 23 MB log: {outcome}", file=sys.stderr)
     print(f"{args.n} seeded log mutations (seed {args.seed}) of {len(logs)} logs in "
           f"{time.perf_counter() - start:.0f} s; slowest parse {slowest * 1000:.0f} ms; {beyond} with numbers beyond "
-          f"any count; {args.pipes} parsed with the reader gone ({quiet} quiet)")
+          f"any count; {args.pipes} parsed with the reader gone ({quiet} quiet); Ctrl-C in {interrupted} parses "
+          f"({ended_first} more ended first) and in {args.big_interrupts} parses of a 23 MB log "
+          f"({big_outcomes['interrupted']} interrupted, {big_outcomes['ended first']} ended first)")
     for kind, count in counts.items():
         print(f"  {kind:<14} {count}")
     return 1 if any(counts.values()) else 0

@@ -494,3 +494,26 @@ def test_event_scan_runs_in_line_when_no_child_can_be_started(monkeypatch):
         raise OSError(11, "Resource temporarily unavailable")
     monkeypatch.setattr(multiprocessing.get_context("fork").Process, "start", no_fork)
     pd.testing.assert_frame_equal(parse_log(path).events, inline)
+
+
+def test_ctrl_c_in_a_parse_stops_its_forked_scanner_with_it(monkeypatch):
+    import multiprocessing
+
+    from labkit.logs import parse as parse_module
+
+    monkeypatch.setattr(parse_module, "_BACKGROUND_SCAN_BYTES", 0)
+    monkeypatch.setattr(parse_module, "_can_fork_a_scanner", lambda: True)
+    started = []
+    start = multiprocessing.get_context("fork").Process.start
+
+    def counted(self):
+        started.append(self)
+        start(self)
+    monkeypatch.setattr(multiprocessing.get_context("fork").Process, "start", counted)
+
+    def interrupted(s):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(parse_module, "_iterations", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        parse_log(FIXTURES / "03-mlm2025-gpt2-fp16-autodl.log")
+    assert started and not any(child.is_alive() for child in started)  # not left to run on unheard

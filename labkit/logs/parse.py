@@ -14,11 +14,12 @@ returns a `ParsedLog`. It understands, in any mix:
   blocks), the arguments block, parallel sizes, validation losses, and errors/warnings with their line numbers.
 
 Conventions. Iteration numbers are kept as printed, NeMo's 0-based `iteration 28/99` included (its `epoch` is kept
-beside it). Times are milliseconds. One row per iteration even when several ranks print it: rows of one iteration are merged, the first
-value printed wins; when a stream prints an iteration again after a higher one (a restart from a checkpoint) the later
-print wins. A line cut off mid-record (a truncated file, a line broken by another rank's output) is ignored and
-reported in `partial_lines`, and so is a line whose iteration number is longer than any count (over 18 digits, beyond
-what the int64 columns hold): damage is never read as a row, nor dropped unseen. Bytes that are not UTF-8 are replaced, never fatal.
+beside it). Times are milliseconds. One row per iteration even when several ranks print it: rows of one iteration are
+merged, the first value printed wins; when a stream prints an iteration again after a higher one (a restart from a
+checkpoint) the later print wins. A line cut off mid-record (a truncated file, a line broken by another rank's output)
+is ignored and reported in `partial_lines`, and so is a line whose iteration number is longer than any count (over 18
+digits, beyond what the int64 columns hold): damage is never read as a row, nor dropped unseen (the summary counts
+the partial lines). Bytes that are not UTF-8 are replaced, never fatal.
 
 The scan works on bytes with one C-level regex pass per record kind, so Python code runs only for lines that carry
 data; that is what keeps large multi-rank logs fast (see benchmarks/bench_log_parse.py). On a large log the
@@ -583,16 +584,20 @@ def _scan(data: bytes, source: str, node: str | None, first_line: int = 1, last_
     whether to read set-up lines (arguments, parallel sizes), which only the pieces before training starts hold."""
     s = _Scan(data, source, node, first_line, tail_file)
     event_hits = _start_event_scan(s.buf)
-    iterations, iteration_pos, partial = _iterations(s)
-    if last_iteration is not None:
-        iteration_pos.insert(0, (-1, last_iteration))
-    tables = {
-        "iterations": iterations,
-        "memory": _memory(s, iteration_pos, partial),
-        "timers": _timers(s, iteration_pos),
-        "validation": _validation(s, partial),
-        "events": _events(s, event_hits()),
-    }
+    try:
+        iterations, iteration_pos, partial = _iterations(s)
+        if last_iteration is not None:
+            iteration_pos.insert(0, (-1, last_iteration))
+        tables = {
+            "iterations": iterations,
+            "memory": _memory(s, iteration_pos, partial),
+            "timers": _timers(s, iteration_pos),
+            "validation": _validation(s, partial),
+            "events": _events(s, event_hits()),
+        }
+    except BaseException:  # Ctrl-C (or a failure): a forked scanner stops with the parse, not later on its own
+        event_hits(stop=True)
+        raise
     partial.extend(s.partial)
     tables["partial_lines"] = _frame(
         {"source": [source] * len(partial), "line": [p[0] for p in partial], "text": [p[1] for p in partial]},
@@ -1008,7 +1013,7 @@ def _start_event_scan(buf: bytes):
     """
     if len(buf) < _BACKGROUND_SCAN_BYTES or not _can_fork_a_scanner():
         hits = _event_hits(buf)
-        return lambda: hits
+        return lambda stop=False: hits
     context = multiprocessing.get_context("fork")
     receive, send = context.Pipe(duplex=False)
     child = context.Process(target=_send_event_hits, args=(buf, send), daemon=True)
@@ -1018,11 +1023,15 @@ def _start_event_scan(buf: bytes):
         receive.close()
         send.close()
         hits = _event_hits(buf)
-        return lambda: hits
+        return lambda stop=False: hits
     send.close()
 
-    def collect() -> list[int]:
+    def collect(stop: bool = False) -> list[int]:
+        """The offsets; with `stop` (the parse was interrupted), none, and the child is stopped unheard."""
         try:
+            if stop:
+                child.kill()
+                return []
             return receive.recv()
         except EOFError:  # the child died without an answer: scan here instead
             return _event_hits(buf)
