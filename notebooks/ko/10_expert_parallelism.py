@@ -18,7 +18,7 @@
 # # 실습 10: 전문가 병렬화(expert parallelism): 전문가 혼합 모델, 그 비용, 토큰 분배
 #
 # **목표.** 이 실습을 마치면 다음을 할 수 있습니다.
-# - 전문가 혼합(mixture-of-experts, MoE) 모델의 전체 파라미터와 활성 파라미터(active parameter), 토큰 하나가 드는
+# - 전문가 혼합(mixture-of-experts, MoE) 모델의 전체 파라미터와 활성 파라미터(active parameter), 토큰 하나에 드는
 #   FLOPs를 세기(Shazeer et al. 2017; GShard, [arXiv:2006.16668](https://arxiv.org/abs/2006.16668); Mixtral,
 #   [arXiv:2401.04088](https://arxiv.org/abs/2401.04088))
 # - 전문가 병렬화가 랭크(rank)당 무엇을 아끼고 통신으로 무엇을 치르는지 예측하고, 둘 다 추정(estimate)과 맞춰 보기
@@ -62,8 +62,8 @@ from labkit.spec import load_spec
 #
 # MoE 레이어는 MLP를 전문가 MLP $E$개와 라우터로 바꿉니다. 라우터는 $E \times h$ 행렬로, 토큰마다 각 전문가의 점수를
 # 매깁니다. 토큰은 점수가 가장 높은 전문가 $k$개에게만 가고, 그 출력은 라우터의 가중치로 더해집니다. 모델은 모든
-# 전문가를 가지지만, 토큰 하나는 그중 $k$개만 지납니다. Mixtral-8x7B: 레이어 32개, $h = 4096$, Mistral 7B의 MLP 폭을 가진
-# 전문가 8개(가중치 $3 \times 4096 \times 14336$개의 SwiGLU MLP), top-2, 그룹 쿼리 어텐션(grouped-query attention).
+# 전문가를 가지지만, 토큰 하나는 그중 $k$개만 지납니다. Mixtral-8x7B: 레이어 32개, $h = 4096$, Mistral 7B의 MLP 폭을
+# 가진 전문가 8개(가중치 $3 \times 4096 \times 14336$개의 SwiGLU MLP), top-2, 그룹 쿼리 어텐션(grouped-query attention).
 #
 # 먼저 여러분의 예측을 10억(billion) 단위로 적어 봅니다:
 
@@ -88,12 +88,12 @@ pd.Series(answers).round(3)
 # 때문에 조금 더). 반면 모델의 메모리는 46.7 B의 것입니다. 이것이 MoE로 얻는 것입니다. 큰 모델의 지식을 작은 모델의
 # 계산으로 얻고, 그 값은 메모리와, 토큰을 전문가에게 옮기는 통신으로 치릅니다.
 #
-# ## 10.2 전문가 병렬화: 전문가가 사는 곳
+# ## 10.2 전문가 병렬화: 전문가가 놓이는 곳
 #
 # 데이터 병렬화라면 모든 레이어의 전문가 8개를 GPU마다 복사합니다. **전문가 병렬화**는 이들을 나눕니다.
 # `parallel.expert` $= e$이면 각 랭크가 레이어마다 전문가 $E/e$개를 가지고, 토큰은 자기 전문가가 있는 랭크로 갔다가
 # 돌아옵니다. Megatron은 전문가 레이어를 같은 랭크들 위의 별도 격자(expert_tensor x expert x pipeline x expert-data)에
-# 배치하므로, 어텐션은 데이터 병렬 배치를 그대로 유지하고 전문가만 나뉩니다. 전문가의 그래디언트(gradient)는
+# 배치하므로, 어텐션은 데이터 병렬 레이아웃(layout)을 그대로 유지하고 전문가만 나뉩니다. 전문가의 그래디언트(gradient)는
 # 전문가-데이터 병렬(expert-data-parallel) 랭크들 사이에서만 리듀스(reduce)됩니다.
 #
 # H100 8개짜리 노드 8개에서 파이프라인 4, 분산 옵티마이저(distributed optimizer)로 Mixtral-8x7B를 학습할 때, 전문가
@@ -199,8 +199,8 @@ print(f"expert parallel 2 = one rank holding every expert, on all {len(one_rank)
 # 라우팅은 megatron-core의 것과 같습니다. 같은 라우터 행렬을 주면 megatron-core의 `TopKRouter`
 # (megatron/core/transformer/moe/router.py)는 토큰마다 같은 두 전문가를 같은 가중치로 고릅니다. (여기서는 labkit의 작은
 # 호환 계층 `labkit.train.cpu_compat`이 megatron-core의 CUDA 호출에 답해 CPU에서 실행되며, Transformer Engine 없이
-# 실행됩니다. megatron-core 0.16.1의 라우터는 Transformer Engine의 커널을 정의되지 않은 이름으로 찾는데,
-# `define_moe_names_without_te`가 이후 megatron-core처럼 그 이름들을 없는 것으로 정의합니다.)
+# 실행됩니다. megatron-core 0.16.1의 라우터는 Transformer Engine의 커널을 찾을 때 쓰는 이름들을 정의하지 않은 채
+# 둡니다. `define_moe_names_without_te`는 이후 버전의 megatron-core가 하듯이 그 이름들을 '없음'으로 정의합니다.)
 
 # %%
 from labkit.train import cpu_compat
@@ -240,9 +240,9 @@ print("megatron-core's TopKRouter chooses the same experts with the same weights
 #
 # 밀집 모델 실습과 다른 점이 하나 있습니다. megatron-core는 각 전문가 랭크의 전문가를 그 랭크 자신의 난수 흐름에서
 # 뽑으므로, 시드(seed)가 같아도 전문가 병렬 1과 2는 서로 다른 가중치에서 시작합니다. 산술을 비교하기 위해 전문가 병렬
-# 1의 실행은 반복마다 체크포인트(checkpoint)를 저장하고(어떤 배치로도 불러올 수 있는 Megatron의 `torch_dist` 형식),
-# 전문가 병렬 2의 실행은 반복 1 뒤의 체크포인트에서 이어 갑니다. 같은 가중치와 Adam 상태에서 출발하므로 반복 2와 3의
-# 손실은 fp32 반올림 범위에서 일치해야 합니다. 2의 실행은 마지막 반복에서 프로파일링(profiling)합니다.
+# 1의 실행은 반복마다 체크포인트(checkpoint)를 저장하고(어떤 레이아웃으로도 불러올 수 있는 Megatron의 `torch_dist`
+# 형식), 전문가 병렬 2의 실행은 반복 1 뒤의 체크포인트에서 이어 갑니다. 같은 가중치와 Adam 상태에서 출발하므로 반복 2와
+# 3의 손실은 fp32 반올림 범위에서 일치해야 합니다. 전문가 병렬 2의 실행은 마지막 반복을 프로파일링(profiling)합니다.
 
 # %%
 runs_dir().mkdir(parents=True, exist_ok=True)
@@ -310,7 +310,8 @@ prediction_table(my_prediction, estimated=answers, measured={})
 # %% [markdown]
 # ## 연습 문제
 #
-# **연습 1.** Mixtral-8x22B(`mixtral-8x22b` 프리셋)에서 토큰 하나가 지나는 파라미터는 몇 10억(billion) 개입니까?
+# **연습 1.** Mixtral-8x22B(`mixtral-8x22b` 프리셋)에서 토큰 하나가 지나는 파라미터는 10억(billion) 단위로 몇
+# 개입니까?
 
 # %%
 answer_1 = ...
