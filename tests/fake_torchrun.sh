@@ -1,7 +1,7 @@
 #!/bin/bash
 # Stands in for torchrun where a test is about scheduling, not training: prints the driver's layout line and
 # Megatron-format iteration lines, records its arguments (NUL-separated) in LOGDIR/JOBID/NODE.argv and its environment in NODE.env0, and exits FAKE_EXIT.
-# FAKE_ITERATION_S sets the pause per logged iteration.
+# FAKE_ITERATION_S sets the pause per logged iteration, FAKE_LINGER_S one after the last.
 iters=10 interval=5 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
     case ${args[i]} in
@@ -16,4 +16,5 @@ for ((i = interval; i <= iters; i += interval)); do
     sleep "${FAKE_ITERATION_S:-0}"
     printf ' iteration %8d/%8d | elapsed time per iteration (ms): 100.0 | lm loss: 7.000000E+00 |\n' "$i" "$iters"
 done
+sleep "${FAKE_LINGER_S:-0}"
 exit "${FAKE_EXIT:-0}"

@@ -123,15 +123,15 @@ def _run(args) -> int:
         return 1
     submitted = {"run_id": job.record.run_id, "backend": backend.name, "job_ids": job.job_ids,
                  "path": str(job.record.path)}
-    if not args.json:
-        print(f"run {job.record.run_id}: {backend.name} job {', '.join(job.job_ids)} ({job.record.path})")
-    if not args.wait:
-        if args.json:
-            print(json.dumps(submitted, indent=2))
-        return 0
-    # The bar redraws itself in place: only on a terminal, never into a file or pipe that collects the output.
-    progress = not args.json and sys.stdout.isatty() and sys.stderr.isatty()
-    try:
+    try:  # from here until it has ended, a Ctrl-C leaves the job running, and says how to stop it
+        if not args.json:
+            print(f"run {job.record.run_id}: {backend.name} job {', '.join(job.job_ids)} ({job.record.path})")
+        if not args.wait:
+            if args.json:
+                print(json.dumps(submitted, indent=2))
+            return 0
+        # The bar redraws itself in place: only on a terminal, never into a file or pipe that collects the output.
+        progress = not args.json and sys.stdout.isatty() and sys.stderr.isatty()
         state = job.wait(progress=progress, poll_s=args.poll)
     except KeyboardInterrupt:
         print(_still_running(job, args), file=sys.stderr)
@@ -150,7 +150,11 @@ def _run(args) -> int:
 
 
 def _still_running(job, args) -> str:
-    """The one line `labkit run --wait` leaves when interrupted: the job runs on, and how to cancel it."""
+    """The one line `labkit run --wait` leaves when interrupted: the job runs on, and how to cancel it (or, when it
+    was seen to end just before, how it ended)."""
+    status = job.status(refresh=False)
+    if status.state.finished:
+        return f"interrupted: run {job.record.run_id} ({job.spec.name}) had ended {status.state}"
     cancel = ["labkit", "cancel", job.record.run_id]
     if args.runs_dir:
         cancel += ["--runs-dir", args.runs_dir]
