@@ -21,9 +21,10 @@
 # - 전문가 혼합(mixture-of-experts, MoE) 모델의 전체 파라미터와 활성 파라미터(active parameter), 토큰 하나에 드는
 #   FLOPs를 세기(Shazeer et al. 2017; GShard, [arXiv:2006.16668](https://arxiv.org/abs/2006.16668); Mixtral,
 #   [arXiv:2401.04088](https://arxiv.org/abs/2401.04088))
-# - 전문가 병렬화가 랭크(rank)당 무엇을 아끼고 통신으로 무엇을 치르는지 예측하고, 둘 다 추정(estimate)과 맞춰 보기
+# - 전문가 병렬화가 랭크(rank)당 무엇을 아끼고 트래픽(traffic)으로 무엇을 치르는지 예측하고, 둘 다 추정(estimate)과
+#   맞춰 보기
 # - top-k 라우팅(routing)과 토큰 분배(token dispatch: 보내고 돌려받는 all-to-all)를 두 gloo 프로세스에서 처음부터
-#   구현하고, 라우팅을 megatron-core의 라우터와 맞춰 보기
+#   구현하고, 라우팅을 megatron-core 자체의 라우터(router)와 맞춰 보기
 # - megatron-core의 MoE 레이어로 작은 MoE GPT를 전문가 병렬 1과 2에서 학습하고 부하 균형 손실(load-balancing loss)을
 #   읽기
 
@@ -84,9 +85,9 @@ answers = {"Mixtral-8x7B parameters (B)": total_params(shape) / 1e9,
 pd.Series(answers).round(3)
 
 # %% [markdown]
-# 활성 파라미터 하나와 토큰 하나당 약 6 FLOPs로, 12.9 B짜리 밀집(dense) 모델과 같습니다(4096 토큰에 걸친 어텐션 점수
-# 때문에 조금 더). 반면 모델의 메모리는 46.7 B의 것입니다. 이것이 MoE로 얻는 것입니다. 큰 모델의 지식을 작은 모델의
-# 계산으로 얻고, 그 값은 메모리와, 토큰을 전문가에게 옮기는 통신으로 치릅니다.
+# 활성 파라미터 하나, 토큰 하나당 약 6 FLOPs로 12.9 B짜리 밀집(dense) 모델과 같습니다(4096개 토큰에 걸친 어텐션 점수
+# 때문에 조금 더 많습니다). 반면 모델의 메모리는 46.7 B짜리 모델만큼 듭니다. MoE로 얻는 것이 바로 이것입니다. 큰 모델의
+# 지식을 작은 모델의 계산량으로 얻고, 그 값은 메모리로, 그리고 토큰을 전문가에게 옮기는 일로 치릅니다.
 #
 # ## 10.2 전문가 병렬화: 전문가가 놓이는 곳
 #
@@ -126,7 +127,7 @@ pd.DataFrame(layouts).T.round(3)
 assert not layouts["ep 1"]["fits"] and all(layouts[f"ep {e}"]["fits"] for e in (2, 4, 8)), layouts
 
 # %% [markdown]
-# ## 10.3 라우팅과 분배를 처음부터
+# ## 10.3 라우팅과 분배를 처음부터 구현하기
 #
 # 랭크 두 개가 토큰 12개 중 각자 6개(폭 8)를 가지고, 전문가 4개를 랭크마다 2개씩(전문가 병렬 2) 가지며, 전문가는 각각
 # 평범한 행렬 하나입니다. 라우팅은 top-2입니다. 각 랭크는 자기 토큰의 점수를 매기고(`logits = x @ router.T`), 토큰마다
@@ -274,7 +275,7 @@ assert list(losses.index) == list(range(2, iterations + 1)), losses
 assert (losses["spread"] / losses["ep1"]).max() < 1e-5, losses
 
 # %% [markdown]
-# 라우터의 부하 균형 손실(GShard의 보조 손실을 Switch Transformer 방식으로 스케일한 것; Megatron-LM의
+# 라우터의 부하 균형 손실(GShard의 보조 손실(auxiliary loss)을 Switch Transformer 방식으로 스케일한 것; Megatron-LM의
 # `load_balancing_loss`로, lm loss 뒤에 출력됨)은 전문가 $E$개에 대한 $E \sum_i f_i P_i$입니다. $f_i$는 전문가 $i$로
 # 라우팅된 토큰 슬롯의 비율, $P_i$는 그 전문가의 평균 라우터 확률입니다. 모델의 손실은 여기에
 # `moe_aux_loss_coeff`(여기서는 0.01)를 곱해 더하고, 그 그래디언트가 라우터를 고른 부하 쪽으로 밉니다. 로그는 계수를
@@ -291,8 +292,8 @@ assert len(balance) == iterations - 1 and balance.gt(0.9).all().all() and balanc
 assert ((balance["ep2"] - balance["ep1"]).abs() / balance["ep1"]).max() < 1e-5, balance
 
 # %% [markdown]
-# 전문가 병렬 2에서 프로파일링한 랭크의 시간이 간 곳: MoE 레이어마다의 all-to-all(보내고 돌려받기, 순전파에서 그리고
-# 역전파에서 다시)이 `ep` 줄이고, 밀집 가중치의 그래디언트 리듀스가 `dp` 줄입니다.
+# 전문가 병렬 2에서 프로파일링한 랭크의 시간이 어디에 쓰였는지 봅니다. MoE 레이어마다의 all-to-all(보내고 돌려받기,
+# 순전파에서 그리고 역전파에서 다시)이 `ep` 줄이고, 밀집 가중치의 그래디언트 리덕션(reduction)이 `dp` 줄입니다.
 
 # %%
 groups = trace.communication_by_group(resumed.traces("ep2"))

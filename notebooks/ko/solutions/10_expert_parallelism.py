@@ -26,8 +26,8 @@ from labkit.spec import load_spec
 # %% [markdown]
 # **연습 1.** 토큰 하나는 모든 레이어의 어텐션과 라우터, 전문가 8개 중 상위 2개, 임베딩(embedding)과 출력 레이어를
 # 지납니다. Mixtral-8x22B: 레이어 56개, 은닉 크기(hidden size) 6144, 폭 16384의 전문가(SwiGLU: $6144 \times 16384$ 행렬
-# 세 개), 크기 128의 키-값 헤드 8개를 나눠 쓰는 쿼리 헤드 48개, 출력 가중치가 묶이지 않은(untied) 어휘 32768: 141 B 중
-# 약 39 B입니다.
+# 세 개), 크기 128의 키-값 헤드 8개를 나눠 쓰는 쿼리 헤드 48개, 어휘 크기 32768과 임베딩에 묶이지 않은(untied) 출력
+# 가중치: 141 B 중 약 39 B입니다.
 
 # %%
 big = Shape.of(load_spec({"model": {"preset": "mixtral-8x22b"}}).model)
