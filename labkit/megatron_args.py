@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 from labkit import deepspeed_config
 from labkit.megatron import sharding, sizes
-from labkit.megatron.flags import DEFAULT_MERGES, DEFAULT_VOCAB, FLAG as F, SHARDING_STRATEGIES, Flag
+from labkit.megatron.flags import (DEFAULT_MERGES, DEFAULT_VOCAB, DRIVER_ATTENTION_BACKENDS, FLAG as F,
+                                   SHARDING_STRATEGIES, Flag)
 
 if TYPE_CHECKING:
     from labkit.spec import RunSpec
@@ -100,14 +101,46 @@ def null_tokenizer_size(vocab: int) -> int:
 
 
 def _kernel_flags(spec: RunSpec, out: RenderedFlags) -> None:
-    """The attention backend (when not auto, Megatron-LM's default) and the communication overlaps."""
+    """The attention backend (when not auto, Megatron-LM's default; sdpa is labkit's driver's own flag, which
+    Megatron-LM lacks, and so renders nothing for it: the spec's checks refuse it there) and the overlaps."""
     k = spec.kernels
-    if k.attention_backend != "auto":
+    if k.attention_backend in DRIVER_ATTENTION_BACKENDS:
+        if spec.job.entrypoint != sharding.MEGATRON_LM:
+            out.add("kernels.attention_backend", F.sdpa_attention)
+    elif k.attention_backend != "auto":
         out.add("kernels.attention_backend", F.attention_backend, k.attention_backend)
     for key, flag in (("overlap_grad_reduce", F.overlap_grad_reduce), ("overlap_param_gather", F.overlap_param_gather),
                       ("tp_comm_overlap", F.tp_comm_overlap)):
         if getattr(k, key):
             out.add(f"kernels.{key}", flag)
+
+
+def profile_steps(profile) -> tuple[int, int]:
+    """The capture range of a spec's profile section, as --profile-step-start and --profile-step-end: profile.nsys's
+    steps, else Megatron-LM's defaults (profile.ncu alone)."""
+    if profile.nsys is not None:
+        return profile.nsys.start_step, profile.nsys.end_step
+    return F.profile_step_start.default, F.profile_step_end.default
+
+
+def profile_ranks(profile) -> list[int]:
+    """Every rank the profile section captures (under nsys or ncu), in order."""
+    return sorted({r for tool in (profile.nsys, profile.ncu) if tool is not None for r in tool.ranks})
+
+
+def _profile_flags(spec: RunSpec, out: RenderedFlags) -> None:
+    """profile.nsys / profile.ncu: the training program opens the CUDA profiler's capture range over the steps on the
+    profiled ranks, as Megatron-LM's --profile does without --use-pytorch-profiler (labkit's driver alike); the job
+    starts those ranks under nsys or ncu (labkit.jobs.render_profile)."""
+    profile = spec.profile
+    if profile is None or (profile.nsys is None and profile.ncu is None):
+        return
+    field = "profile.nsys" if profile.nsys is not None else "profile.ncu"
+    start, end = profile_steps(profile)
+    out.add(field, F.profile)
+    out.add(f"{field}.start_step" if profile.nsys is not None else field, F.profile_step_start, start)
+    out.add(f"{field}.end_step" if profile.nsys is not None else field, F.profile_step_end, end)
+    out.add(f"{field}.ranks", F.profile_ranks, *profile_ranks(profile))
 
 
 def _tracking_flags(spec: RunSpec, save, out: RenderedFlags) -> None:
@@ -331,6 +364,7 @@ def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike 
         out.add("job.requeue", F.exit_signal, "SIGUSR1")
 
     _tracking_flags(spec, save, out)
+    _profile_flags(spec, out)
 
     if data.path and not data.mock:
         out.add("data.path", F.data_path, _as_read_here(data.path))

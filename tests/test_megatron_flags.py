@@ -13,8 +13,9 @@ from labkit.spec import load_spec
 def test_every_flag_is_one_of_megatron_lms_or_a_named_legacy_spelling():
     known = catalog.megatron_lm_flags()  # core_v0.16.1's add_megatron_arguments
     assert [f.name for f in FLAGS if f.name not in known] == [f.name for f in FLAGS if f.legacy or
-                                                               f.megatron_deepspeed]
+                                                               f.megatron_deepspeed or f.driver_only]
     assert [f.name for f in FLAGS if f.megatron_deepspeed] == ["--deepspeed", "--deepspeed_config", "--zero-stage"]
+    assert [f.name for f in FLAGS if f.driver_only] == ["--sdpa-attention"]
     assert [f.name for f in FLAGS if f.legacy] == ["--activations-checkpoint-method",
                                                    "--activations-checkpoint-num-layers"]
 

@@ -33,6 +33,7 @@ import yaml
 from labkit.jobs.job import Job
 from labkit.jobs.record import RunRecord
 from labkit.jobs.render import default_torchrun, entrypoint, gres_type, job_env, node_groups
+from labkit.jobs.render_profile import profiled_entrypoint, profiling, worker_python
 from labkit.jobs.state import State, Status
 from labkit.jobs.watcher import SCHEDULER_BACKOFF
 from labkit.megatron_args import megatron_args
@@ -126,7 +127,12 @@ def k8s_errors(spec: RunSpec) -> list[str]:
                       "use --backend slurm")
     mounts, mount_errors = _mounts(spec)
     errors += mount_errors
+    if profiling(spec) and spec.profile.output_dir is None:
+        errors.append("profile.output_dir: a pod's files end with it, so the nsys/ncu reports need a directory under a "
+                      "job.container.mounts destination; set profile.output_dir, e.g. /fsx/profiles/RUN")
     inputs = [(f, p) for f, p in input_paths(spec) if f != "job.container.image"]
+    if profiling(spec) and spec.profile.output_dir:
+        inputs.append(("profile.output_dir", spec.profile.output_dir))
     inputs += [(f"train.{key}", getattr(spec.train, key)) for key in ("save", "load") if getattr(spec.train, key)]
     for field, path in inputs:
         where = PurePosixPath(os.path.normpath(path))
@@ -156,7 +162,8 @@ def pytorchjob(spec: RunSpec, name: str | None = None, labels: dict[str, str] | 
                *RENDEZVOUS[job.rendezvous]]
     if job.rendezvous == "c10d":
         command += ["--rdzv-id", name]
-    command += [_escape(arg) for arg in shlex.split(entrypoint(job))]
+    command += [_escape(arg) for arg in shlex.split(
+        profiled_entrypoint(spec, entrypoint(job), worker_python(default_torchrun(spec))))]
     mounts, _ = _mounts(spec)
     volume_mounts = [{"name": f"mount-{i}", "mountPath": destination, **({"readOnly": True} if read_only else {})}
                      for i, (_, destination, read_only) in enumerate(mounts)]

@@ -23,6 +23,7 @@ from pathlib import Path
 import jinja2
 
 from labkit import catalog, deepspeed_config
+from labkit.jobs.render_profile import profiled_entrypoint, worker_python
 from labkit.jobs.submission import submission_errors
 from labkit.logs import job_info as info
 from labkit.megatron import sharding
@@ -219,8 +220,8 @@ def render_array(specs: list[RunSpec], log_dirs: list[Path | str], *, layout: st
         if layout != "multinode":
             errors.append(f"layout: an array of runs needs the multinode layout, not {layout}")
         for i, spec in enumerate(specs[1:], 1):
-            if node_groups(spec) != node_groups(first) or spec.job != first.job:
-                errors.append(f"specs[{i}]: an array's runs must share cluster.nodes and job settings; "
+            if node_groups(spec) != node_groups(first) or spec.job != first.job or spec.profile != first.profile:
+                errors.append(f"specs[{i}]: an array's runs must share cluster.nodes, job and profile settings; "
                               "submit this one on its own")
     for d in dict.fromkeys(str(d) for d in log_dirs):
         if CONTROL_CHARS.search(d):
@@ -278,7 +279,9 @@ def render_array(specs: list[RunSpec], log_dirs: list[Path | str], *, layout: st
         "info_keys": info.KEYS, "sbatch_lines": components[0], "component_lines": components,
         "srun_flags": group_srun_flags, "container": container, "container_mounts": mounts,
         "env": job_env(first), "master_port": job.master_port, "rendezvous": RENDEZVOUS[job.rendezvous],
-        "entrypoint": entrypoint(job), "gpu_monitor_interval_s": job.gpu_monitor_interval_s,
+        "entrypoint": profiled_entrypoint(first, entrypoint(job), worker_python(torchrun or default_torchrun(first)),
+                                          reports='"$LOGDIR"'),
+        "gpu_monitor_interval_s": job.gpu_monitor_interval_s,
         "torchrun": torchrun or default_torchrun(first), "time_limit_s": time_limit_seconds(job.time_limit),
         "local_node_names": [f"node{i}" for i in range(sum(g.nodes for g in groups))],
         "requeue": job.requeue, "requeue_signal_s": job.requeue_signal_s,

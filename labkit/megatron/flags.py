@@ -31,6 +31,9 @@ TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTok
 """--tokenizer-type values the driver reads (Megatron-LM's names)."""
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
 """Megatron-LM's --attention-backend choices."""
+DRIVER_ATTENTION_BACKENDS = ("sdpa",)
+"""Attention backends labkit's driver adds to Megatron-LM's (kernels.attention_backend): sdpa, attention's core through
+torch.nn.functional.scaled_dot_product_attention in megatron-core's layers (--sdpa-attention)."""
 MOE_LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
 """Megatron-LM's --moe-router-load-balancing-type choices: GShard's auxiliary loss per batch, per sequence
 (DeepSeek-V2), over the global batch, S-BASE's Sinkhorn routing, or none."""
@@ -74,6 +77,9 @@ class Flag:
     """A flag of Megatron-DeepSpeed (github microsoft/Megatron-DeepSpeed, megatron/arguments.py: its --zero-stage, and
     the --deepspeed and --deepspeed_config that deepspeed.add_config_arguments adds), not of Megatron-LM: rendered
     for optimizer.zero_backend deepspeed on labkit's driver only."""
+    driver_only: bool = False
+    """A flag of labkit's driver alone, which neither Megatron-LM nor Megatron-DeepSpeed has: rendered only for
+    job.entrypoint labkit (--sdpa-attention)."""
 
     def __str__(self) -> str:
         return self.name
@@ -193,8 +199,13 @@ FLAGS: tuple[Flag, ...] = (
          help="overlap tensor-parallel communication with GEMMs (Transformer Engine userbuffers on GPUs)",
          group=PARALLEL),
     Flag("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
-         help="auto picks what megatron-core would (flash or fused with Transformer Engine, else local)",
-         group=PARALLEL),
+         help="auto picks what megatron-core would (flash or fused with Transformer Engine); on GPUs without it, "
+              "labkit's driver takes --sdpa-attention, on CPUs megatron-core's local attention", group=PARALLEL),
+    Flag("--sdpa-attention", action="store_true", driver_only=True,
+         help="labkit's driver only: attention's core through torch.nn.functional.scaled_dot_product_attention "
+              "(flash or memory-efficient kernels on GPUs, math or flash on CPUs) in megatron-core's layers "
+              "(labkit/train/attention.py); the default under --attention-backend auto on GPUs without Transformer "
+              "Engine", group=PARALLEL),
     Flag("--distributed-backend", choices=("nccl", "gloo"),
          help="default: nccl with GPUs, gloo without", group=PARALLEL),
     Flag("--distributed-timeout-minutes", type=int, default=10,
@@ -315,11 +326,16 @@ FLAGS: tuple[Flag, ...] = (
                                  "learning rate and grad norm there only beside --tensorboard-dir", group=LOGGING),
     Flag("--wandb-exp-name", help="the W&B run's name", group=LOGGING),
     Flag("--wandb-save-dir", help="where W&B keeps its run files (default: --save's wandb/)", group=LOGGING),
-    Flag("--profile", action="store_true", help="torch.profiler trace of the steps below", group=LOGGING),
+    Flag("--profile", action="store_true",
+         help="as Megatron-LM: on GPUs, the CUDA profiler's capture range (cudaProfilerStart/Stop) over the steps "
+              "below, which `nsys profile --capture-range=cudaProfilerApi` and `ncu --profile-from-start off` record; "
+              "with --use-pytorch-profiler, or on CPUs (no CUDA profiler), a torch.profiler trace", group=LOGGING),
     Flag("--use-pytorch-profiler", action="store_true",
-         help="accepted: --profile always uses torch.profiler", group=LOGGING),
-    Flag("--profile-step-start", type=int, default=10, group=LOGGING),
-    Flag("--profile-step-end", type=int, default=12, group=LOGGING),
+         help="with --profile: a torch.profiler trace (into --tensorboard-dir) instead of the CUDA profiler's range",
+         group=LOGGING),
+    Flag("--profile-step-start", type=int, default=10,
+         help="the range opens before this 0-based step (iteration N+1 of the log)", group=LOGGING),
+    Flag("--profile-step-end", type=int, default=12, help="and closes after iteration N", group=LOGGING),
     Flag("--profile-ranks", type=int, default=[0], nargs="+", group=LOGGING),
 )
 

@@ -423,6 +423,16 @@ def transformer_impl(args, runtime: Runtime) -> str:
     return args.transformer_impl or ("transformer_engine" if runtime.transformer_engine and runtime.cuda else "local")
 
 
+def sdpa_attention(args, runtime: Runtime) -> bool:
+    """Whether labkit's driver runs attention's core through PyTorch's scaled_dot_product_attention
+    (labkit/train/attention.py): when asked (--sdpa-attention), and under --attention-backend auto on GPUs whose layers
+    are megatron-core's local ones (no Transformer Engine), where megatron-core's DotProductAttention would write the
+    s x s scores and PyTorch picks a flash or memory-efficient kernel. On CPUs auto keeps megatron-core's local
+    attention, whose saved bytes the estimate counts exactly (the losses agree to fp32 rounding either way)."""
+    return bool(args.sdpa_attention) or (runtime.driver and runtime.cuda and args.attention_backend == "auto"
+                                         and transformer_impl(args, runtime) == "local")
+
+
 def tokenizer_type(args) -> str:
     """--tokenizer-type as the driver reads it: as given, else GPT-2's BPE (a dataset, or mock tokens without
     --vocab-size), else NullTokenizer (mock tokens of --vocab-size ids)."""
@@ -448,6 +458,13 @@ def _implementation_problems(args, world_size: int, runtime: Runtime, name: Name
         found.append(Problem("context_parallel_size", "labkit's driver does not split sequences over context-parallel "
                              "ranks (the batch slicing and loss reduction are Megatron-LM's); use 1, or run "
                              "Megatron-LM's pretrain_gpt.py"))
+    if args.sdpa_attention and not runtime.driver:
+        found.append(Problem("sdpa_attention", "is labkit's driver's own attention (PyTorch's "
+                             "scaled_dot_product_attention in megatron-core's layers), which Megatron-LM's "
+                             f"{name('attention_backend')} does not have; leave it out"))
+    elif args.sdpa_attention and args.attention_backend != "auto":
+        found.append(Problem("sdpa_attention", f"conflicts with {name('attention_backend')} {args.attention_backend}: "
+                             "each chooses attention's kernel; keep one"))
     needs_te = {"fp8_format": args.fp8_format is not None, "fp4_format": args.fp4_format is not None,
                 "attention_backend": args.attention_backend in ("flash", "fused"),
                 "sequence_parallel": args.sequence_parallel and args.tensor_model_parallel_size > 1,

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 
 from labkit import catalog, deepspeed_config
 from labkit.megatron import rules, sharding, sizes
-from labkit.megatron.flags import (ATTENTION_BACKENDS, MOE_LOAD_BALANCING_TYPES, MOE_TOKEN_DISPATCHERS,
+from labkit.megatron.flags import (ATTENTION_BACKENDS, DRIVER_ATTENTION_BACKENDS, FLAG, MOE_LOAD_BALANCING_TYPES,
+                                   MOE_TOKEN_DISPATCHERS,
                                    NORMALIZATIONS, POSITION_EMBEDDING_TYPES, RECOMPUTE_MODULES, TOKENIZER_TYPES,
                                    ArgumentError,
                                    build_parser, flag_errors)
-from labkit.megatron_args import ALWAYS, spec_flags
+from labkit.megatron_args import ALWAYS, profile_steps, spec_flags
 from labkit.spec import files
 from labkit.spec.errors import CONTROL_CHARS, SpecError, quote
 
@@ -207,6 +208,7 @@ def validate(spec: RunSpec, raise_errors: bool = True) -> list[str]:
     else:
         errors += _worded(rules.split_problems(_field, world=world, tensor=t, context=c, pipeline=p))
     errors += _check_kernels(spec)
+    errors += _check_profile(spec)
     d = spec.data_parallel
 
     errors += _check_partition(spec)
@@ -360,9 +362,14 @@ SEED_LIMIT = 2**31
 def _check_kernels(spec: RunSpec) -> list[str]:
     """Kernels, FP8 and context parallelism: what megatron-core accepts, and what the GPUs can run."""
     k, errors = spec.kernels, []
-    if k.attention_backend not in ATTENTION_BACKENDS:
+    if k.attention_backend not in ATTENTION_BACKENDS + DRIVER_ATTENTION_BACKENDS:
         errors.append(f"kernels.attention_backend: {quote(k.attention_backend)} is not one of "
-                      f"{', '.join(ATTENTION_BACKENDS)}")
+                      f"{', '.join(ATTENTION_BACKENDS + DRIVER_ATTENTION_BACKENDS)}")
+    elif k.attention_backend in DRIVER_ATTENTION_BACKENDS and spec.job.entrypoint == sharding.MEGATRON_LM:
+        errors.append(f"kernels.attention_backend: {k.attention_backend} is labkit's driver's (PyTorch's "
+                      "scaled_dot_product_attention in megatron-core's layers), and Megatron-LM's "
+                      f"{FLAG.attention_backend} has no such choice (job.entrypoint megatron-lm); use flash or fused "
+                      "(Transformer Engine), unfused or local, or job.entrypoint labkit")
     gpus = {g.gpu for g in spec.cluster_or_default().nodes}
     known = {name: catalog.gpu(name) for name in gpus if catalog.resolve_gpu_name(name)}
     if spec.precision == "fp8":
@@ -376,6 +383,83 @@ def _check_kernels(spec: RunSpec) -> list[str]:
                 fallback = "fp8" if gpu.fp8 else "bf16"
                 errors.append(f"precision: {spec.precision} scales blocks of values in the tensor cores of Blackwell "
                               f"(B200, GB200, GB300) and later, and cluster GPU {name} has none; use {fallback}")
+    return errors
+
+
+NSYS_SET_BY_LABKIT = ("--capture-range", "--capture-range-end", "--trace", "-t", "--output", "-o", "--export",
+                     "--force-overwrite", "-f")
+"""`nsys profile` options the job writes itself (labkit.jobs.render_profile), which profile.nsys.extra_args may not
+repeat."""
+_WORD = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def _check_profile(spec: RunSpec) -> list[str]:
+    """profile.nsys and profile.ncu: GPUs, ranks of this world, a capture range inside the run, options the job can
+    write."""
+    profile, errors = spec.profile, []
+    if profile is None:
+        return errors
+    tools = [(f"profile.{name}", tool) for name, tool in (("nsys", profile.nsys), ("ncu", profile.ncu)) if tool]
+    if not tools:
+        errors.append("profile: names neither nsys nor ncu; add profile.nsys or profile.ncu, or remove profile")
+    nodes = spec.cluster_or_default().nodes
+    cpu = [i for i, g in enumerate(nodes) if catalog.resolve_gpu_name(g.gpu) and catalog.gpu(g.gpu).is_cpu]
+    world = spec.world_size
+    for key, tool in tools:
+        if cpu:
+            errors.append(f"{key}: Nsight records CUDA GPUs, and cluster.nodes[{cpu[0]}].gpu is cpu; on CPUs take a "
+                          "torch.profiler trace (labkit.jobs.sweep.profiled), or remove " + key)
+        if not tool.ranks:
+            errors.append(f"{key}.ranks: empty; list the global ranks to profile, e.g. [0]")
+        bad = [r for r in tool.ranks if not 0 <= r < world]
+        if bad:
+            errors.append(f"{key}.ranks: {bad} outside the world of {world} processes; use ranks 0 to {world - 1}")
+        if len(set(tool.ranks)) < len(tool.ranks):
+            errors.append(f"{key}.ranks: {tool.ranks} names a rank twice; name each once")
+    if profile.nsys and profile.ncu and set(profile.nsys.ranks) & set(profile.ncu.ranks):
+        errors.append(f"profile.ncu.ranks: {sorted(set(profile.nsys.ranks) & set(profile.ncu.ranks))} also in "
+                      "profile.nsys.ranks; a process runs under one tool, so give each rank to nsys or to ncu")
+    if tools:
+        start, end = profile_steps(profile)
+        key = "profile.nsys" if profile.nsys else "profile.ncu"
+        if profile.nsys and not 0 <= start < end:
+            errors.append(f"profile.nsys.start_step: {start} with end_step {end}; needs 0 <= start_step < end_step")
+        elif end > spec.train.iters:
+            where = "profile.nsys.end_step" if profile.nsys else "profile.ncu"
+            why = "" if profile.nsys else (f" (with no profile.nsys, ncu measures inside Megatron-LM's default steps "
+                                           f"{start} to {end})")
+            errors.append(f"{where}: the capture range closes after iteration {end}{why}, past train.iters "
+                          f"{spec.train.iters}, so it would never close; "
+                          + ("lower end_step or raise train.iters" if profile.nsys else
+                             "add profile.nsys with steps inside the run, or raise train.iters"))
+        if FLAG.use_pytorch_profiler.name in spec.job.extra_args:
+            errors.append(f"job.extra_args: {FLAG.use_pytorch_profiler} turns the capture range {key} needs into a "
+                          "torch.profiler trace; remove it, or remove " + key)
+    if profile.nsys:
+        for i, api in enumerate(profile.nsys.trace):
+            if not _WORD.fullmatch(str(api)):
+                errors.append(f"profile.nsys.trace[{i}]: {quote(api)} is not an nsys --trace value (cuda, nvtx, "
+                              "cublas, cudnn, osrt, ...)")
+        for i, arg in enumerate(profile.nsys.extra_args):
+            option = str(arg).split("=", 1)[0]
+            if CONTROL_CHARS.search(str(arg)) or not str(arg).strip():
+                errors.append(f"profile.nsys.extra_args[{i}]: {quote(arg)} is not one command-line word on one line")
+            elif option in NSYS_SET_BY_LABKIT:
+                errors.append(f"profile.nsys.extra_args[{i}]: {quote(arg)} repeats {option}, which the job sets "
+                              "(capture range, trace from profile.nsys.trace, output into the run's logs); remove it")
+    if profile.ncu:
+        ncu = profile.ncu
+        if ncu.kernel_regex is not None and (not ncu.kernel_regex.strip() or CONTROL_CHARS.search(ncu.kernel_regex)):
+            errors.append(f"profile.ncu.kernel_regex: {quote(ncu.kernel_regex)} is not a regular expression on one "
+                          "line; e.g. gemm|flash, or leave it out for every kernel")
+        if ncu.launch_count < 1:
+            errors.append(f"profile.ncu.launch_count: must be at least 1, got {ncu.launch_count}")
+        errors += [f"profile.ncu.sections[{i}]: {quote(name)} is not an ncu section identifier (e.g. SpeedOfLight)"
+                   for i, name in enumerate(ncu.sections) if not _WORD.fullmatch(str(name))]
+    if profile.output_dir is not None and (not str(profile.output_dir).startswith("/")
+                                           or CONTROL_CHARS.search(str(profile.output_dir))):
+        errors.append(f"profile.output_dir: {quote(profile.output_dir)} is not an absolute path on one line; write "
+                      "where the nodes keep the reports, or leave it out for the run's logs/")
     return errors
 
 

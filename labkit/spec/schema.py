@@ -157,9 +157,12 @@ class KernelsSpec:
     """Which kernels and overlaps megatron-core uses (Megatron-LM's flags); they change time and memory, not the
     model."""
     attention_backend: str = "auto"
-    """auto, flash, fused, unfused or local (--attention-backend). auto is what megatron-core picks with Transformer
-    Engine on that GPU (flash or fused attention, which never keep the s x s scores); unfused and local reproduce
-    the 2021-22 stack, which keeps them."""
+    """auto, flash, fused, unfused, local (--attention-backend) or sdpa. auto is what megatron-core picks with
+    Transformer Engine on that GPU (flash or fused attention, which never keep the s x s scores), and on labkit's
+    driver without Transformer Engine on GPUs sdpa; unfused and local reproduce the 2021-22 stack, which keeps them
+    (on CPUs auto is local). sdpa is labkit's driver's own (--sdpa-attention, refused under job.entrypoint
+    megatron-lm): attention's core through PyTorch's scaled_dot_product_attention in megatron-core's layers
+    (labkit/train/attention.py), flash or memory-efficient kernels on GPUs."""
     overlap_grad_reduce: bool = False
     """Reduce gradient buckets while the backward pass goes on (--overlap-grad-reduce)."""
     overlap_param_gather: bool = False
@@ -445,6 +448,55 @@ class JobSpec:
 
 
 @dataclass
+class NsysSpec:
+    """Nsight Systems over chosen ranks: the job starts each of those processes under `nsys profile
+    --capture-range=cudaProfilerApi`, and the training program opens and closes the capture range around the steps
+    (--profile --profile-step-start --profile-step-end --profile-ranks, as Megatron-LM). GPUs only."""
+    ranks: list[int] = field(default_factory=lambda: [0])
+    """Global ranks profiled, each its own report (--profile-ranks)."""
+    start_step: int = 10
+    """The range opens before this 0-based step, so iteration start_step + 1 of the log is the first captured
+    (--profile-step-start; Megatron-LM's default)."""
+    end_step: int = 12
+    """The range closes after iteration end_step of the log (--profile-step-end); at most train.iters."""
+    trace: list[str] = field(default_factory=lambda: ["cuda", "nvtx"])
+    """What nsys traces (nsys profile --trace): the CUDA API and kernels, and NVTX ranges (the driver's forward,
+    backward, optimizer and `iteration N`), as NVIDIA's NeMo guide profiles Megatron; add cublas, cudnn, osrt, ..."""
+    extra_args: list[str] = field(default_factory=list)
+    """More `nsys profile` options as written, e.g. ["--cuda-memory-usage=true", "--gpu-metrics-devices=all"];
+    not the ones labkit sets (capture range, trace, output, export)."""
+
+
+@dataclass
+class NcuSpec:
+    """Nsight Compute over chosen ranks: the job starts each of those processes under `ncu --profile-from-start off`,
+    which measures the matching kernels inside the same capture range as profile.nsys (its steps, else
+    Megatron-LM's default steps 10 to 12). GPUs only; a rank is under nsys or ncu, not both."""
+    ranks: list[int] = field(default_factory=lambda: [0])
+    """Global ranks measured, each its own report (--profile-ranks with profile.nsys.ranks)."""
+    kernel_regex: str | None = None
+    """Which kernels (ncu --kernel-name regex:...), e.g. "gemm|flash"; None: every kernel."""
+    launch_count: int = 10
+    """How many matching kernel launches are measured (ncu --launch-count): each one replays its kernel many times."""
+    sections: list[str] = field(default_factory=list)
+    """ncu's section identifiers (--section), e.g. ["SpeedOfLight", "MemoryWorkloadAnalysis"]; empty: ncu's default
+    set."""
+
+
+@dataclass
+class ProfileSpec:
+    """Nsight Systems and Nsight Compute captures of chosen ranks; reports go to the run's logs/nsys/ and logs/ncu/
+    (rankN.nsys-rep with its rankN.sqlite export, rankN.ncu-rep). `labkit profile nsys logs/nsys` reads them."""
+    nsys: NsysSpec | None = None
+    """An Nsight Systems timeline of the chosen ranks; None: none."""
+    ncu: NcuSpec | None = None
+    """Nsight Compute kernel measurements of the chosen ranks; None: none."""
+    output_dir: str | None = None
+    """Where the nsys/ and ncu/ report directories go, an absolute path on the nodes; None: the run's logs/ (Slurm and
+    local). A pod's files end with it, so on Kubernetes write a directory under a job.container.mounts destination."""
+
+
+@dataclass
 class RunSpec:
     """One training run."""
     name: str = "run"
@@ -472,6 +524,8 @@ class RunSpec:
     """Scheduler options."""
     kernels: KernelsSpec = field(default_factory=KernelsSpec)
     """Attention kernels and communication overlap."""
+    profile: ProfileSpec | None = None
+    """Nsight Systems / Nsight Compute captures of chosen ranks; None: none."""
 
     # Derived figures.
     @property

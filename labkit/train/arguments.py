@@ -113,6 +113,7 @@ def finish(args: argparse.Namespace, world_size: int, rank: int, cuda: bool) -> 
     if args.virtual_pipeline_model_parallel_size is None:
         args.overlap_p2p_comm = False  # only the interleaved schedule overlaps its sends and receives
     args.transformer_impl = rules.transformer_impl(args, machine)
+    args.sdpa_attention = rules.sdpa_attention(args, machine)
     if args.distributed_backend is None:
         args.distributed_backend = "nccl" if cuda else "gloo"
     # The driver's default stays the legacy format; torch_dist (Megatron-LM's default) goes through megatron-core's

@@ -1,6 +1,7 @@
 """Build the megatron-core GPT for this rank: config, layer spec, pipeline chunks, mixed-precision and DDP wrappers."""
 from __future__ import annotations
 
+import copy
 import importlib.util
 
 import torch
@@ -17,6 +18,7 @@ from megatron.core.transformer.module import Float16Module
 from labkit.megatron import sizes
 from labkit.megatron.flags import FLAG
 from labkit.train.arguments import moe_layer_freq
+from labkit.train.attention import SDPAttention
 
 
 def transformer_config(args, timers=None) -> TransformerConfig:
@@ -163,13 +165,34 @@ def layer_spec(args, config: TransformerConfig | None = None, vp_stage: int | No
     implementation, megatron-core's local ones elsewhere."""
     te = args.transformer_impl == "transformer_engine"
     if args.num_experts:
-        return get_gpt_decoder_block_spec(config or transformer_config(args), use_transformer_engine=te,
+        spec = get_gpt_decoder_block_spec(config or transformer_config(args), use_transformer_engine=te,
                                           normalization=args.normalization, vp_stage=vp_stage)
-    if te:
+    elif te:
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
-        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=args.qk_layernorm)
-    return get_gpt_layer_local_spec(qk_layernorm=args.qk_layernorm, normalization=args.normalization)
+        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=args.qk_layernorm)
+    else:
+        spec = get_gpt_layer_local_spec(qk_layernorm=args.qk_layernorm, normalization=args.normalization)
+    return with_sdpa_attention(spec) if getattr(args, "sdpa_attention", False) else spec
+
+
+def with_sdpa_attention(spec):
+    """A copy of a layer spec (or a block spec's layers) whose self-attention computes its core with
+    labkit.train.attention.SDPAttention, which takes DotProductAttention's (or TEDotProductAttention's) arguments."""
+    spec = copy.deepcopy(spec)
+    for layer in getattr(spec, "layer_specs", None) or [spec]:
+        layer.submodules.self_attention.submodules.core_attention = SDPAttention
+    return spec
+
+
+def attention_line(args) -> str:
+    """One log line saying which kernel computes attention's core, and why."""
+    if getattr(args, "sdpa_attention", False):
+        return "> attention core: torch scaled_dot_product_attention (--sdpa-attention, or auto without Transformer " \
+               "Engine on GPUs)"
+    if args.transformer_impl == "transformer_engine":
+        return f"> attention core: Transformer Engine, --attention-backend {args.attention_backend}"
+    return "> attention core: megatron-core's DotProductAttention (s x s scores)"
 
 
 _TE_NAMES_IN_MOE_UTILS = ("fused_compute_score_for_moe_aux_loss", "fused_moe_aux_loss", "fused_permute",

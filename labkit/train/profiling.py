@@ -76,17 +76,31 @@ def profile_dir(args) -> Path:
 
 
 class StepProfiler:
-    """torch.profiler over the steps whose 0-based index is in [--profile-step-start, --profile-step-end), i.e. the
-    iterations numbered start+1 .. end in the log, on --profile-ranks. Writes a Chrome trace (and, where torch can
-    build one, a memory timeline) per rank into the tensorboard directory (else --save, else ./profile)."""
+    """--profile over the steps whose 0-based index is in [--profile-step-start, --profile-step-end), i.e. the
+    iterations numbered start+1 .. end in the log, on --profile-ranks, as Megatron-LM's training loop runs it
+    (megatron/training/training.py, train): on GPUs the CUDA profiler's capture range, opened before the first step
+    and closed after the last (torch.cuda.profiler.start/stop, cudaProfilerStart/Stop), which `nsys profile
+    --capture-range=cudaProfilerApi` and `ncu --profile-from-start off` record (NVIDIA's Nsight Systems and Nsight
+    Compute user guides); with --use-pytorch-profiler, or on CPUs, which have no CUDA profiler, torch.profiler, whose
+    Chrome trace (and, where torch can build one, memory timeline) per rank goes into the tensorboard directory
+    (else --save, else ./profile). Each profiled step is an NVTX range named `iteration N` on GPUs, which
+    `labkit profile nsys` reads the steps from."""
 
     def __init__(self, args):
         self.args = args
         self.enabled = args.profile and dist.get_rank() in args.profile_ranks
+        self.cuda_range = self.enabled and torch.cuda.is_available() and not args.use_pytorch_profiler
+        self.capturing = False
         self.profiler = None
 
     def before_step(self, step_index: int) -> None:
-        if self.enabled and step_index == self.args.profile_step_start:
+        if self.cuda_range and step_index == self.args.profile_step_start:
+            torch.cuda.synchronize()  # the range holds whole steps: nothing launched before it runs inside it
+            torch.cuda.profiler.start()
+            self.capturing = True
+            print(f"> CUDA profiler range opened before iteration {step_index + 1} on rank {dist.get_rank()}",
+                  flush=True)
+        elif self.enabled and not self.cuda_range and step_index == self.args.profile_step_start:
             activities = [torch.profiler.ProfilerActivity.CPU]
             if torch.cuda.is_available():
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -98,8 +112,15 @@ class StepProfiler:
                 schedule=torch.profiler.schedule(wait=0, warmup=0, active=steps, repeat=1),
                 on_trace_ready=self._export)
             self.profiler.start()
+        if self.capturing:
+            torch.cuda.nvtx.range_push(f"iteration {step_index + 1}")
 
     def after_step(self, steps_done: int) -> None:
+        if self.capturing:
+            torch.cuda.nvtx.range_pop()
+            if steps_done == self.args.profile_step_end:
+                self.finish()
+            return
         if self.profiler is None:
             return
         self.profiler.step()
@@ -107,6 +128,12 @@ class StepProfiler:
             self.finish()
 
     def finish(self) -> None:
+        if self.capturing:
+            self.capturing = False
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+            print(f"> CUDA profiler range closed after iteration {self.args.iteration} on rank {dist.get_rank()}",
+                  flush=True)
         if self.profiler is not None:
             profiler, self.profiler = self.profiler, None
             profiler.stop()
@@ -129,3 +156,42 @@ class StepProfiler:
               f"on rank {dist.get_rank()}: {', '.join(os.fspath(p) for p in written)}", flush=True)
 
 
+
+
+NVTX_RANGES = {"forward-compute": "forward", "backward-compute": "backward", "optimizer": "optimizer"}
+"""megatron-core's timers -> the NVTX range each opens on GPUs: the pipeline schedules time every micro-batch's
+forward and backward step with these names (megatron/core/pipeline_parallel/schedules.py, forward_step and
+backward_step) and the driver its optimizer step, whatever --timing-log-level prints."""
+
+
+class _NvtxTimer:
+    """One of megatron-core's timers that also opens an NVTX range while it runs."""
+
+    def __init__(self, timer, range_name: str):
+        self.timer, self.range_name = timer, range_name
+
+    def start(self, barrier=False):
+        torch.cuda.nvtx.range_push(self.range_name)
+        self.timer.start(barrier=barrier)
+
+    def stop(self, barrier=False):
+        self.timer.stop(barrier=barrier)
+        torch.cuda.nvtx.range_pop()
+
+    def __getattr__(self, name):
+        return getattr(self.timer, name)
+
+
+def nvtx_timers(timers_class):
+    """megatron-core's Timers class with NVTX ranges for the forward, backward and optimizer steps (NVTX_RANGES) on
+    GPUs, which Nsight Systems shows on the timeline and `labkit profile nsys` reads; torch.cuda.nvtx needs a CUDA
+    build, so on CPUs the class is returned unchanged."""
+    if not torch.cuda.is_available():
+        return timers_class
+
+    class NvtxTimers(timers_class):
+        def __call__(self, name, log_level=None):
+            timer = super().__call__(name, log_level)
+            return _NvtxTimer(timer, NVTX_RANGES[name]) if name in NVTX_RANGES else timer
+
+    return NvtxTimers

@@ -28,8 +28,8 @@ from labkit.megatron.sizes import padded_vocab_size
 from labkit.train import checkpoint, data, megatron_log
 from labkit.train.exit_signal import ExitSignal
 from labkit.train.megatron_log import print_logging_rank, print_rank_0
-from labkit.train.model import build_model, fusions_line, transformer_config
-from labkit.train.profiling import StepProfiler
+from labkit.train.model import attention_line, build_model, fusions_line, transformer_config
+from labkit.train.profiling import StepProfiler, nvtx_timers
 from labkit.train.tracking import Tracking
 
 TIMERS_TO_LOG = [
@@ -336,7 +336,7 @@ def _run(args, exit_signal: ExitSignal | None) -> int:
     tokenizer = data.build_tokenizer(args)
     args.padded_vocab_size = padded_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by,
                                                args.tensor_model_parallel_size)
-    timers = Timers(args.timing_log_level, args.timing_log_option)
+    timers = nvtx_timers(Timers)(args.timing_log_level, args.timing_log_option)
     config = transformer_config(args, timers)
     print_rank_0(megatron_log.arguments_block(args))
     print_rank_0(f"setting number of micro-batches to constant {args.num_micro_batches}")
@@ -348,6 +348,7 @@ def _run(args, exit_signal: ExitSignal | None) -> int:
     print_rank_0(megatron_log.datetime_line("after megatron is initialized"))
 
     print_rank_0(fusions_line(args, torch.cuda.is_available()))
+    print_rank_0(attention_line(args))
     print_rank_0("building GPT model ...")
     model = build_model(args, config)
     if parallel_state.get_data_parallel_rank() == 0:
