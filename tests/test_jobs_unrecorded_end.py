@@ -4,11 +4,15 @@ says what could not be written. Reading the records (`labkit runs`, `labkit stat
 `labkit cancel` of a run that has ended says how it ended."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
 import os
+import shutil
 import stat
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -132,25 +136,58 @@ def test_a_runner_killed_before_recording_an_end_still_reads_failed(tmp_path):
     assert status.state == State.FAILED and status.reason == "the local runner stopped without recording an end"
 
 
-@pytest.mark.skipif(AS_ROOT, reason="root writes into read-only directories")
-@pytest.mark.parametrize("files_too", [False, True])
-def test_a_runs_directory_made_read_only_mid_run(tmp_path, capsys, files_too):
+def _can_mount() -> bool:
+    """Whether this process may bind-mount (root, outside a container that forbids it)."""
+    if not AS_ROOT or not shutil.which("mount"):
+        return False
+    with tempfile.TemporaryDirectory() as where:
+        if subprocess.run(["mount", "--bind", where, where], capture_output=True).returncode:
+            return False
+        subprocess.run(["umount", where], check=True)
+    return True
+
+
+@contextlib.contextmanager
+def _read_only(runs: Path, how: str):
+    """`runs` read-only for the block; yields the error a write there meets. chmod -R a-w (its directories, or its
+    files too), or, for root (whom modes do not stop), a read-only bind mount over it (files already open for writing
+    stay so, as the runner's output does)."""
+    if how == "mount":
+        subprocess.run(["mount", "--bind", runs, runs], check=True)
+        try:
+            subprocess.run(["mount", "-o", "remount,bind,ro", runs], check=True)
+            yield "Read-only file system"
+        finally:
+            subprocess.run(["umount", "-l", runs], check=True)
+        return
+    paths = sorted(runs.rglob("*"), reverse=True) + [runs]
+    modes = {path: path.stat().st_mode for path in paths}
+    try:
+        for path in paths:
+            if how == "chmod files too" or path.is_dir():
+                path.chmod(stat.S_IMODE(modes[path]) & ~0o222)
+        yield "Permission denied"
+    finally:
+        for path in reversed(paths):
+            path.chmod(modes[path])
+
+
+@pytest.mark.parametrize("how", [
+    pytest.param("chmod", marks=pytest.mark.skipif(AS_ROOT, reason="root writes into read-only directories")),
+    pytest.param("chmod files too", marks=pytest.mark.skipif(AS_ROOT, reason="root writes into read-only directories")),
+    pytest.param("mount", marks=pytest.mark.skipif(not _can_mount(), reason="bind mounts need root"))])
+def test_a_runs_directory_made_read_only_mid_run(tmp_path, capsys, how):
     runs = tmp_path / "runs"
     backend = LocalBackend(runs_dir=runs, torchrun=FAKE_TORCHRUN)
     job = backend.submit(spec(FAKE_ITERATION_S="0.5"))
     _running(job)
-    paths = sorted(runs.rglob("*"), reverse=True) + [runs]
-    modes = {path: path.stat().st_mode for path in paths}
-    try:
-        for path in paths:  # chmod -R a-w (the directories alone, or their files too)
-            if files_too or path.is_dir():
-                path.chmod(stat.S_IMODE(modes[path]) & ~0o222)
+    with _read_only(runs, how) as error:
         assert backend._children[job.job_id].wait(timeout=60) == 0
         assert (job.log_dir / "state").read_text().strip() == "RUNNING"
-        assert "Permission denied" in (job.record.logs / "runner.out").read_text()
+        assert error in (job.record.logs / "runner.out").read_text()
         other = _another_process(job)
         status = other.backend.poll([other])[other]
-        assert status.state == State.COMPLETED and "Permission denied" in status.note, status
+        assert status.state == State.COMPLETED and error in status.note, status
         # Read as it is: `labkit status` and `labkit runs` work and say how it ended, recording nothing.
         assert cli("status", job.record.run_id, "--json", "--runs-dir", runs) == 0
         out, err = capsys.readouterr()
@@ -158,15 +195,13 @@ def test_a_runs_directory_made_read_only_mid_run(tmp_path, capsys, files_too):
         assert cli("runs", "--json", "--runs-dir", runs) == 0
         out, err = capsys.readouterr()
         assert json.loads(out)[0]["state"] == "COMPLETED" and "nothing is recorded" in err
+        assert cli("cancel", job.record.run_id, "--runs-dir", runs) == 1
+        assert "already ended COMPLETED" in capsys.readouterr().err
         assert job.record.last_status()["state"] != "COMPLETED"
-    finally:
-        for path in reversed(paths):
-            path.chmod(modes[path])
     assert cli("status", job.record.run_id, "--runs-dir", runs) == 0  # writable again: now it is recorded
     capsys.readouterr()
     last = job.record.last_status()
-    assert last["state"] == "COMPLETED" and "Permission denied" in last["cause"] and "could not be recorded" in \
-        last["cause"]
+    assert last["state"] == "COMPLETED" and error in last["cause"] and "could not be recorded" in last["cause"]
     assert RunIndex(runs).rows()[0]["state"] == "COMPLETED"
 
 
@@ -238,3 +273,38 @@ def test_cancel_of_a_run_that_has_ended_reports_how_it_ended(tmp_path, capsys, a
     else:
         assert "nothing to cancel" in err and "already ended FAILED" in err and "exit code 2" in err, err
     assert job.record.last_status()["state"] == "FAILED"
+
+
+def test_an_end_whose_complaint_found_no_room_either_still_names_the_write_error(tmp_path):
+    backend = LocalBackend(runs_dir=tmp_path / "runs", torchrun=FAKE_TORCHRUN)
+    job = backend.submit(spec(FAKE_ITERATION_S="0.5"))
+    _disk_full_for_the_end(job)
+    (job.log_dir / "state.probe").symlink_to("/dev/full")  # the runner's last try beside it meets a full disk too
+    assert backend._children[job.job_id].wait(timeout=60) == 0
+    (job.record.logs / "runner.out").write_text("")  # and its complaint found no room in runner.out
+    other = _another_process(job)
+    status = other.backend.poll([other])[other]
+    assert status.state == State.COMPLETED and "No space left on device" in status.note, status
+    assert f"logs/{job.job_id}/state was not written" in status.note
+    assert not (job.log_dir / "state.probe").exists() and not (job.log_dir / "state.probe").is_symlink()
+
+
+def test_copies_that_a_full_disk_left_behind_the_last_event_are_made_again(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    backend = LocalBackend(runs_dir=runs, torchrun=FAKE_TORCHRUN)
+    job = backend.submit(spec())
+    backend._children[job.job_id].wait(timeout=60)
+
+    def full(self, last):
+        raise RecordError(f"cannot write the run records in {self.path}: No space left on device")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RunRecord, "_copy_last", full)
+        with pytest.raises(RecordError):
+            job.status()  # the end goes into events.jsonl, its copies do not
+    status_json = job.record.path / "status.json"
+    assert job.record.last_status()["state"] == "COMPLETED" and json.loads(status_json.read_text())["state"] == \
+        "RUNNING"
+    assert cli("status", job.record.run_id, "--runs-dir", runs) == 0  # the next look
+    capsys.readouterr()
+    assert json.loads(status_json.read_text())["state"] == "COMPLETED"
+    assert RunIndex(runs).rows()[0]["state"] == "COMPLETED"

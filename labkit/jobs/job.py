@@ -129,9 +129,11 @@ class Job:
         the watcher's pace says it is time, so that a loop over `job.state` does not flood the scheduler."""
         if refresh and not self._status.state.finished:
             WATCHER.refresh([self])
-        elif refresh and not self.record.has_metrics():
-            # An end recorded while its metrics could not be (a full disk): the next look writes them.
-            self.record.save_metrics(run_metrics(self.iterations()))
+        elif refresh:
+            # An end recorded while its metrics or its copies could not be (a full disk): the next look writes them.
+            if not self.record.has_metrics():
+                self.record.save_metrics(run_metrics(self.iterations()))
+            self.record.settle_copies()
         return self._status
 
     @property

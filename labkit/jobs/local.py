@@ -11,7 +11,9 @@ When run.sh ended on its own but could not write that state file (the runs direc
 filled up), its end is read from the evidence instead: run.sh's exit status (which its shell writes over the blanks
 of logs/runner.exit, reserved when the job was submitted, so that it fits on a full disk; the labkit that started it
 also has it from the child process), its own complaint in logs/runner.out, and each node log's last line ("node N:
-torchrun exited with status S"). The recorded cause then says that the end could not be written, and why.
+torchrun exited with status S"). The recorded cause then says that the end could not be written, and why: the
+complaint, or, where runner.out had no room left for it, the error the shell met trying the state file's directory
+once more as it exited (also in runner.exit).
 """
 from __future__ import annotations
 
@@ -121,8 +123,9 @@ class LocalBackend:
         code = child.returncode if child is not None else None
         if code is not None and code < 0:
             return None  # killed by a signal, before it could record an end
+        exit_code, error = _runner_exit(job.record.logs / RUNNER_EXIT)
         if code is None:
-            code = _runner_exit(job.record.logs / RUNNER_EXIT)
+            code = exit_code
         complaint = _write_complaint(job.record.logs / "runner.out")
         nodes = _node_exits(job.log_dir)
         failed = next((status for status in nodes.values() if status), None)
@@ -136,7 +139,7 @@ class LocalBackend:
             code = failed  # a node says it failed: not a completed run, whatever else says so
         state = RUNNER_ENDS.get(code, State.FAILED)
         written = job.log_dir / "state"
-        why = complaint or f"{written.relative_to(job.record.path)} was not written"
+        why = complaint or f"{written.relative_to(job.record.path)} was not written" + (f": {error}" if error else "")
         return Status(state, exit_code=f"{code}:0", note=f"its end could not be recorded ({why}); it was read from "
                                                          f"{source}")
 
@@ -204,8 +207,9 @@ class LocalBackend:
 
 
 RUNNER_EXIT = "runner.exit"
-"""logs/runner.exit: run.sh's exit status, written in place by its shell as it exits (blank until then)."""
-RUNNER_EXIT_BYTES = 32
+"""logs/runner.exit: run.sh's exit status, written in place by its shell as it exits (blank until then), and when
+its state file still says RUNNING then, the error a write there meets."""
+RUNNER_EXIT_BYTES = 256
 RUNNER_ENDS = {0: State.COMPLETED, 143: State.CANCELLED, 124: State.TIMEOUT}
 """run.sh's exit status -> its end, as its finish() records them (any other status: FAILED)."""
 _WRITE_COMPLAINT = re.compile(r"Read-only file system|No space left on device|Disk quota exceeded|Permission denied|"
@@ -213,20 +217,32 @@ _WRITE_COMPLAINT = re.compile(r"Read-only file system|No space left on device|Di
 _NODE_EXIT = re.compile(r"^node (\S+): torchrun exited with status (\d{1,3})$")
 
 
+_ON_EXIT = r"""code=$? why=
+if [ -n "${state_file:-}" ] && { read -r first <"$state_file"; } 2>/dev/null && [ "$first" = RUNNING ]; then
+    why=$({ echo x >"$state_file.probe"; } 2>&1)
+    rm -f -- "$state_file.probe"
+fi
+printf '%-WIDTH.WIDTHs\n' "$code ${why//$'\n'/ }" 2>/dev/null 1<>EXIT_FILE"""
+
+
 def _with_exit_status(exit_file: Path) -> str:
     """`bash -c` code that runs the script named by $0 in this shell (so that its pid is the job id, as before), and
-    writes its exit status over the reserved blanks of `exit_file` when it exits."""
-    write = f"printf '%-{RUNNER_EXIT_BYTES - 1}s\\n' \"$?\" 2>/dev/null 1<>{shlex.quote(str(exit_file))}"
-    return f"trap {shlex.quote(write)} EXIT; . \"$0\""
+    writes its exit status over the reserved blanks of `exit_file` when it exits; if its state file ($state_file)
+    still says RUNNING then, its end could not be written, and the error a write beside it meets follows the status."""
+    on_exit = _ON_EXIT.replace("WIDTH", str(RUNNER_EXIT_BYTES - 1)).replace("EXIT_FILE", shlex.quote(str(exit_file)))
+    return f"trap {shlex.quote(on_exit)} EXIT; . \"$0\""
 
 
-def _runner_exit(path: Path) -> int | None:
-    """The exit status run.sh's shell wrote into logs/runner.exit; None while blank, or when it cannot be read."""
+def _runner_exit(path: Path) -> tuple[int | None, str | None]:
+    """The exit status run.sh's shell wrote into logs/runner.exit, and the write error it met if its end could not be
+    written (its last words, such as "No space left on device"); None while blank, or when it cannot be read."""
     try:
-        text = path.read_text().strip()
+        code, _, error = path.read_text().strip().partition(" ")
     except (OSError, UnicodeDecodeError):
-        return None
-    return int(text) if text.isdigit() and len(text) <= 3 else None
+        return None, None
+    if not (code.isdigit() and len(code) <= 3):
+        return None, None
+    return int(code), error.rsplit(": ", 1)[-1].strip() or None
 
 
 def _write_complaint(runner_out: Path) -> str | None:

@@ -39,6 +39,8 @@ from labkit.spec import RunSpec, load_spec
 
 UNFINISHED_STATES = frozenset({"CREATED", "SUBMITTED", "PENDING", "RUNNING"})
 """Recorded states a run can still leave: the dashboard refreshes such runs and `labkit runs` polls their jobs."""
+STATUS_KEYS = ("state", "exit_code", "reason", "cause")
+"""What a state change's event (and status.json) holds besides its time."""
 
 
 def _now() -> str:
@@ -311,12 +313,30 @@ class RunRecord:
     def set_status(self, state, exit_code: str | None = None, reason: str | None = None,
                    cause: str | None = None) -> None:
         """Append a state change to events.jsonl, and make it status.json and the index's row."""
-        event = {"state": str(state), "exit_code": exit_code, "reason": reason, "cause": cause}
+        event = dict(zip(STATUS_KEYS, (str(state), exit_code, reason, cause)))
         last = {"time": self._append_event(event), **event}
+        if not self.read_only:
+            self._copy_last(last)
+
+    def settle_copies(self) -> None:
+        """Copy the last event into status.json and the index's row again where a write that failed halfway (a full
+        disk took the event, not its copies) left them behind it."""
         if self.read_only:
             return
-        # Pollers in several processes record states at once: each copies the last event, then copies again when
-        # another was appended meanwhile, so that the copy written last is of the last event.
+        last = {key: self.last_status().get(key) for key in ("time", *STATUS_KEYS)}
+        if last["state"] in (None, "CREATED"):  # a run's creation writes no status.json
+            return
+        try:
+            copied = json.loads((self.path / "status.json").read_text())
+        except (OSError, ValueError):
+            copied = None
+        if not isinstance(copied, dict) or {key: copied.get(key) for key in last} != last:
+            self._copy_last(last)
+
+    def _copy_last(self, last: dict) -> None:
+        """Make `last` (the last event) status.json and the index's row. Pollers in several processes record states
+        at once: each copies the last event, then copies again when another was appended meanwhile, so that the copy
+        written last is of the last event."""
         while True:
             tmp = _tmp(self.path / "status.json")
             with _storing(self.path):
@@ -331,7 +351,7 @@ class RunRecord:
             latest = self.last_status()
             if latest.get("time") == last["time"] and latest.get("state") == last["state"]:
                 return
-            last = {"time": latest.get("time"), **{key: latest.get(key) for key in event}}
+            last = {"time": latest.get("time"), **{key: latest.get(key) for key in STATUS_KEYS}}
 
     def save_metrics(self, metrics: dict) -> None:
         """metrics.json, written once: the first end recorded stands."""
@@ -530,10 +550,12 @@ class RunIndex:
                 self.restore(RunRecord(path))
 
     def restore(self, record: RunRecord) -> None:
-        """Make the row of `record` what its files say (its job.json and its last recorded state)."""
+        """Make the row of `record` what its files say (its job.json and its last recorded state), and its
+        status.json a copy of that state again."""
         row = self.row_of(record)
         self.add(record, row["name"], row["created"])
         self.update(record.run_id, **{k: v for k, v in row.items() if k not in ("run_id", "name", "created")})
+        record.settle_copies()
 
     @staticmethod
     def row_of(record: RunRecord) -> dict:
