@@ -11,4 +11,10 @@ The driver writes both into the run (`--tensorboard-dir`, `--profile --profile-s
     trace.memory_per_step(traces[0])                # peak and memory saved for backward
     views.comparison_figure({"fp32": run_a, "bf16": run_b})
     tensorboard.read_scalars(run_dir); print(tensorboard.tensorboard_command(run_dir))
+
+Nsight Systems captures of a spec's profile.nsys ranks (the run's logs/nsys/rankR.sqlite) read the same way:
+
+    from labkit.profiling import nsys
+    reports = nsys.load_reports(run_dir / "logs" / "nsys")
+    nsys.kernel_time(reports); nsys.overlap(reports); nsys.steps(reports); nsys.figure(reports)
 """

@@ -1,11 +1,14 @@
-"""`labkit profiling summary RUN_OR_TRACE [--json]`: what the profiled steps of a run spent their time and memory on."""
+"""`labkit profiling summary RUN_OR_TRACE [--json]`: what the profiled steps of a run spent their time and memory on.
+`labkit profile nsys REPORT.sqlite|DIR ... [--json] [--html FILE]`: the same questions of Nsight Systems captures."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
 
 def register(sub) -> None:
+    _register_nsys(sub)
     p = sub.add_parser("profiling", help="read a run's torch.profiler traces and TensorBoard scalars")
     psub = p.add_subparsers(dest="profiling_command", metavar="COMMAND", required=True)
     s = psub.add_parser("summary", help="profiled steps, time by category, compute vs communication, memory, per rank")
@@ -59,4 +62,56 @@ def _summary(args) -> int:
             print(f"    {op['self_ms']:10.3f} ms  {op['calls']:6d}x  {op['category']:<13} {op['operator']}")
     if "tensorboard_command" in result:
         print(f"\nopen in TensorBoard: {result['tensorboard_command']}")
+    return 0
+
+
+def _register_nsys(sub) -> None:
+    """`labkit profile nsys` beside `labkit profile --model ...` (labkit.plan.cli's per-layer profiler, whose parser
+    takes no subcommands): the `profile` parser hands a command line that starts with `nsys` to this one."""
+    p = argparse.ArgumentParser(prog="labkit profile nsys",
+                                description="time per kernel class, computation vs communication and the captured "
+                                            "steps of Nsight Systems reports, per rank")
+    p.add_argument("paths", nargs="+", metavar="REPORT.sqlite|DIR",
+                   help="nsys export --type sqlite files, or directories of them (a run's logs/nsys)")
+    p.add_argument("--json", action="store_true", help="print the tables as JSON")
+    p.add_argument("--html", metavar="FILE", help="also write the figure (plotly) to this HTML file")
+    p.set_defaults(func=_nsys)
+    profile = sub.choices["profile"]
+    per_layer = profile.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        return p.parse_known_args(args[1:], namespace) if args[:1] == ["nsys"] else per_layer(args, namespace)
+
+    profile.parse_known_args = parse_known_args
+    profile.epilog = "labkit profile nsys REPORT.sqlite|DIR ...: read Nsight Systems captures (--help after nsys)"
+
+
+def _nsys(args) -> int:
+    from labkit.profiling import nsys
+
+    try:
+        reports = nsys.load_reports(args.paths)
+    except (FileNotFoundError, ValueError, OSError) as exc:
+        print(f"labkit profile nsys: {exc}", file=sys.stderr)
+        return 2
+    if args.html:
+        nsys.figure(reports).write_html(args.html, include_plotlyjs=True)
+    if args.json:
+        print(json.dumps(nsys.summary(reports), indent=2))
+        return 0
+    classes, split, steps = nsys.kernel_time(reports), nsys.overlap(reports), nsys.steps(reports)
+    for row in split.itertuples():
+        times = classes[(classes["rank"] == row.rank) & (classes["time_ms"] > 0)]
+        print(f"rank {row.rank}: {row.window_ms:.3f} ms captured")
+        print("  GPU time by class: " + ", ".join(f"{cls} {ms:.3f} ms ({share:.1%})" for cls, ms, share
+                                                  in zip(times["class"], times["time_ms"], times["share"])))
+        print(f"  compute {row.compute_ms:.3f} ms, communication {row.communication_ms:.3f} ms of which "
+              f"{row.overlap_ms:.3f} ms under compute ({row.overlap_share:.1%}), exposed "
+              f"{row.exposed_communication_ms:.3f} ms, idle {row.idle_ms:.3f} ms")
+        for step in steps[steps["rank"] == row.rank].itertuples():
+            print(f"  iteration {step.iteration}: {step.duration_ms:.3f} ms (forward {step.forward_ms:.3f}, backward "
+                  f"{step.backward_ms:.3f}, optimizer {step.optimizer_ms:.3f})")
+    if args.html:
+        print(f"figure: {args.html}")
     return 0
