@@ -11,8 +11,15 @@ read back with labkit.logs.parse. The steps:
   gpt2-large     a 774M GPT at sequence 2048 at the default timing level: ms per iteration, TFLOP/s, MFU, peak memory
   gpt2-xl        GPT-2 XL (1.56B) at sequence 1024
   llama-8l       Llama 3 8B's layer shape (GQA, SwiGLU, RMSNorm, rope, 128K vocabulary) with 8 layers, sequence 2048
+  *-sdpa         gpt2-large and llama-8l again with kernels.attention_backend sdpa (PyTorch's
+                 scaled_dot_product_attention: flash kernels instead of megatron-core's s x s scores); the estimate
+                 beside them still charges the local attention's memory (it does not know sdpa)
+  nsys           where `nsys` is on the PATH: gpt2-small with profile.nsys on rank 0 over iterations 4-5, started as a
+                 job starts a profiled rank (labkit.jobs.render_profile), its rank0.sqlite read back with
+                 labkit.profiling.nsys (time per kernel class, the two captured iterations)
 
-Without a GPU (`--cpu`, or no CUDA) every step runs the tiny model on gloo: a dry run of the check itself.
+Without a GPU (`--cpu`, or no CUDA) every step runs the tiny model on gloo (sdpa as tiny-sdpa, no nsys step): a dry run
+of the check itself.
 Prints one table and exits 1 if any step failed.
 """
 from __future__ import annotations
@@ -20,6 +27,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,6 +40,7 @@ import torch
 
 from labkit import catalog
 from labkit.estimate import estimate
+from labkit.jobs.render_profile import profiled_entrypoint
 from labkit.logs.parse import parse_text
 from labkit.megatron_args import megatron_args
 from labkit.spec import load_spec
@@ -47,6 +57,8 @@ class Step:
     needs_loss_to_fall: bool = False
     measured: bool = False
     """A speed step: its figures are compared with the estimate."""
+    nsys: bool = False
+    """Started under nsys as the spec's profile.nsys says; its report is read back."""
 
 
 @dataclass
@@ -64,15 +76,16 @@ class Result:
 
 
 def spec_dict(name, gpu, model, seq, micro, global_, iters, log_interval, precision="bf16", recompute="none",
-              distributed=False, **train):
+              distributed=False, attention="local", profile=None, **train):
     return {"name": name, "model": {**model, "seq_length": seq}, "precision": precision,
             "parallel": {"tensor": 1, "pipeline": 1}, "batch": {"micro": micro, "global": global_},
             "recompute": recompute, "optimizer": {"distributed": distributed, "initial_loss_scale": 65536.0},
             "train": {"iters": iters, "log_interval": log_interval, "seed": 1234, **train},
             "data": {"mock": True}, "cluster": {"nodes": [{"gpu": gpu, "count": 1, "gpus_per_node": 1}]},
-            # What the driver runs without Transformer Engine: megatron-core's local attention, which keeps the s x s
-            # scores (the estimate's default on these GPUs, auto, is Transformer Engine's flash attention).
-            "kernels": {"attention_backend": "local"}}
+            # megatron-core's local attention, which keeps the s x s scores (the estimate's default on these GPUs,
+            # auto, is Transformer Engine's flash attention), or PyTorch's scaled_dot_product_attention (sdpa, what
+            # the driver's auto runs without Transformer Engine)
+            "kernels": {"attention_backend": attention}, **({"profile": profile} if profile else {})}
 
 
 def steps(gpu: str, on_gpu: bool, work: Path) -> list[Step]:
@@ -94,19 +107,29 @@ def steps(gpu: str, on_gpu: bool, work: Path) -> list[Step]:
         out += [
             Step("gpt2-large", spec_dict("gpt2-large", gpu, {"preset": "gpt2-large"}, 2048, 2, 16, 15, 5),
                  measured=True),
+            Step("gpt2-large-sdpa", spec_dict("gpt2-large-sdpa", gpu, {"preset": "gpt2-large"}, 2048, 2, 16, 15, 5,
+                                              attention="sdpa"), measured=True),
             Step("gpt2-xl", spec_dict("gpt2-xl", gpu, {"preset": "gpt2-xl"}, 1024, 4, 16, 15, 5), measured=True),
             Step("llama-8l", spec_dict("llama-8l", gpu, llama, 2048, 1, 8, 15, 5), measured=True),
+            Step("llama-8l-sdpa", spec_dict("llama-8l-sdpa", gpu, llama, 2048, 1, 8, 15, 5, attention="sdpa"),
+                 measured=True),
         ]
+        if shutil.which("nsys"):
+            profile = {"nsys": {"ranks": [0], "start_step": 3, "end_step": 5}}
+            out.append(Step("nsys", spec_dict("nsys", gpu, small, seq_small, 4, 16, 6, 1, attention="sdpa",
+                                              profile=profile), timeout_s=300, nsys=True))
     else:
-        out += [Step("tiny-speed", spec_dict("tiny-speed", gpu, tiny, 64, 2, 8, 6, 3), measured=True)]
+        out += [Step("tiny-speed", spec_dict("tiny-speed", gpu, tiny, 64, 2, 8, 6, 3), measured=True),
+                Step("tiny-sdpa", spec_dict("tiny-sdpa", gpu, tiny, 64, 2, 8, 6, 3, attention="sdpa"), measured=True)]
     return out
 
 
 def run_step(step: Step, work: Path) -> Result:
     spec = load_spec(step.spec)
     flags = megatron_args(spec) + step.extra_args
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
-           "-m", "labkit.train", *flags]
+    # a profiled rank starts as a job starts it: torchrun --no-python, the per-rank shell, nsys, then Python
+    program = shlex.split(profiled_entrypoint(spec, "-m labkit.train", sys.executable, shlex.quote(str(work))))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", *program, *flags]
     log_file = work / f"{step.name}.log"
     start = time.monotonic()
     try:
@@ -132,11 +155,34 @@ def run_step(step: Step, work: Path) -> Result:
     if len(parsed.memory):
         result.peak_gib = float(parsed.memory["max_allocated_mb"].max()) * 2 ** 20 / GIB
     result.estimate = estimate(spec)
+    if result.ok and step.nsys:
+        check_nsys(result, work / "nsys" / "rank0.sqlite", spec)
     if result.ok and step.needs_loss_to_fall:
         losses = [loss for loss, _ in result.losses.values() if loss == loss]
         if len(losses) < 2 or not losses[-1] < losses[0]:
             result.ok, result.why = False, f"the loss did not fall: {losses[:1]} -> {losses[-1:]}"
     return result
+
+
+def check_nsys(result: Result, report: Path, spec) -> None:
+    """The capture holds the two iterations of profile.nsys's range, and kernels of each class it ran."""
+    from labkit.profiling import nsys
+
+    try:
+        loaded = nsys.load(report)
+    except (FileNotFoundError, ValueError) as exc:
+        result.ok, result.why = False, str(exc)
+        return
+    steps = nsys.steps(loaded)
+    first, last = spec.profile.nsys.start_step + 1, spec.profile.nsys.end_step
+    if steps["iteration"].tolist() != list(range(first, last + 1)):
+        result.ok, result.why = False, f"captured iterations {steps['iteration'].tolist()}, not {first}-{last}"
+        return
+    classes = nsys.kernel_time(loaded)
+    print(classes[classes["time_ms"] > 0].to_string(index=False), flush=True)
+    print(steps.to_string(index=False), flush=True)
+    shares = ", ".join(f"{c} {s:.0%}" for c, s in zip(classes["class"], classes["share"]) if s >= 0.01)
+    result.why = f"iterations {first}-{last} captured in {report.name}: {shares}"
 
 
 def check_resume(full: Result, resumed: Result) -> None:

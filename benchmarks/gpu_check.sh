@@ -2,7 +2,9 @@
 # The GPU check (benchmarks/gpu_check.py says what it runs): labkit's driver on one H100 or H200, in under 8 minutes,
 # with no network. The machine brings Python and CUDA PyTorch; megatron-core and labkit's other runtime packages come
 # from a wheelhouse made beforehand on a machine with PyPI (`make gpu-wheels` writes .wheelhouse/), installed only
-# where the machine lacks them. Without a GPU it is a dry run of the same steps on the tiny model.
+# where the machine lacks them. Rows with kernels.attention_backend sdpa follow gpt2-large and llama-8l, and where
+# Nsight Systems' `nsys` is on the PATH one step runs under it as a profile.nsys rank does and reads its capture back.
+# Without a GPU it is a dry run of the same steps on the tiny model.
 #   bash benchmarks/gpu_check.sh [--cpu] [--keep DIR] [--only STEP ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
