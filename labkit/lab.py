@@ -3,7 +3,8 @@ executed notebooks is written beside them that opens offline (plotly.js inlined,
 
 `labkit lab [--backend local|slurm] [-p key value] [--only NAMES] [--lang en|ko]`, or `make lab` (both editions). `labkit workspace DIR` copies the
 notebooks, their solutions, the examples and the images out of an installed wheel into DIR, to work on them there;
-`--no-solutions` leaves the solutions out (the students' copy; the instructor's keeps them).
+`--no-solutions` leaves the solutions and the notebooks' stored outputs out (the students' copy; the instructor's
+keeps them).
 """
 from __future__ import annotations
 
@@ -80,10 +81,27 @@ SOLUTIONS = "solutions"
 """The folder of notebooks/ that holds the worked answers."""
 
 
+def strip_outputs(path: Path | str) -> None:
+    """Clear, in place, every code cell's stored outputs and execution count, and the saved widget state: a notebook
+    that shows no result before its cell is run. Plain JSON, written as nbformat writes it, so that the base install
+    (no nbformat) copies a students' workspace too."""
+    path = Path(path)
+    notebook = json.loads(path.read_text(encoding="utf-8"))
+    for cell in notebook.get("cells", []):
+        if cell.get("cell_type") == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+    notebook.get("metadata", {}).pop("widgets", None)
+    path.write_text(json.dumps(notebook, sort_keys=True, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def copy_workspace(target: Path | str, solutions: bool = True) -> list[Path]:
     """Copy the course files (notebooks, with their solutions unless `solutions` is false, examples, images) into
     `target`; an existing file is never overwritten, so a student's edited notebook survives a second copy. Returns
-    the files written."""
+    the files written.
+
+    Without the solutions (the students' copy) the notebooks also lose their stored outputs: those are the results
+    nbval compares (`labkit lab --store-outputs`), and some of them are the very numbers a lab asks its students to
+    predict or to work out. The instructor's copy keeps them."""
     target = Path(target)
     written = []
     for name in COURSE_NAMES:
@@ -96,6 +114,8 @@ def copy_workspace(target: Path | str, solutions: bool = True) -> list[Path]:
                 continue
             destination.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, destination)
+            if not solutions and destination.suffix == ".ipynb":
+                strip_outputs(destination)
             written.append(destination)
     return written
 
@@ -458,14 +478,15 @@ def register(sub) -> None:
                                          "directory to work in (files already there are kept)")
     p.add_argument("directory", help="where to copy them (created when missing)")
     p.add_argument("--no-solutions", dest="solutions", action="store_false",
-                   help="leave notebooks/solutions/ out: the copy to hand to students (the instructor's keeps them)")
+                   help="leave notebooks/solutions/ and the notebooks' stored outputs out: the copy to hand to "
+                        "students (the instructor's keeps them)")
     p.set_defaults(func=_workspace_command)
 
 
 def _workspace_command(args: argparse.Namespace) -> int:
     written = copy_workspace(args.directory, solutions=args.solutions)
     print(f"copied {len(written)} file(s) into {Path(args.directory).resolve()}"
-          f"{'' if args.solutions else ', without the solutions'}; "
+          f"{'' if args.solutions else ', without the solutions or stored outputs'}; "
           f"run the labs there with `labkit lab` or open notebooks/ in JupyterLab")
     return 0
 

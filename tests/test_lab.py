@@ -205,3 +205,34 @@ def test_workspace_without_solutions_is_the_students_copy_and_the_instructors_ke
     instructor = {p.relative_to(tmp_path / "instructor").as_posix()
                   for p in (tmp_path / "instructor").rglob("*.ipynb")}
     assert {name.replace("notebooks/", "notebooks/solutions/") for name in labs} <= instructor
+
+
+def _stored(path) -> list[str]:
+    """The code cells of a notebook that hold a stored output or an execution count."""
+    return [cell.source[:60] for cell in nbformat.read(path, as_version=4).cells
+            if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None)]
+
+
+def test_the_students_copy_holds_no_stored_output_and_no_solution_and_the_instructors_keeps_them(tmp_path):
+    """Lab 05's stored outputs are the very numbers its prediction cell asks for: the students' copy (both editions)
+    shows no result before its cell is run, the instructor's copy is the course as it is."""
+    students = tmp_path / "students"
+    lab.copy_workspace(students, solutions=False)
+    notebooks = sorted(students.rglob("*.ipynb"))
+    assert {"notebooks/05_performance_estimation.ipynb", "notebooks/ko/05_performance_estimation.ipynb"} <= {
+        p.relative_to(students).as_posix() for p in notebooks}
+    assert not [p for p in notebooks if "solutions" in p.relative_to(students).parts]
+    assert {p.relative_to(students).as_posix(): _stored(p) for p in notebooks if _stored(p)} == {}
+    assert not [p for p in notebooks if "widgets" in nbformat.read(p, as_version=4).metadata]
+    # the copy is still the same notebook, cell for cell, and opens as one
+    shipped = lab.course_dir("notebooks") / "05_performance_estimation.ipynb"
+    copied = nbformat.read(students / "notebooks" / "05_performance_estimation.ipynb", as_version=4)
+    nbformat.validate(copied)
+    assert [c.source for c in copied.cells] == [c.source for c in nbformat.read(shipped, as_version=4).cells]
+    assert _stored(shipped), "lab 05 ships stored outputs: the test would prove nothing without them"
+
+    instructor = tmp_path / "instructor"
+    lab.copy_workspace(instructor)
+    for name in ("05_performance_estimation.ipynb", "ko/05_performance_estimation.ipynb",
+                 "solutions/05_performance_estimation.ipynb"):
+        assert (instructor / "notebooks" / name).read_bytes() == (lab.course_dir("notebooks") / name).read_bytes()
