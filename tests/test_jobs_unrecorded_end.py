@@ -308,3 +308,28 @@ def test_copies_that_a_full_disk_left_behind_the_last_event_are_made_again(tmp_p
     capsys.readouterr()
     assert json.loads(status_json.read_text())["state"] == "COMPLETED"
     assert RunIndex(runs).rows()[0]["state"] == "COMPLETED"
+
+
+def test_a_forked_copy_of_the_backend_takes_no_exit_status_from_the_child_it_cannot_wait_for(tmp_path):
+    import multiprocessing
+
+    backend = LocalBackend(runs_dir=tmp_path / "runs", torchrun=FAKE_TORCHRUN)
+    job = backend.submit(spec(FAKE_ITERATION_S="1"))
+    _running(job)
+
+    def in_a_fork(queue):  # as a multiprocessing worker that inherited the backend polls once the runner is gone
+        while (job.log_dir / "state").read_text().strip() == "RUNNING" and os.path.exists(f"/proc/{job.job_id}"):
+            time.sleep(0.02)
+        (job.log_dir / "state").write_text("RUNNING\n")  # as if the runner had been killed before its end
+        (job.record.logs / RUNNER_EXIT).write_text(" " * (RUNNER_EXIT_BYTES - 1) + "\n")
+        status = backend.poll([job])[job]
+        queue.put((status.state.name, status.reason))
+
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=in_a_fork, args=(queue,))
+    child.start()
+    backend._children[job.job_id].wait(timeout=60)
+    state, reason = queue.get(timeout=60)
+    child.join(timeout=30)
+    assert (state, reason) == ("FAILED", "the local runner stopped without recording an end")

@@ -71,6 +71,7 @@ class LocalBackend:
                                            stdout=runner_log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
                                            start_new_session=True, env={**os.environ, "LABKIT_LAUNCH_GATE": "1"})
             job_id = str(process.pid)  # also its process group's id (a new session)
+            process.waited_by = os.getpid()  # (see _child_status)
             self._children[job_id] = process
             record.attach(self.name, "local", [job_id], host=socket.gethostname(), pgid=process.pid)
             process.stdin.write(b"start\n")
@@ -119,8 +120,7 @@ class LocalBackend:
         process's child's, else the one its shell wrote into logs/runner.exit), or, when neither is known but
         runner.out says a write failed, from every node's torchrun exit status. None without such evidence (run.sh
         was killed: it never tried to record an end)."""
-        child = self._children.get(job.job_id)
-        code = child.returncode if child is not None else None
+        code = self._child_status(job)
         if code is not None and code < 0:
             return None  # killed by a signal, before it could record an end
         exit_code, error = _runner_exit(job.record.logs / RUNNER_EXIT)
@@ -142,6 +142,16 @@ class LocalBackend:
         why = complaint or f"{written.relative_to(job.record.path)} was not written" + (f": {error}" if error else "")
         return Status(state, exit_code=f"{code}:0", note=f"its end could not be recorded ({why}); it was read from "
                                                          f"{source}")
+
+    def _child_status(self, job: Job) -> int | None:
+        """run.sh's exit status when this process started it and it has ended (negative: the signal that killed it);
+        None otherwise. A copy of this backend in a forked process (multiprocessing's fork) holds the same child
+        object, but cannot wait for that child: Python reports such a child as having exited 0 (ECHILD), which is
+        no evidence of anything."""
+        child = self._children.get(job.job_id)
+        if child is None or getattr(child, "waited_by", None) != os.getpid():
+            return None
+        return child.poll()
 
     def _alive(self, job: Job) -> bool:
         """Whether the job's run.sh still runs (its pid could have been reused by another program since)."""
