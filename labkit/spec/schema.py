@@ -475,7 +475,9 @@ class NcuSpec:
     ranks: list[int] = field(default_factory=lambda: [0])
     """Global ranks measured, each its own report (--profile-ranks with profile.nsys.ranks)."""
     kernel_regex: str | None = None
-    """Which kernels (ncu --kernel-name regex:...), e.g. "gemm|flash"; None: every kernel."""
+    """Which kernels (ncu --kernel-name regex:...), e.g. "gemm|flash"; None: every kernel. ncu replays each kernel it
+    measures, and an NCCL kernel replayed on one rank waits for peers that are not replaying it: in a world of more
+    than one process, name kernels that are not NCCL's."""
     launch_count: int = 10
     """How many matching kernel launches are measured (ncu --launch-count): each one replays its kernel many times."""
     sections: list[str] = field(default_factory=list)
