@@ -22,8 +22,8 @@
 #   GPU with tensor cores;
 # - train the baseline, fp16 and bf16 side by side (the same spec, only `precision` changed) and compare their
 #   iteration time, memory and loss;
-# - explain fp16's dynamic loss scale: why it starts at $2^{32}$, why it falls, and why the first iterations are
-#   skipped (and count them before reading the log);
+# - explain mixed precision's dynamic loss scale: which 16-bit format needs one, why it starts at $2^{32}$, why it
+#   falls, and why iterations are skipped while it falls (and count them before reading the log);
 # - read the profiler: the share of time in matrix multiplications and the memory kept for the backward pass, and
 #   open the runs in TensorBoard.
 #
@@ -33,7 +33,7 @@
 # %% tags=["parameters"]
 backend = "local"        # "local" (here) or "slurm" (a cluster, or labkit's local Slurm)
 spec_file = "tiny-cpu.yaml"
-iterations = 20          # fp16 skips about 14 iterations of the tiny model before it trains: keep 20 or more
+iterations = 20          # keep 20 or more: one of the runs logs no loss for its first iterations (2.4 says why)
 log_interval = 1
 predict_on = "A100-80GB"  # a GPU with tensor cores, for the predictions
 
@@ -215,6 +215,19 @@ loss_figure(sweep.logs).show()
 # in `number of skipped iterations`) and $S$ is halved. It starts at $2^{32}$ on purpose, as large as it can be, and
 # falls until the scaled gradients fit; after 1000 clean steps it tries doubling again. With hysteresis 2, the first
 # overflow only arms the halving.
+#
+# **Exercise 1.** Count before you read the log. The fp16 run of the NVIDIA DLI workshop "Model Parallelism" logged a
+# loss scale of 131072 at iteration 20, starting from $2^{32}$ with hysteresis 2. How many iterations had it skipped
+# by then?
+
+# %%
+answer_1 = ...
+
+# %%
+check("02.1", answer_1)
+
+# %% [markdown]
+# Now the log of this lab's fp16 run, which started from the same $2^{32}$:
 
 # %%
 history = loss_scale_history(sweep.logs["fp16"])
@@ -347,16 +360,8 @@ for stage in (2, 3):
 #
 # ## Exercises
 #
-# **Exercise 1.** The fp16 run of the NVIDIA DLI workshop "Model Parallelism" logged a loss scale of 131072 at
-# iteration 20, starting from $2^{32}$ with hysteresis 2. How many iterations had it skipped by then?
-
-# %%
-answer_1 = ...
-
-# %%
-check("02.1", answer_1)
-
-# %% [markdown]
+# (Exercise 1 came in 2.4, before the log that answers it.)
+#
 # **Exercise 2.** Which 16-bit format trains without a loss scale? Answer `"fp16"` or `"bf16"`.
 
 # %%

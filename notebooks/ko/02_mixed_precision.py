@@ -22,8 +22,8 @@
 #   텐서 코어(tensor core)가 있는 GPU에서의 속도.
 # - 기준 실행(baseline), fp16, bf16을 나란히 학습하고(같은 스펙에서 `precision`만 바꿉니다) 반복(iteration) 시간,
 #   메모리, 손실(loss)을 비교합니다.
-# - fp16의 동적 손실 스케일(dynamic loss scale)을 설명합니다: 왜 $2^{32}$에서 시작하는지, 왜 줄어드는지, 왜 처음 몇
-#   번의 반복을 건너뛰는지(그리고 로그를 읽기 전에 건너뛸 횟수를 세어 봅니다).
+# - 혼합 정밀도의 동적 손실 스케일(dynamic loss scale)을 설명합니다: 어느 16비트 형식에 필요한지, 왜 $2^{32}$에서
+#   시작하는지, 왜 줄어드는지, 줄어드는 동안 왜 반복을 건너뛰는지(그리고 로그를 읽기 전에 건너뛸 횟수를 세어 봅니다).
 # - 프로파일러(profiler)를 읽습니다: 행렬 곱셈에 쓰인 시간의 비율과 역전파(backward pass)를 위해 보관하는 메모리를
 #   보고, 실행 결과를 TensorBoard에서 엽니다.
 #
@@ -33,7 +33,7 @@
 # %% tags=["parameters"]
 backend = "local"        # "local" (here) or "slurm" (a cluster, or labkit's local Slurm)
 spec_file = "tiny-cpu.yaml"
-iterations = 20          # fp16 skips about 14 iterations of the tiny model before it trains: keep 20 or more
+iterations = 20          # keep 20 or more: one of the runs logs no loss for its first iterations (2.4 says why)
 log_interval = 1
 predict_on = "A100-80GB"  # a GPU with tensor cores, for the predictions
 
@@ -217,6 +217,18 @@ loss_figure(sweep.logs).show()
 # $2^{32}$에서 시작해, 스케일된 그래디언트가 범위 안에 들어올 때까지 줄어듭니다. 오버플로 없는 스텝이 1000번 이어지면
 # 다시 두 배로 키워 봅니다. 히스테리시스(hysteresis)가 2이면 첫 번째 오버플로는 절반 감소를 준비시킬 뿐, 스케일을
 # 줄이지는 않습니다.
+#
+# **연습 1.** 로그를 읽기 전에 세어 보세요. NVIDIA DLI 워크숍 "Model Parallelism"의 fp16 실행은 히스테리시스 2로
+# $2^{32}$에서 시작해, 반복 20에서 손실 스케일 131072를 기록했습니다. 그때까지 몇 번의 반복을 건너뛰었을까요?
+
+# %%
+answer_1 = ...
+
+# %%
+check("02.1", answer_1)
+
+# %% [markdown]
+# 이제 같은 $2^{32}$에서 시작한 이 실습의 fp16 실행 로그입니다:
 
 # %%
 history = loss_scale_history(sweep.logs["fp16"])
@@ -350,16 +362,8 @@ for stage in (2, 3):
 #
 # ## 연습
 #
-# **연습 1.** NVIDIA DLI 워크숍 "Model Parallelism"의 fp16 실행은 히스테리시스 2로 $2^{32}$에서 시작해, 반복 20에서
-# 손실 스케일 131072를 기록했습니다. 그때까지 몇 번의 반복을 건너뛰었을까요?
-
-# %%
-answer_1 = ...
-
-# %%
-check("02.1", answer_1)
-
-# %% [markdown]
+# (연습 1은 2.4절에서, 그 답을 보여 주는 로그보다 먼저 풀었습니다.)
+#
 # **연습 2.** 손실 스케일 없이 학습하는 16비트 형식은 무엇일까요? `"fp16"` 또는 `"bf16"`으로 답하세요.
 
 # %%
