@@ -27,7 +27,7 @@
 # 여기 나오는 모든 수치는 `labkit estimate SPEC` 뒤에서 도는 것과 같은 코드인 `labkit.estimate`에서 나옵니다.
 
 # %% tags=["parameters"]
-# The NVIDIA DLI workshop "Model Parallelism", section 4.4: an 18B GPT on 16 A100s, global batch 512, 32.09 s/iter.
+# The NVIDIA DLI workshop "Model Parallelism", section 4.4: a GPT on 16 A100s, global batch 512, 32.09 s/iter.
 gpu = "A100-80GB"
 num_gpus = 16
 global_batch = 512
@@ -51,7 +51,7 @@ from labkit.paths import example
 from labkit.spec import load_spec
 
 # %% [markdown]
-# NVIDIA DLI 워크숍의 4.4절은 레이어(layer) 40개, 은닉 크기(hidden size) 6144인 GPT를 A100 16개에서, 1048
+# NVIDIA DLI 워크숍의 4.4절은 레이어(layer) 40개, 은닉 크기(hidden size) 6144인 GPT를 A100 16개에서, 1024
 # 토큰(token)짜리 시퀀스(sequence) 512개로 된 글로벌 배치(global batch)로 학습시켜 반복당 32.09 s를 측정했습니다. 공식을
 # 보기 전에 먼저 예상해 보세요: 이 모델의 파라미터는 몇 개일까요? A100 하나가 낸 TFLOP/s는 얼마일까요(bf16 최대 성능은
 # 312)? 그리고 그 16개 GPU로 3,000억(300 billion) 토큰을 한 번 훑는 데 며칠이 걸릴까요? 5.3에서 여러분의 예상을 공식의
@@ -73,7 +73,9 @@ my_sizes = {
 # $$P = 12 l h^2 \left(1 + \frac{13}{12h} + \frac{V + s}{12lh}\right)$$
 #
 # 여기서 $l$은 레이어 수, $h$는 은닉 크기, $V$는 어휘(vocabulary) 크기, $s$는 시퀀스 길이입니다. 워크숍의 예: 레이어
-# 40개, $h$ = 6144, $V$ = 50257, $s$ = 1048 (워크숍에 입력된 그대로).
+# 40개, $h$ = 6144, $V$ = 50257, 그리고 워크숍의 공식에 입력된 $s$ = 1048. 워크숍의 시퀀스는 1024 토큰이므로 1048은
+# 오타입니다. 아래 셀들은 워크숍의 수치를 재현하려고 1048을 그대로 쓰며, 1024로 바꾸면 무엇이 달라지는지는 5.3에서
+# 봅니다.
 
 # %% tags=["nbval-check-output"]
 params = gpt_params(l=40, h=6144, s=1048, V=50257)
@@ -138,6 +140,17 @@ print(f"MFU {utilization(model_only, iteration_time_s, peak * num_gpus):.2%}  vs
 # %% tags=["nbval-check-output"]
 days = training_days(tokens=dataset_tokens, params=params, num_gpus=num_gpus, tflops_per_gpu=tflops)
 print(f"{days:.0f} days per epoch on {num_gpus} GPUs")
+
+# %% [markdown]
+# 공식의 1048 대신 워크숍의 시퀀스가 실제로 가진 1024 토큰을 쓰면, 모델의 파라미터는 147,456개($24h$, 이 크기에서는
+# 무시할 만한 양) 줄지만 반복 한 번의 FLOPs는 2.4% 줄어듭니다: GPU당 154.0 TFLOP/s, 208일. 여기서의 수치는 워크숍의
+# 본문처럼 1048을 그대로 씁니다.
+
+# %% tags=["check-claim"]
+params_1024 = gpt_params(l=40, h=6144, s=1024, V=50257)
+tflops_1024 = achieved_tflops(flops_96(B=512, s=1024, l=40, h=6144, V=50257), 32.09, 16)
+assert gpt_params(l=40, h=6144, s=1048, V=50257) - params_1024 == 24 * 6144, params_1024
+assert round(tflops_1024, 1) == 154.0 and round(training_days(300e9, params_1024, 16, tflops_1024)) == 208, tflops_1024
 
 # %% [markdown]
 # 여러분의 예상을 공식의 값과 나란히 놓아 봅니다(워크숍이 측정한 것은 공식의 출발점인 반복 시간뿐입니다):

@@ -45,7 +45,8 @@ print(f"{answer_2:.1f} TFLOP/s per GPU")
 check("05.2", answer_2)
 
 # %% [markdown]
-# **Exercise 3.** Days scale as $1/n$: $n \ge 16 \cdot d_{16} / 30$.
+# **Exercise 3.** Days scale as $1/n$: $n \ge 16 \cdot d_{16} / 30$, with the 18B model counted as in 5.1 ($s$ = 1048,
+# as the workshop's formula types it for its 1024-token sequences).
 
 # %%
 days_on_16 = training_days(tokens=300e9, params=gpt_params(40, 6144, 1048, 50257), num_gpus=16,

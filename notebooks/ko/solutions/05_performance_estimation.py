@@ -45,7 +45,8 @@ print(f"{answer_2:.1f} TFLOP/s per GPU")
 check("05.2", answer_2)
 
 # %% [markdown]
-# **연습 3.** 일수는 $1/n$에 비례합니다: $n \ge 16 \cdot d_{16} / 30$.
+# **연습 3.** 일수는 $1/n$에 비례합니다: $n \ge 16 \cdot d_{16} / 30$. 18B 모델은 5.1에서처럼 셉니다(워크숍의 공식이
+# 1024 토큰 시퀀스에 대해 입력한 그대로 $s$ = 1048).
 
 # %%
 days_on_16 = training_days(tokens=300e9, params=gpt_params(40, 6144, 1048, 50257), num_gpus=16,
