@@ -47,6 +47,18 @@ def test_an_unmeetable_budget_exits_3_after_no_more_estimates_than_no_budget(cap
     assert "closest: tp" in capsys.readouterr().err
 
 
+def test_the_mixed_16_node_cluster_refuses_an_unmeetable_budget_after_few_estimates(tmp_path, capsys):
+    """The case that was reported: a 145.6B GPT on 4 H100 + 4 A100-80GB + 8 A10 nodes with no step within 1 s. Without
+    pruning the search estimated 33,438 layouts (about two minutes); the bounds leave a few hundred."""
+    cluster = tmp_path / "mixed.yaml"
+    cluster.write_text("nodes: [{gpu: H100-SXM, count: 4, gpus_per_node: 8},"
+                       " {gpu: A100-80GB, count: 4, gpus_per_node: 8}, {gpu: A10, count: 8, gpus_per_node: 8}]\n")
+    status, unmet = plan(str(cluster), "--model", "gpt-145.6b", "--global-batch", "1536", "--max-step-s", "1")
+    assert status == 3 and unmet["unmet"].startswith("--max-step-s 1")
+    assert unmet["configs_evaluated"] < 1000
+    assert unmet["configs_evaluated"] < (unmet["configs_evaluated"] + unmet["configs_pruned"]) / 10
+
+
 @pytest.mark.parametrize("objective, budget, kept", [("time", "max_price_per_step", 2), ("cost", "max_step_s", 2),
                                                      ("time", "max_step_s", 0)])
 def test_pruning_keeps_the_exhaustive_searchs_top_rows(hetero, exhaustive, objective, budget, kept):
