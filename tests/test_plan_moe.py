@@ -33,8 +33,8 @@ def test_the_planner_proposes_expert_parallelism_for_mixtral_on_64_h100(mixtral_
     assert best.breakdown["ep_comm"] > 0
     # the chosen spec is one the rule book accepts
     load_spec(best.spec.to_dict())
-    # the search stays quick: memory prunes expert sizes, lower bounds the rest
-    assert plan.search_seconds < 10
+    # the search stays small: memory prunes expert sizes, lower bounds the rest (counted, not timed: machines vary)
+    assert plan.configs_pruned > plan.configs_evaluated
 
 
 def test_plan_json_rows_carry_ep_and_etp(capsys, tmp_path):
