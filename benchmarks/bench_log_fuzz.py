@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import inspect
 import math
 import multiprocessing
 import os
@@ -102,23 +103,24 @@ def dropped_unseen(data: bytes, parsed) -> list[int]:
 class Interrupt:
     """Ctrl-C as the `after`-th Python call of this process starts: KeyboardInterrupt raised there, as SIGINT's
     handler raises it between two steps of the program (a process forked meanwhile is left alone: SIGINT's handler
-    does not run there either)."""
+    does not run there either). A generator's frame is passed over for the next call: one that the garbage collector
+    closes would report any exception as ignored and drop it, as CPython does with every exception there."""
 
     def __init__(self, after: int):
-        self.after, self.calls, self.pid = after, 0, os.getpid()
+        self.after, self.calls, self.pid, self.fired = after, 0, os.getpid(), False
 
     def __call__(self, frame, event, arg):
         if os.getpid() != self.pid:
             sys.settrace(None)
             return None
         self.calls += 1
-        if self.calls == self.after:
+        if self.calls >= self.after and not self.fired and not frame.f_code.co_flags & GENERATOR_FRAMES:
+            self.fired = True
             raise KeyboardInterrupt
         return None
 
-    @property
-    def fired(self) -> bool:
-        return self.calls >= self.after
+
+GENERATOR_FRAMES = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
 def parse_interrupted(data: bytes, interrupt: Interrupt) -> str:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import inspect
 import io
 import json
 import random
@@ -279,19 +280,21 @@ def issue_outcome(rc: int, printed: dict | None, err: str, expect: dict) -> tupl
 
 class Interrupt:
     """Ctrl-C as the `after`-th Python call starts: KeyboardInterrupt raised there, as SIGINT's handler raises it
-    between two steps of the program (a trace function that raises stops tracing, and the call gets the exception)."""
+    between two steps of the program (a trace function that raises stops tracing, and the call gets the exception).
+    A generator's frame is passed over for the next call: one that the garbage collector closes would report any
+    exception as ignored and drop it, as CPython does with every exception there."""
 
     def __init__(self, after: int):
-        self.after, self.calls = after, 0
+        self.after, self.calls, self.fired = after, 0, False
 
     def __call__(self, frame, event, arg):
         self.calls += 1
-        if self.calls == self.after:
+        if self.calls >= self.after and not self.fired and not frame.f_code.co_flags & GENERATOR_FRAMES:
+            self.fired = True
             raise KeyboardInterrupt
 
-    @property
-    def fired(self) -> bool:
-        return self.calls >= self.after
+
+GENERATOR_FRAMES = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
 def run_one(path: Path, data: bytes, target, interrupt: Interrupt | None = None) -> tuple[str, str]:
