@@ -31,16 +31,22 @@
 # - recognise each of these steps in the script `labkit run` renders, and submit a first tiny training job.
 #
 # The Slurm commands run against a real Slurm: labkit's local one (`labkit slurm up`, or `make slurm-up` in a
-# checkout: one a100 node and three a10 nodes emulated on this machine) or your cluster's. Without Slurm those cells
-# say so and the lab still runs.
+# checkout: one a100 node and three a10 nodes emulated on this machine) or your cluster's. On your cluster, name its
+# GPU types in the parameters cell as `sinfo`'s GRES column writes them (`gpu_type`, `het_gpu_types`), and a directory
+# every node sees (`work_dir`); the nodes and their GPU counts come from `sinfo`. Without Slurm those cells say so and
+# the lab still runs.
 
 # %% tags=["parameters"]
 backend = "local"   # where the first training job runs: "local" or "slurm"
 iterations = 4
-gpu_type = "a10"    # a GPU type the cluster's nodes have (sinfo's GRES column)
+gpu_type = "a10"    # the GPU type the Slurm cells ask for (sinfo's GRES column; one it lists stands in if not)
+het_gpu_types = ["a100", "a10"]  # the hetjob's components (0.7): one node of the first type, two of the second
+work_dir = None     # where the batch scripts and their output go: a directory every node sees (None: a new one in
+                    # this machine's temporary directory, which is enough for labkit's local Slurm)
 wait_s = 120        # the longest a cell waits for a job
 
 # %%
+import re
 import shutil
 import subprocess
 import tempfile
@@ -82,7 +88,28 @@ assert default_backend().name == ("slurm" if shutil.which("sbatch") else "local"
 # %%
 have_slurm = all(shutil.which(tool) for tool in ("sinfo", "sbatch", "squeue", "scancel"))
 have_slurm = have_slurm and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0
-workdir = Path(tempfile.mkdtemp(prefix="slurm-primer-"))
+workdir = Path(tempfile.mkdtemp(prefix="slurm-primer-", dir=work_dir))
+GRES_GPUS = re.compile(r"gpu:(?:([^:,(\s]+):)?(\d+)")  # gpu:a100:4, gpu:a100:4(S:0-1), or untyped: gpu:8
+
+
+def cluster_gpus() -> dict[str, dict[str, int]]:
+    """The GPUs sinfo lists, by type: {type: {node: its GPUs of that type}}, idle nodes first, over the nodes of the
+    default partition (of every partition when none is marked default) that can take jobs; untyped GPUs are under
+    the type ""."""
+    listed = subprocess.run(["sinfo", "-N", "-h", "-o", "%N %P %G %T"], capture_output=True, text=True).stdout
+    rows = [row for row in (line.split() for line in listed.splitlines()) if len(row) == 4
+            and not re.match(r"(down|drain|fail|maint|inval|unk|future|reboot|power)", row[3]) and row[3][-1] != "*"]
+    rows = [row for row in rows if row[1].endswith("*")] or rows
+    gpus = {}
+    for node, _, gres, state in sorted(rows, key=lambda row: not row[3].startswith("idle")):
+        for kind, count in GRES_GPUS.findall(gres):
+            gpus.setdefault(kind, {}).setdefault(node, int(count))
+    return gpus
+
+
+def gres(kind: str, count: int) -> str:
+    """The --gres value that asks a node for `count` GPUs of a type."""
+    return f"gpu:{kind}:{count}" if kind else f"gpu:{count}"
 
 
 def sh(command: str) -> str:
@@ -105,13 +132,33 @@ def wait_until(job_id: str, states: tuple[str, ...]) -> str:
     return state
 
 
-def wait_until_gone(job_id: str) -> None:
-    wait_until(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"))
+def wait_until_gone(job_id: str) -> bool:
+    """Wait for the job to end, for at most wait_s seconds; one still queued or running then is cancelled (False)."""
+    state = wait_until(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"))
+    if state in ("", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+        return True
+    print(f"job {job_id} is still {state} after {wait_s} s: cancelled (raise wait_s on a busy cluster)")
+    subprocess.run(["scancel", job_id])
+    return False
 
 
+def output_of(job_id: str, output: Path) -> str:
+    """What a batch job wrote to its output file, once it has ended."""
+    ended = wait_until_gone(job_id)
+    return output.read_text() if ended and output.exists() else ""
+
+
+gpus = cluster_gpus() if have_slurm else {}
 if not have_slurm:
     print("no Slurm answers here: start labkit's with `sudo labkit slurm up` (or `sudo make slurm-up`), then run the "
           "Slurm cells again")
+elif not gpus:
+    have_slurm = False
+    print("sinfo lists no GPUs (GRES gpu:...) on this cluster's nodes: the Slurm cells below need some")
+elif gpu_type not in gpus:
+    print(f"sinfo lists no {gpu_type!r} GPUs here: the Slurm cells use {next(iter(gpus))!r} (gpu_type in the "
+          f"parameters cell: one of {sorted(gpus)})")
+    gpu_type = next(iter(gpus))
 
 # %% [markdown]
 # ## 0.3 The cluster: `sinfo`
@@ -122,6 +169,9 @@ if not have_slurm:
 # %%
 if have_slurm:
     sh('sinfo -N -o "%N %P %c %m %G %T"')
+    for kind, nodes in gpus.items():
+        counts = " or ".join(map(str, sorted(set(nodes.values()))))
+        print(f"{kind or 'untyped'} GPUs: {len(nodes)} node(s), with {counts} each")
 
 # %% [markdown]
 # ## 0.4 A batch script: `sbatch`, `squeue`, `sacct`
@@ -135,7 +185,7 @@ script = workdir / "hello.sbatch"
 script.write_text(f"""#!/bin/bash
 #SBATCH --job-name=hello
 #SBATCH --nodes=1
-#SBATCH --gres=gpu:{gpu_type}:1
+#SBATCH --gres={gres(gpu_type, 1)}
 #SBATCH --output={workdir}/hello-%j.out
 echo "job $SLURM_JOB_ID on $SLURMD_NODENAME, GPUs visible: $CUDA_VISIBLE_DEVICES"
 """)
@@ -143,8 +193,7 @@ print(script.read_text())
 if have_slurm:
     job_id = sh(f"sbatch --parsable {script}").split(";")[0]
     sh(f'squeue -j {job_id} -o "%i %j %T %r %N"')
-    wait_until_gone(job_id)
-    print((workdir / f"hello-{job_id}.out").read_text())
+    print(output_of(job_id, workdir / f"hello-{job_id}.out"))
 
 # %% [markdown]
 # `sacct` reads the accounting database (slurmdbd): how each job ended, with its exit code as `CODE:SIGNAL`. A
@@ -164,34 +213,45 @@ if have_slurm:
 # GPU; the node rank torchrun gets is the task's `SLURM_PROCID`.
 
 # %%
+# two nodes of gpu_type and two GPUs on each, or as many as this cluster's sinfo lists
+nodes, per_node = (min(2, len(gpus[gpu_type])), min(2, *gpus[gpu_type].values())) if have_slurm else (2, 2)
 two_nodes = workdir / "two-nodes.sbatch"
 two_nodes.write_text(f"""#!/bin/bash
-#SBATCH --nodes=2
+#SBATCH --nodes={nodes}
 #SBATCH --ntasks-per-node=1
-#SBATCH --gres=gpu:{gpu_type}:2
+#SBATCH --gres={gres(gpu_type, per_node)}
 #SBATCH --output={workdir}/two-nodes-%j.out
 srun bash -c 'echo "task $SLURM_PROCID of $SLURM_NTASKS on $SLURMD_NODENAME sees GPUs $CUDA_VISIBLE_DEVICES"'
 """)
 if have_slurm:
     two_id = sh(f"sbatch --parsable {two_nodes}").split(";")[0]
-    wait_until_gone(two_id)
-    print((workdir / f"two-nodes-{two_id}.out").read_text())
+    print(output_of(two_id, workdir / f"two-nodes-{two_id}.out"))
 
 # %% [markdown]
 # ## 0.6 Waiting for GPUs, cancelling, and asking for what is not there
 #
-# A job that asks for more than any node has is refused at submission when no node could ever run it (this cluster
-# rejects impossible requests at once). A job that could run, but whose GPUs another job holds, waits: `squeue` shows
+# A job that asks for more than any node has is refused at submission when no node could ever run it (labkit's local
+# Slurm rejects impossible requests at once; a cluster without `EnforcePartLimits` queues them for ever, and the cell
+# below cancels such a job). A job that could run, but whose GPUs another job holds, waits: `squeue` shows
 # it PENDING with its reason (`Resources`: the nodes are busy; `Priority`: others come first; `Dependency`: it waits
-# for another job). Below, a first job takes all four GPUs of the a100 node and sleeps; a second asks for one of
-# them and pends until `scancel` stops the first. A cancelled job ends CANCELLED.
+# for another job). Below, a first job takes every GPU of one node and sleeps; a second asks for one GPU of the same
+# node (`--nodelist` names it) and pends until `scancel` stops the first. The node, its GPU type and its count come
+# from `gpu_type` and `sinfo`, so this works on any cluster: without `--nodelist`, Slurm would start the second job on
+# another node that has a free GPU. A cancelled job ends CANCELLED.
 
 # %%
 if have_slurm:
-    sh(f"echo '#!/bin/bash' | sbatch --parsable --nodes=1 --gres=gpu:{gpu_type}:64 --output=/dev/null")
-    holder = sh("sbatch --parsable --nodes=1 --gres=gpu:a100:4 --output=/dev/null --wrap 'sleep 600'").split(";")[0]
+    most = max(gpus[gpu_type].values())  # no node has more GPUs of this type
+    refused = sh(f"echo '#!/bin/bash' | sbatch --parsable --nodes=1 --gres={gres(gpu_type, most + 1)} "
+                 f"--output=/dev/null")
+    if refused:  # a cluster that queues what no node can run: take it back
+        sh(f"scancel {refused.split(';')[0]}")
+    node, count = next(iter(gpus[gpu_type].items()))  # an idle node of that type, if any is, and all its GPUs
+    holder = sh(f"sbatch --parsable --nodes=1 --nodelist={node} --gres={gres(gpu_type, count)} --output=/dev/null "
+                f"--wrap 'sleep 600'").split(";")[0]
     wait_until(holder, ("RUNNING",))
-    waiter = sh("sbatch --parsable --nodes=1 --gres=gpu:a100:1 --output=/dev/null --wrap 'hostname'").split(";")[0]
+    waiter = sh(f"sbatch --parsable --nodes=1 --nodelist={node} --gres={gres(gpu_type, 1)} --output=/dev/null "
+                f"--wrap 'hostname'").split(";")[0]
     time.sleep(2)
     sh(f'squeue -j {holder},{waiter} -o "%i %T %r %b"')
     waited = job_state(waiter)
@@ -212,28 +272,41 @@ assert not have_slurm or waited == "PENDING", f"0.6 says the second job pends wh
 # A mixed cluster trains one model over unlike nodes: in lab 06, pipeline stages on an A100 node and on A10 nodes.
 # One Slurm job asks for both with components separated by `#SBATCH hetjob`; each component has its own nodes and
 # GPUs, all start together, and `srun --het-group=N` starts tasks in component N (`--het-group=0,1`: in both, one
-# `SLURM_PROCID` numbering across them, which is how torchrun's node ranks span the whole job).
+# `SLURM_PROCID` numbering across them, which is how torchrun's node ranks span the whole job). Below, one node of
+# the first type in `het_gpu_types` and two of the second, each with all the GPUs `sinfo` lists for it.
 
 # %%
+# each component's type as the parameters cell names it or, where sinfo lists no such GPUs, one it lists that the
+# other component has not taken; and every GPU of its nodes
+het_types = []
+for kind in het_gpu_types:
+    het_types.append(kind if not have_slurm or kind in gpus
+                     else next((other for other in gpus if other not in het_types), gpu_type))
+het_nodes = [1, min(2, len(gpus[het_types[1]]) - (het_types[0] == het_types[1]))] if have_slurm else [1, 2]
+het_gpus = [min(gpus[kind].values()) if have_slurm else 4 for kind in het_types]
+het_ran = have_slurm and het_nodes[1] > 0
 het = workdir / "het.sbatch"
 het.write_text(f"""#!/bin/bash
 #SBATCH --output={workdir}/het-%j.out
-#SBATCH --nodes=1 --ntasks-per-node=1 --gres=gpu:a100:4
+#SBATCH --nodes={het_nodes[0]} --ntasks-per-node=1 --gres={gres(het_types[0], het_gpus[0])}
 #SBATCH hetjob
-#SBATCH --nodes=2 --ntasks-per-node=1 --gres=gpu:a10:4
+#SBATCH --nodes={het_nodes[1]} --ntasks-per-node=1 --gres={gres(het_types[1], het_gpus[1])}
 srun --het-group=0,1 bash -c 'echo "task $SLURM_PROCID on $SLURMD_NODENAME sees GPUs $CUDA_VISIBLE_DEVICES"'
 """)
 print(het.read_text())
-if have_slurm:
+if have_slurm and not het_ran:
+    print(f"sinfo lists no {het_types[1]} node besides the first component's: no hetjob here")
+het_output = ""
+if het_ran:
     het_id = sh(f"sbatch --parsable {het}").split(";")[0]
     sh(f'squeue -j {het_id} -o "%i %T %N %b"')
-    wait_until_gone(het_id)
-    print((workdir / f"het-{het_id}.out").read_text())
+    het_output = output_of(het_id, workdir / f"het-{het_id}.out")
+    print(het_output)
 
 # %% tags=["check-claim"]
-het_tasks = (workdir / f"het-{het_id}.out").read_text().split() if have_slurm else []
-assert not have_slurm or {het_tasks[i + 1] for i, word in enumerate(het_tasks) if word == "task"} == {"0", "1", "2"}, \
-    "0.7 says srun numbers the tasks of both components together"
+het_tasks = het_output.split()
+assert not het_ran or {het_tasks[i + 1] for i, word in enumerate(het_tasks) if word == "task"} == {
+    str(task) for task in range(sum(het_nodes))}, "0.7 says srun numbers the tasks of both components together"
 
 # %% [markdown]
 # ## 0.8 What `labkit run` writes

@@ -33,15 +33,21 @@
 #
 # Slurm 명령은 실제 Slurm을 상대로 실행됩니다. labkit의 로컬 Slurm(`labkit slurm up`, 또는 저장소
 # 체크아웃(checkout)에서는 `make slurm-up`. 이 머신에 a100 노드 하나와 a10 노드 세 개를 에뮬레이션합니다)이나 여러분
-# 클러스터의 Slurm입니다. Slurm이 없으면 해당 셀(cell)이 그렇다고 알려 주고, 실습은 그대로 진행됩니다.
+# 클러스터의 Slurm입니다. 여러분의 클러스터에서는 파라미터 셀에 그 클러스터의 GPU 타입을 `sinfo`의 GRES 열에 적힌
+# 대로(`gpu_type`, `het_gpu_types`), 그리고 모든 노드가 볼 수 있는 디렉터리(`work_dir`)를 적으세요. 노드와 노드별 GPU
+# 개수는 `sinfo`에서 가져옵니다. Slurm이 없으면 해당 셀(cell)이 그렇다고 알려 주고, 실습은 그대로 진행됩니다.
 
 # %% tags=["parameters"]
 backend = "local"   # where the first training job runs: "local" or "slurm"
 iterations = 4
-gpu_type = "a10"    # a GPU type the cluster's nodes have (sinfo's GRES column)
+gpu_type = "a10"    # the GPU type the Slurm cells ask for (sinfo's GRES column; one it lists stands in if not)
+het_gpu_types = ["a100", "a10"]  # the hetjob's components (0.7): one node of the first type, two of the second
+work_dir = None     # where the batch scripts and their output go: a directory every node sees (None: a new one in
+                    # this machine's temporary directory, which is enough for labkit's local Slurm)
 wait_s = 120        # the longest a cell waits for a job
 
 # %%
+import re
 import shutil
 import subprocess
 import tempfile
@@ -83,7 +89,28 @@ assert default_backend().name == ("slurm" if shutil.which("sbatch") else "local"
 # %%
 have_slurm = all(shutil.which(tool) for tool in ("sinfo", "sbatch", "squeue", "scancel"))
 have_slurm = have_slurm and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0
-workdir = Path(tempfile.mkdtemp(prefix="slurm-primer-"))
+workdir = Path(tempfile.mkdtemp(prefix="slurm-primer-", dir=work_dir))
+GRES_GPUS = re.compile(r"gpu:(?:([^:,(\s]+):)?(\d+)")  # gpu:a100:4, gpu:a100:4(S:0-1), or untyped: gpu:8
+
+
+def cluster_gpus() -> dict[str, dict[str, int]]:
+    """The GPUs sinfo lists, by type: {type: {node: its GPUs of that type}}, idle nodes first, over the nodes of the
+    default partition (of every partition when none is marked default) that can take jobs; untyped GPUs are under
+    the type ""."""
+    listed = subprocess.run(["sinfo", "-N", "-h", "-o", "%N %P %G %T"], capture_output=True, text=True).stdout
+    rows = [row for row in (line.split() for line in listed.splitlines()) if len(row) == 4
+            and not re.match(r"(down|drain|fail|maint|inval|unk|future|reboot|power)", row[3]) and row[3][-1] != "*"]
+    rows = [row for row in rows if row[1].endswith("*")] or rows
+    gpus = {}
+    for node, _, gres, state in sorted(rows, key=lambda row: not row[3].startswith("idle")):
+        for kind, count in GRES_GPUS.findall(gres):
+            gpus.setdefault(kind, {}).setdefault(node, int(count))
+    return gpus
+
+
+def gres(kind: str, count: int) -> str:
+    """The --gres value that asks a node for `count` GPUs of a type."""
+    return f"gpu:{kind}:{count}" if kind else f"gpu:{count}"
 
 
 def sh(command: str) -> str:
@@ -106,13 +133,33 @@ def wait_until(job_id: str, states: tuple[str, ...]) -> str:
     return state
 
 
-def wait_until_gone(job_id: str) -> None:
-    wait_until(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"))
+def wait_until_gone(job_id: str) -> bool:
+    """Wait for the job to end, for at most wait_s seconds; one still queued or running then is cancelled (False)."""
+    state = wait_until(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"))
+    if state in ("", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+        return True
+    print(f"job {job_id} is still {state} after {wait_s} s: cancelled (raise wait_s on a busy cluster)")
+    subprocess.run(["scancel", job_id])
+    return False
 
 
+def output_of(job_id: str, output: Path) -> str:
+    """What a batch job wrote to its output file, once it has ended."""
+    ended = wait_until_gone(job_id)
+    return output.read_text() if ended and output.exists() else ""
+
+
+gpus = cluster_gpus() if have_slurm else {}
 if not have_slurm:
     print("no Slurm answers here: start labkit's with `sudo labkit slurm up` (or `sudo make slurm-up`), then run the "
           "Slurm cells again")
+elif not gpus:
+    have_slurm = False
+    print("sinfo lists no GPUs (GRES gpu:...) on this cluster's nodes: the Slurm cells below need some")
+elif gpu_type not in gpus:
+    print(f"sinfo lists no {gpu_type!r} GPUs here: the Slurm cells use {next(iter(gpus))!r} (gpu_type in the "
+          f"parameters cell: one of {sorted(gpus)})")
+    gpu_type = next(iter(gpus))
 
 # %% [markdown]
 # ## 0.3 클러스터: `sinfo`
@@ -124,6 +171,9 @@ if not have_slurm:
 # %%
 if have_slurm:
     sh('sinfo -N -o "%N %P %c %m %G %T"')
+    for kind, nodes in gpus.items():
+        counts = " or ".join(map(str, sorted(set(nodes.values()))))
+        print(f"{kind or 'untyped'} GPUs: {len(nodes)} node(s), with {counts} each")
 
 # %% [markdown]
 # ## 0.4 배치 스크립트: `sbatch`, `squeue`, `sacct`
@@ -137,7 +187,7 @@ script = workdir / "hello.sbatch"
 script.write_text(f"""#!/bin/bash
 #SBATCH --job-name=hello
 #SBATCH --nodes=1
-#SBATCH --gres=gpu:{gpu_type}:1
+#SBATCH --gres={gres(gpu_type, 1)}
 #SBATCH --output={workdir}/hello-%j.out
 echo "job $SLURM_JOB_ID on $SLURMD_NODENAME, GPUs visible: $CUDA_VISIBLE_DEVICES"
 """)
@@ -145,8 +195,7 @@ print(script.read_text())
 if have_slurm:
     job_id = sh(f"sbatch --parsable {script}").split(";")[0]
     sh(f'squeue -j {job_id} -o "%i %j %T %r %N"')
-    wait_until_gone(job_id)
-    print((workdir / f"hello-{job_id}.out").read_text())
+    print(output_of(job_id, workdir / f"hello-{job_id}.out"))
 
 # %% [markdown]
 # `sacct`는 어카운팅 데이터베이스(accounting database, slurmdbd)를 읽어, 각 작업이 어떻게 끝났는지를 `CODE:SIGNAL`
@@ -168,35 +217,46 @@ if have_slurm:
 # `SLURM_PROCID`입니다.
 
 # %%
+# two nodes of gpu_type and two GPUs on each, or as many as this cluster's sinfo lists
+nodes, per_node = (min(2, len(gpus[gpu_type])), min(2, *gpus[gpu_type].values())) if have_slurm else (2, 2)
 two_nodes = workdir / "two-nodes.sbatch"
 two_nodes.write_text(f"""#!/bin/bash
-#SBATCH --nodes=2
+#SBATCH --nodes={nodes}
 #SBATCH --ntasks-per-node=1
-#SBATCH --gres=gpu:{gpu_type}:2
+#SBATCH --gres={gres(gpu_type, per_node)}
 #SBATCH --output={workdir}/two-nodes-%j.out
 srun bash -c 'echo "task $SLURM_PROCID of $SLURM_NTASKS on $SLURMD_NODENAME sees GPUs $CUDA_VISIBLE_DEVICES"'
 """)
 if have_slurm:
     two_id = sh(f"sbatch --parsable {two_nodes}").split(";")[0]
-    wait_until_gone(two_id)
-    print((workdir / f"two-nodes-{two_id}.out").read_text())
+    print(output_of(two_id, workdir / f"two-nodes-{two_id}.out"))
 
 # %% [markdown]
 # ## 0.6 GPU 기다리기, 취소하기, 없는 것을 요청하기
 #
 # 어느 노드가 가진 것보다도 많이 요청하는 작업은, 그 작업을 실행할 수 있는 노드가 끝내 없으므로 제출 단계에서
-# 거부됩니다(이 클러스터는 불가능한 요청을 즉시 거절합니다). 실행될 수는 있지만 필요한 GPU를 다른 작업이 점유하고 있는
+# 거부됩니다(labkit의 로컬 Slurm은 불가능한 요청을 즉시 거절합니다. `EnforcePartLimits`가 없는 클러스터는 그런 작업을
+# 끝없이 큐에 두므로, 아래 셀이 그 작업을 취소합니다). 실행될 수는 있지만 필요한 GPU를 다른 작업이 점유하고 있는
 # 작업은 기다립니다. `squeue`는 이 작업을 PENDING으로, 그 사유(reason)와 함께 보여 줍니다(`Resources`: 노드가 사용 중,
-# `Priority`: 다른 작업이 우선, `Dependency`: 다른 작업을 기다리는 중). 아래에서 첫 번째 작업은 a100 노드의 GPU 네
-# 개를 모두 잡고 sleep하고, 두 번째 작업은 그중 하나를 요청해 `scancel`이 첫 번째 작업을 멈출 때까지 대기(pend)합니다.
-# 취소된 작업은 CANCELLED로 끝납니다.
+# `Priority`: 다른 작업이 우선, `Dependency`: 다른 작업을 기다리는 중). 아래에서 첫 번째 작업은 노드 하나의 GPU를
+# 모두 잡고 sleep하고, 두 번째 작업은 같은 노드(`--nodelist`로 지정합니다)의 GPU 하나를 요청해 `scancel`이 첫 번째
+# 작업을 멈출 때까지 대기(pend)합니다. 노드와 그 GPU 타입, 개수는 `gpu_type`과 `sinfo`에서 가져오므로 어느
+# 클러스터에서나 그대로 동작합니다. `--nodelist`가 없으면 Slurm은 두 번째 작업을 GPU가 비어 있는 다른 노드에서
+# 시작할 것입니다. 취소된 작업은 CANCELLED로 끝납니다.
 
 # %%
 if have_slurm:
-    sh(f"echo '#!/bin/bash' | sbatch --parsable --nodes=1 --gres=gpu:{gpu_type}:64 --output=/dev/null")
-    holder = sh("sbatch --parsable --nodes=1 --gres=gpu:a100:4 --output=/dev/null --wrap 'sleep 600'").split(";")[0]
+    most = max(gpus[gpu_type].values())  # no node has more GPUs of this type
+    refused = sh(f"echo '#!/bin/bash' | sbatch --parsable --nodes=1 --gres={gres(gpu_type, most + 1)} "
+                 f"--output=/dev/null")
+    if refused:  # a cluster that queues what no node can run: take it back
+        sh(f"scancel {refused.split(';')[0]}")
+    node, count = next(iter(gpus[gpu_type].items()))  # an idle node of that type, if any is, and all its GPUs
+    holder = sh(f"sbatch --parsable --nodes=1 --nodelist={node} --gres={gres(gpu_type, count)} --output=/dev/null "
+                f"--wrap 'sleep 600'").split(";")[0]
     wait_until(holder, ("RUNNING",))
-    waiter = sh("sbatch --parsable --nodes=1 --gres=gpu:a100:1 --output=/dev/null --wrap 'hostname'").split(";")[0]
+    waiter = sh(f"sbatch --parsable --nodes=1 --nodelist={node} --gres={gres(gpu_type, 1)} --output=/dev/null "
+                f"--wrap 'hostname'").split(";")[0]
     time.sleep(2)
     sh(f'squeue -j {holder},{waiter} -o "%i %T %r %b"')
     waited = job_state(waiter)
@@ -219,27 +279,41 @@ assert not have_slurm or waited == "PENDING", f"0.6 says the second job pends wh
 # 구성요소들로 두 종류를 모두 요청합니다. 각 구성요소는 자신의 노드와 GPU를 가지며, 모든 구성요소가 함께 시작하고,
 # `srun --het-group=N`은 구성요소 N에서 태스크를 시작합니다(`--het-group=0,1`이면 두 구성요소 모두에서 시작하며,
 # `SLURM_PROCID` 번호가 둘에 걸쳐 하나로 매겨집니다. torchrun의 노드 랭크가 작업 전체에 걸치는 것은 이 덕분입니다).
+# 아래에서는 `het_gpu_types`의 첫 번째 타입 노드 하나와 두 번째 타입 노드 둘을, 각각 `sinfo`가 보여 주는 GPU를 모두
+# 잡아 요청합니다.
 
 # %%
+# each component's type as the parameters cell names it or, where sinfo lists no such GPUs, one it lists that the
+# other component has not taken; and every GPU of its nodes
+het_types = []
+for kind in het_gpu_types:
+    het_types.append(kind if not have_slurm or kind in gpus
+                     else next((other for other in gpus if other not in het_types), gpu_type))
+het_nodes = [1, min(2, len(gpus[het_types[1]]) - (het_types[0] == het_types[1]))] if have_slurm else [1, 2]
+het_gpus = [min(gpus[kind].values()) if have_slurm else 4 for kind in het_types]
+het_ran = have_slurm and het_nodes[1] > 0
 het = workdir / "het.sbatch"
 het.write_text(f"""#!/bin/bash
 #SBATCH --output={workdir}/het-%j.out
-#SBATCH --nodes=1 --ntasks-per-node=1 --gres=gpu:a100:4
+#SBATCH --nodes={het_nodes[0]} --ntasks-per-node=1 --gres={gres(het_types[0], het_gpus[0])}
 #SBATCH hetjob
-#SBATCH --nodes=2 --ntasks-per-node=1 --gres=gpu:a10:4
+#SBATCH --nodes={het_nodes[1]} --ntasks-per-node=1 --gres={gres(het_types[1], het_gpus[1])}
 srun --het-group=0,1 bash -c 'echo "task $SLURM_PROCID on $SLURMD_NODENAME sees GPUs $CUDA_VISIBLE_DEVICES"'
 """)
 print(het.read_text())
-if have_slurm:
+if have_slurm and not het_ran:
+    print(f"sinfo lists no {het_types[1]} node besides the first component's: no hetjob here")
+het_output = ""
+if het_ran:
     het_id = sh(f"sbatch --parsable {het}").split(";")[0]
     sh(f'squeue -j {het_id} -o "%i %T %N %b"')
-    wait_until_gone(het_id)
-    print((workdir / f"het-{het_id}.out").read_text())
+    het_output = output_of(het_id, workdir / f"het-{het_id}.out")
+    print(het_output)
 
 # %% tags=["check-claim"]
-het_tasks = (workdir / f"het-{het_id}.out").read_text().split() if have_slurm else []
-assert not have_slurm or {het_tasks[i + 1] for i, word in enumerate(het_tasks) if word == "task"} == {"0", "1", "2"}, \
-    "0.7 says srun numbers the tasks of both components together"
+het_tasks = het_output.split()
+assert not het_ran or {het_tasks[i + 1] for i, word in enumerate(het_tasks) if word == "task"} == {
+    str(task) for task in range(sum(het_nodes))}, "0.7 says srun numbers the tasks of both components together"
 
 # %% [markdown]
 # ## 0.8 `labkit run`이 작성하는 것
