@@ -1,6 +1,7 @@
 """Per-rank model state at ZeRO stages 0-3: the bytes labkit's driver really holds, beside the estimate.
 
-    .venv/bin/python benchmarks/bench_zero_memory.py [--data 2 4]
+    .venv/bin/python benchmarks/bench_zero_memory.py [--data 2 4] [--precision fp32|bf16] [--layers 2 --hidden 72
+                                                      --heads 4 --seq-length 32]
 
 For each data-parallel size (gloo processes on the CPU) and each stage, labkit.train.model_state.measure_model_state
 builds the driver's model and optimizer from the command line the spec renders for labkit's driver: stage 0
@@ -18,11 +19,18 @@ padded to ceil(rows / ranks)). FSDP2 keeps stage 2's parameters sharded between 
 forward and keeping them to the backward: ZeRO-2's unsharded parameters exist only at the peak.
 `--precision bf16` runs the 16-bit model with Megatron's fp32 main copies instead of fp32; there FSDP2's 16-bit
 gradient shards live from the backward to the step only (the estimate counts them, as they are part of the peak).
+
+Those working buffers are measured too, at stages 2 and 3: one micro-batch's forward and backward on the driver's
+FSDP2 model, with every operator followed by a count of what FSDP2 holds unsharded (`fsdp2_unsharded_bytes`); the
+largest count beside the estimate's weights_working + gradients_working.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,8 +56,9 @@ def spec(stage: int, data: int):
                       "batch": {"micro": 1, "global": data}, "optimizer": {"zero_stage": stage}})
 
 
-def estimate(stage: int, data: int) -> tuple[int, int, int]:
-    """The estimate's bytes held between steps: weights, gradients and optimizer state, working buffers left out."""
+def estimate(stage: int, data: int) -> tuple[tuple[int, int, int], int]:
+    """The estimate's bytes held between steps (weights, gradients and optimizer state, working buffers left out),
+    and its working buffers."""
     s = spec(stage, data)
     state = model_state_bytes(Shape.of(s.model), [s.model.num_layers], data_parallel=data, precision=PRECISION,
                               distributed_optimizer=s.optimizer.distributed, zero_stage=stage)
@@ -58,25 +67,124 @@ def estimate(stage: int, data: int) -> tuple[int, int, int]:
         # Megatron's 16-bit optimizer frees FSDP2's 16-bit gradient shards once it has copied them to fp32
         # (Float16OptimizerWithFloat16Params._copy_model_grads_to_main_grads): held from the backward to the step only
         gradients = 0
-    return (state.weights - state.weights_working, gradients, state.optimizer)
+    held = (state.weights - state.weights_working, gradients, state.optimizer)
+    return held, state.weights_working + state.gradients_working
+
+
+def fsdp2_unsharded_bytes(model) -> Callable[[], int]:
+    """A function that counts the bytes FSDP2 (torch 2.13's fully_shard, whose private names it reads) holds
+    unsharded in `model` now: gathered parameters, all-gather buffers (a prefetched unit, or the last one kept in the
+    forward), unsharded gradients and reduce-scatter inputs awaiting their collective, each storage once."""
+    from torch.distributed.fsdp import FSDPModule
+
+    groups = [m._get_fsdp_state()._fsdp_param_group for m in model.modules() if isinstance(m, FSDPModule)]
+    groups = [g for g in groups if g is not None]
+    params = [p for g in groups for p in g.fsdp_params]
+
+    def count() -> int:
+        context = groups[0].comm_ctx  # shared by every unit from the first forward on
+        tensors = [t for p in params for t in p.all_gather_outputs]
+        tensors += [g._all_gather_result.all_gather_output for g in groups if g._all_gather_result]
+        if getattr(context, "all_gather_state", None):
+            tensors.append(context.all_gather_state.all_gather_result.all_gather_output)
+        for p in params:
+            tensors += [getattr(getattr(p, "_unsharded_param", None), "grad", None), p.unsharded_accumulated_grad]
+        tensors += [state.reduce_scatter_input for state in getattr(context, "reduce_scatter_states", [])]
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t is not None}
+        return sum(storages.values())
+
+    return count
+
+
+def _peak_rank(rank: int, world: int, address: str, commands: list[list[str]], out: str) -> None:
+    import contextlib
+    import io
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from labkit.train import cpu_compat, data
+    from labkit.train.arguments import parse_args
+    from labkit.train.model import build_model, transformer_config
+    from labkit.train.training import initialize, padded_vocab_size
+
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    cpu_compat.apply()
+    dist.init_process_group("gloo", init_method=address, world_size=world, rank=rank)
+    peaks = []
+    for i, command in enumerate(commands):
+        args = parse_args(command, world_size=world, rank=rank, cuda=False)
+        args.padded_vocab_size = padded_vocab_size(data.build_tokenizer(args).vocab_size,
+                                                   args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
+        if i == 0:  # the specs share one layout: one set of parallel groups
+            with contextlib.redirect_stdout(io.StringIO()):
+                initialize(args)
+        model = build_model(args, transformer_config(args))[0]
+        count, peak = fsdp2_unsharded_bytes(model), [0]
+
+        class EveryOperator(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                result = func(*args, **(kwargs or {}))
+                peak[0] = max(peak[0], count())
+                return result
+
+        tokens = torch.randint(0, MODEL["vocab_size"], (1, MODEL["seq_length"]))
+        positions = torch.arange(MODEL["seq_length"]).unsqueeze(0)
+        with EveryOperator():
+            model(tokens, positions, None, labels=tokens).float().sum().backward()
+        peaks.append(peak[0])
+        del model
+    Path(out, f"rank{rank}.json").write_text(json.dumps(peaks))
+    dist.destroy_process_group()
+
+
+def measure_working_peak(specs) -> list[int]:
+    """For each FSDP2 spec (one world size), the most bytes any rank held unsharded in one forward and backward."""
+    import torch.multiprocessing as mp
+
+    from labkit.megatron_args import megatron_args
+    from labkit.net import free_port
+
+    specs = list(specs)
+    world = specs[0].world_size
+    with tempfile.TemporaryDirectory() as out:
+        mp.start_processes(_peak_rank, args=(world, f"tcp://127.0.0.1:{free_port()}",
+                                             [megatron_args(s) for s in specs], out),
+                           nprocs=world, join=True, start_method="fork")
+        ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
+    return [max(rank[i] for rank in ranks) for i in range(len(specs))]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=int, nargs="+", default=[2, 4], help="data-parallel sizes (gloo processes)")
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--layers", type=int, default=MODEL["num_layers"])
+    parser.add_argument("--hidden", type=int, default=MODEL["hidden_size"])
+    parser.add_argument("--heads", type=int, default=MODEL["num_attention_heads"])
+    parser.add_argument("--seq-length", type=int, default=MODEL["seq_length"])
     options = parser.parse_args()
     global PRECISION
     sizes, PRECISION = options.data, options.precision
-    print(f"{'dp':>2} {'stage':>5} {'runs as':<28} {'measured weights/grads/optimizer (bytes, fullest rank)':>56} "
-          f"{'estimate':>30} {'total diff':>10}")
+    MODEL.update(num_layers=options.layers, hidden_size=options.hidden, num_attention_heads=options.heads,
+                 seq_length=options.seq_length)
+    print(f"{'dp':>2} {'stage':>5} {'runs as':<24} {'measured weights/grads/optimizer (bytes, fullest rank)':>56} "
+          f"{'estimate':>30} {'diff':>6} {'working peak measured':>22} {'estimate':>10} {'diff':>6}")
     for world in sizes:
-        for stage, ranks in zip(STAGES, measure_model_state(spec(stage, world) for stage in STAGES)):
+        held = measure_model_state(spec(stage, world) for stage in STAGES)
+        working = dict(zip((2, 3), measure_working_peak(spec(stage, world) for stage in (2, 3))))
+        for stage, ranks in zip(STAGES, held):
             fullest = max(ranks, key=sum)
-            est = estimate(stage, world)
+            est, est_working = estimate(stage, world)
             runs = ("megatron-core DDP", "distributed optimizer", "torch FSDP2, no reshard", "torch FSDP2")[stage]
-            print(f"{world:>2} {stage:>5} {runs:<28} {'/'.join(f'{x:,}' for x in fullest):>56} "
-                  f"{'/'.join(f'{x:,}' for x in est):>30} {sum(fullest) - sum(est):>+10,}")
+            line = (f"{world:>2} {stage:>5} {runs:<24} {'/'.join(f'{x:,}' for x in fullest):>56} "
+                    f"{'/'.join(f'{x:,}' for x in est):>30} {sum(est) / sum(fullest) - 1:>+6.1%}")
+            if stage in working:
+                line += f" {working[stage]:>22,} {est_working:>10,} {est_working / working[stage] - 1:>+6.1%}"
+            print(line)
 
 
 if __name__ == "__main__":

@@ -186,9 +186,10 @@ def test_llama2_7b_model_state_per_rank_falls_stage_by_stage_as_the_definitions_
 def test_labkits_driver_holds_fsdp2s_shards_and_only_the_layers_it_gathers():
     """FSDP2 on labkit's driver: 16-bit weight and gradient shards and Megatron's fp32 main copies, their fp32
     gradients and Adam's moments, all over 8 ranks (Llama-2-7B's rows divide by 8: no padding): 20P/8 at stages 2 and
-    3 alike. Unsharded only what computes: at stage 3 two layers (the one computing, the one prefetched) and the root
-    unit's final norm and output layer; at stage 2 every unit, gathered from its forward to its backward. No
-    billion-element gradient unit: that is Megatron-FSDP's."""
+    3 alike. Unsharded only what computes, at the backward's peak: at stage 3 two layers (the one computing, the one
+    prefetched), the gradients of one and the reduce-scatter input of the other, and the root unit's final norm and
+    output layer; at stage 2 every unit, gathered from its forward to its backward, beside the last layer's gradients.
+    No billion-element gradient unit: that is Megatron-FSDP's."""
     shape = Shape.of(with_optimizer().model)
     layer = sum(n for n, _ in chunk_parameters(shape, 1, pre_process=False, post_process=False))
     root = 4096 + 32000 * 4096
@@ -196,9 +197,10 @@ def test_labkits_driver_holds_fsdp2s_shards_and_only_the_layers_it_gathers():
         s = llama2_7b_state(stage, entrypoint="labkit")
         assert (s.weights - s.weights_working, s.gradients - s.gradients_working, s.optimizer) == \
             (2 * P // 8, 2 * P // 8, 16 * P // 8)
-        assert s.gradients_working == (2 * layer + root) * 2
-    assert llama2_7b_state(3, entrypoint="labkit").weights_working == (2 * layer + root) * 2
-    assert llama2_7b_state(2, entrypoint="labkit").weights_working == P * 2
+    stage_3, stage_2 = llama2_7b_state(3, entrypoint="labkit"), llama2_7b_state(2, entrypoint="labkit")
+    assert stage_3.weights_working == stage_3.gradients_working == (2 * layer + root) * 2
+    assert (stage_2.weights_working, stage_2.gradients_working) == (P * 2, (layer + root) * 2)
+
     def held(state):
         return state.weights + state.gradients + state.optimizer
 
@@ -300,8 +302,10 @@ def test_the_driver_refusal_names_the_one_setting_that_stops_fsdp2():
 
 def test_the_estimate_says_which_fsdp_it_assumed_and_that_stage_3_gathers_every_micro_batch():
     on_driver = estimate(with_optimizer(zero_stage=3))
-    assert "ZeRO stage 3 as PyTorch FSDP2 (labkit's)" in on_driver.assumptions
-    assert any(line.startswith("the parameters are all-gathered 2 time(s) in each of the 8 micro-batches")
+    assert "ZeRO stage 3 as PyTorch FSDP2 (labkit's): gathered unit by unit, each transformer layer, the embedding " \
+        "and the output layer (the final norm with the root)" in on_driver.assumptions
+    assert any(line.startswith("the parameters are all-gathered in each of the 8 micro-batches, in its forward and "
+                               "again in its backward: 16 all-gathers of 13.5 GB per step")
                for line in on_driver.assumptions)
     megatron_lm = estimate(load_spec({**LLAMA2_7B_ON_8_A100, "optimizer": {"zero_stage": 3},
                                       "job": {"entrypoint": "megatron-lm", "megatron_lm": "/opt/m"}}))

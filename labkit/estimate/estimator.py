@@ -1,6 +1,7 @@
 """`estimate(spec)`: everything labkit predicts about a run before it is submitted, with the breakdown behind it."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from labkit.estimate.profiles import Profile, find_profile
 from labkit.estimate.timing import (ACTIVATION_BYTES, GRAD_REDUCE_BYTES, Pipeline, allreduce_time, combined,
                                     data_parallel_time, optimizer_step_time, p2p_time, stage_time)
 from labkit.estimate.topology import Topology
-from labkit.megatron import sharding
+from labkit.megatron import rules, sharding
 from labkit.megatron.flops import SELECTIVE_DEFAULT, megatron_logged_flops, model_flops
 from labkit.megatron.shape import Shape
 from labkit.spec import load_spec
@@ -312,7 +313,10 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     padded = dataclasses.replace(shape, vocab=shape.padded_vocab(t))
     logged = F.achieved_tflops(megatron_logged_flops(padded, b.global_), iteration, num_gpus)
 
-    # Memory.
+    # Memory. FSDP2's units follow the layers labkit's driver builds: Transformer Engine's on GPUs (as the estimate
+    # assumes them throughout), whose output layer FSDP2 gathers on its own, megatron-core's local ones on CPUs
+    transformer_impl = rules.transformer_impl(argparse.Namespace(transformer_impl=None),
+                                              rules.Runtime(cuda=on_gpus, transformer_engine=on_gpus))
     mem = memory_per_stage(shape, partition, tensor=t, data_parallel=d, micro_batch=b.micro, num_micro_batches=m,
                            precision=precision, recompute=recompute,
                            recompute_layers=spec.recompute.num_layers if spec.recompute else 1,
@@ -322,19 +326,30 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                            flash_attention=flash, context=c, chunks=chunks,
                            grad_reduce_in_bf16=spec.optimizer.grad_reduce_in_bf16, overlap_grad_reduce=overlap_dp,
                            expert=ep, expert_tensor=etp, recompute_modules=recompute_modules,
-                           entrypoint=spec.job.entrypoint)
+                           entrypoint=spec.job.entrypoint, transformer_impl=transformer_impl)
     limits = [catalog.gpu(g).memory_limit_gb for g in gpus]
     fits = all(s.total <= (1 - MEMORY_MARGIN) * lim for s, lim in zip(mem, limits))
 
     assumptions = [f"software stack {stack.name}" + (" (kernels.stack)" if spec.kernels.stack else
                                                      " (the default; set kernels.stack for another)")]
     if zero_stage:
-        assumptions.append(f"ZeRO stage {zero_stage} as {sharding.DESCRIPTIONS[shard.implementation]}"
-                           f" ({'labkit' if spec.job.entrypoint != sharding.MEGATRON_LM else 'Megatron-LM'}'s)")
+        runs = f"ZeRO stage {zero_stage} as {sharding.DESCRIPTIONS[shard.implementation]}" \
+               f" ({'labkit' if spec.job.entrypoint != sharding.MEGATRON_LM else 'Megatron-LM'}'s)"
+        if fsdp2:
+            units = ("each transformer layer, the embedding and the output layer (the final norm with the root)"
+                     if transformer_impl != "local" else
+                     "each transformer layer and the embedding (the final norm and the output layer with the root)")
+            runs += f": gathered unit by unit, {units}"
+        assumptions.append(runs)
+    # FSDP gathers parameters in every micro-batch: stage 3 in the forward and again in the backward, having freed
+    # each layer after its forward; FSDP2's stage 2 once, in the forward, keeping them to the backward
     gathers = 2 if zero_stage == 3 else 1 if (zero_stage == 2 and fsdp2) else 0
     if gathers and m > 1:
-        assumptions.append(f"the parameters are all-gathered {gathers} time(s) in each of the {m} micro-batches: "
-                           f"{sum(dp_total) / p:.3g} s of data-parallel transfers per step, "
+        gathered_gb = max(per_stage_params) * (4 if precision == "fp32" else 2) / 1e9
+        when = "in its forward and again in its backward" if gathers == 2 else "once, in its forward"
+        assumptions.append(f"the parameters are all-gathered in each of the {m} micro-batches, {when}: "
+                           f"{gathers * m} all-gathers of {gathered_gb:.3g} GB per step, which with the gradients' "
+                           f"reduce-scatters take {sum(dp_total) / p:.3g} s of data-parallel transfers, "
                            f"{dp_comm:.3g} s exposed (fewer, larger micro-batches gather less)")
     if spec.recompute is not None and spec.recompute.granularity == "selective":
         assumptions.append("selective recompute of " + ", ".join(recompute_modules or SELECTIVE_DEFAULT))

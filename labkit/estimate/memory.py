@@ -388,13 +388,15 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
                       distributed_optimizer: bool = False, grad_reduce_in_bf16: bool = False, optimizer: str = "adam",
                       overlap_grad_reduce: bool = False, rank: int | None = None, zero_stage: int = 0,
                       expert: int = 1, expert_tensor: int | None = None,
-                      first_layers: list[int] | None = None, entrypoint: str = "labkit") -> ModelState:
+                      first_layers: list[int] | None = None, entrypoint: str = "labkit",
+                      transformer_impl: str = "local") -> ModelState:
     """Weights, gradients and optimizer state in bytes on one GPU of pipeline stage `stage`, exactly as megatron-core
     0.16.1 allocates them (see the notes above). `chunks`: the transformer layers of each of the stage's model chunks
     (one without interleaving). `rank`: the GPU's rank in the data x context group; None: the one that updates the
     most elements (slices differ by a few alignment gaps). `zero_stage` 1 is the distributed optimizer; 2 and 3 are
     what `entrypoint` runs them as (labkit.megatron.sharding): PyTorch FSDP2 on labkit's driver
-    (`torch_fsdp2_model_state_bytes`), Megatron-FSDP on Megatron-LM, job.entrypoint megatron-lm
+    (`torch_fsdp2_model_state_bytes`, whose units depend on `transformer_impl`, the driver's --transformer-impl: local
+    on CPUs, transformer_engine on GPUs that have it), Megatron-FSDP on Megatron-LM, job.entrypoint megatron-lm
     (`fsdp_model_state_bytes`).
 
     Mixture of experts: each MoE layer's experts split over `expert` ranks (num_experts / expert each), each expert
@@ -418,7 +420,7 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
         return torch_fsdp2_model_state_bytes(shape, chunks, zero_stage, stage=stage, pipeline=pipeline, tensor=tensor,
                                              data_parallel=data_parallel, context=context, precision=precision,
                                              optimizer=optimizer, expert=expert, expert_tensor=expert_tensor,
-                                             first_layers=first_layers)
+                                             first_layers=first_layers, transformer_impl=transformer_impl)
     if zero_stage in (2, 3):
         return fsdp_model_state_bytes(shape, chunks, zero_stage, stage=stage, pipeline=pipeline, tensor=tensor,
                                       data_parallel=data_parallel, context=context, precision=precision,
@@ -522,25 +524,50 @@ def fsdp_model_state_bytes(shape: Shape, chunks: list[int], zero_stage: int, *, 
 
 # --- PyTorch FSDP2 through megatron-core (labkit's driver at ZeRO stages 2 and 3) -------------------------------------
 # megatron-core 0.16.1's TorchFullyShardedDataParallel (megatron/core/distributed/torch_fully_sharded_data_parallel.py)
-# calls torch's fully_shard on every TransformerLayer and the embedding (with the local layers, not the output layer),
-# then on the whole chunk, whose own unit keeps the rest: the final norm and the output layer. fully_shard stores each
-# parameter as its rows split over the data x context ranks, each rank's share padded to ceil(rows / ranks) rows
-# (torch/distributed/fsdp/_fully_shard/_fsdp_param.py, FSDPParam._init_sharded_param); gradients come back
-# reduce-scattered into the same shards, in the parameters' dtype. Megatron's optimizer for FSDP2 is its mixed-precision
-# one without a distributed optimizer: fp32 main copies of the local shards, fp32 copies of their gradients and Adam's
-# moments. Unsharded, for the time a unit computes: its all-gathered parameters (the layer computing and the next one
-# prefetched) and its gradients until their reduce-scatter; the root unit is never resharded after forward (FSDP2's
-# rule for the root), and at stage 2 (reshard_after_forward=False) no unit is, so every layer stays gathered from its
-# forward to its backward.
+# calls torch's fully_shard on every TransformerLayer, the LanguageModelEmbedding and, except with the local
+# implementation (--transformer-impl local, labkit's driver on CPUs), the output layer (a ColumnParallelLinear); then on
+# the whole chunk, the root unit, which keeps the rest: the final norm (and the output layer where it is no unit).
+# fully_shard stores each parameter as its rows split over the data x context ranks, each rank's share padded to
+# ceil(rows / ranks) rows (torch/distributed/fsdp/_fully_shard/_fsdp_param.py, FSDPParam._init_sharded_param);
+# gradients come back reduce-scattered into the same shards, in the parameters' dtype (no mixed-precision policy is
+# passed). Megatron's optimizer for FSDP2 is its mixed-precision one without a distributed optimizer: fp32 main copies
+# of the local shards, fp32 copies of their gradients and Adam's moments.
+# Unsharded, while the backward runs unit k (torch 2.13's _fsdp_param_group.py; measured on the driver by
+# benchmarks/bench_zero_memory.py): k's gathered parameters and its gradients; unit k - 1's parameters, prefetched
+# (pre_backward's _backward_prefetch, into the all-gather's flat buffer); unit k + 1's reduce-scatter input, held until
+# the next reduce-scatter (reduce_scatter_max_input_buffers = 1); and the root's parameters and gradients for the whole
+# backward: its forward inputs are token ids, which need no gradient, so its reduce-scatter waits for the final
+# callback. Stage 2 (reshard_after_forward=False) keeps every unit gathered from its forward until its own backward,
+# which frees it. Gathered parameters and reduce-scatter inputs carry the rows' padding, gradients do not.
+
+
+def _fsdp2_backward_peak(units: list[tuple[int, int]], root: tuple[int, int], zero_stage: int, param_bytes: int,
+                         grad_bytes: int) -> tuple[int, int]:
+    """(gathered parameters, unsharded gradients) in elements at the point of the backward where FSDP2 holds the most
+    bytes (see the notes above). `units`: each unit's (elements padded to a multiple of the ranks, elements) in
+    forward order; `root`: the root unit's."""
+    peak = (0, 0)
+    for k in reversed(range(len(units))):
+        if zero_stage == 2:
+            gathered = sum(padded for padded, _ in units[:k + 1])  # those after k have had their backward
+        else:
+            gathered = units[k][0] + (units[k - 1][0] if k else 0)
+        gradients = units[k][1] + (units[k + 1][0] if k + 1 < len(units) else 0)
+        here = (root[0] + gathered, root[1] + gradients)
+        if here[0] * param_bytes + here[1] * grad_bytes > peak[0] * param_bytes + peak[1] * grad_bytes:
+            peak = here
+    return peak if units else root
 
 
 def torch_fsdp2_model_state_bytes(shape: Shape, chunks: list[int], zero_stage: int, *, stage: int = 0,
                                   pipeline: int = 1, tensor: int = 1, data_parallel: int = 1, context: int = 1,
                                   precision: str = "bf16", optimizer: str = "adam", expert: int = 1,
-                                  expert_tensor: int | None = None,
-                                  first_layers: list[int] | None = None) -> ModelState:
-    """One GPU's model state under PyTorch FSDP2 at ZeRO stage 2 (no resharding after forward) or 3, working buffers
-    included (see the notes above), in bytes."""
+                                  expert_tensor: int | None = None, first_layers: list[int] | None = None,
+                                  transformer_impl: str = "local") -> ModelState:
+    """One GPU's model state under PyTorch FSDP2 at ZeRO stage 2 (no resharding after forward) or 3, in bytes (see the
+    notes above): the shards it keeps between steps, and as working buffers what it holds unsharded at the peak of the
+    backward. `transformer_impl`: "local" (the output layer in the root unit) or "transformer_engine" (the output layer
+    a unit of its own)."""
     if zero_stage not in (2, 3):
         raise ValueError(f"zero_stage: FSDP2 shards at stage 2 or 3, not {zero_stage}")
     # FSDP2 reduces in the parameters' dtype: Megatron's 16-bit optimizer then keeps fp32 copies of the gradients
@@ -550,27 +577,30 @@ def torch_fsdp2_model_state_bytes(shape: Shape, chunks: list[int], zero_stage: i
     if first_layers is None:
         first_layers = [(k * pipeline + stage) * layers for k, layers in enumerate(chunks)]
     h = shape.hidden
+    vocab = shape.padded_vocab(tensor) // tensor
 
-    def shard(parameters: list[tuple[int, int]]) -> int:
-        return sum(-(-rows // shards) * (numel // rows) for numel, rows in parameters)
+    def sizes_of(parameters: list[tuple[int, int]]) -> tuple[int, int]:
+        """(elements padded to whole rows per rank, over all ranks; elements) of (elements, rows) parameters."""
+        padded = sum(-(-rows // shards) * shards * (numel // rows) for numel, rows in parameters)
+        return padded, sum(numel for numel, _ in parameters)
 
     sharded = gathered = unsharded_grads = 0
     for k, layers in enumerate(chunks):
         first, last = stage == 0 and k == 0, stage == pipeline - 1 and k == len(chunks) - 1
-        vocab = shape.padded_vocab(tensor) // tensor
         embedding = ([(vocab * h, vocab)] + ([(shape.seq_length * h, shape.seq_length)]
                                              if shape.positions == "learned_absolute" else [])) if first else []
-        root = ([(h, h)] * (1 if shape.norm == "RMSNorm" else 2)
-                + ([(vocab * h, vocab)] if not (shape.tied and first) else [])) if last else []
-        units = [sum(_layer_parameters(shape, layer, tensor, expert, etp), [])
-                 for layer in range(first_layers[k], first_layers[k] + layers)]
-        everything = embedding + root + [p for unit in units for p in unit]
-        sharded += shard(everything)
-        sizes_ = [sum(n for n, _ in unit) for unit in ([embedding] if embedding else []) + units]
-        largest = max(sizes_, default=0)
-        resident = sum(sizes_) if zero_stage == 2 else min(sum(sizes_), 2 * largest)
-        gathered += resident + sum(n for n, _ in root)
-        unsharded_grads += min(sum(sizes_), 2 * largest) + sum(n for n, _ in root)
+        final_norm = [(h, h)] * (1 if shape.norm == "RMSNorm" else 2) if last else []
+        output = [(vocab * h, vocab)] if last and not (shape.tied and first) else []
+        layer_units = [sum(_layer_parameters(shape, layer, tensor, expert, etp), [])
+                       for layer in range(first_layers[k], first_layers[k] + layers)]
+        output_unit = transformer_impl != "local"
+        units = ([embedding] if embedding else []) + layer_units + ([output] if output and output_unit else [])
+        root = final_norm + ([] if output_unit else output)
+        unit_sizes, root_sizes = [sizes_of(unit) for unit in units], sizes_of(root)
+        sharded += (sum(padded for padded, _ in unit_sizes) + root_sizes[0]) // shards
+        params, grads = _fsdp2_backward_peak(unit_sizes, root_sizes, zero_stage, param_bytes, grad_bytes)
+        gathered += params
+        unsharded_grads += grads
     return ModelState(weights=int((sharded + gathered) * param_bytes),
                       gradients=int((sharded + unsharded_grads) * grad_bytes),
                       optimizer=int(sharded * per_element), weights_working=int(gathered * param_bytes),
@@ -757,13 +787,13 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
                      chunks: list[list[int]] | None = None, expert: int = 1,
                      expert_tensor: int | None = None,
                      recompute_modules: tuple[str, ...] | list[str] | None = None,
-                     entrypoint: str = "labkit") -> list[StageMemory]:
+                     entrypoint: str = "labkit", transformer_impl: str = "local") -> list[StageMemory]:
     """Peak memory of one GPU in each pipeline stage (GiB), without the CUDA context and allocator slack.
 
     Weights, gradients and optimizer state are megatron-core's (`model_state_bytes`, on the data x context rank that
     updates the most; `zero_stage` 1 the distributed optimizer, 2 and 3 FSDP2 on labkit's driver or Megatron-FSDP
-    on Megatron-LM (`entrypoint`), with their working buffers) unless `zero_backend` is deepspeed, whose ZeRO is
-    counted from the bytes-per-parameter table.
+    on Megatron-LM (`entrypoint`), with their working buffers; `transformer_impl` decides FSDP2's units) unless
+    `zero_backend` is deepspeed, whose ZeRO is counted from the bytes-per-parameter table.
     `chunks`: the transformer layers of each stage's model chunks; by default each stage's layers split evenly over
     `virtual_stages`. `expert`, `expert_tensor`: a mixture-of-experts model's expert-parallel and expert-tensor sizes
     (see `model_state_bytes`); each stage's MoE layers (shape.moe_layers, where its chunks fall) keep an MoE layer's
@@ -782,7 +812,8 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
                                   context=context, precision=precision, distributed_optimizer=distributed_optimizer,
                                   grad_reduce_in_bf16=grad_reduce_in_bf16, optimizer=optimizer,
                                   overlap_grad_reduce=overlap_grad_reduce, zero_stage=zero_stage, expert=expert,
-                                  expert_tensor=expert_tensor, first_layers=firsts[i], entrypoint=entrypoint)
+                                  expert_tensor=expert_tensor, first_layers=firsts[i], entrypoint=entrypoint,
+                                  transformer_impl=transformer_impl)
         return state.weights, state.gradients, state.optimizer
 
     act_scale = 2 if precision == "fp32" else 1

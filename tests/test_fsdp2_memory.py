@@ -1,0 +1,111 @@
+"""PyTorch FSDP2's bytes on labkit's driver, counted by hand for a small model whose rows do not divide over the ranks;
+Megatron-FSDP's for a spec that runs on Megatron-LM; what the estimate says it assumed."""
+import pytest
+
+from labkit.estimate.cli import render
+from labkit.estimate.estimator import estimate
+from labkit.estimate.memory import GIB, fsdp_model_state_bytes, model_state_bytes, torch_fsdp2_model_state_bytes
+from labkit.estimate.params import Shape
+from labkit.spec import load_spec
+
+# hidden 30 over 4 ranks: 8 rows each, 2 of the 32 padding; QKV's 90 rows: 23 each; the vocabulary, padded to 1024,
+# and the MLP's 120 rows divide. Four layers, so that stage 2's gathered layers outweigh stage 3's two.
+MODEL = {"num_layers": 4, "hidden_size": 30, "num_attention_heads": 3, "seq_length": 16, "vocab_size": 1000,
+         "untie_embeddings": True}
+
+# Each unit as (elements gathered, its rows padded to a multiple of 4 ranks; elements):
+EMBEDDING = (1024 * 30 + 16 * 30,) * 2  # word (1024 rows) and position (16 rows) embeddings: no padding
+LAYER = (11_564, 11_190)
+#   norm weight and bias 2 x 30 (padded 2 x 32), projection 30 x 30 + 30 (32 x 30 + 32), QKV 90 x 30 + 90
+#   (92 x 30 + 92), MLP norm 2 x 30 (2 x 32), fc1 120 x 30 + 120, fc2 30 x 120 + 30 (32 x 120 + 32)
+ROOT = (2 * 32 + 1024 * 30, 2 * 30 + 1024 * 30)  # the final norm and, with the local layers, the output layer
+SHARD = (EMBEDDING[0] + 4 * LAYER[0] + ROOT[0]) // 4  # 27,060 elements on each rank
+
+
+def state(zero_stage, precision="fp32", **options):
+    return model_state_bytes(Shape.of(load_spec({"model": MODEL}).model), [4], data_parallel=4, precision=precision,
+                             zero_stage=zero_stage, **options)
+
+
+def test_fsdp2_shards_each_parameters_rows_padded_to_whole_rows_per_rank():
+    assert SHARD == 27_060
+    for stage in (2, 3):
+        s = state(stage)
+        # fp32: the shards of the weights and their gradients, Adam's two moments (no main copies)
+        assert (s.weights - s.weights_working, s.gradients - s.gradients_working, s.optimizer) == \
+            (4 * SHARD, 4 * SHARD, 8 * SHARD)
+        s = state(stage, "bf16")
+        # bf16: 16-bit shards and gradients (FSDP2 reduces in the parameters' dtype), fp32 main copies, their fp32
+        # gradients and the moments
+        assert (s.weights - s.weights_working, s.gradients - s.gradients_working, s.optimizer) == \
+            (2 * SHARD, 2 * SHARD, 16 * SHARD)
+
+
+def test_fsdp2_working_buffers_are_the_backwards_peak_unit_by_unit():
+    """The most FSDP2 holds unsharded in the backward. On labkit's driver `benchmarks/bench_zero_memory.py --data 4
+    --layers 4 --hidden 30 --heads 3 --seq-length 16` counts these figures to the byte (bf16: half)."""
+    # stage 2 keeps every unit gathered from its forward: at the last layer's backward all of them and the root, beside
+    # the gradients of the root and that layer
+    s2 = state(2)
+    assert (s2.weights_working, s2.gradients_working) == \
+        (4 * (ROOT[0] + EMBEDDING[0] + 4 * LAYER[0]), 4 * (ROOT[1] + LAYER[1]))
+    assert s2.weights_working + s2.gradients_working == 600_840
+    # stage 3 at the embedding's backward: the root and the embedding gathered, their gradients, and the first layer's
+    # reduce-scatter input still held (padded)
+    s3 = state(3)
+    assert (s3.weights_working, s3.gradients_working) == \
+        (4 * (ROOT[0] + EMBEDDING[0]), 4 * (ROOT[1] + EMBEDDING[1] + LAYER[0]))
+    assert s3.weights_working + s3.gradients_working == 542_112
+    half = state(3, "bf16")
+    assert (half.weights_working, half.gradients_working) == (s3.weights_working // 2, s3.gradients_working // 2)
+
+
+def test_with_transformer_engine_the_output_layer_is_a_unit_of_its_own():
+    """megatron-core wraps the output layer (a ColumnParallelLinear) except with the local layers: then it leaves the
+    root, and at stage 3's peak neither it nor its gradient is held any more."""
+    local, te = state(3), state(3, transformer_impl="transformer_engine")
+    assert (te.weights - te.weights_working, te.optimizer) == (local.weights - local.weights_working, local.optimizer)
+    output = 1024 * 30 * 4
+    assert (local.weights_working - te.weights_working, local.gradients_working - te.gradients_working) == \
+        (output, output)
+
+
+def test_megatron_lm_keeps_megatron_fsdps_bytes():
+    shape = Shape.of(load_spec({"model": MODEL}).model)
+    for stage in (2, 3):
+        on_megatron_lm = state(stage, "bf16", entrypoint="megatron-lm")
+        assert on_megatron_lm == fsdp_model_state_bytes(shape, [4], stage, data_parallel=4, precision="bf16")
+        assert on_megatron_lm != torch_fsdp2_model_state_bytes(shape, [4], stage, data_parallel=4, precision="bf16")
+    # and so does the estimate of a spec that runs there
+    data = {"model": MODEL, "precision": "bf16", "parallel": {"data": 4}, "batch": {"micro": 1, "global": 16},
+            "optimizer": {"zero_stage": 3},
+            "cluster": {"nodes": [{"gpu": "A100-80GB", "count": 1, "gpus_per_node": 4}]}}
+    spec = load_spec({**data, "job": {"entrypoint": "megatron-lm", "megatron_lm": "/opt/m"}})
+    expected = fsdp_model_state_bytes(shape, [4], 3, data_parallel=4, precision="bf16")
+    detail = estimate(spec).memory_detail[0]
+    assert (detail["weights"], detail["gradients"], detail["optimizer"]) == pytest.approx(
+        (expected.weights / GIB, expected.gradients / GIB, expected.optimizer / GIB))
+    on_driver = estimate(load_spec(data)).memory_detail[0]
+    expected = torch_fsdp2_model_state_bytes(shape, [4], 3, data_parallel=4, precision="bf16",
+                                             transformer_impl="transformer_engine")
+    assert on_driver["weights"] == pytest.approx(expected.weights / GIB)
+
+
+@pytest.mark.parametrize("stage, gathers, when", [(3, 8, "in its forward and again in its backward"),
+                                                  (2, 4, "once, in its forward")])
+def test_the_estimate_says_fsdp2_gathers_in_every_micro_batch_and_what_that_moves(stage, gathers, when):
+    spec = load_spec({"model": MODEL, "precision": "fp32", "parallel": {"data": 4}, "batch": {"micro": 1, "global": 16},
+                      "optimizer": {"zero_stage": stage}})
+    est = estimate(spec)
+    gathered_gb = (EMBEDDING[1] + 4 * LAYER[1] + ROOT[1]) * 4 / 1e9
+    line = [a for a in est.assumptions if a.startswith("the parameters are all-gathered")]
+    assert len(line) == 1
+    assert line[0].startswith(f"the parameters are all-gathered in each of the 4 micro-batches, {when}: {gathers} "
+                              f"all-gathers of {gathered_gb:.3g} GB per step")
+    assert f"ZeRO stage {stage} as PyTorch FSDP2 (labkit's): gathered unit by unit, each transformer layer and the " \
+        "embedding (the final norm and the output layer with the root)" in est.assumptions  # on CPUs: local layers
+    text = render(spec, est)
+    assert text.index("  assumed") < text.index(line[0])
+    # one micro-batch per step gathers once per step: nothing to warn of
+    single = estimate(spec.replace(**{"batch.global": 4}))
+    assert not [a for a in single.assumptions if a.startswith("the parameters are all-gathered")]
