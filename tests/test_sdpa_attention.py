@@ -22,20 +22,21 @@ MODEL = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64
 
 @pytest.fixture(scope="module")
 def world():
-    """One gloo process with megatron-core's parallel state and RNG tracker, on the CPU."""
+    """One gloo process with megatron-core's parallel state and RNG tracker, on the CPU; all undone after."""
     from labkit.train import cpu_compat
 
-    cpu_compat.apply()
+    applied = not cpu_compat.is_applied() and cpu_compat.apply()
     import torch.distributed as dist
     from megatron.core import parallel_state, tensor_parallel
 
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), world_size=1, rank=0)
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel()
+    dist.init_process_group("gloo", store=dist.HashStore(), world_size=1, rank=0)
+    parallel_state.initialize_model_parallel()
     tensor_parallel.model_parallel_cuda_manual_seed(1234)
     yield
     parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+    if applied:
+        cpu_compat.remove()
 
 
 def _pair(groups: int, dropout: float = 0.0, mask_type=None):
