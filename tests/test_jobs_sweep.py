@@ -80,8 +80,9 @@ def test_a_cluster_backend_leaves_the_threads_to_the_job():
 def test_profiled_passes_zero_based_steps_ranks_and_the_run_local_tensorboard_dir(sweep):
     args = recorded_args(sweep.jobs["bf16"])
     tail = args[args.index("--profile"):]
-    assert tail == ["--profile", "--profile-step-start", "3", "--profile-step-end", "5", "--profile-ranks", "0", "1",
-                    "--tensorboard-dir", PROFILE_DIR, "--log-timers-to-tensorboard", "--log-memory-to-tensorboard"]
+    assert tail == ["--profile", "--use-pytorch-profiler", "--profile-step-start", "3", "--profile-step-end", "5",
+                    "--profile-ranks", "0", "1", "--tensorboard-dir", PROFILE_DIR, "--log-timers-to-tensorboard",
+                    "--log-memory-to-tensorboard"]
     assert "--bf16" in args
 
 

@@ -411,12 +411,16 @@ def expert_params_per_stage(shape: Shape, partition: list[int], tensor: int = 1,
 def flash_attention(backend: str, gpus: list[str]) -> bool:
     """Whether the attention kernel keeps no s x s scores: flash and fused do not; unfused and local (the 2021-22
     stack, and what runs on a CPU) do; auto is what megatron-core picks with Transformer Engine, flash or fused
-    attention on GPUs from Ampere on (those with bf16), unfused before."""
+    attention on GPUs from Ampere on (those with bf16), unfused before; sdpa (labkit's driver) is PyTorch's
+    scaled_dot_product_attention, whose flash and memory-efficient kernels keep none on any GPU, while on a CPU its
+    math kernel keeps them wherever dropout is on."""
     if backend in ("flash", "fused"):
         return True
+    found = [catalog.gpu(g) for g in gpus]
+    if backend == "sdpa":
+        return bool(found) and not any(g.is_cpu for g in found)
     if backend != "auto":
         return False
-    found = [catalog.gpu(g) for g in gpus]
     return bool(found) and all(g.bf16 and not g.is_cpu for g in found)
 
 

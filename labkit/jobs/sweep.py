@@ -56,8 +56,9 @@ def profiled(spec: RunSpec, first: int, last: int | None = None, ranks: tuple[in
                          f"(the spec's world size is {spec.world_size})")
     # The driver's (and Megatron's) profile steps are 0-based: step k is iteration k + 1.
     spec = spec.replace(**{"train.timing_log_level": 2})  # the timers TensorBoard receives are level-2 timers
-    return with_flags(spec, F.profile, F.profile_step_start, first - 1, F.profile_step_end, last,
-                      F.profile_ranks, *ranks, F.tensorboard_dir, PROFILE_DIR, F.log_timers_to_tensorboard,
+    # --use-pytorch-profiler: on GPUs --profile alone opens the CUDA profiler's range for Nsight instead
+    return with_flags(spec, F.profile, F.use_pytorch_profiler, F.profile_step_start, first - 1, F.profile_step_end,
+                      last, F.profile_ranks, *ranks, F.tensorboard_dir, PROFILE_DIR, F.log_timers_to_tensorboard,
                       F.log_memory_to_tensorboard)
 
 
