@@ -345,8 +345,9 @@ def interrupted_runs(n: int, root: Path, rng: random.Random, plans: dict, findin
                     if code != 0 and "already ended" not in said:
                         findings["unclean interrupts"] += 1
                         wrong.append(f"interrupt {i}: `{command}` exit {code}: {said[-300:]!r}")
-            else:
-                seen["while submitting" if "submitting" in lines[0] else "other"] += 1
+            else:  # interrupted before or while it submitted, or as the run ended
+                seen["while submitting" if "submitting" in lines[0] else
+                     "had ended" if "had ended" in lines[0] else "before submitting"] += 1
             for run in runs:
                 plans[run.name] = how
     return seen
@@ -530,8 +531,9 @@ def main() -> int:
     print(f"{args.runs} local runs, {args.at_once} at once, {args.pollers} pollers, seed {args.seed}: "
           f"{elapsed:.0f} s; records in {root}; {len(killed_submitters)} submissions killed "
           f"({drafts} drafts of them left for the next run to remove); {args.interrupts} `labkit run --wait` sent a "
-          f"Ctrl-C ({interrupts['job runs on']} left their job running, {interrupts['while submitting']} interrupted "
-          f"while submitting, {interrupts['ended first']} ended first)")
+          f"Ctrl-C ({interrupts['job runs on']} left their job running, {interrupts['before submitting']} were "
+          f"interrupted before submitting and {interrupts['while submitting']} while, {interrupts['had ended']} as "
+          f"the run ended; {interrupts['ended first']} ended first)")
     faults = ""
     if (args.faults or args.mid_run_faults) and can_mount():
         start = time.monotonic()
