@@ -230,12 +230,14 @@ def _status(args) -> int:
 
 def _cancel(args) -> int:
     from labkit.jobs import SlurmError, job_of
-    from labkit.jobs.record import load_run, unwritable
+    from labkit.jobs.record import RunIndex, load_run, unwritable
     from labkit.jobs.watcher import WATCHER
 
     note = None
     try:
         record = load_run(args.run, args.runs_dir)
+        if not RunIndex(record.root).writable():  # a read-only runs directory is read, not written (as `status` does)
+            note, record.read_only = f"note: {record.root} is read-only: nothing is recorded", True
         job = job_of(record)
         try:
             # How the run stands now, not as last recorded: a run that has already ended is not cancelled, and says

@@ -184,12 +184,14 @@ class LocalBackend:
         state_file = job.log_dir / "state"
         if _recorded_end(state_file) is None:
             tmp = state_file.with_name("state.tmp")
-            try:
-                state_file.parent.mkdir(parents=True, exist_ok=True)  # a run.sh killed before it made the directory
-                tmp.write_text("CANCELLED 137\n")
-                os.replace(tmp, state_file)
-            finally:
-                tmp.unlink(missing_ok=True)  # left only when the write failed (a full disk)
+            # Not written on a read-only or full runs directory: the processes are stopped all the same.
+            with contextlib.suppress(OSError):
+                try:
+                    state_file.parent.mkdir(parents=True, exist_ok=True)  # a run.sh killed before it made the directory
+                    tmp.write_text("CANCELLED 137\n")
+                    os.replace(tmp, state_file)
+                finally:
+                    tmp.unlink(missing_ok=True)  # left only when the write failed (a full disk)
         return True
 
     def _group(self, job: Job, pgid: int) -> list[int]:
