@@ -27,9 +27,7 @@ largest count beside the estimate's weights_working + gradients_working.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from labkit.estimate.memory import model_state_bytes  # noqa: E402
 from labkit.estimate.params import Shape  # noqa: E402
 from labkit.spec import load_spec  # noqa: E402
-from labkit.train.model_state import measure_model_state  # noqa: E402
+from labkit.train.model_state import measure_model_state, on_driver_ranks  # noqa: E402
 
 # A GPT with odd widths (hidden 72: gaps before 64-element-aligned parameters; vocabulary 1000, padded to 1024) and
 # untied embeddings, which FSDP2 needs.
@@ -96,66 +94,33 @@ def fsdp2_unsharded_bytes(model) -> Callable[[], int]:
     return count
 
 
-def _peak_rank(rank: int, world: int, address: str, commands: list[list[str]], out: str) -> None:
-    import contextlib
-    import io
-    import warnings
-
+def working_peak(args) -> int:
+    """The most bytes FSDP2 holds unsharded on this rank at any operator of one forward and backward of the driver's
+    model for these arguments."""
     import torch
-    import torch.distributed as dist
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from labkit.train import cpu_compat, data
-    from labkit.train.arguments import parse_args
     from labkit.train.model import build_model, transformer_config
-    from labkit.train.training import initialize, padded_vocab_size
 
-    torch.set_num_threads(1)
-    warnings.simplefilter("ignore")
-    cpu_compat.apply()
-    dist.init_process_group("gloo", init_method=address, world_size=world, rank=rank)
-    peaks = []
-    for i, command in enumerate(commands):
-        args = parse_args(command, world_size=world, rank=rank, cuda=False)
-        args.padded_vocab_size = padded_vocab_size(data.build_tokenizer(args).vocab_size,
-                                                   args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
-        if i == 0:  # the specs share one layout: one set of parallel groups
-            with contextlib.redirect_stdout(io.StringIO()):
-                initialize(args)
-        model = build_model(args, transformer_config(args))[0]
-        count, peak = fsdp2_unsharded_bytes(model), [0]
+    model = build_model(args, transformer_config(args))[0]
+    count, peak = fsdp2_unsharded_bytes(model), [0]
 
-        class EveryOperator(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                result = func(*args, **(kwargs or {}))
-                peak[0] = max(peak[0], count())
-                return result
+    class EveryOperator(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            peak[0] = max(peak[0], count())
+            return result
 
-        tokens = torch.randint(0, MODEL["vocab_size"], (1, MODEL["seq_length"]))
-        positions = torch.arange(MODEL["seq_length"]).unsqueeze(0)
-        with EveryOperator():
-            model(tokens, positions, None, labels=tokens).float().sum().backward()
-        peaks.append(peak[0])
-        del model
-    Path(out, f"rank{rank}.json").write_text(json.dumps(peaks))
-    dist.destroy_process_group()
+    tokens = torch.randint(0, MODEL["vocab_size"], (1, MODEL["seq_length"]))
+    positions = torch.arange(MODEL["seq_length"]).unsqueeze(0)
+    with EveryOperator():
+        model(tokens, positions, None, labels=tokens).float().sum().backward()
+    return peak[0]
 
 
 def measure_working_peak(specs) -> list[int]:
     """For each FSDP2 spec (one world size), the most bytes any rank held unsharded in one forward and backward."""
-    import torch.multiprocessing as mp
-
-    from labkit.megatron_args import megatron_args
-    from labkit.net import free_port
-
-    specs = list(specs)
-    world = specs[0].world_size
-    with tempfile.TemporaryDirectory() as out:
-        mp.start_processes(_peak_rank, args=(world, f"tcp://127.0.0.1:{free_port()}",
-                                             [megatron_args(s) for s in specs], out),
-                           nprocs=world, join=True, start_method="fork")
-        ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
-    return [max(rank[i] for rank in ranks) for i in range(len(specs))]
+    return [max(ranks) for ranks in on_driver_ranks(specs, working_peak)]
 
 
 def main() -> None:

@@ -65,7 +65,7 @@ def built_after_one_step(args):
     return model, optimizer
 
 
-def _rank(rank: int, world: int, address: str, commands: list[list[str]], out: str) -> None:
+def _rank(rank: int, world: int, address: str, commands: list[list[str]], measure, out: str) -> None:
     import contextlib
     import io
     import warnings
@@ -90,20 +90,15 @@ def _rank(rank: int, world: int, address: str, commands: list[list[str]], out: s
         if i == 0:  # the specs share one layout: one set of parallel groups
             with contextlib.redirect_stdout(io.StringIO()):
                 initialize(args)
-        model, optimizer = built_after_one_step(args)
-        rows.append(held_bytes(model, optimizer))
-        del model, optimizer
+        rows.append(measure(args))
     Path(out, f"rank{rank}.json").write_text(json.dumps(rows))
     dist.destroy_process_group()
 
 
-def measure_model_state(specs) -> list[list[tuple[int, int, int]]]:
-    """For each spec (all of one layout and world size), each rank's (weights, gradients, optimizer state) bytes as
-    labkit's driver holds them after one optimizer step: its model and optimizer built from the spec's command line
-    in gloo processes on this machine, nothing trained. Returns [spec][rank].
-
-    Taught in lab 09.
-    """
+def on_driver_ranks(specs, measure) -> list[list]:
+    """`measure(args)` on every rank of labkit's driver, for each spec (all of one layout and world size): the
+    driver's parsed arguments for the spec's command line in gloo processes on this machine, its parallel groups set
+    up once, nothing trained. `measure` returns what JSON can carry. Returns [spec][rank]."""
     import torch.multiprocessing as mp
 
     from labkit.megatron_args import megatron_args
@@ -115,8 +110,20 @@ def measure_model_state(specs) -> list[list[tuple[int, int, int]]]:
         raise ValueError(f"specs: one world size for all, not {sorted(worlds)}")
     world = worlds.pop()
     with tempfile.TemporaryDirectory() as out:
-        # forked: the ranks start with this process's imports (a notebook's megatron-core) instead of their own
+        # forked: the ranks start with this process's imports (a notebook's megatron-core) instead of their own, and
+        # take `measure` as it is, unpickled
         mp.start_processes(_rank, args=(world, f"tcp://127.0.0.1:{free_port()}", [megatron_args(s) for s in specs],
-                                        out), nprocs=world, join=True, start_method="fork")
+                                        measure, out), nprocs=world, join=True, start_method="fork")
         ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
-    return [[tuple(ranks[r][i]) for r in range(world)] for i in range(len(specs))]
+    return [[ranks[r][i] for r in range(world)] for i in range(len(specs))]
+
+
+def measure_model_state(specs) -> list[list[tuple[int, int, int]]]:
+    """For each spec (all of one layout and world size), each rank's (weights, gradients, optimizer state) bytes as
+    labkit's driver holds them after one optimizer step: its model and optimizer built from the spec's command line
+    in gloo processes on this machine, nothing trained. Returns [spec][rank].
+
+    Taught in lab 09.
+    """
+    return [[tuple(row) for row in ranks]
+            for ranks in on_driver_ranks(specs, lambda args: held_bytes(*built_after_one_step(args)))]
