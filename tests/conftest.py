@@ -94,6 +94,23 @@ def _slurm_for_marked_tests(request):
         request.getfixturevalue("local_slurm")
 
 
+# megatron-core's language models write their attention backend into these variables as they are built, and assert
+# that a later model in the same process (or a training run it starts, which inherits them) asks for the same one.
+TRANSFORMER_ENGINE_ATTENTION_VARIABLES = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
+
+
+@pytest.fixture(autouse=True)
+def _attention_backend_variables_restored():
+    """A test that builds a megatron-core model in the test process leaves the NVTE_* variables as they were."""
+    before = {name: os.environ.get(name) for name in TRANSFORMER_ENGINE_ATTENTION_VARIABLES}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _scratch_user_directory(tmp_path_factory):
     """What labkit writes to the user's directory (measured profiles) goes to a scratch one during the suite."""
