@@ -22,17 +22,29 @@ Data flows one way, and each module imports only from the rows above it (tests/t
     lab, cli,      the course runner (papermill, HTML index, `labkit workspace`), the command line and its shell
     completion     completion script
 """
-from importlib.metadata import PackageNotFoundError as _NotInstalled
-from importlib.metadata import version as _version
-
-from labkit.spec import RunSpec, SpecError, load_spec
-
-try:
-    __version__ = _version("labkit")
-except _NotInstalled:  # a source checkout on PYTHONPATH, as benchmarks/gpu_check.sh runs it on a machine without PyPI
-    import tomllib as _toml
-
-    from labkit.paths import source_tree as _source_tree
-
-    __version__ = _toml.loads((_source_tree() / "pyproject.toml").read_text())["project"]["version"]
 __all__ = ["RunSpec", "SpecError", "load_spec", "__version__"]
+
+
+def __getattr__(name: str):
+    """The package's names, imported when first asked for (PEP 562): `import labkit` stays cheap, so that the `labkit`
+    command is inside its Ctrl-C handler (labkit.cli.main) before the library loads."""
+    if name in ("RunSpec", "SpecError", "load_spec"):
+        from labkit import spec
+
+        return getattr(spec, name)
+    if name == "__version__":
+        return _version()
+    raise AttributeError(f"module 'labkit' has no attribute {name!r}")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("labkit")
+    except PackageNotFoundError:  # a source checkout on PYTHONPATH, as benchmarks/gpu_check.sh runs it without PyPI
+        import tomllib
+
+        from labkit.paths import source_tree
+
+        return tomllib.loads((source_tree() / "pyproject.toml").read_text())["project"]["version"]

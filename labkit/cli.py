@@ -6,14 +6,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import signal
 import sys
-
-import yaml
-
-from labkit.catalog import CatalogError
 
 # Modules that add subcommands: each has `register(subparsers)`, adding parsers whose `func(args) -> int` runs them.
 COMMAND_MODULES = [
@@ -39,6 +34,10 @@ def register(sub) -> None:
 
 
 def _validate(args) -> int:
+    import json
+
+    import yaml
+
     from labkit.estimate.checkpoint import requeue_notes
     from labkit.spec import SpecError, load_spec, resolved_summary
     from labkit.spec.errors import print_spec_errors
@@ -105,6 +104,8 @@ def _ignore_ctrl_c():
 
 
 def _main(argv: list[str] | None) -> int:
+    from labkit.catalog import CatalogError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -138,3 +138,12 @@ def test_ctrl_c_while_the_program_exits_changes_nothing(tmp_path):
     done = subprocess.run([sys.executable, "-c", check, "completion", "bash"], cwd=tmp_path, capture_output=True,
                           text=True)
     assert done.returncode == 0, done
+
+
+def test_the_command_loads_the_library_inside_its_ctrl_c_handler():
+    """What `labkit` imports before main() runs is the standard library and labkit.cli alone: a Ctrl-C while the
+    library loads lands inside main's handler (one line, exit 130), not in a traceback from the import."""
+    loaded = subprocess.run([sys.executable, "-c", "import sys, labkit.cli; "
+                             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('labkit', 'yaml', 'torch')))"],
+                            capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "['labkit', 'labkit.cli']"

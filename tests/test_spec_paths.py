@@ -131,6 +131,16 @@ def test_a_line_break_in_a_path_or_name_is_refused_naming_its_field(tmp_path, fi
     assert main(["validate", str(spec)]) == 2  # the command line says the same, without a traceback
 
 
+def test_every_error_is_one_line_even_where_a_parser_quotes_the_users_line_break(tmp_path, capsys):
+    """The driver's parser names an unknown flag as written; the error list stays one line per error."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(spec_with(**{"job.extra_args": ["--no-such-flag\nrm -rf /"]})))
+    assert main(["validate", str(spec)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].endswith("1 error(s)") and len(lines) == 2, lines
+    assert lines[1].startswith("  - job.extra_args: ") and "--no-such-flag\\nrm -rf /" in lines[1]
+
+
 def test_a_spec_with_plain_paths_and_names_is_accepted_as_written():
     data = spec_with(**{"train.save": "ckpt dir/é", "train.tensorboard_dir": "tb", "name": "a name, with 'quotes'",
                         "train.wandb": {"project": "labkit", "exp_name": "run #1", "save_dir": "/w"}})

@@ -29,6 +29,9 @@ def quote(value) -> str:
 
 
 def _clip(error: str) -> str:
+    """One line of at most MAX_ERROR_CHARS: a control character a message carries from the user's value (a parser's
+    message quotes it raw) is written as its escape, so that each error stays one line of the list."""
+    error = CONTROL_CHARS.sub(lambda c: repr(c.group())[1:-1], error)
     return error if len(error) <= MAX_ERROR_CHARS else error[:MAX_ERROR_CHARS - 3] + "..."
 
 
