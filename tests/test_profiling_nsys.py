@@ -157,3 +157,6 @@ def test_the_command_prints_each_rank_and_its_json_holds_the_tables(reports, tmp
     assert bad.returncode == 2 and bad.stderr.startswith("labkit profile nsys: ")
     per_layer = subprocess.run(run[:4] + ["--help"], capture_output=True, text=True, check=True)
     assert "--model" in per_layer.stdout  # the per-layer profiler keeps its own command line
+    assert "nsys" in per_layer.stdout
+    neither = subprocess.run(run[:4], capture_output=True, text=True)
+    assert neither.returncode == 2 and "--model" in neither.stderr and "labkit profile nsys" in neither.stderr

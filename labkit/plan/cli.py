@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from labkit import catalog
+from labkit.profiling.cli import register_nsys
 from labkit.spec import SpecError, load_spec
 from labkit.spec.checks import PRECISIONS
 
@@ -46,8 +47,9 @@ def register(sub) -> None:
     p.set_defaults(func=_plan)
 
     p = sub.add_parser("profile", help="measure per-layer forward time of a model on this machine and write it to "
-                                       "~/.labkit/profiles/ ($LABKIT_HOME/profiles) for the estimator and the planner")
-    p.add_argument("--model", required=True, metavar="PRESET|SPEC", help="model preset name or run spec file")
+                                       "~/.labkit/profiles/ ($LABKIT_HOME/profiles) for the estimator and the planner",
+                       epilog="labkit profile nsys REPORT.sqlite|DIR ...: read Nsight Systems captures instead")
+    p.add_argument("--model", metavar="PRESET|SPEC", help="model preset name or run spec file (required)")
     p.add_argument("--tensor", type=int, default=1, help="tensor-parallel size the profile stands for (default 1)")
     p.add_argument("--micro-batch", type=_sizes, default=(1,), metavar="N[,N...]",
                    help="micro-batch sizes to measure (default 1); the estimate interpolates between them")
@@ -59,6 +61,8 @@ def register(sub) -> None:
                    help="default: bf16 on a GPU, fp32 on CPU")
     p.add_argument("--output", "-o", help="profile path (default ~/.labkit/profiles/<model>_<gpu>_tp<t>.json)")
     p.set_defaults(func=_profile)
+    readers = p.add_subparsers(dest="profile_reader", metavar="{nsys}")
+    register_nsys(readers)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -208,6 +212,9 @@ def _assumed_line(assumed: dict) -> str:
 def _profile(args) -> int:
     from labkit.plan.profiler import profile_model
 
+    if not args.model:
+        return _fail("profile: give --model PRESET|SPEC to measure, or `labkit profile nsys REPORT.sqlite|DIR` to "
+                     "read Nsight Systems captures")
     try:
         extra = {"host_processes": args.host_processes} if args.host_processes is not None else {}
         path, profile = profile_model(args.model, tensor=args.tensor, micro_batch=args.micro_batch,

@@ -2,13 +2,11 @@
 `labkit profile nsys REPORT.sqlite|DIR ... [--json] [--html FILE]`: the same questions of Nsight Systems captures."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 
 def register(sub) -> None:
-    _register_nsys(sub)
     p = sub.add_parser("profiling", help="read a run's torch.profiler traces and TensorBoard scalars")
     psub = p.add_subparsers(dest="profiling_command", metavar="COMMAND", required=True)
     s = psub.add_parser("summary", help="profiled steps, time by category, compute vs communication, memory, per rank")
@@ -65,26 +63,16 @@ def _summary(args) -> int:
     return 0
 
 
-def _register_nsys(sub) -> None:
-    """`labkit profile nsys` beside `labkit profile --model ...` (labkit.plan.cli's per-layer profiler, whose parser
-    takes no subcommands): the `profile` parser hands a command line that starts with `nsys` to this one."""
-    p = argparse.ArgumentParser(prog="labkit profile nsys",
-                                description="time per kernel class, computation vs communication and the captured "
-                                            "steps of Nsight Systems reports, per rank")
+def register_nsys(readers) -> None:
+    """`labkit profile nsys`: a reader of Nsight Systems captures under `labkit profile` (labkit.plan.cli's per-layer
+    profiler, which adds it to its subcommands)."""
+    p = readers.add_parser("nsys", help="time per kernel class, computation vs communication and the captured steps "
+                                        "of Nsight Systems reports, per rank")
     p.add_argument("paths", nargs="+", metavar="REPORT.sqlite|DIR",
                    help="nsys export --type sqlite files, or directories of them (a run's logs/nsys)")
     p.add_argument("--json", action="store_true", help="print the tables as JSON")
     p.add_argument("--html", metavar="FILE", help="also write the figure (plotly) to this HTML file")
     p.set_defaults(func=_nsys)
-    profile = sub.choices["profile"]
-    per_layer = profile.parse_known_args
-
-    def parse_known_args(args=None, namespace=None):
-        args = list(sys.argv[1:] if args is None else args)
-        return p.parse_known_args(args[1:], namespace) if args[:1] == ["nsys"] else per_layer(args, namespace)
-
-    profile.parse_known_args = parse_known_args
-    profile.epilog = "labkit profile nsys REPORT.sqlite|DIR ...: read Nsight Systems captures (--help after nsys)"
 
 
 def _nsys(args) -> int:
