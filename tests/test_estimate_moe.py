@@ -1,6 +1,8 @@
 """Mixture-of-experts in the estimator: expert weights sharded over the expert ranks, their optimizer state over the
 expert-data-parallel ranks, an MoE layer's activations, the token all-to-all as exposed communication of kind "ep",
 the expert groups in megatron-core's rank order, and the Blackwell precisions."""
+import dataclasses
+
 import pytest
 
 from labkit.estimate import estimate
@@ -174,6 +176,31 @@ def test_dense_estimates_carry_no_expert_terms():
                                 "batch": {"micro": 1, "global": 32}, "precision": "bf16"}))
     assert dense.breakdown["ep_comm"] == 0 and dense.exposed_comm_s["ep"] == 0 and dense.hidden_comm_s["ep"] == 0
     assert dense.active_params == dense.params
+
+
+def test_an_moe_layers_launch_cost_grows_with_the_experts_a_rank_holds_not_with_its_tokens():
+    """The stack's moe_launch_s_per_local_expert, charged per MoE layer and micro-batch on a GPU: a micro-batch twice
+    as large pays it once, expert parallelism twice as wide halves it, a CPU host pays none."""
+    from labkit.estimate.calibration import default_calibration
+    from labkit.estimate.timing import stage_time
+
+    rate = default_calibration().stack(None).moe_launch_s_per_local_expert
+    qwen = shape_of("qwen3-30b-a3b")
+
+    def launch_s(gpu, micro, expert):
+        times = [stage_time(gpu, 4, micro, shape=qwen, expert=expert, calibration=calibration)
+                 for calibration in (default_calibration(), default_calibration().with_stack(
+                     dataclasses.replace(default_calibration().stack(None), moe_launch_s_per_local_expert=0.0)))]
+        return (times[0].forward_s + times[0].backward_s) - (times[1].forward_s + times[1].backward_s)
+
+    assert rate > 0
+    assert launch_s("B200", 1, 8) == pytest.approx(4 * 16 * rate)  # 128 experts over 8 ranks: 16 a rank
+    assert launch_s("B200", 4, 8) == pytest.approx(launch_s("B200", 1, 8))
+    assert launch_s("B200", 1, 16) == pytest.approx(launch_s("B200", 1, 8) / 2)
+    assert launch_s("cpu", 1, 8) == 0
+    assert estimate(spec(preset="qwen3-30b-a3b", gpu="B200", nodes=1, parallel={"pipeline": 1}, global_=64)) \
+        .iteration_time_s > estimate(spec(preset="qwen3-30b-a3b", gpu="B200", nodes=1, parallel={"pipeline": 1},
+                                          micro=4, global_=64)).iteration_time_s
 
 
 @pytest.mark.parametrize("gpu", ["B200", "GB200", "GB300"])

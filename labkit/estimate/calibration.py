@@ -35,6 +35,9 @@ class Stack:
         overlap_p2p_comm; see labkit.estimate.timing).
     compute_scale: analytic compute (a layer's GEMMs and memory passes, the loss's) takes this multiple of what the
         calibration's efficiencies give: the same GPU runs one software generation's kernels faster than another's.
+    moe_launch_s_per_local_expert: on a GPU, seconds an MoE layer adds per micro-batch (forward and backward) for
+        each expert its rank holds, beyond its FLOPs and transfers: the layer waits on the host for its tokens per
+        expert and then runs as fast as the host launches its many small kernels (see labkit.estimate.timing).
     description: what the stack is and why its figures are what they are.
     """
     name: str
@@ -44,6 +47,7 @@ class Stack:
     p2p_messages: int
     overlap_p2p: bool
     compute_scale: float = 1.0
+    moe_launch_s_per_local_expert: float = 0.0
     description: str = ""
 
 
@@ -154,6 +158,7 @@ def calibration_from_dict(data: Mapping) -> Calibration:
                              tp_allreduce_s=float(entry["tp_allreduce_s"]), p2p_message_s=float(entry["p2p_message_s"]),
                              p2p_messages=int(entry["p2p_messages"]), overlap_p2p=bool(entry["overlap_p2p"]),
                              compute_scale=float(entry.get("compute_scale", 1.0)),
+                             moe_launch_s_per_local_expert=float(entry.get("moe_launch_s_per_local_expert", 0.0)),
                              description=entry.get("description", ""))
     return Calibration(
         efficiency={gpu: value(f"efficiency.{gpu}", e) for gpu, e in data["efficiency"].items()},

@@ -303,6 +303,16 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
         ends_s *= stack.compute_scale
     forward = layer_s + ends_s
     backward = 2 * forward + recompute_fraction * layer_s
+    if moe_share and layers and not gpu.is_cpu:
+        # megatron-core's alltoall dispatcher copies each layer's tokens-per-expert counts to the host before its
+        # all-to-all (token_dispatcher.py, preprocess): the GPU drains, then runs the layer's permutation, grouped GEMMs
+        # and their FP8 casts as fast as the host launches them, a cost per micro-batch that grows with the experts a
+        # rank holds and not with its tokens (the MoE README's "CPU Overhead Bottleneck"; calibration.yaml says where
+        # the rate comes from). A third of it in the forward, as for the compute.
+        local_experts = shape.experts / expert
+        launch = layers * moe_share * local_experts * stack.moe_launch_s_per_local_expert
+        forward += launch / 3
+        backward += 2 * launch / 3
     if flash_attention:
         # a flash kernel's backward recomputes the scores (Q K^T) it never stored beside its four other products: 2.5
         # times its forward's FLOPs where the rest of the layer takes 2 (Dao, arXiv:2205.14135, Algorithm 4)
