@@ -240,7 +240,7 @@ if have_slurm:
 # 작업은 기다립니다. `squeue`는 이 작업을 PENDING으로, 그 사유(reason)와 함께 보여 줍니다(`Resources`: 노드가 사용 중,
 # `Priority`: 다른 작업이 우선, `Dependency`: 다른 작업을 기다리는 중). 아래에서 첫 번째 작업은 노드 하나의 GPU를
 # 모두 잡고 sleep하고, 두 번째 작업은 같은 노드(`--nodelist`로 지정합니다)의 GPU 하나를 요청해 `scancel`이 첫 번째
-# 작업을 멈출 때까지 대기(pend)합니다. 노드와 그 GPU 타입, 개수는 `gpu_type`과 `sinfo`에서 가져오므로 어느
+# 작업을 멈출 때까지 PENDING 상태로 기다립니다. 노드와 그 GPU 타입, 개수는 `gpu_type`과 `sinfo`에서 가져오므로 어느
 # 클러스터에서나 그대로 동작합니다. `--nodelist`가 없으면 Slurm은 두 번째 작업을 GPU가 비어 있는 다른 노드에서
 # 시작할 것입니다. 취소된 작업은 CANCELLED로 끝납니다.
 
@@ -268,7 +268,7 @@ if have_slurm:
 assert not have_slurm or waited == "PENDING", f"0.6 says the second job pends while the first holds the GPUs: {waited}"
 
 # %% [markdown]
-# 작업은 TIMEOUT(`--time`을 넘겨 실행됨), OUT_OF_MEMORY(메모리 부족으로 커널이 종료시킴), NODE_FAIL(노드가 다운됨)로
+# 작업은 TIMEOUT(`--time`을 넘겨 실행됨), OUT_OF_MEMORY(메모리가 모자라 운영체제가 종료시킴), NODE_FAIL(노드가 다운됨)로
 # 끝나기도 합니다. `--requeue`를 주면 Slurm이 작업을 다시 큐에 넣을 수 있으며, 다음 시도는 처음부터 시작합니다.
 # 체크포인트(checkpoint)를 썼다면 그 체크포인트부터 시작합니다(labkit 스펙(spec)의 `job.requeue`).
 #
@@ -332,7 +332,7 @@ print("\n".join(line for line in rendered.splitlines() if line.startswith(("#SBA
 # %% [markdown]
 # ## 0.9 첫 번째 작은 작업
 #
-# 내장된 기본 스펙은 파라미터 셀에서 고른 백엔드에서 두 프로세스로, 모의 토큰(mock token)을 써서 2층 GPT를 학습합니다.
+# 내장된 기본 스펙은 파라미터 셀에서 고른 백엔드에서 두 프로세스로, 모의 토큰(mock token)을 써서 레이어 2개짜리 GPT를 학습합니다.
 
 # %%
 spec = load_spec(example("tiny-cpu.yaml")).replace(
@@ -353,7 +353,7 @@ for node, files in job.tail(lines=4).items():
 #
 # ## 연습 문제
 #
-# **연습 1.** `sbatch`가 설치된 머신에서 백엔드를 직접 고르지 않으면, 어느 백엔드가 작업을 실행할까요? `"local"` 또는
+# **연습 문제 1.** `sbatch`가 설치된 머신에서 백엔드를 직접 고르지 않으면, 어느 백엔드가 작업을 실행할까요? `"local"` 또는
 # `"slurm"`으로 답하세요.
 
 # %%
@@ -363,7 +363,7 @@ answer_1 = ...
 check("00.1", answer_1)
 
 # %% [markdown]
-# **연습 2.** 어떤 작업이, 필요한 GPU를 가진 노드가 모두 사용 중이어서 큐에서 기다리고 있습니다. `squeue`는 이 작업의
+# **연습 문제 2.** 어떤 작업이, 필요한 GPU를 가진 노드가 모두 사용 중이어서 큐에서 기다리고 있습니다. `squeue`는 이 작업의
 # 상태(state)를 무엇으로 보여 줄까요? Slurm의 용어를 대문자로 답하세요.
 
 # %%
@@ -373,7 +373,7 @@ answer_2 = ...
 check("00.2", answer_2)
 
 # %% [markdown]
-# **연습 3.** 노드마다 A100 GPU 두 개를 요청하는 `--gres` 값을 쓰세요(타입은 `sinfo`가 나열하는 대로 씁니다).
+# **연습 문제 3.** 노드마다 A100 GPU 두 개를 요청하는 `--gres` 값을 쓰세요(타입은 `sinfo`가 나열하는 대로 씁니다).
 
 # %%
 answer_3 = ...

@@ -242,7 +242,7 @@ assert 0.4 < on_cpu.iteration_time_s / measured < 1.25, (on_cpu.iteration_time_s
 # %% [markdown]
 # ## 연습 문제
 #
-# **연습 1.** 6.1의 순위표에서 가장 빠른 레이아웃은 파이프라인 스테이지를 몇 개 사용합니까?
+# **연습 문제 1.** 6.1의 순위표에서 가장 빠른 레이아웃은 파이프라인 스테이지를 몇 개 사용합니까?
 
 # %%
 answer_1 = ...

@@ -184,7 +184,7 @@ assert (falling["last loss"] < falling["first loss"] - 1).all(), "a loss fell by
 # %% [markdown]
 # ## 연습 문제
 #
-# **연습 1.** 이 코퍼스를 한 번 훑으면 `seq_length`개 토큰(과 한 토큰 밀림)짜리 학습 시퀀스가 몇 개 나옵니까? 위의 토큰
+# **연습 문제 1.** 이 코퍼스를 한 번 훑으면 `seq_length`개 토큰(과 한 토큰 밀림)짜리 학습 시퀀스가 몇 개 나옵니까? 위의 토큰
 # 수를 쓰세요. 시퀀스 하나가 새 토큰 `seq_length`개를 소비합니다.
 
 # %%
@@ -194,7 +194,7 @@ answer_1 = ...
 check("08.1", answer_1, tokens=result["tokens"], seq_length=seq_length)
 
 # %% [markdown]
-# **연습 2.** 코퍼스를 직접 만들어 보세요. 텍스트가 `body` 키 아래에 있는 문서 세 개를 JSON-lines 파일로 쓰고,
+# **연습 문제 2.** 코퍼스를 직접 만들어 보세요. 텍스트가 `body` 키 아래에 있는 문서 세 개를 JSON-lines 파일로 쓰고,
 # `prepare(..., json_key="body")`로 준비한 뒤 `IndexedDataset`으로 여세요. 문서가 몇 개 들어 있습니까? 연 데이터셋을
 # `answer_2`에 넣으세요.
 

@@ -25,7 +25,7 @@ from labkit.spec import load_spec
 spec = load_spec(example("tiny-cpu.yaml"))
 
 # %% [markdown]
-# **연습 1.** 글로벌 배치(global batch) 16 = 마이크로배치(micro-batch) 2 x 데이터 병렬(data parallel) 2 x
+# **연습 문제 1.** 글로벌 배치(global batch) 16 = 마이크로배치(micro-batch) 2 x 데이터 병렬(data parallel) 2 x
 # 마이크로배치 4개.
 
 # %%

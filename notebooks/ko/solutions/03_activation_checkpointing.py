@@ -15,7 +15,7 @@
 # ---
 
 # %% [markdown]
-# # 실습 03 해답: 활성화 체크포인팅(activation checkpointing)
+# # 실습 03 해답: 활성값 체크포인팅(activation checkpointing)
 
 # %%
 from labkit.estimate.recompute import recompute_table
@@ -28,8 +28,8 @@ base = load_spec(example("tiny-cpu.yaml")).replace(
 gpt2 = base.replace(model={"preset": "gpt2-small"})
 
 # %% [markdown]
-# **연습 1.** block 방식은 스테이지의 처음 `num_layers`개 층을 체크포인팅하고(따라서 재계산하고), 나머지 8개 층은
-# 활성화(activation)를 모두 보관합니다: 4.
+# **연습 문제 1.** block 방식은 스테이지의 처음 `num_layers`개 레이어를 체크포인팅하고(따라서 재계산하고), 나머지 8개 레이어는
+# 활성값(activation)을 모두 보관합니다: 4.
 
 # %%
 answer_1 = 4
@@ -38,7 +38,7 @@ answer_1 = 4
 check("03.1", answer_1, spec=gpt2)
 
 # %% [markdown]
-# **연습 2.**
+# **연습 문제 2.**
 
 # %%
 answer_2 = base.replace(recompute={"granularity": "full", "method": "block", "num_layers": 2})
@@ -47,9 +47,9 @@ answer_2 = base.replace(recompute={"granularity": "full", "method": "block", "nu
 check("03.2", answer_2)
 
 # %% [markdown]
-# **연습 3.** $5as/h = 5 \cdot 12 \cdot 1024 / 768 = 80$: 토큰 하나, 은닉 유닛(hidden unit) 하나당 80바이트로, 층의
-# 나머지 부분이 차지하는 34보다 큽니다. 이 시퀀스 길이에서는 점수 행렬이 층 활성화의 대부분을 차지합니다. 여기에
-# $sbh = 1024 \cdot 4 \cdot 768$과 층 12개를 곱해 MiB로 나타냅니다(플래시 어텐션(flash attention)이라면 약 0입니다.
+# **연습 문제 3.** $5as/h = 5 \cdot 12 \cdot 1024 / 768 = 80$: 토큰 하나, 은닉 유닛(hidden unit) 하나당 80바이트로, 레이어의
+# 나머지 부분이 차지하는 34보다 큽니다. 이 시퀀스 길이에서는 점수 행렬이 레이어 활성값의 대부분을 차지합니다. 여기에
+# $sbh = 1024 \cdot 4 \cdot 768$과 레이어 12개를 곱해 MiB로 나타냅니다(플래시 어텐션(flash attention)이라면 약 0입니다.
 # 점수 행렬이 아예 저장되지 않기 때문입니다):
 
 # %%

@@ -27,7 +27,7 @@ base = load_spec(example("tiny-cpu.yaml")).replace(
     cluster={"nodes": [{"gpu": gpu, "count": 1, "gpus_per_node": 1}]})
 
 # %% [markdown]
-# **연습 1.** 마이크로배치 4로 도는 데이터 병렬(data parallel) GPU 4개는 한 번에 샘플 16개를 처리합니다. 64 / 16 =
+# **연습 문제 1.** 마이크로배치 4로 도는 데이터 병렬(data parallel) GPU 4개는 한 번에 샘플 16개를 처리합니다. 64 / 16 =
 # 마이크로배치(micro-batch) 4개.
 
 # %%
@@ -39,7 +39,7 @@ answer_1.num_micro_batches
 check("04.1", answer_1)
 
 # %% [markdown]
-# **연습 2.** 반복(iteration)마다 글로벌 배치(global batch) 하나를 소비합니다: 16 x 10.
+# **연습 문제 2.** 반복(iteration)마다 글로벌 배치(global batch) 하나를 소비합니다: 16 x 10.
 
 # %%
 answer_2 = 16 * 10
@@ -48,7 +48,7 @@ answer_2 = 16 * 10
 check("04.2", answer_2)
 
 # %% [markdown]
-# **연습 3.** 각 마이크로배치의 활성값(activation)은 다음 순전파(forward) 전에 그 마이크로배치의 역전파(backward)에서
+# **연습 문제 3.** 각 마이크로배치의 활성값(activation)은 다음 순전파(forward) 전에 그 마이크로배치의 역전파(backward)에서
 # 해제되므로 메모리 최고치(peak)는 마이크로배치 하나 분량입니다. 반면 패스(pass)들은 차례로 실행되므로 시간은
 # 늘어납니다.
 

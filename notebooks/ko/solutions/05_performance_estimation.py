@@ -24,7 +24,7 @@ from labkit.estimate import achieved_tflops, flops_72, gpt_params, training_days
 from labkit.answer_key import check
 
 # %% [markdown]
-# **연습 1.** GPT-2 small: $l$ = 12, $h$ = 768, $s$ = 1024, $V$ = 50257.
+# **연습 문제 1.** GPT-2 small: $l$ = 12, $h$ = 768, $s$ = 1024, $V$ = 50257.
 
 # %%
 answer_1 = gpt_params(l=12, h=768, s=1024, V=50257)
@@ -34,7 +34,7 @@ print(f"{answer_1:,}")
 check("05.1", answer_1)
 
 # %% [markdown]
-# **연습 2.** 그 실행은 `--fp16`만 추가했고 재계산(recomputation)은 없었습니다: $B$ = 16으로 $F = 72 B s l h^2(\dots)$를
+# **연습 문제 2.** 그 실행은 `--fp16`만 추가했고 재계산(recomputation)은 없었습니다: $B$ = 16으로 $F = 72 B s l h^2(\dots)$를
 # 구한 다음 0.3119 s와 GPU 4개로 나눕니다(GPU당 약 11.2 TFLOP/s).
 
 # %%
@@ -45,7 +45,7 @@ print(f"{answer_2:.1f} TFLOP/s per GPU")
 check("05.2", answer_2)
 
 # %% [markdown]
-# **연습 3.** 일수는 $1/n$에 비례합니다: $n \ge 16 \cdot d_{16} / 30$. 18B 모델은 5.1에서처럼 셉니다(워크숍의 공식이
+# **연습 문제 3.** 일수는 $1/n$에 비례합니다: $n \ge 16 \cdot d_{16} / 30$. 18B 모델은 5.1에서처럼 셉니다(워크숍의 공식이
 # 1024 토큰 시퀀스에 대해 입력한 그대로 $s$ = 1048).
 
 # %%

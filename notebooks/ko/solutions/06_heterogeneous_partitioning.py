@@ -28,7 +28,7 @@ base = load_spec({"name": "gpt2-xl-on-a100-a10-hetero", "model": {"preset": "gpt
 plan = search(base, top=10)
 
 # %% [markdown]
-# **연습 1.** 순위표(ranked table)의 첫 행이 가장 빠른 레이아웃입니다. 그 행의 `pp` 열을 봅니다.
+# **연습 문제 1.** 순위표(ranked table)의 첫 행이 가장 빠른 레이아웃입니다. 그 행의 `pp` 열을 봅니다.
 
 # %%
 answer_1 = int(ranked_table(plan, top=1)["pp"].iloc[0])

@@ -33,7 +33,7 @@ seq_length = 64
 result = prepare(data_file("corpus", "corpus.jsonl"), "runs/data/corpus", progress=False)
 
 # %% [markdown]
-# **연습 1.** 각 시퀀스(sequence)는 `seq_length`개 토큰을 입력으로, 그다음 토큰 하나를 마지막 레이블(label)로 쓰므로,
+# **연습 문제 1.** 각 시퀀스(sequence)는 `seq_length`개 토큰을 입력으로, 그다음 토큰 하나를 마지막 레이블(label)로 쓰므로,
 # 시퀀스 $n$개에는 토큰 $n \cdot s + 1$개가 필요합니다.
 
 # %%
@@ -44,7 +44,7 @@ answer_1
 check("08.1", answer_1, tokens=result["tokens"], seq_length=seq_length)
 
 # %% [markdown]
-# **연습 2.** `body` 키 아래에 문서 세 개를 둡니다.
+# **연습 문제 2.** `body` 키 아래에 문서 세 개를 둡니다.
 
 # %%
 mine = Path("runs/data/mine.jsonl")
