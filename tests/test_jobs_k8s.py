@@ -1,6 +1,7 @@
-"""The k8s backend: the PyTorchJob a spec renders (a golden file, validated against the PyTorchJob CRD's schema and
-Kubernetes' pod schema), the same command line and environment as the Slurm script, errors naming the spec field, and
-submission, polling and cancelling through a stand-in kubectl (no Kubernetes API server runs in tests)."""
+"""The k8s backend: the TrainJob and PyTorchJob a spec renders (golden files, validated against the TrainJob and
+PyTorchJob CRDs' schemas and Kubernetes' pod schema), the same command line and environment as the Slurm script, the
+fabric's devices, job.k8s's volumes, node selection, tolerations, pull secrets, queue and patch, errors naming the spec
+field, and submission, polling and cancelling through a stand-in kubectl (no Kubernetes API server runs in tests)."""
 from __future__ import annotations
 
 import copy
@@ -17,19 +18,29 @@ import yaml
 
 from labkit.cli import main
 from labkit.jobs import State, backend_named
-from labkit.jobs.k8s import K8sError, k8s_name, pytorchjob, pytorchjob_status, render_pytorchjob
+from labkit.jobs.k8s import (K8sError, k8s_name, merge_patch, pytorchjob, pytorchjob_status, render_manifest, trainjob,
+                              trainjob_status)
 from labkit.jobs.render import job_env, render
 from labkit.megatron_args import megatron_args
 from labkit.spec import SpecError, load_spec, with_changes
 
 HERE = Path(__file__).resolve().parent
-GOLDEN = HERE / "golden" / "k8s" / "pytorchjob-h100-2nodes.yaml"
+GOLDENS = HERE / "golden" / "k8s"
+GOLDEN = GOLDENS / "pytorchjob-h100-2nodes.yaml"
 SCHEMAS = HERE / "fixtures" / "k8s"  # their sources are named in each file's $comment
 UPDATE = os.environ.get("LABKIT_UPDATE_GOLDEN") == "1"
 
 
+K8S = {"kind": "PyTorchJob", "volumes": [{"name": "checkpoints", "mount_path": "/ckpt", "pvc": "llama3-ckpt"}],
+       "node_selector": {"node.kubernetes.io/instance-type": "p5.48xlarge"},
+       "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+       "image_pull_secrets": ["ngc-registry"], "queue": "team-a"}
+
+
 def h100_spec(**changes):
-    """Llama 3 8B on 2 nodes x 8 H100 (TP 4, PP 2, DP 2) from an NGC container, data and checkpoints on /fsx."""
+    """Llama 3 8B on 2 nodes x 8 H100 (TP 4, PP 2, DP 2) from an NGC container, data and checkpoints on /fsx, a
+    checkpoint claim at /ckpt, on p5.48xlarge nodes (aws-efa: 32 EFA interfaces each) through a Kueue queue; a
+    PyTorchJob unless job.k8s.kind says otherwise."""
     spec = {"name": "llama3-8b-h100", "model": {"preset": "llama3-8b"}, "precision": "bf16",
             "parallel": {"tensor": 4, "pipeline": 2, "sequence_parallel": True}, "batch": {"micro": 1, "global": 64},
             "optimizer": {"distributed": True},
@@ -39,7 +50,8 @@ def h100_spec(**changes):
             "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 2, "gpus_per_node": 8}]},
             "job": {"time_limit": "4:00:00", "env_preset": "aws-efa", "env": {"NCCL_DEBUG": "INFO"},
                     "entrypoint": "megatron-lm", "megatron_lm": "/workspace/megatron-lm", "cluster_paths": ["/fsx"],
-                    "container": {"image": "nvcr.io#nvidia/pytorch:25.04-py3", "mounts": ["/fsx:/fsx"]}}}
+                    "container": {"image": "nvcr.io#nvidia/pytorch:25.04-py3", "mounts": ["/fsx:/fsx"]},
+                    "k8s": K8S}}
     return load_spec(with_changes(spec, **changes))
 
 
@@ -70,7 +82,7 @@ def schema_errors(manifest: dict) -> list[str]:
 
 def test_the_2_node_h100_pytorchjob_matches_its_golden_file():
     """Regenerate with LABKIT_UPDATE_GOLDEN=1 and read the diff."""
-    text = render_pytorchjob(h100_spec())
+    text = render_manifest(h100_spec())
     if UPDATE:
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text()
@@ -85,9 +97,16 @@ def test_the_golden_pytorchjob_validates_against_the_crd_and_pod_schemas():
     for replica in replicas.values():
         [container] = replica["template"]["spec"]["containers"]
         assert container["name"] == "pytorch" and container["image"] == "nvcr.io/nvidia/pytorch:25.04-py3"
-        assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+        # aws-efa on p5.48xlarge: every EFA interface of the node (clusters.yaml, env_presets.aws-efa.k8s.devices)
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}
         assert {"name": "mount-0", "mountPath": "/fsx"} in container["volumeMounts"]
-        assert {"name": "mount-0", "hostPath": {"path": "/fsx"}} in replica["template"]["spec"]["volumes"]
+        assert {"name": "checkpoints", "mountPath": "/ckpt"} in container["volumeMounts"]
+        pod = replica["template"]["spec"]
+        assert {"name": "mount-0", "hostPath": {"path": "/fsx"}} in pod["volumes"]
+        assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "llama3-ckpt"}} in pod["volumes"]
+        assert pod["tolerations"] == K8S["tolerations"] and pod["nodeSelector"] == K8S["node_selector"]
+        assert pod["imagePullSecrets"] == [{"name": "ngc-registry"}]
+    assert manifest["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
     assert manifest["spec"]["runPolicy"]["activeDeadlineSeconds"] == 4 * 3600
 
 
@@ -123,7 +142,9 @@ def test_one_master_and_a_worker_per_further_node_each_with_its_nodes_gpus():
     replicas = four["spec"]["pytorchReplicaSpecs"]
     assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 3)
     [container] = replicas["Worker"]["template"]["spec"]["containers"]
-    assert container["resources"]["limits"] == {"nvidia.com/gpu": "4"} and four["spec"]["nprocPerNode"] == "4"
+    # A100s on aws-efa: a p4d.24xlarge's 4 EFA interfaces
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "4", "vpc.amazonaws.com/efa": "4"}
+    assert four["spec"]["nprocPerNode"] == "4"
     assert container["command"][:5] == ["torchrun", "--nnodes", "4", "--nproc_per_node", "4"]
     assert "$(PET_MASTER_ADDR):$(PET_MASTER_PORT)" in container["command"]
     assert container["ports"] == [{"name": "pytorchjob-port", "containerPort": 29400}]
@@ -156,7 +177,7 @@ def test_user_strings_reach_the_pod_as_written():
     turns back into $. YAML quotes what would otherwise change meaning."""
     spec = h100_spec(**{"job.env": {"NOTE": "a: b # c $(HOME)"},
                         "job.extra_args": ["--wandb-exp-name", "run $(date) #1"]})
-    manifest = yaml.safe_load(render_pytorchjob(spec))
+    manifest = yaml.safe_load(render_manifest(spec))
     [container] = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
     assert container["args"][-2:] == ["--wandb-exp-name", "run $$(date) #1"]
     assert {"name": "NOTE", "value": "a: b # c $$(HOME)"} in container["env"]
@@ -175,7 +196,7 @@ def test_labkit_run_dry_run_prints_the_pytorchjob(tmp_path, capsys):
     assert main(["run", str(path), "--backend", "k8s", "--dry-run", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"scripts": {"pytorchjob.yaml": GOLDEN.read_text()}}
     assert main(["run", str(HERE.parent / "examples/gpt2-xl-hetero.yaml"), "--backend", "k8s", "--dry-run"]) == 2
-    assert "cluster.nodes: a PyTorchJob runs one pod template" in capsys.readouterr().err
+    assert "cluster.nodes: a TrainJob runs one pod template" in capsys.readouterr().err
 
 
 FAKE_KUBECTL = """#!{python}
@@ -274,5 +295,5 @@ def test_a_login_host_is_refused_for_kubernetes_in_its_own_words():
 
 
 def test_a_manifest_is_not_a_slurm_script():
-    with pytest.raises(SpecError, match="layout: k8s is a PyTorchJob manifest"):
+    with pytest.raises(SpecError, match="layout: k8s is a Kubernetes manifest"):
         render(h100_spec(), "/runs/RUN/logs", layout="k8s")

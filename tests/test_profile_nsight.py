@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labkit.jobs.k8s import render_pytorchjob
+from labkit.jobs.k8s import render_manifest
 from labkit.jobs.render import render
 from labkit.jobs.render_profile import rank_shell
 from labkit.megatron.flags import FLAG
@@ -38,7 +38,7 @@ def gpu_spec(**changes):
 
 def k8s_spec(**changes):
     return gpu_spec(**{"job.container": {"image": "nvcr.io#nvidia/pytorch:25.04-py3", "mounts": ["/fsx:/fsx"]},
-                       "profile.output_dir": "/fsx/profiles/tiny-nsight", **changes})
+                       "profile.output_dir": "/fsx/profiles/tiny-nsight", "job.k8s.kind": "PyTorchJob", **changes})
 
 
 GOLDEN_CASES = {
@@ -51,7 +51,7 @@ GOLDEN_CASES = {
                                                                  "job.exclusive": True, "profile.ncu": None}),
                                                      "/runs/RUN/logs", run_id="RUN",
                                                      torchrun="torchrun").scripts["job.sbatch"],
-    "k8s/pytorchjob-nsight.yaml": lambda: render_pytorchjob(k8s_spec()),
+    "k8s/pytorchjob-nsight.yaml": lambda: render_manifest(k8s_spec()),
 }
 
 
@@ -68,7 +68,7 @@ def test_rendered_jobs_match_golden_files(case):
 def test_the_pytorchjob_validates_and_writes_its_reports_under_a_mount():
     from test_jobs_k8s import schema_errors
 
-    manifest = yaml.safe_load(render_pytorchjob(k8s_spec()))
+    manifest = yaml.safe_load(render_manifest(k8s_spec()))
     assert schema_errors(manifest) == []
     command = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
     start = command.index("--no-python")
@@ -76,9 +76,9 @@ def test_the_pytorchjob_validates_and_writes_its_reports_under_a_mount():
     assert command[start + 4:] == ["labkit-profile", "/fsx/profiles/tiny-nsight", "python", "-u", "-m", "labkit.train"]
     assert "$$RANK" in command[start + 3]  # Kubernetes substitutes $(NAME) and turns $$ into $
     with pytest.raises(SpecError, match=r"profile\.output_dir: a pod's files end with it"):
-        render_pytorchjob(k8s_spec(**{"profile.output_dir": None}))
+        render_manifest(k8s_spec(**{"profile.output_dir": None}))
     with pytest.raises(SpecError, match=r"profile\.output_dir: '/scratch/p' is not under any job\.container\.mounts"):
-        render_pytorchjob(k8s_spec(**{"profile.output_dir": "/scratch/p"}))
+        render_manifest(k8s_spec(**{"profile.output_dir": "/scratch/p"}))
 
 
 def test_the_flags_are_megatron_lms_profile_range_on_both_entrypoints():

@@ -14,8 +14,8 @@ def register(sub) -> None:
     p = sub.add_parser("run", help="submit a run spec to Slurm or run it here (--dry-run prints the job script)")
     p.add_argument("spec", help="YAML or JSON run spec")
     p.add_argument("--backend", choices=("local", "slurm", "k8s"),
-                   help="default: slurm where sbatch exists, else local; k8s: a Kubeflow PyTorchJob, applied with "
-                        "kubectl to its current context")
+                   help="default: slurm where sbatch exists, else local; k8s: a Kubeflow TrainJob (or PyTorchJob: "
+                        "job.k8s.kind), applied with kubectl to its current context")
     p.add_argument("--dry-run", action="store_true", help="print the job script(s) and submit nothing")
     p.add_argument("--wait", action="store_true",
                    help="follow the job; exit 0 only if it COMPLETED, else print its state and cause and exit 1")
@@ -77,11 +77,11 @@ def _run(args) -> int:
         if not args.backend and spec.cluster is not None and spec.cluster.login:
             args.backend = "slurm"  # the login node's Slurm, whether or not this host has one
         if args.dry_run and args.backend == "k8s":
-            from labkit.jobs.k8s import render_pytorchjob
+            from labkit.jobs.k8s import manifest_file, render_manifest
 
-            text = render_pytorchjob(spec)
+            text = render_manifest(spec)
             if args.json:
-                print(json.dumps({"scripts": {"pytorchjob.yaml": text}}, indent=2))
+                print(json.dumps({"scripts": {manifest_file(spec): text}}, indent=2))
             else:
                 print(text, end="")
             return 0

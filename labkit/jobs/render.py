@@ -214,7 +214,7 @@ def render_array(specs: list[RunSpec], log_dirs: list[Path | str], *, layout: st
     layout = layout or default_layout(first)
     errors = submission_errors(first, layout)
     if layout == "k8s":
-        errors.append("layout: k8s is a PyTorchJob manifest (labkit.jobs.k8s.pytorchjob), not a script; choose one of "
+        errors.append("layout: k8s is a Kubernetes manifest (labkit.jobs.k8s.manifest), not a script; choose one of "
                       "multinode, hetjob, pair or local")
     if len(specs) > 1:
         if layout != "multinode":
@@ -261,7 +261,7 @@ def render_array(specs: list[RunSpec], log_dirs: list[Path | str], *, layout: st
 
     container = job.container
     if container is not None and is_image_file(container.image) and not container.image.startswith("/"):
-        # An image file (by its form: a path, or a .sqsh/.sif name) goes to pyxis and enroot as the absolute path
+        # An image file (by its form: a path, or a .sqsh/.sif name) goes to the runtime as the absolute path
         # `labkit validate` found it at, as data paths do (pyxis reads an image that does not start with / or . as a
         # registry name); an absolute path stays as written.
         container = dataclasses.replace(container, image=os.path.abspath(os.path.expanduser(container.image)))
@@ -272,6 +272,11 @@ def render_array(specs: list[RunSpec], log_dirs: list[Path | str], *, layout: st
         if container.runtime == "pyxis":
             srun_flags += (f" --container-image={shlex.quote(container.image)}"
                            f" --container-mounts={shlex.quote(','.join(mounts))}")
+        elif container.runtime == "slurm":
+            # Slurm's own OCI support runs the task in the bundle, with the mounts its config.json lists
+            # (https://slurm.schedmd.com/containers.html); the log directory must be one of them.
+            mounts = []
+            srun_flags += f" --container={shlex.quote(container.image)}"
     group_srun_flags = [srun_flags + (f" --cpus-per-task={g.cpus_per_task}" if g.cpus_per_task else "")
                         for g in groups]
     context = {

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 LAYOUTS = ("multinode", "hetjob", "pair", "local", "k8s")
 """How a job lays out on a backend: one Slurm job (multinode), a heterogeneous job (hetjob), a master/slave pair of
-Slurm jobs (pair), processes on this host (local), or a Kubernetes PyTorchJob (k8s)."""
+Slurm jobs (pair), processes on this host (local), or a Kubernetes TrainJob or PyTorchJob (k8s)."""
 
 
 def submission_errors(spec: RunSpec, layout: str) -> list[str]:
@@ -37,6 +37,11 @@ def submission_errors(spec: RunSpec, layout: str) -> list[str]:
         where = "on this host" if layout == "local" else "in kubectl's current context"
         errors.append(f"cluster.login: the {layout} backend runs the job {where}, not on {spec.cluster.login}; "
                       "submit with the Slurm backend (--backend slurm) or leave cluster.login out")
+    container = spec.job.container
+    if layout == "k8s" and container is not None and container.runtime in ("apptainer", "slurm"):
+        errors.append(f"job.container.runtime: {container.runtime} starts a Slurm task's container, and a pod runs a "
+                      "registry image with the cluster's own runtime; leave job.container.runtime out and give a "
+                      "registry image (nvcr.io#nvidia/pytorch:25.04-py3)")
     groups = spec.cluster_or_default().nodes
     if layout not in LAYOUTS:
         errors.append(f"layout: {quote(layout)} is not one of {', '.join(LAYOUTS)}")
@@ -76,5 +81,5 @@ def _deepspeed_errors(spec: RunSpec, layout: str) -> list[str]:
         return errors
     if layout == "k8s":
         errors.append("optimizer.zero_backend: deepspeed reads a ds_config.json that the job script writes, and the "
-                      "k8s backend's PyTorchJob has no script; submit with the slurm or local backend")
+                      "k8s backend's manifest has no script; submit with the slurm or local backend")
     return errors

@@ -22,6 +22,8 @@ from labkit.megatron.flags import (ATTENTION_BACKENDS, DRIVER_ATTENTION_BACKENDS
                                    build_parser, flag_errors)
 from labkit.megatron_args import ALWAYS, profile_steps, spec_flags
 from labkit.spec import files
+from labkit.spec.containers import container_errors
+from labkit.spec.k8s_checks import k8s_spec_errors
 from labkit.spec.errors import CONTROL_CHARS, SpecError, quote
 
 if TYPE_CHECKING:
@@ -809,6 +811,7 @@ def check_job(spec: RunSpec) -> list[str]:
         if "\x00" in arg:
             errors.append(f"job.extra_args[{i}]: contains a NUL byte, which no command-line argument can hold")
     errors += _check_scheduler_options(spec)
+    errors += k8s_spec_errors(spec)
     for i, prefix in enumerate(job.cluster_paths):
         if not str(prefix).startswith("/") or CONTROL_CHARS.search(str(prefix)):
             errors.append(f"job.cluster_paths[{i}]: {quote(prefix)} is not an absolute path on one line; write the "
@@ -827,13 +830,13 @@ def check_job(spec: RunSpec) -> list[str]:
     errors += one_line_errors(spec)
     container = job.container
     if container is not None:
-        if container.runtime not in ("pyxis", "enroot"):
-            errors.append(f"job.container.runtime: {quote(container.runtime)} is not pyxis or enroot")
         if not container.image or CONTROL_CHARS.search(container.image):
             errors.append("job.container.image: give an image (e.g. nvcr.io#nvidia/pytorch:24.01-py3 or a .sqsh path) "
                           "on one line")
+            container = dataclasses.replace(container, image=None)
         errors += [f"job.container.mounts[{i}]: {problem}" for i, mount in enumerate(container.mounts)
                    for problem in mount_problems(mount)]
+        errors += container_errors(container)
     return errors
 
 

@@ -374,14 +374,66 @@ class ClusterSpec:
 
 @dataclass
 class ContainerSpec:
-    """The container each task runs in."""
+    """The container each task runs in (labkit/spec/containers.py says which images each runtime takes)."""
     image: str | None = None
-    """Image reference (nvcr.io#nvidia/pytorch:24.01-py3) or a .sqsh file."""
+    """pyxis and enroot: a registry image (nvcr.io#nvidia/pytorch:24.01-py3) or a .sqsh file; apptainer: a .sif file
+    or a docker://, oras:// or library:// reference; slurm: the path of an OCI bundle directory on every node. A file
+    under job.cluster_paths is looked for when the job starts."""
     mounts: list[str] = field(default_factory=list)
-    """SRC[:DST[:FLAGS]] mounts; the run's log directory is added."""
+    """SRC:DST[:FLAGS] mounts (apptainer: FLAGS ro or rw); the run's log directory is added. With runtime slurm the
+    bundle's config.json lists the mounts, the log directory's too, and this stays empty."""
     runtime: str = "pyxis"
-    """pyxis (srun --container-image) or enroot (enroot create/start, as aws-samples/awsome-distributed-training
-    does)."""
+    """pyxis (srun --container-image), enroot (enroot create/start, as aws-samples/awsome-distributed-training does),
+    apptainer (apptainer exec --nv in each task, https://apptainer.org/docs/user/main/gpu.html) or slurm (Slurm's own
+    srun --container, 23.02+, https://slurm.schedmd.com/containers.html)."""
+
+
+@dataclass
+class K8sVolume:
+    """A volume every pod of a Kubernetes job mounts: a PersistentVolumeClaim or a directory of the node."""
+    name: str = ""
+    """The volume's name in the pod, a DNS label (lower-case letters, digits and '-', at most 63)."""
+    mount_path: str = ""
+    """Where the training container sees it, an absolute path."""
+    pvc: str | None = None
+    """The PersistentVolumeClaim to mount (in the job's namespace); give this or host_path."""
+    host_path: str | None = None
+    """A directory of the node to mount (the same on every node, as a shared filesystem's mount); give this or pvc."""
+    read_only: bool = False
+    """Mount it read-only."""
+
+
+@dataclass
+class K8sSpec:
+    """How a run is written for Kubernetes (--backend k8s); the other backends ignore it."""
+    kind: str = "TrainJob"
+    """TrainJob (Kubeflow Trainer v2, trainer.kubeflow.org/v1alpha1) or PyTorchJob (the training operator v1's
+    kubeflow.org/v1)."""
+    runtime: str = "torch-distributed"
+    """With kind TrainJob: the ClusterTrainingRuntime the TrainJob refers to (Kubeflow Trainer installs
+    torch-distributed)."""
+    volumes: list[K8sVolume] = field(default_factory=list)
+    """Volumes every pod mounts, each {name, mount_path, pvc} or {name, mount_path, host_path}; job.container.mounts
+    add hostPath volumes of their own."""
+    node_selector: dict[str, str] = field(default_factory=dict)
+    """Node labels a pod's node must carry (the pod's nodeSelector), e.g. node.kubernetes.io/instance-type:
+    p5.48xlarge."""
+    tolerations: list[dict] = field(default_factory=list)
+    """Kubernetes toleration objects ({key, operator, value, effect, tolerationSeconds}) letting the pods onto tainted
+    nodes, e.g. {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}."""
+    image_pull_secrets: list[str] = field(default_factory=list)
+    """Names of the Secrets the kubelet pulls job.container.image with (the pod's imagePullSecrets)."""
+    queue: str | None = None
+    """A Kueue LocalQueue: the job carries the label kueue.x-k8s.io/queue-name and Kueue admits all of its pods at
+    once, when the queue's quota holds them (gang scheduling); None: the cluster's scheduler places each pod."""
+    devices: dict[str, int] = field(default_factory=dict)
+    """Devices each pod asks for besides its GPUs, resource name -> count (e.g. vpc.amazonaws.com/efa: 16); they
+    override the counts job.env_preset asks for (labkit/data/clusters.yaml, env_presets.NAME.k8s.devices)."""
+    patch: dict | None = None
+    """A patch laid over the rendered manifest last, written as the manifest is: a mapping merges into the mapping it
+    names, key by key; null deletes the key; a list whose items all have a name (containers, env, volumes,
+    volumeMounts) merges item by item with the items of the same name, appending new ones, as Kubernetes' strategic
+    merge patch does; any other list (command, args, tolerations) replaces the list."""
 
 
 @dataclass
@@ -440,6 +492,9 @@ class JobSpec:
     """Absolute prefixes of paths that exist only on the cluster (e.g. /fsx, /lustre/datasets): a dataset, tokenizer
     or container image under one is not looked for on the machine that validates the spec (`labkit validate` lists
     it as not checked there); the job script checks it when the job starts and stops naming the spec field."""
+    k8s: K8sSpec = field(default_factory=K8sSpec)
+    """With --backend k8s: the kind of job, volumes, node selection, tolerations, pull secrets, queue, devices and a
+    patch of the manifest."""
 
     def on_cluster_only(self, path) -> bool:
         """Whether `path` lies under one of cluster_paths (whole path components: /fsx covers /fsx/a, not /fsx2)."""
