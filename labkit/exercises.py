@@ -7,11 +7,15 @@ answer:
 
     answer_1 = ...                                 # the student's line
     check("05.1", answer_1)                        # labkit.answer_key: check_number(answer, gpt_params(...), ...)
+
+What a check prints or raises, and the prediction table's headings, are in the edition's language (labkit.messages).
 """
 from __future__ import annotations
 
 import math
 from typing import Any
+
+from labkit.messages import say
 
 UNANSWERED = (Ellipsis, None)
 
@@ -22,13 +26,13 @@ class Incorrect(AssertionError):
 
 def _unanswered(answer: Any, name: str) -> bool:
     if any(answer is u for u in UNANSWERED):
-        print(f"{name}: not answered yet. Replace the `...` above and run this cell again.")
+        print(say("check.unanswered", name=name))
         return True
     return False
 
 
 def _correct(name: str, detail: str = "") -> None:
-    print(f"{name}: correct{' (' + detail + ')' if detail else ''}.")
+    print(say("check.correct_detail", name=name, detail=detail) if detail else say("check.correct", name=name))
 
 
 def check_number(answer: Any, expected: float, *, name: str, rel_tol: float = 0.01, hint: str = "") -> None:
@@ -38,12 +42,12 @@ def check_number(answer: Any, expected: float, *, name: str, rel_tol: float = 0.
     try:
         value = float(answer)
     except (TypeError, ValueError):
-        raise Incorrect(f"{name}: expected a number, got {type(answer).__name__} {answer!r}") from None
+        raise Incorrect(say("check.not_a_number", name=name, kind=type(answer).__name__, answer=answer)) from None
     if math.isclose(value, expected, rel_tol=rel_tol, abs_tol=0.0 if expected else rel_tol):
         _correct(name)
         return
-    direction = "too high" if value > expected else "too low"
-    raise Incorrect(f"{name}: {value:g} is {direction} (needs to be within {rel_tol:.1%}). {hint}".strip())
+    raise Incorrect(say("check.too_high" if value > expected else "check.too_low", name=name, value=value,
+                        rel_tol=rel_tol, hint=hint).strip())
 
 
 def check_choice(answer: Any, expected: Any, *, name: str, choices: list | tuple, hint: str = "") -> None:
@@ -51,11 +55,11 @@ def check_choice(answer: Any, expected: Any, *, name: str, choices: list | tuple
     if _unanswered(answer, name):
         return
     if answer not in choices:
-        raise Incorrect(f"{name}: {answer!r} is not one of {list(choices)}")
+        raise Incorrect(say("check.not_a_choice", name=name, answer=answer, choices=list(choices)))
     if answer == expected:
         _correct(name)
         return
-    raise Incorrect(f"{name}: {answer!r} is not it. {hint}".strip())
+    raise Incorrect(say("check.wrong_choice", name=name, answer=answer, hint=hint).strip())
 
 
 def check_spec(answer: Any, *, name: str, **expected: Any) -> None:
@@ -66,20 +70,20 @@ def check_spec(answer: Any, *, name: str, **expected: Any) -> None:
     if _unanswered(answer, name):
         return
     if not isinstance(answer, RunSpec):
-        raise Incorrect(f"{name}: expected a RunSpec (e.g. base.replace(...)), got {type(answer).__name__}")
+        raise Incorrect(say("check.not_a_spec", name=name, kind=type(answer).__name__))
     try:
         validate(answer)
     except SpecError as exc:
-        raise Incorrect(f"{name}: the spec does not validate: {'; '.join(exc.errors)}") from None
+        raise Incorrect(say("check.spec_invalid", name=name, errors="; ".join(exc.errors))) from None
     wrong = []
     for path, want in expected.items():
         value = answer
         for part in path.split("__"):
             value = getattr(value, part)
         if value != want:
-            wrong.append(f"{path.replace('__', '.')} is {value!r}")
+            wrong.append(say("check.spec_field", path=path.replace("__", "."), value=value))
     if wrong:
-        raise Incorrect(f"{name}: not yet: {', '.join(wrong)}")
+        raise Incorrect(say("check.spec_wrong", name=name, wrong=", ".join(wrong)))
     _correct(name, ", ".join(f"{k.replace('__', '.')}={v!r}" for k, v in expected.items()))
 
 
@@ -96,12 +100,13 @@ def prediction_table(guesses: dict[str, Any], estimated: dict[str, Any], measure
 
     def shown(value: Any) -> str:
         if any(value is u for u in UNANSWERED):
-            return "(not written)"
+            return say("prediction.not_written")
         if isinstance(value, (list, tuple)):
             return " < ".join(str(v) for v in value)
         return f"{value:.4g}" if isinstance(value, float) else str(value)
 
-    return pd.DataFrame([{"question": question, "your prediction": shown(guess),
-                          "labkit's estimate": shown(estimated.get(question, "-")),
-                          "measured here": shown(measured.get(question, "-"))}
-                         for question, guess in guesses.items()]).set_index("question")
+    question, yours, estimate, measurement = (say(f"prediction.{part}")
+                                              for part in ("question", "yours", "estimate", "measured"))
+    return pd.DataFrame([{question: asked, yours: shown(guess), estimate: shown(estimated.get(asked, "-")),
+                          measurement: shown(measured.get(asked, "-"))}
+                         for asked, guess in guesses.items()]).set_index(question)

@@ -123,7 +123,9 @@ def copy_workspace(target: Path | str, solutions: bool = True) -> list[Path]:
 EDITIONS = {"en": "", "ko": "ko"}
 """The editions of the series: {language code: its folder inside notebooks/}. English is the source at the top; a
 translation is the same jupytext sources with translated text and identical code cells, in notebooks/<code>/ with its
-own solutions/, and its notebooks carry the English notebooks' stored outputs (`labkit lab --lang ko`)."""
+own solutions/, and its notebooks carry the English notebooks' stored outputs (none of them a check's or a prediction
+table's). `labkit lab --lang ko` executes the Korean notebooks themselves, whose kernels speak Korean
+(labkit.messages)."""
 
 
 def edition_dir(lang: str = "en", notebook_dir: Path | str | None = None) -> Path:
@@ -293,6 +295,21 @@ def _kernel_runs_dir(path: Path):
     finally:
         if previous is None:
             os.environ.pop("LABKIT_RUNS_DIR", None)
+
+
+@contextlib.contextmanager
+def _kernel_language(lang: str):
+    """Kernels inherit this process's environment: they speak the edition's language (LABKIT_LANG, read by
+    labkit.messages) whatever the caller's is; the caller's environment is restored."""
+    previous = os.environ.get("LABKIT_LANG")
+    os.environ["LABKIT_LANG"] = lang
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("LABKIT_LANG", None)
+        else:
+            os.environ["LABKIT_LANG"] = previous
 
 
 def _execute(notebook: Path, output: Path, params: dict, cwd: Path, timeout_s: int) -> str | None:
@@ -511,8 +528,9 @@ def _lab_command(args: argparse.Namespace) -> int:
             return 2
         return 0
     try:
-        run = run_lab(only=only or None, parameters=parameters, backend=args.backend, runs_dir=args.runs_dir,
-                      timeout_s=args.timeout, notebook_dir=edition_dir(args.lang))
+        with _kernel_language(args.lang):
+            run = run_lab(only=only or None, parameters=parameters, backend=args.backend, runs_dir=args.runs_dir,
+                          timeout_s=args.timeout, notebook_dir=edition_dir(args.lang))
     except LabError as exc:
         print(f"labkit lab: {exc}", file=sys.stderr)
         return 2

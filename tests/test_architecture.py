@@ -108,7 +108,7 @@ def test_the_cycle_check_sees_a_deferred_import(tmp_path):
 # Data flows one way: a module imports only from its own layer or the layers before it. Command-line modules sit on
 # top (each registers its subcommands and may use anything).
 LAYERS = (
-    ("labkit.paths", "labkit.net", "labkit.extras"),
+    ("labkit.paths", "labkit.net", "labkit.extras", "labkit.messages"),
     # Megatron's own rules (labkit.megatron.sizes), beneath everything that speaks Megatron.
     ("labkit.megatron",),
     ("labkit.catalog",),

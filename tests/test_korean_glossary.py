@@ -70,3 +70,10 @@ def test_a_variant_is_found_at_a_word_start_and_the_right_term_is_not():
     text = "# 모델은 층이 2개입니다.\n# 호환 계층과 출력층\n# ## 연습 문제\n# **연습 1.** 2층 GPT"
     assert violations(text, variants) == ["line 1: 층 (write 레이어)", "line 4: 층 (write 레이어)",
                                           "line 4: 연습 (write 연습 문제)"]
+
+
+def test_the_korean_runtime_messages_speak_the_glossarys_vocabulary():
+    from labkit.messages import table
+
+    korean = "\n".join(f"{message_id}: {texts['ko']}" for message_id, texts in table().items())
+    assert violations(korean, glossary()) == []
