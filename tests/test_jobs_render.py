@@ -40,6 +40,13 @@ GOLDEN_CASES = {
                                                                      "runtime": "enroot"},
                                                        "cluster_paths": ["/images"]}),
                                     "/runs/RUN/logs", run_id="RUN"),
+    # Apptainer in each task; Slurm's own srun --container with an OCI bundle (tests/test_containers.py)
+    "apptainer.sbatch": lambda: render(two_node_spec(job={
+        "container": {"image": "/images/megatron.sif", "runtime": "apptainer", "mounts": ["/data:/data:ro"]},
+        "env": {"NCCL_DEBUG": "INFO"}, "cluster_paths": ["/images"]}), "/runs/RUN/logs", run_id="RUN"),
+    "slurm-container.sbatch": lambda: render(two_node_spec(job={
+        "container": {"image": "/images/megatron-bundle", "runtime": "slurm"}, "cluster_paths": ["/images"]}),
+        "/runs/RUN/logs", run_id="RUN"),
     "hetjob.sbatch": lambda: render(load_spec(ROOT / "examples/gpt2-xl-hetero.yaml"), "/runs/RUN/logs",
                                     run_id="RUN", torchrun="torchrun"),
     "pair": lambda: render(load_spec(ROOT / "examples/gpt2-xl-hetero.yaml"), "/runs/RUN/logs", layout="pair",
@@ -134,6 +141,13 @@ export SLURM_PROCID=0 SLURMD_NODENAME=n1
 exec "$@"
 """,
     "scontrol": "#!/bin/bash\necho n1\n",
+    "apptainer": """#!/bin/bash
+printf '%s\\0' "$@" >"$STUB_LOG/apptainer.argv"
+[ "$1" = exec ] || exit 2
+shift
+while [ $# -gt 0 ]; do case $1 in --nv) shift ;; --bind) shift 2 ;; *) shift; break ;; esac; done
+exec "$@"
+""",
     "enroot": """#!/bin/bash
 printf '%s\\0' "$@" >>"$STUB_LOG/enroot.argv"
 [ "$1" = start ] || exit 0
@@ -173,7 +187,7 @@ def node_env(log_dir: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("field", ["name", "data.path", "env", "extra_args", "container.image", "container.mounts",
-                                   "enroot.image", "log_dir"])
+                                   "enroot.image", "apptainer.image", "apptainer.env", "log_dir"])
 def test_hostile_strings_reach_their_target_verbatim_and_never_run(field, tmp_path):
     marker = tmp_path / "INJECTED"
     payload = hostile(marker)
@@ -199,6 +213,14 @@ def test_hostile_strings_reach_their_target_verbatim_and_never_run(field, tmp_pa
     elif field == "enroot.image":
         payload = payload.replace("\n", " ")
         job["container"] = {"image": payload, "runtime": "enroot"}
+    elif field == "apptainer.image":
+        payload = f"{tmp_path}/{payload}.sif".replace("\n", " ")  # the file must exist here: make it
+        Path(payload).parent.mkdir(parents=True)
+        Path(payload).touch()
+        job["container"] = {"image": payload, "runtime": "apptainer"}
+    elif field == "apptainer.env":
+        job["container"] = {"image": "docker://nvcr.io/nvidia/pytorch:25.04-py3", "runtime": "apptainer"}
+        job["env"] = {"NCCL_DEBUG": payload}
     elif field == "log_dir":
         log_dir = tmp_path / "a b'c$(touch INJECTED)`touch INJECTED`;touch INJECTED" / "logs"
     spec = two_node_spec(job=job, **spec_changes)
@@ -220,6 +242,10 @@ def test_hostile_strings_reach_their_target_verbatim_and_never_run(field, tmp_pa
         assert f"--container-mounts={mount.replace(chr(10), ' ')}:/data,{log_dir}:{log_dir}" in srun
     elif field == "enroot.image":
         assert payload in nul_list(stubs / "enroot.argv")
+    elif field == "apptainer.image":
+        assert payload in nul_list(stubs / "apptainer.argv")
+    elif field == "apptainer.env":  # set over the image's own variables
+        assert node_env(log_dir)["APPTAINERENV_NCCL_DEBUG"] == payload
     elif field == "log_dir":
         assert (log_dir / "42" / "n1.out").exists()
 

@@ -68,16 +68,18 @@ def test_paths_sent_to_the_login_node_are_never_read_as_options(tmp_path, monkey
 @pytest.mark.parametrize("image", ["megatron.sqsh", "images/megatron.SIF", "./megatron.sqsh", "~/no-such.sqsh"])
 def test_an_image_file_is_known_by_its_form_and_a_missing_one_is_reported(tmp_path, monkeypatch, image):
     monkeypatch.chdir(tmp_path)
-    [error] = errors_of(spec_with(**{"job.container": {"image": image}}))
+    container = {"image": image, "runtime": "apptainer" if image.lower().endswith(".sif") else "pyxis"}
+    [error] = errors_of(spec_with(**{"job.container": container}))
     assert error.startswith(f"job.container.image: '{image}' does not exist on this machine"), error
     Path(tmp_path / "images").mkdir()
     if not image.startswith("~"):
         (tmp_path / image).write_bytes(b"hsqs")
-        spec = load_spec(spec_with(**{"job.container": {"image": image}}))
+        spec = load_spec(spec_with(**{"job.container": container}))
         assert spec.job.container.image == image  # as written
         script = render(spec, tmp_path / "logs").scripts["job.sbatch"]
         absolute = shlex.quote(os.path.abspath(tmp_path / image))
-        assert f"--container-image={absolute}" in script  # absolute, as pyxis reads a file
+        # absolute, as pyxis reads a file (and Apptainer runs it from any directory)
+        assert (f"--container-image={absolute}" if container["runtime"] == "pyxis" else f" {absolute} \\\n") in script
 
 
 @pytest.mark.parametrize("image", ["nvcr.io#nvidia/pytorch:25.04-py3", "nvcr.io/nvidia/pytorch:24.05-py3", "img",

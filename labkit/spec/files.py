@@ -41,11 +41,19 @@ def _container_image_errors(spec: RunSpec) -> list[str]:
     """A container image given as a file must exist here, so that a job is never submitted to fail on it; one under
     job.cluster_paths is left to the job script, which checks it at start."""
     image = container_image_file(spec)
-    if image is None or spec.job.on_cluster_only(image) or Path(image).expanduser().exists():
+    if image is None or spec.job.on_cluster_only(image):
         return []
-    return [f"job.container.image: {quote(image)} does not exist on this machine; give the image file's path here, a "
-            "registry image (nvcr.io#nvidia/pytorch:25.04-py3), or list the directory it lives in under "
-            "job.cluster_paths if it exists only on the cluster"]
+    path = Path(image).expanduser()
+    if not path.exists():
+        return [f"job.container.image: {quote(image)} does not exist on this machine; give the image file's path "
+                "here, a registry image (nvcr.io#nvidia/pytorch:25.04-py3), or list the directory it lives in under "
+                "job.cluster_paths if it exists only on the cluster"]
+    if spec.job.container.runtime == "slurm" and not (path / "config.json").is_file():
+        # An OCI runtime bundle is its config.json and the root filesystem it names
+        # (https://github.com/opencontainers/runtime-spec/blob/main/bundle.md).
+        return [f"job.container.image: {quote(image)} holds no config.json, so it is not the OCI bundle Slurm's srun "
+                "--container runs; give the bundle's directory (https://slurm.schedmd.com/containers.html#bundle)"]
+    return []
 
 
 IMAGE_FILE_SUFFIXES = (".sqsh", ".sif")
@@ -54,10 +62,11 @@ IMAGE_FILE_SUFFIXES = (".sqsh", ".sif")
 
 def is_image_file(image: str | None) -> bool:
     """Whether a container image is given as a file, by its form: a path (/images/megatron.sqsh, ./megatron.sqsh,
-    ~/megatron.sqsh) or a name ending in .sqsh or .sif (megatron.sqsh, here); else a registry reference
-    (nvcr.io#nvidia/pytorch:25.04-py3, whose tag never ends so)."""
-    return bool(image) and (image.startswith(("/", "./", "../", "~"))
-                            or image.lower().endswith(IMAGE_FILE_SUFFIXES))
+    ~/megatron.sqsh, an OCI bundle's directory) or a name ending in .sqsh or .sif (megatron.sqsh, here); else a
+    registry reference (nvcr.io#nvidia/pytorch:25.04-py3, whose tag never ends so, or a URI such as
+    docker://nvcr.io/nvidia/pytorch:25.04-py3 or oras://ghcr.io/lab/megatron.sif)."""
+    return bool(image) and "://" not in image and (image.startswith(("/", "./", "../", "~"))
+                                                   or image.lower().endswith(IMAGE_FILE_SUFFIXES))
 
 
 def container_image_file(spec: RunSpec) -> str | None:
