@@ -120,6 +120,16 @@ def _scratch_user_directory(tmp_path_factory):
     patch.undo()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _messages_in_english():
+    """The suite reads labkit's messages in English whatever language the caller's shell chose (LABKIT_LANG); a
+    test of the Korean ones sets it itself."""
+    patch = pytest.MonkeyPatch()
+    patch.delenv("LABKIT_LANG", raising=False)
+    yield
+    patch.undo()
+
+
 @pytest.fixture(scope="session")
 def train_in_parallel(tmp_path_factory):
     """train(specs) starts labkit's driver on each run spec ({name: spec}) under torchrun with two gloo processes, all
