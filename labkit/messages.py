@@ -5,8 +5,10 @@ edition of the labs, from one table: labkit/data/messages.yaml, {message id: {en
 The language is chosen outside the notebooks, so that a Korean lab's code cells stay those of the English one:
 
 1. LABKIT_LANG (en or ko), when set: `labkit lab --lang ko` sets it for the kernels it starts;
-2. otherwise the edition folder the kernel runs in: Jupyter and papermill start a notebook's kernel in the notebook's
-   own folder, so notebooks/ko/ and notebooks/ko/solutions/ speak Korean when opened in JupyterLab too;
+2. otherwise the edition folder the kernel runs in: Jupyter's server starts a notebook's kernel in the notebook's own
+   folder (`cwd_for_path`, https://github.com/jupyter-server/jupyter_server/blob/main/jupyter_server/services/kernels/
+   kernelmanager.py), as `labkit lab` has papermill do, so notebooks/ko/ and notebooks/ko/solutions/ speak Korean when
+   opened in JupyterLab too;
 3. otherwise English.
 """
 from __future__ import annotations
