@@ -14,7 +14,8 @@ env: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || { test -n "$(PYTHON)" || { echo "need Python 3.11, 3.12 or 3.13 on PATH (or PYTHON=...)"; exit 1; }; $(PYTHON) -m venv $(VENV); }
 	@echo "installing labkit and its pinned dependencies into $(VENV) with $$($(BIN)/python --version) ..."
-	@$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt torch
+	@$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt torch \
+		$$(bash tests/torch_cpu_index.sh $(BIN)/python)
 	@$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[all,deepspeed,test]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
