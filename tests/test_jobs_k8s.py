@@ -51,7 +51,7 @@ def h100_spec(**changes):
             "job": {"time_limit": "4:00:00", "env_preset": "aws-efa", "env": {"NCCL_DEBUG": "INFO"},
                     "entrypoint": "megatron-lm", "megatron_lm": "/workspace/megatron-lm", "cluster_paths": ["/fsx"],
                     "container": {"image": "nvcr.io#nvidia/pytorch:25.04-py3", "mounts": ["/fsx:/fsx"]},
-                    "k8s": K8S}}
+                    "k8s": copy.deepcopy(K8S)}}
     return load_spec(with_changes(spec, **changes))
 
 
@@ -212,15 +212,20 @@ elif "apply" in args:
         print('error: no matches for kind "PyTorchJob" in version "kubeflow.org/v1"', file=sys.stderr)
         sys.exit(1)
     shutil.copy(args[args.index("-f") + 1], os.environ["FAKE_KUBECTL_LOG"] + ".applied")
+elif "get" in args and "pods" in args:
+    name = args[args.index("-l") + 1].split("=")[1]
+    print(f"pod/{{name}}-node-0-0-x7k2p pod/{{name}}-node-0-1-q9d4m")
 elif "get" in args:
-    name = args[args.index("pytorchjobs.kubeflow.org") + 1]
+    resource = next(a for a in args if a.endswith(".kubeflow.org"))
+    name = args[args.index(resource) + 1]
     conditions = [{{"type": kind, "status": "True"}} for kind in os.environ["FAKE_KUBECTL_CONDITIONS"].split()]
     if conditions:
         print(json.dumps({{"metadata": {{"name": name}}, "status": {{"conditions": conditions}}}}))
 elif "logs" in args:
     print("log of " + args[args.index("logs") + 1])
 elif "delete" in args:
-    print("pytorchjob.kubeflow.org/" + args[args.index("pytorchjobs.kubeflow.org") + 1])
+    resource = next(a for a in args if a.endswith(".kubeflow.org"))
+    print(resource + "/" + args[args.index(resource) + 1])
 """
 
 

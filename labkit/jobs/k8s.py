@@ -80,6 +80,8 @@ TRAINJOB_CONTAINER = "node"
 sets the rendezvous environment in it, and a runtime patch names it."""
 TRAINJOB_PORT = 29500
 """The master port the torch plugin gives every TrainJob (constants.ContainerTrainerPort)."""
+TRAINJOB_MAX_ARGS = 128
+"""The most arguments a TrainJob's trainer takes (the CRD's maxItems on spec.trainer.args)."""
 PATCH_MANAGER = "labkit/manager"
 """Who owns the TrainJob's runtimePatches entry: a domain-prefixed path, as Trainer's webhook requires."""
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -144,6 +146,10 @@ def k8s_errors(spec: RunSpec) -> list[str]:
         errors.append(f"cluster.nodes: a {kind} runs one pod template on every node, and this spec has "
                       f"{len(groups)} node groups ({kinds}); use one group, or --backend slurm (a heterogeneous job)")
     errors += fabric_devices(spec)[1]
+    if kind == "TrainJob" and len(megatron_args(spec)) > TRAINJOB_MAX_ARGS:
+        errors.append(f"job.k8s.kind: a TrainJob's trainer takes at most {TRAINJOB_MAX_ARGS} arguments and this run "
+                      f"has {len(megatron_args(spec))} (its Megatron flags and job.extra_args); set job.k8s.kind: "
+                      "PyTorchJob, whose container takes any number")
     if kind == "TrainJob" and spec.job.master_port not in (None, TRAINJOB_PORT):
         errors.append(f"job.master_port: a TrainJob's torch runtime sets the master port ({TRAINJOB_PORT}); leave "
                       "job.master_port out, or set job.k8s.kind: PyTorchJob")
