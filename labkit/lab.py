@@ -485,7 +485,8 @@ def register(sub) -> None:
     p.add_argument("--runs-dir", help="parent of the lab-<timestamp> directory (default $LABKIT_RUNS_DIR, else runs)")
     p.add_argument("--timeout", type=int, default=600, help="seconds a single cell may run (default 600)")
     p.add_argument("--lang", choices=list(EDITIONS), default="en",
-                   help="the edition to run: en (default) or ko, the Korean one (notebooks/ko/)")
+                   help="the edition to run: en (default) or ko, the Korean one (notebooks/ko/), whose checks and "
+                        "prediction tables speak Korean")
     p.add_argument("--store-outputs", action="store_true",
                    help=f"instead of a lab run: execute the chosen source notebooks (and their solutions) in place, "
                         f"keeping only the outputs of cells tagged {CHECKED_TAG}, which nbval compares; with "
