@@ -3,8 +3,9 @@ the fix:
 
 - pyxis (srun --container-image): a registry image (nvcr.io#nvidia/pytorch:25.04-py3) or an enroot squashfs (.sqsh);
 - enroot (enroot create/start): the same images;
-- apptainer (apptainer exec --nv): a SIF file (.sif) or an image Apptainer pulls (docker://, oras://, library://);
-  https://apptainer.org/docs/user/main/cli/apptainer_exec.html
+- apptainer (apptainer exec --nv): a SIF file (.sif) or an image Apptainer pulls (docker://, oras://, library://),
+  which every task then pulls and converts into a SIF in its cache as the job starts: a SIF file built once on a
+  shared filesystem starts a large job faster; https://apptainer.org/docs/user/main/cli/apptainer_exec.html
 - slurm (srun --container, Slurm 23.02+): an OCI bundle, a directory holding the root filesystem and its config.json,
   already on every node; the bundle's config.json lists its mounts, so job.container.mounts has no place there.
   https://slurm.schedmd.com/containers.html
