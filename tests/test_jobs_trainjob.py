@@ -166,6 +166,15 @@ def test_the_patch_merges_mappings_and_named_lists_and_replaces_other_lists():
     assert manifest["spec"]["trainer"]["command"] == ["bash", "-c", "sleep 1"]
     assert trainjob_errors(manifest) == []
     assert merge_patch({"a": [1, 2], "b": {"c": 1}}, {"a": [3], "b": {"d": 2}}) == {"a": [3], "b": {"c": 1, "d": 2}}
+    # A pod annotation (a Multus network) reaches the TrainJob's pods through its runtime patch, keyed by manager.
+    network = {"k8s.v1.cni.cncf.io/networks": "rdma-net-ipam"}
+    pod_patch = {"spec": {"runtimePatches": [{"manager": "labkit/manager", "trainingRuntimeSpec": {"template": {"spec": {
+        "replicatedJobs": [{"name": "node", "template": {"spec": {"template": {"metadata": {"annotations": network}}}}}]
+    }}}}]}}
+    annotated = trainjob(trainjob_spec(**{"job.k8s.patch": pod_patch}))
+    pod = trainjob_pod(annotated)
+    assert pod["metadata"]["annotations"] == network and pod["spec"] == trainjob_pod(trainjob(trainjob_spec()))["spec"]
+    assert trainjob_errors(annotated) == []
     # A PyTorchJob is patched the same way, each replica by its own path.
     master = {"spec": {"pytorchReplicaSpecs": {"Master": {"template": {"spec": {"hostNetwork": True}}}}}}
     patched = pytorchjob(h100_spec(**{"job.k8s.patch": master}))["spec"]["pytorchReplicaSpecs"]

@@ -211,34 +211,41 @@ def fabric_devices(spec: RunSpec) -> tuple[dict[str, int], list[str]]:
     return {resource: count for resource, count in devices.items() if count}, errors
 
 
+MERGE_KEYS = ("name", "manager")
+"""The keys that name a list's items for job.k8s.patch: name (containers, env, volumes, volumeMounts,
+replicatedJobs) and manager (a TrainJob's runtimePatches, whose list-map key it is)."""
+
+
 def merge_patch(target, patch):
     """`patch` laid over `target` (job.k8s.patch over the manifest): a mapping merges key by key into the mapping it
-    names, and null deletes the key; a list whose items are all mappings with a name merges item by item, by name,
-    with the list it names (new names are appended), as Kubernetes' strategic merge patch merges containers, env,
-    volumes and volumeMounts (their patchMergeKey is name: https://kubernetes.io/docs/tasks/manage-kubernetes-objects/update-api-object-kubectl-patch/);
-    anything else replaces what it names, lists included (command, args, tolerations)."""
-    if not (isinstance(target, dict) and isinstance(patch, dict)):
-        if _named(target) and _named(patch):
-            merged = list(target)
-            index = {item["name"]: i for i, item in enumerate(merged)}
-            for item in patch:
-                if item["name"] in index:
-                    merged[index[item["name"]]] = merge_patch(merged[index[item["name"]]], item)
-                else:
-                    merged.append(copy.deepcopy(item))
-            return merged
+    names, and null deletes the key; a list whose items all carry the same merge key (MERGE_KEYS) merges item by item
+    with the items of the list it names that have the same value (new ones are appended), as Kubernetes' strategic
+    merge patch merges containers, env and volumes by name
+    (https://kubernetes.io/docs/tasks/manage-kubernetes-objects/update-api-object-kubectl-patch/); anything else
+    replaces what it names, lists included (command, args, tolerations)."""
+    if isinstance(target, dict) and isinstance(patch, dict):
+        merged = dict(target)
+        for key, value in patch.items():
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = merge_patch(merged.get(key), value)
+        return merged
+    key = next((k for k in MERGE_KEYS if _keyed(target, k) and _keyed(patch, k)), None)
+    if key is None:
         return copy.deepcopy(patch)
-    merged = dict(target)
-    for key, value in patch.items():
-        if value is None:
-            merged.pop(key, None)
+    merged = list(target)
+    index = {item[key]: i for i, item in enumerate(merged)}
+    for item in patch:
+        if item[key] in index:
+            merged[index[item[key]]] = merge_patch(merged[index[item[key]]], item)
         else:
-            merged[key] = merge_patch(merged.get(key), value)
+            merged.append(copy.deepcopy(item))
     return merged
 
 
-def _named(items) -> bool:
-    return isinstance(items, list) and bool(items) and all(isinstance(i, dict) and "name" in i for i in items)
+def _keyed(items, key: str) -> bool:
+    return isinstance(items, list) and bool(items) and all(isinstance(i, dict) and key in i for i in items)
 
 
 def _command(spec: RunSpec, group, name: str) -> list[str]:

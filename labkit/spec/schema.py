@@ -432,8 +432,9 @@ class K8sSpec:
     patch: dict | None = None
     """A patch laid over the rendered manifest last, written as the manifest is: a mapping merges into the mapping it
     names, key by key; null deletes the key; a list whose items all have a name (containers, env, volumes,
-    volumeMounts) merges item by item with the items of the same name, appending new ones, as Kubernetes' strategic
-    merge patch does; any other list (command, args, tolerations) replaces the list."""
+    volumeMounts, replicatedJobs) or all a manager (a TrainJob's runtimePatches) merges item by item with the items
+    of the same name or manager, appending new ones, as Kubernetes' strategic merge patch does; any other list
+    (command, args, tolerations) replaces the list."""
 
 
 @dataclass
