@@ -295,3 +295,22 @@ def test_labkit_run_dry_run_prints_the_trainjob_by_default(tmp_path, capsys):
     assert main(["run", str(path), "--backend", "k8s", "--dry-run", "--json"]) == 0
     golden = (GOLDENS / "trainjob-h100-2nodes.yaml").read_text()
     assert json.loads(capsys.readouterr().out) == {"scripts": {"trainjob.yaml": golden}}
+
+
+def test_k8s_keys_read_from_a_spec_file_render_and_round_trip(tmp_path):
+    """Numbers a spec file writes in tolerations and the patch reach the manifest and the recorded spec as numbers."""
+    from labkit.spec import load_spec
+
+    path = tmp_path / "spec.yaml"
+    data = yaml.safe_load(trainjob_spec().to_yaml())
+    path.write_text(yaml.safe_dump(data, sort_keys=False).replace(
+        "    tolerations:\n", "    tolerations:\n    - {key: spot, operator: Exists, effect: NoExecute, "
+                             "tolerationSeconds: 0x12c}\n").replace(
+        "    patch: null\n", "    patch: {spec: {activeDeadlineSeconds: 1e3}}\n"))
+    spec = load_spec(path)
+    manifest = yaml.safe_load(render_manifest(spec))
+    assert manifest["spec"]["activeDeadlineSeconds"] == 1000.0
+    assert trainjob_pod(manifest)["spec"]["tolerations"][0]["tolerationSeconds"] == 300
+    again = tmp_path / "again.yaml"
+    again.write_text(spec.to_yaml())
+    assert load_spec(again).to_dict() == spec.to_dict()

@@ -436,6 +436,21 @@ class K8sSpec:
     of the same name or manager, appending new ones, as Kubernetes' strategic merge patch does; any other list
     (command, args, tolerations) replaces the list."""
 
+    def __post_init__(self):
+        self.tolerations, self.patch = _plain_data(self.tolerations), _plain_data(self.patch)
+
+
+def _plain_data(value):
+    """Data as written in a manifest: a number read from a spec file forgets the text it was written as (only plain
+    numbers are written back to YAML)."""
+    if isinstance(value, dict):
+        return {_plain_data(key): _plain_data(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain_data(item) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int(value)
+    return float(value) if isinstance(value, float) else value
+
 
 @dataclass
 class JobSpec:
