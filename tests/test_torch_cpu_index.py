@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from labkit.net import free_port
+
 SCRIPT = Path(__file__).resolve().parent / "torch_cpu_index.sh"
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the script acts on Linux only")
@@ -66,17 +68,12 @@ def test_with_nvidia_smi_pip_chooses_as_before(tmp_path, index):
 
 @no_driver
 def test_an_unreachable_index_falls_back_silently(tmp_path):
-    with socket.socket() as sock:  # a port nothing listens on once this is closed
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    done = run(tmp_path, f"http://127.0.0.1:{port}")
+    done = run(tmp_path, f"http://127.0.0.1:{free_port()}")  # a port nothing listens on
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
 
 
 @no_driver
 def test_an_index_that_never_answers_falls_back_silently(tmp_path):
-    with socket.socket() as sock:  # accepts connections (the backlog) and never answers one
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(1)
+    with socket.create_server(("127.0.0.1", 0), backlog=1) as sock:  # accepts connections and never answers one
         done = run(tmp_path, f"http://127.0.0.1:{sock.getsockname()[1]}")
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
