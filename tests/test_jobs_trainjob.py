@@ -219,6 +219,8 @@ def test_bad_k8s_keys_are_refused_naming_the_field(changes, field):
 @pytest.mark.parametrize("changes, field", [
     ({"cluster.nodes": [{"gpu": "L40S", "count": 2, "gpus_per_node": 8}]}, "job.k8s.devices"),  # no EFA count
     ({"job.master_port": 29400}, "job.master_port"),  # the torch runtime's port is 29500
+    ({"job.master_port": 29400, "parallel.sequence_parallel": False,
+      "cluster.nodes": [{"gpu": "cpu", "count": 2, "gpus_per_node": 8}]}, "cluster.nodes[0].gpu"),
     ({"train.load": "/scratch/ckpt"}, "train.load"),
 ])
 def test_a_spec_that_cannot_run_as_a_trainjob_is_refused_naming_the_field(changes, field):

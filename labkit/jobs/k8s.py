@@ -145,7 +145,11 @@ def k8s_errors(spec: RunSpec) -> list[str]:
         kinds = ", ".join(f"{g.count} x {g.gpu}" for g in groups)
         errors.append(f"cluster.nodes: a {kind} runs one pod template on every node, and this spec has "
                       f"{len(groups)} node groups ({kinds}); use one group, or --backend slurm (a heterogeneous job)")
-    errors += fabric_devices(spec)[1]
+    elif gres_type(groups[0].gpu) is None:
+        errors.append(f"cluster.nodes[0].gpu: {groups[0].gpu!r}: each pod asks for its node's GPUs ({GPU_RESOURCE}); "
+                      "give the nodes' GPU type, or run a CPU spec with --backend local")
+    else:
+        errors += fabric_devices(spec)[1]
     if kind == "TrainJob" and len(megatron_args(spec)) > TRAINJOB_MAX_ARGS:
         errors.append(f"job.k8s.kind: a TrainJob's trainer takes at most {TRAINJOB_MAX_ARGS} arguments and this run "
                       f"has {len(megatron_args(spec))} (its Megatron flags and job.extra_args); set job.k8s.kind: "
@@ -153,9 +157,6 @@ def k8s_errors(spec: RunSpec) -> list[str]:
     if kind == "TrainJob" and spec.job.master_port not in (None, TRAINJOB_PORT):
         errors.append(f"job.master_port: a TrainJob's torch runtime sets the master port ({TRAINJOB_PORT}); leave "
                       "job.master_port out, or set job.k8s.kind: PyTorchJob")
-    elif gres_type(groups[0].gpu) is None:
-        errors.append(f"cluster.nodes[0].gpu: {groups[0].gpu!r}: each pod asks for its node's GPUs ({GPU_RESOURCE}); "
-                      "give the nodes' GPU type, or run a CPU spec with --backend local")
     container = spec.job.container
     if container is None or not container.image:
         errors.append("job.container.image: a pod runs a container image; set job.container.image to a registry "
