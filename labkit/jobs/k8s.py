@@ -394,7 +394,7 @@ def render_manifest(spec: RunSpec, name: str | None = None, labels: dict[str, st
     built = manifest(spec, name, labels)
     [group] = node_groups(spec)
     first = ("Master is node rank 0" if spec.job.k8s.kind == "PyTorchJob"
-             else f"pod {built['metadata']['name']}-node-0-0 is node rank 0")
+             else f"node rank 0 is the pod on host {built['metadata']['name']}-node-0-0")
     header = (f"# labkit run: {spec.name}\n"
               f"# {group.nodes} pod(s), one per node, x {group.procs_per_node} process(es): {first}.\n"
               "# Rendered from the run spec by labkit.jobs.k8s: change the spec, not this file.\n")
