@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "labkit.jobs.cli",
     "labkit.jobs.local_slurm",
     "labkit.logs.cli",
+    "labkit.checkpoint.cli",
     "labkit.completion",
 ]
 

@@ -1,8 +1,9 @@
 """The optional parts of an install. The base install plans and submits (spec, estimate, plan, render, submit, status,
 logs); `labkit[train]` adds the megatron-core driver that trains here, `labkit[lab]` the Jupyter stack the notebooks
 run in, `labkit[tracking]` Weights & Biases and MLflow, and `labkit[all]` all three; `labkit[deepspeed]` adds
-DeepSpeed's ZeRO engine for optimizer.zero_backend deepspeed. A command that reaches a module of an extra that is not installed says which extra
-to install instead of ending in a traceback.
+DeepSpeed's ZeRO engine for optimizer.zero_backend deepspeed, and `labkit[hf]` transformers and safetensors for
+`labkit checkpoint import-hf` and `export-hf`. A command that reaches a module of an extra that is not installed says
+which extra to install instead of ending in a traceback.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ MODULES = {
     "mlflow": "tracking",
     "plotly": "lab", "jupyterlab": "lab", "ipywidgets": "lab", "ipykernel": "lab", "IPython": "lab",
     "papermill": "lab", "nbformat": "lab", "nbconvert": "lab", "nbclient": "lab", "jupytext": "lab",
-    "jupyter_server_mathjax": "lab", "deepspeed": "deepspeed",
+    "jupyter_server_mathjax": "lab", "deepspeed": "deepspeed", "transformers": "hf", "safetensors": "hf",
 }
 
 

@@ -59,7 +59,8 @@ def test_environment_yml_carries_the_same_pins_as_pyproject_under_the_constraint
 
 
 def test_the_two_pins_that_matter_are_exact_for_make_and_ci():
-    assert constraints() == {"torch": "==2.13.0", "megatron-core": "==0.16.1", "deepspeed": "==0.19.8"}
+    assert constraints() == {"torch": "==2.13.0", "megatron-core": "==0.16.1", "deepspeed": "==0.19.8",
+                             "transformers": "==5.24.0", "safetensors": "==0.8.0"}
     makefile = (ROOT / "Makefile").read_text()
     assert makefile.count("-c constraints.txt") == 2  # torch first, then labkit with its dependencies
     # make lab and make test: training, the labs and DeepSpeed's engine (whose tests then run)
@@ -83,11 +84,11 @@ def test_each_extra_distribution_has_its_module_in_the_hint_table():
     """labkit.extras.MODULES names the extra to install for a missing module: every distribution of an extra is there
     under that extra (by its import name)."""
     import_name = {"megatron-core": "megatron", "mlflow-skinny": "mlflow"}
-    for extra in ("train", "lab", "tracking", "deepspeed"):
+    for extra in ("train", "lab", "tracking", "deepspeed", "hf"):
         for dist in requirement_map(pyproject()["optional-dependencies"][extra]):
             module = import_name.get(dist, dist.replace("-", "_"))
             assert extras.MODULES.get(module) == extra, dist
-    assert set(extras.MODULES.values()) == {"train", "lab", "tracking", "deepspeed"}
+    assert set(extras.MODULES.values()) == {"train", "lab", "tracking", "deepspeed", "hf"}
 
 
 def test_a_missing_extra_is_named_with_its_pip_command(monkeypatch, capsys, tmp_path):

@@ -48,6 +48,8 @@ from megatron.core.utils import unwrap_model
 from labkit.train.megatron_log import print_rank_0
 
 TRACKER = "latest_checkpointed_iteration.txt"
+RELEASE = "release"
+"""What the tracker says of a checkpoint that holds weights alone, in LOAD/release (Megatron-LM's name)."""
 
 
 def _rank_dir(root: str, iteration: int) -> Path:
@@ -152,6 +154,8 @@ def _save_torch(args, iteration: int, model, optimizer, scheduler) -> None:
 def load(args, model, optimizer, scheduler) -> int:
     """Load the latest checkpoint under --load; returns its iteration (0 when there is none)."""
     tracker = Path(args.load) / TRACKER
+    if args.ckpt_step is None and tracker.is_file() and tracker.read_text().strip() == RELEASE:
+        return _load_release(args, model, optimizer)
     if args.ckpt_step is not None:
         iteration = args.ckpt_step
     elif tracker.is_file():
@@ -168,6 +172,31 @@ def load(args, model, optimizer, scheduler) -> int:
     dist.barrier()
     print_rank_0(f"  successfully loaded checkpoint from {args.load} {_where()} at iteration {iteration}")
     return iteration
+
+
+def _load_release(args, model, optimizer) -> int:
+    """A release checkpoint (`labkit checkpoint import-hf` writes one): torch_dist model weights alone under
+    LOAD/release. As Megatron-LM's load_checkpoint reads one, the run starts at iteration 0 with its own optimizer,
+    schedule and RNG states; mixed precision copies the loaded weights into the optimizer's fp32 main weights."""
+    folder = Path(args.load) / RELEASE
+    if not dist_checkpointing.check_is_distributed_checkpoint(str(folder)):
+        raise FileNotFoundError(f"--load: {folder} is not a torch_dist checkpoint; write it with labkit checkpoint "
+                                "import-hf")
+    print_rank_0(f" loading release checkpoint (weights only) from {args.load}")
+    common = dist_checkpointing.load_common_state_dict(str(folder))
+    metadata = dict(dist_checkpointing.load_content_metadata(preloaded_state_dict=common) or {},
+                    dp_cp_group=parallel_state.get_data_parallel_group(with_context_parallel=True))
+    sharded = {f"model{i}": chunk.sharded_state_dict(metadata=metadata) for i, chunk in enumerate(unwrap_model(model))}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed\.checkpoint|megatron")
+        state = dist_checkpointing.load(sharded, str(folder), get_default_load_sharded_strategy(str(folder)))
+    for i, chunk in enumerate(unwrap_model(model)):
+        chunk.load_state_dict(state[f"model{i}"], strict=True)
+    if args.fp16 or args.bf16:
+        optimizer.reload_model_params()
+    dist.barrier()
+    print_rank_0(f"  successfully loaded release checkpoint from {args.load} {_where()}")
+    return 0
 
 
 def _load_torch(args, iteration: int, model, optimizer, scheduler) -> None:
