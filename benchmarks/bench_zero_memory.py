@@ -15,14 +15,14 @@ The estimate is labkit.estimate.memory.model_state_bytes for the same model on l
 entrypoint runs: FSDP2 at stages 2 and 3, `torch_fsdp2_model_state_bytes`) on the data-parallel rank that holds the
 most, without the working buffers it adds for the layers being computed, which are not held between steps: exact for
 stages 0 and 1 (megatron-core's padded buffers) and for FSDP2's shards (each parameter's rows split over the ranks,
-padded to ceil(rows / ranks)). FSDP2 keeps stage 2's parameters sharded between steps too, gathering them for the
-forward and keeping them to the backward: ZeRO-2's unsharded parameters exist only at the peak.
+padded to ceil(rows / ranks)). At stage 2 the driver keeps FSDP2's units gathered and gathers the updated shards after
+each step, so each rank holds the whole parameters beside its shards, as ZeRO-2 does.
 `--precision bf16` runs the 16-bit model with Megatron's fp32 main copies instead of fp32; there FSDP2's 16-bit
 gradient shards live from the backward to the step only (the estimate counts them, as they are part of the peak).
 
 Those working buffers are measured too, at stages 2 and 3: one micro-batch's forward and backward on the driver's
 FSDP2 model, with every operator followed by a count of what FSDP2 holds unsharded (`fsdp2_unsharded_bytes`); the
-largest count beside the estimate's weights_working + gradients_working.
+largest count beside the estimate's gathered parameters (stage 2: all of them) and unsharded gradients.
 """
 from __future__ import annotations
 
@@ -66,7 +66,10 @@ def estimate(stage: int, data: int) -> tuple[tuple[int, int, int], int]:
         # (Float16OptimizerWithFloat16Params._copy_model_grads_to_main_grads): held from the backward to the step only
         gradients = 0
     held = (state.weights - state.weights_working, gradients, state.optimizer)
-    return held, state.weights_working + state.gradients_working
+    # what FSDP2 holds unsharded: at stage 2 the whole parameters it keeps gathered, held between steps too (its
+    # gradient shards have the weights' dtype and size, so weights less held gradients is what it gathered)
+    gathered = state.weights - state.gradients + state.gradients_working if stage == 2 else state.weights_working
+    return held, gathered + state.gradients_working
 
 
 def fsdp2_unsharded_bytes(model) -> Callable[[], int]:

@@ -342,15 +342,17 @@ show("zero_stages")
 
 # %%
 gpus = 8
-print(f"bf16 with Adam, bytes per parameter on each of {gpus} data-parallel GPUs:")
-print(f"  replicated:                    {sum(bytes_per_param('bf16', gpus)):5.2f}")
-print(f"  distributed optimizer (ZeRO-1): {sum(bytes_per_param('bf16', gpus, distributed_optimizer=True)):5.2f}")
-for stage in (2, 3):
-    print(f"  ZeRO-{stage}:                       {sum(bytes_per_param('bf16', gpus, zero_stage=stage)):5.2f}")
+print(f"Mixed-precision Adam in ZeRO's accounting (2 + 2 + 12), bytes per parameter on each of {gpus} GPUs:")
+print(f"  replicated: {sum(bytes_per_param('bf16', 1, zero_stage=1)):5.2f}")  # one GPU: nothing to shard
+for stage in (1, 2, 3):
+    print(f"  ZeRO-{stage}:     {sum(bytes_per_param('bf16', gpus, zero_stage=stage)):5.2f}")
 
 # %% [markdown]
-# ZeRO's own accounting keeps 16-bit gradients; Megatron's bf16 keeps them in fp32 (4 bytes) beside the bf16 weights,
-# which is why its replicated figure is 18 and its distributed optimizer leaves 2 + 4 bytes on every GPU.
+# ZeRO's accounting is $2 + 2 + K$ bytes per parameter, $K = 12$ for mixed-precision Adam: 16-bit weights and
+# gradients, fp32 master weights and two fp32 moments. Megatron's bf16 differs in one term: it keeps the gradients in
+# fp32 (4 bytes, `--grad-reduce-in-bf16` makes them 2), so its replicated state is $2 + 4 + 12 = 18$ bytes and its
+# distributed optimizer leaves $2 + 4 + 12/N$ (`bytes_per_param('bf16', gpus, distributed_optimizer=True)`, the
+# bytes megatron-core allocates). Lab 09 runs the four stages and measures them.
 #
 # Sequence parallelism (Korthikanti et al., [arXiv:2205.05198](https://arxiv.org/abs/2205.05198)) shards the other
 # large term, the activations, over the tensor-parallel GPUs: the LayerNorms and dropouts, which tensor parallelism

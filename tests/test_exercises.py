@@ -286,7 +286,7 @@ def _prediction_answers() -> dict[str, dict[str, object]]:
 
 
 # Giveaways in labs whose text this test does not fix; strict, so that the fix turns them into failures to remove.
-KNOWN_GIVEAWAYS = {"03": "the prediction cell's example order is the estimate's order of the memory kept"}
+KNOWN_GIVEAWAYS: dict[str, str] = {}
 
 
 def _prediction_params() -> list:

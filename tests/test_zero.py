@@ -186,9 +186,9 @@ def test_llama2_7b_model_state_per_rank_falls_stage_by_stage_as_the_definitions_
 def test_labkits_driver_holds_fsdp2s_shards_and_only_the_layers_it_gathers():
     """FSDP2 on labkit's driver: 16-bit weight and gradient shards and Megatron's fp32 main copies, their fp32
     gradients and Adam's moments, all over 8 ranks (Llama-2-7B's rows divide by 8: no padding): 20P/8 at stages 2 and
-    3 alike. Unsharded only what computes, at the backward's peak: at stage 3 two layers (the one computing, the one
-    prefetched), the gradients of one and the reduce-scatter input of the other, and the root unit's final norm and
-    output layer; at stage 2 every unit, gathered from its forward to its backward, beside the last layer's gradients.
+    3 alike, and at stage 2 (ZeRO-2) the whole 16-bit weights beside them. Unsharded only while it computes, at the
+    backward's peak: at stage 3 two layers (the one computing, the one prefetched), the gradients of one and the
+    reduce-scatter input of the other, and the root unit's final norm and output layer; at stage 2 those gradients.
     No billion-element gradient unit: that is Megatron-FSDP's."""
     shape = Shape.of(with_optimizer().model)
     layer = sum(n for n, _ in chunk_parameters(shape, 1, pre_process=False, post_process=False))
@@ -196,10 +196,10 @@ def test_labkits_driver_holds_fsdp2s_shards_and_only_the_layers_it_gathers():
     for stage in (2, 3):
         s = llama2_7b_state(stage, entrypoint="labkit")
         assert (s.weights - s.weights_working, s.gradients - s.gradients_working, s.optimizer) == \
-            (2 * P // 8, 2 * P // 8, 16 * P // 8)
+            (2 * P // 8 + (2 * P if stage == 2 else 0), 2 * P // 8, 16 * P // 8)
     stage_3, stage_2 = llama2_7b_state(3, entrypoint="labkit"), llama2_7b_state(2, entrypoint="labkit")
     assert stage_3.weights_working == stage_3.gradients_working == (2 * layer + root) * 2
-    assert (stage_2.weights_working, stage_2.gradients_working) == (P * 2, (layer + root) * 2)
+    assert (stage_2.weights_working, stage_2.gradients_working) == (0, (2 * layer + root) * 2)
 
     def held(state):
         return state.weights + state.gradients + state.optimizer

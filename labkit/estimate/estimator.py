@@ -248,7 +248,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         experts = experts_by_stage[i]
         dp_options = dict(zero_stage=zero_stage, grad_bytes=grad_bytes, param_bytes=4 if precision == "fp32" else 2,
                           micro_batches=m, layers=partition[i], overlap_grad_reduce=overlap_dp,
-                          overlap_param_gather=spec.kernels.overlap_param_gather, torch_fsdp2=fsdp2)
+                          overlap_param_gather=spec.kernels.overlap_param_gather)
         exposed_s, total_s = data_parallel_time(
             params - experts if experts else params, d * c, topo.dp_gbps(i), latency,
             forward_s=stages[i].forward_s, backward_s=stages[i].backward_s, **dp_options)
@@ -341,13 +341,13 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                      "each transformer layer and the embedding (the final norm and the output layer with the root)")
             runs += f": gathered unit by unit, {units}"
         assumptions.append(runs)
-    # FSDP gathers parameters in every micro-batch: stage 3 in the forward and again in the backward, having freed
-    # each layer after its forward; FSDP2's stage 2 once, in the forward, keeping them to the backward
-    gathers = 2 if zero_stage == 3 else 1 if (zero_stage == 2 and fsdp2) else 0
+    # FSDP's stage 3 gathers parameters in every micro-batch, in the forward and again in the backward, having freed
+    # each layer after its forward; stage 2 keeps them gathered and gathers once per step, after the optimizer's
+    gathers = 2 if zero_stage == 3 else 0
     if gathers and m > 1:
         gathered_gb = max(per_stage_params) * (4 if precision == "fp32" else 2) / 1e9
-        when = "in its forward and again in its backward" if gathers == 2 else "once, in its forward"
-        assumptions.append(f"the parameters are all-gathered in each of the {m} micro-batches, {when}: "
+        assumptions.append(f"the parameters are all-gathered in each of the {m} micro-batches, in its forward and "
+                           f"again in its backward: "
                            f"{gathers * m} all-gathers of {gathered_gb:.3g} GB per step, which with the gradients' "
                            f"reduce-scatters take {sum(dp_total) / p:.3g} s of data-parallel transfers, "
                            f"{dp_comm:.3g} s exposed (fewer, larger micro-batches gather less)")

@@ -537,8 +537,10 @@ def fsdp_model_state_bytes(shape: Shape, chunks: list[int], zero_stage: int, *, 
 # (pre_backward's _backward_prefetch, into the all-gather's flat buffer); unit k + 1's reduce-scatter input, held until
 # the next reduce-scatter (reduce_scatter_max_input_buffers = 1); and the root's parameters and gradients for the whole
 # backward: its forward inputs are token ids, which need no gradient, so its reduce-scatter waits for the final
-# callback. Stage 2 (reshard_after_forward=False) keeps every unit gathered from its forward until its own backward,
-# which frees it. Gathered parameters and reduce-scatter inputs carry the rows' padding, gradients do not.
+# callback. Stage 2 (reshard_after_forward=False, and on labkit's driver set_reshard_after_backward(False)) keeps every
+# unit gathered: after each step the driver gathers the updated shards again (labkit.train.model.gather_zero2_weights),
+# so the whole weights are held between steps, as ZeRO-2 holds them, and only the gradients are working buffers.
+# Gathered parameters and reduce-scatter inputs carry the rows' padding, gradients do not.
 
 
 def _fsdp2_backward_peak(units: list[tuple[int, int]], root: tuple[int, int], zero_stage: int, param_bytes: int,
@@ -549,7 +551,7 @@ def _fsdp2_backward_peak(units: list[tuple[int, int]], root: tuple[int, int], ze
     peak = (0, 0)
     for k in reversed(range(len(units))):
         if zero_stage == 2:
-            gathered = sum(padded for padded, _ in units[:k + 1])  # those after k have had their backward
+            gathered = sum(padded for padded, _ in units)  # no unit frees its parameters
         else:
             gathered = units[k][0] + (units[k - 1][0] if k else 0)
         gradients = units[k][1] + (units[k + 1][0] if k + 1 < len(units) else 0)
@@ -564,9 +566,9 @@ def torch_fsdp2_model_state_bytes(shape: Shape, chunks: list[int], zero_stage: i
                                   precision: str = "bf16", optimizer: str = "adam", expert: int = 1,
                                   expert_tensor: int | None = None, first_layers: list[int] | None = None,
                                   transformer_impl: str = "local") -> ModelState:
-    """One GPU's model state under PyTorch FSDP2 at ZeRO stage 2 (no resharding after forward) or 3, in bytes (see the
-    notes above): the shards it keeps between steps, and as working buffers what it holds unsharded at the peak of the
-    backward. `transformer_impl`: "local" (the output layer in the root unit) or "transformer_engine" (the output layer
+    """One GPU's model state under PyTorch FSDP2 at ZeRO stage 2 (no resharding) or 3, in bytes (see the notes above):
+    the shards it keeps between steps (and at stage 2 the whole parameters), and as working buffers what it holds
+    unsharded only in the backward. `transformer_impl`: "local" (the output layer in the root unit) or "transformer_engine" (the output layer
     a unit of its own)."""
     if zero_stage not in (2, 3):
         raise ValueError(f"zero_stage: FSDP2 shards at stage 2 or 3, not {zero_stage}")
@@ -603,7 +605,8 @@ def torch_fsdp2_model_state_bytes(shape: Shape, chunks: list[int], zero_stage: i
         unsharded_grads += grads
     return ModelState(weights=int((sharded + gathered) * param_bytes),
                       gradients=int((sharded + unsharded_grads) * grad_bytes),
-                      optimizer=int(sharded * per_element), weights_working=int(gathered * param_bytes),
+                      optimizer=int(sharded * per_element),
+                      weights_working=0 if zero_stage == 2 else int(gathered * param_bytes),
                       gradients_working=int(unsharded_grads * grad_bytes))
 
 

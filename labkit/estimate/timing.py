@@ -142,7 +142,7 @@ def expert_dispatch_time(shape: Shape, tokens: float, tensor: int, expert: int, 
 def data_parallel_time(params: float, n: int, gbps: float, latency_s: float, *, zero_stage: int = 0,
                        grad_bytes: int = 4, param_bytes: int = 2, forward_s: float = 0.0, backward_s: float = 0.0,
                        micro_batches: int = 1, layers: int = 1, overlap_grad_reduce: bool = False,
-                       overlap_param_gather: bool = False, torch_fsdp2: bool = False) -> tuple[float, float]:
+                       overlap_param_gather: bool = False) -> tuple[float, float]:
     """(exposed, total) seconds per step of one pipeline stage's data-parallel traffic over `n` ranks, by ZeRO stage;
     `forward_s`, `backward_s`: one micro-batch's compute on the stage, which the overlapped transfers hide behind.
     A reduce-scatter or an all-gather is half a ring all-reduce.
@@ -157,21 +157,18 @@ def data_parallel_time(params: float, n: int, gbps: float, latency_s: float, *, 
     - 3 (optim_grads_params): per micro-batch, an all-gather of the parameters layer by layer in the forward and again
       in the backward, prefetched behind the computation except the first layer's, and the reduce-scatter of the
       gradients in the backward. Rajbhandari et al.'s 1.5x the all-reduce's volume, per micro-batch.
-    `torch_fsdp2`: stages 2 and 3 as PyTorch FSDP2 on labkit's driver: its stage 2 (no resharding after forward)
-    gathers the parameters once per micro-batch, in the forward, and keeps them to the backward; its stage 3 as above.
+    PyTorch FSDP2 on labkit's driver moves the same: its stage 2 keeps the parameters gathered and gathers the updated
+    ones once per step, after the optimizer's (labkit.train.model.gather_zero2_weights).
     """
     reduce_s = allreduce_time(params * grad_bytes, n, gbps, latency_s)
     if zero_stage == 0:
         return (max(0.0, reduce_s - backward_s) if overlap_grad_reduce else reduce_s), reduce_s
     scatter_s = reduce_s / 2
     gather_s = allreduce_time(params * param_bytes, n, gbps, latency_s) / 2 if zero_stage >= 2 else reduce_s / 2
-    if zero_stage == 3 or (zero_stage == 2 and torch_fsdp2):
+    if zero_stage == 3:
         first = gather_s / max(1, layers)
-        if zero_stage == 3:
-            exposed = max(first, gather_s - forward_s) + max(first, gather_s + scatter_s - backward_s)
-        else:
-            exposed = max(first, gather_s - forward_s) + max(0.0, scatter_s - backward_s)
-        return micro_batches * exposed, micro_batches * ((2 if zero_stage == 3 else 1) * gather_s + scatter_s)
+        exposed = max(first, gather_s - forward_s) + max(first, gather_s + scatter_s - backward_s)
+        return micro_batches * exposed, micro_batches * (2 * gather_s + scatter_s)
     exposed_gather = max(0.0, gather_s - forward_s) if overlap_param_gather else gather_s
     if zero_stage == 2:
         last = max(0.0, scatter_s - backward_s)

@@ -223,7 +223,8 @@ class _SameGeneratorFilter(logging.Filter):
 
 
 _RNG_FILTER = _SameGeneratorFilter()
-_EXPECTED_ON_CPU = (r".*Transformer Engine", r".*Apex is not installed", r".*custom_layers\.transformer_engine")
+EXPECTED_ON_CPU = (r".*Transformer Engine", r".*Apex is not installed", r".*custom_layers\.transformer_engine")
+"""megatron-core's warnings that say nothing on a CPU, where its local layers and torch's optimizers are the point."""
 
 
 def _uncompiled(model=None, **options):
@@ -271,7 +272,7 @@ def apply() -> bool:
     with warnings.catch_warnings(), _fusions_left_uncompiled():
         # on a CPU megatron-core's local layers are the point: its notes that Transformer Engine and Apex are absent
         # (and that its Transformer Engine wrappers moved) say nothing there
-        for pattern in _EXPECTED_ON_CPU:
+        for pattern in EXPECTED_ON_CPU:
             warnings.filterwarnings("ignore", message=pattern)
         for name in MEGATRON_MODULES:
             importlib.import_module(name)

@@ -240,6 +240,21 @@ class _TorchFSDP2(TorchFullyShardedDataParallel):
         pass
 
 
+def gather_zero2_weights(args, model: list[torch.nn.Module]) -> None:
+    """After an optimizer step at ZeRO stage 2 on FSDP2: free each unit's stale whole parameters and all-gather its
+    updated shards, so that every rank holds the whole weights between steps, as ZeRO-2 does (PyTorch's
+    FSDPModule.reshard and unshard: https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html)."""
+    if not args.use_torch_fsdp2 or args.torch_fsdp2_reshard_after_forward:
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for chunk in model for m in chunk.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        unit.reshard()
+    for unit in units:
+        unit.unshard()
+
+
 def build_model(args, config: TransformerConfig) -> list[torch.nn.Module]:
     """This rank's model chunks (one, or one per virtual pipeline stage), wrapped for precision and DDP (or FSDP2);
     bare under --deepspeed, which deepspeed_engine wraps."""
@@ -279,7 +294,15 @@ def build_model(args, config: TransformerConfig) -> list[torch.nn.Module]:
     if args.use_torch_fsdp2:
         # Megatron-LM's get_model: PyTorch FSDP2 shards each transformer layer and embedding, then the whole chunk
         fsdp_config = TorchFullyShardedDataParallelConfig(reshard_after_forward=args.torch_fsdp2_reshard_after_forward)
-        return [_TorchFSDP2(config=config, ddp_config=fsdp_config, module=chunk) for chunk in chunks]
+        chunks = [_TorchFSDP2(config=config, ddp_config=fsdp_config, module=chunk) for chunk in chunks]
+        if not args.torch_fsdp2_reshard_after_forward:
+            # ZeRO stage 2 keeps whole weights: no unit frees its gathered parameters after its backward either, and
+            # gather_zero2_weights gathers the updated shards after each step (ZeRO's all-gather, arXiv:1910.02054)
+            from torch.distributed.fsdp import FSDPModule
+
+            for unit in (m for chunk in chunks for m in chunk.modules() if isinstance(m, FSDPModule)):
+                unit.set_reshard_after_backward(False, recurse=False)
+        return chunks
     ddp_config = DistributedDataParallelConfig(
         # Megatron-LM's validate_args: bf16 accumulates and reduces gradients in fp32 unless --grad-reduce-in-bf16;
         # fp16 keeps fp16 gradients (the optimizer step makes fp32 copies)

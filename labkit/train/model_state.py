@@ -11,7 +11,8 @@ from pathlib import Path
 def held_bytes(model, optimizer) -> tuple[int, int, int]:
     """(weights, gradients, optimizer state) in bytes that these megatron-core objects hold, each storage once.
 
-    Weights: the parameters' storage (DDP's parameter buffer under the distributed optimizer, FSDP2's local shards).
+    Weights: the parameters' storage (DDP's parameter buffer under the distributed optimizer, FSDP2's local shards
+    and, at stage 2, the whole parameters it keeps gathered).
     Gradients: DDP's `grad_data` buffers, or the parameters' own gradients under FSDP2. Optimizer: the inner
     optimizer's parameters (fp32 main copies, or the model's own fp32 parameters, then already counted), their
     gradients where they are not views of DDP's buffer, and their state tensors (exp_avg, exp_avg_sq; SGD's
@@ -33,7 +34,10 @@ def held_bytes(model, optimizer) -> tuple[int, int, int]:
                 total += storage.nbytes()
         return total
 
-    params = [p for chunk in model for p in chunk.parameters()]
+    # FSDP2 at stage 2 registers the gathered whole parameters; its shards, which the optimizer steps, are weights too
+    params = [p for chunk in model for p in chunk.parameters()] + [
+        fsdp_param.sharded_param for chunk in model for m in chunk.modules() if hasattr(m, "_get_fsdp_state")
+        for group in [m._get_fsdp_state()._fsdp_param_group] if group is not None for fsdp_param in group.fsdp_params]
     weights = new(params)
     buffers = [b.grad_data for chunk in model if isinstance(chunk, DistributedDataParallel)
                for b in [*chunk.buffers, *chunk.expert_parallel_buffers]]
@@ -49,7 +53,7 @@ def built_after_one_step(args):
     makes Adam's moments): the state a rank holds between steps."""
     import torch
 
-    from labkit.train.model import build_model, transformer_config
+    from labkit.train.model import build_model, gather_zero2_weights, transformer_config
     from labkit.train.training import build_optimizer
 
     config = transformer_config(args)
@@ -62,6 +66,7 @@ def built_after_one_step(args):
         for p in (p for chunk in model for p in chunk.parameters()):
             p.grad = torch.zeros_like(p)
     optimizer.step()
+    gather_zero2_weights(args, model)
     return model, optimizer
 
 
@@ -73,13 +78,21 @@ def _rank(rank: int, world: int, address: str, commands: list[list[str]], measur
     import torch
     import torch.distributed as dist
 
-    from labkit.train import cpu_compat, data
+    from labkit.train import cpu_compat
+
+    # megatron-core's notices that Transformer Engine and Apex are absent, which its modules give as they load and as
+    # the model is built, once per rank, would bury the caller's own output (a notebook's): on a CPU they say nothing
+    for pattern in cpu_compat.EXPECTED_ON_CPU:
+        warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
+    # and two more that megatron-core's code gives, not the caller's: its distributed optimizer zeroes the gradients of
+    # its fp32 shards, views of the parameters (non-leaf tensors), and it and FSDP2 call collectives torch 2.13 renames
+    warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf", category=UserWarning)
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
+    from labkit.train import data
     from labkit.train.arguments import parse_args
     from labkit.train.training import initialize, padded_vocab_size
 
     torch.set_num_threads(1)
-    # megatron-core's notices about kernels a CPU lacks, once per rank, would bury the caller's own output
-    warnings.simplefilter("ignore")
     cpu_compat.apply()
     dist.init_process_group("gloo", init_method=address, world_size=world, rank=rank)
     rows = []

@@ -28,7 +28,7 @@ from labkit.megatron.sizes import padded_vocab_size
 from labkit.train import checkpoint, data, megatron_log
 from labkit.train.exit_signal import ExitSignal
 from labkit.train.megatron_log import print_logging_rank, print_rank_0
-from labkit.train.model import attention_line, build_model, fusions_line, transformer_config
+from labkit.train.model import attention_line, build_model, fusions_line, gather_zero2_weights, transformer_config
 from labkit.train.profiling import StepProfiler, nvtx_timers
 from labkit.train.tracking import Tracking
 
@@ -172,6 +172,7 @@ def train_step(args, timers, forward_backward_func, data_iterator, model, optimi
         micro_batch_size=args.micro_batch_size, forward_only=False)  # times itself as "forward-backward"
     timers("optimizer", log_level=1).start(barrier=args.barrier_with_L1_time)
     update_successful, grad_norm, _ = optimizer.step()
+    gather_zero2_weights(args, model)
     timers("optimizer").stop()
     if update_successful:
         scheduler.step(increment=1)

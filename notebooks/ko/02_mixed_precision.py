@@ -344,15 +344,17 @@ show("zero_stages")
 
 # %%
 gpus = 8
-print(f"bf16 with Adam, bytes per parameter on each of {gpus} data-parallel GPUs:")
-print(f"  replicated:                    {sum(bytes_per_param('bf16', gpus)):5.2f}")
-print(f"  distributed optimizer (ZeRO-1): {sum(bytes_per_param('bf16', gpus, distributed_optimizer=True)):5.2f}")
-for stage in (2, 3):
-    print(f"  ZeRO-{stage}:                       {sum(bytes_per_param('bf16', gpus, zero_stage=stage)):5.2f}")
+print(f"Mixed-precision Adam in ZeRO's accounting (2 + 2 + 12), bytes per parameter on each of {gpus} GPUs:")
+print(f"  replicated: {sum(bytes_per_param('bf16', 1, zero_stage=1)):5.2f}")  # one GPU: nothing to shard
+for stage in (1, 2, 3):
+    print(f"  ZeRO-{stage}:     {sum(bytes_per_param('bf16', gpus, zero_stage=stage)):5.2f}")
 
 # %% [markdown]
-# ZeRO 자체의 계산은 그래디언트를 16비트로 둡니다. Megatron의 bf16은 bf16 가중치 옆에 그래디언트를 fp32(4바이트)로
-# 두므로, 복제(replicated)했을 때의 값이 18이고 분산 옵티마이저를 써도 모든 GPU에 2 + 4바이트가 남습니다.
+# ZeRO의 계산 방식은 파라미터당 $2 + 2 + K$바이트이며, 혼합 정밀도 Adam에서는 $K = 12$입니다. 16비트 가중치와
+# 그래디언트, fp32 마스터 가중치와 두 fp32 모멘트입니다. Megatron의 bf16은 한 항목만 다릅니다. 그래디언트를 fp32(4바이트,
+# `--grad-reduce-in-bf16`이면 2바이트)로 두므로 복제(replicated)한 상태는 $2 + 4 + 12 = 18$바이트이고, 분산 옵티마이저는
+# $2 + 4 + 12/N$을 남깁니다(`bytes_per_param('bf16', gpus, distributed_optimizer=True)`, megatron-core가 실제로 할당하는
+# 바이트). 실습 09에서 네 단계를 실행하고 측정합니다.
 #
 # Korthikanti et al.([arXiv:2205.05198](https://arxiv.org/abs/2205.05198))의 시퀀스 병렬화(sequence parallelism)는
 # 또 하나의 큰 항목인 활성화를 텐서 병렬 GPU들에 나눠 둡니다. 텐서 병렬화(tensor parallelism)가 복제된 채로 남겨 두는

@@ -72,7 +72,7 @@ show("activation_checkpointing")
 
 # %% tags=["prediction"]
 my_prediction = {
-    "least memory first": ...,   # e.g. ["full/uniform", "full/block", "selective", "none"]
+    "least memory first": ...,   # e.g. ["selective", "full/uniform", "none", "full/block"]
     "fastest first": ...,
 }
 

@@ -62,9 +62,20 @@ from labkit.train.model_state import measure_model_state
 #
 # 일반적인 데이터 병렬화는 모델 상태 전체, 곧 가중치(weight), 그 그래디언트, 옵티마이저의 상태(Adam의 두 모멘트(moment),
 # 그리고 16비트 학습이라면 fp32 마스터 가중치(master weight)도)를 모든 랭크에 한 벌씩 둡니다. ZeRO는 이를 $N_d$개의
-# 데이터 병렬 랭크에 나눠 두며, 단계가 하나 올라갈 때마다 한 조각씩 더 나눕니다. Megatron의 분산 옵티마이저(distributed
-# optimizer)는 1단계입니다. 2단계와 3단계는 Megatron-LM에서는 Megatron-FSDP이고, labkit의 드라이버(driver)에서는
-# megatron-core를 거친 PyTorch FSDP2입니다.
+# 데이터 병렬 랭크에 나눠 두며, 단계가 하나 올라갈 때마다 한 조각씩 더 나눕니다. 그 계산 방식은 실습 02와 같습니다.
+# 파라미터당 $2 + 2 + K$바이트, 곧 16비트 가중치와 그래디언트에 혼합 정밀도 Adam 상태 $K = 12$바이트(fp32 마스터
+# 가중치와 두 모멘트)이므로, 복제하면 $16$, 1단계는 $2 + 2 + 12/N_d$, 2단계는 $2 + 14/N_d$, 3단계는 $16/N_d$입니다.
+#
+# 스펙은 단계를 `optimizer.zero_stage`로 정하고, labkit의 드라이버(driver)는 각 단계를 다음처럼 실행합니다.
+#
+# | 단계 | 실행 방식 | 스텝 사이에 각 랭크가 가진 것 |
+# |---|---|---|
+# | 0 | megatron-core의 `DistributedDataParallel` | 전부 |
+# | 1 | megatron-core의 분산 옵티마이저(distributed optimizer, `--use-distributed-optimizer`) | 온전한 가중치와 그래디언트, 옵티마이저 상태의 $1/N_d$ |
+# | 2 | megatron-core를 거친 PyTorch FSDP2, 어떤 유닛도 순전파나 역전파 뒤에 다시 샤딩하지 않고(`reshard_after_forward=False`, `set_reshard_after_backward(False)`), 스텝마다 갱신된 조각을 all-gather | 온전한 가중치, 그래디언트와 옵티마이저 상태의 $1/N_d$ |
+# | 3 | PyTorch FSDP2, 각 유닛을 순전파와 역전파 뒤에 다시 샤딩 | 모든 것의 $1/N_d$ |
+#
+# (Megatron-LM 자체의 `pretrain_gpt.py`, 곧 `job.entrypoint: megatron-lm`은 2단계와 3단계를 Megatron-FSDP로 실행합니다.)
 #
 # 아래 실행들은 `tiny` GPT(FSDP2가 요구하므로 임베딩(embedding)을 공유하지 않는(untied) 것)를 Adam과 fp32로(파라미터당
 # 가중치 4바이트, 그래디언트 4바이트, 모멘트 8바이트), 데이터 병렬 랭크 2개에서 돌립니다. 모든 단계가 같은 수치를 보도록
@@ -92,11 +103,11 @@ my_prediction = {
 }
 
 # %% [markdown]
-# 아이디어(`bytes_per_param`, ZeRO의 계산 방식)와 megatron-core 자체의 버퍼(buffer)(`model_state_bytes`)를 나란히
-# 봅니다. 추정기(estimator)가 쓰는 `model_state_bytes`는 분산 옵티마이저가 버킷(bucket)을 정렬하느라 붙이는
-# 패딩(padding)을 더하는데, 이 크기에서는 패딩이 없습니다. 2단계와 3단계에서는 드라이버가 실행하는 FSDP2를 셉니다. 각
-# 파라미터의 행(row)을 랭크들에 나누고, 그 옆에 레이어(layer)가 계산하는 동안 모아 두는 레이어들을 더합니다. 이것은
-# 스텝 사이에 유지되지 않으므로 아래 열에서는 뺍니다.
+# 아이디어(`bytes_per_param`, ZeRO의 계산 방식)와 드라이버가 실행하는 것의 바이트(`model_state_bytes`, 추정기(estimator)가
+# 쓰는 것)를 나란히 봅니다. 0단계와 1단계는 megatron-core의 버퍼(buffer)로, 분산 옵티마이저가 버킷(bucket)을 정렬하느라
+# 붙이는 패딩(padding)까지 셉니다(이 크기에서는 패딩이 없습니다). 2단계와 3단계는 FSDP2의 조각으로, 각 파라미터의
+# 행(row)을 랭크들에 나눈 것이며, 2단계에서는 그 옆에 모아 둔 온전한 가중치를 더합니다. 레이어(layer)가 계산하는 동안에만
+# 있는 것(3단계에서 모은 레이어, 샤딩되지 않은 그래디언트)은 스텝 사이에 유지되지 않으므로 아래 열에서는 뺍니다.
 
 # %%
 def held_estimate(spec):
@@ -222,16 +233,20 @@ memory
 
 # %% tags=["check-claim"]
 for name in stages:  # exact: megatron-core's buffers, and FSDP2's shards padded to whole rows
-    assert abs(memory.loc[name, "measured"] / memory.loc[name, "estimate"] - 1) < 0.01, memory
-assert memory["measured"].is_monotonic_decreasing and memory.loc["zero3", "measured"] < memory.loc["zero1", "measured"]
+    assert abs(memory.loc[name, "measured"] / memory.loc[name, "estimate"] - 1) < 0.02, memory
+# stage 2 holds the whole weights that stage 3 shards; the gradients and the optimizer state alike
+assert memory.loc["zero2", "weights"] - memory.loc["zero3", "weights"] == 4 * params, memory
+assert (memory.loc["zero2", ["gradients", "optimizer"]] == memory.loc["zero3", ["gradients", "optimizer"]]).all()
+print(f"zero2: {memory.loc['zero2', 'measured']:,} B measured, {memory.loc['zero2', 'estimate']:,} B estimated")
+print(f"zero3: {memory.loc['zero3', 'measured']:,} B measured, {memory.loc['zero3', 'estimate']:,} B estimated")
 
 # %% [markdown]
-# 1단계는 옵티마이저 상태를 절반으로 줄이고, 3단계는 모든 것을 절반으로 줄입니다. 여기서 2단계는 3단계와 같게
-# 측정됩니다. labkit의 드라이버는 2단계를 순전파 뒤에 다시 샤딩하지 않는(without resharding after forward) FSDP2로
-# 실행합니다. 이 방식은 스텝 사이에는 파라미터를 샤딩된 채로 두고 순전파부터 역전파까지만 모아 두므로, ZeRO-2의 온전한
-# 파라미터는 최고점(peak)에서만 존재하며, 추정값은 이것을 작업 버퍼로 셉니다. (Megatron-LM은 2단계를 Megatron-FSDP의
-# `optim_grads`로 실행하는데, 여기서는 파라미터가 전혀 샤딩되지 않으므로 그 추정값은 더 많이 가집니다:
-# `job.entrypoint: megatron-lm`.) 여러분의 예측을 둘과 나란히 놓아 봅니다:
+# 1단계는 옵티마이저 상태를, 2단계는 그래디언트까지, 3단계는 모든 것을 절반으로 줄입니다. 2단계는 ZeRO의 아이디어보다
+# FSDP2 자체의 가중치 조각 $4P/N_d$바이트만큼 더 가집니다. 옵티마이저는 그 조각을 갱신하고, 드라이버는 모두의 조각에서
+# 온전한 가중치를 모읍니다. 혼합 정밀도에서는 그 fp32 조각이 ZeRO가 $K$에 세는 마스터 사본이지만, fp32에서는 두 번째
+# 사본입니다. 그래서 랭크 2개의 fp32에서는 2단계가 1단계만큼 가집니다. 그래디언트의 절반 $2P$바이트를 아끼고, 그 조각에
+# 같은 만큼을 쓰기 때문입니다. 랭크가 더 많거나 혼합 정밀도라면 더 적게 가집니다. 여러분의 예측을 같은 단계의 추정값,
+# 측정값과 나란히 놓아 봅니다:
 
 # %%
 prediction_table(my_prediction,
