@@ -36,6 +36,7 @@ def _convert(args, command: str) -> int:
     from labkit.checkpoint.hf import HFCheckpointError, export_hf, import_hf
     from labkit.extras import MissingExtra
     from labkit.spec import SpecError, load_spec
+    from labkit.spec.errors import print_spec_errors
 
     try:
         spec = load_spec(args.spec)
@@ -45,9 +46,16 @@ def _convert(args, command: str) -> int:
             export_hf(args.source, spec, args.output)
             notes = []
     except SpecError as exc:
-        print(f"labkit checkpoint {command}: --spec {args.spec}: " + "; ".join(exc.errors), file=sys.stderr)
+        return print_spec_errors(args.spec, exc)
+    except HFCheckpointError as exc:
+        if len(exc.problems) == 1:
+            print(f"labkit checkpoint {command}: {exc.problems[0]}", file=sys.stderr)
+        else:
+            print(f"labkit checkpoint {command}: {len(exc.problems)} error(s)", file=sys.stderr)
+            for problem in exc.problems:
+                print(f"  - {problem}", file=sys.stderr)
         return 2
-    except (HFCheckpointError, MissingExtra) as exc:
+    except MissingExtra as exc:
         print(f"labkit checkpoint {command}: {exc}", file=sys.stderr)
         return 2
     for note in notes:

@@ -45,7 +45,11 @@ EXACT_GELU = "gelu"
 
 
 class HFCheckpointError(ValueError):
-    """A checkpoint or spec that cannot be converted; the message names the spec field or file and the fix."""
+    """A checkpoint or spec that cannot be converted: `problems`, each naming the spec field or file and the fix."""
+
+    def __init__(self, *problems: str):
+        super().__init__("; ".join(problems))
+        self.problems = list(problems)
 
 
 def family_of_config(config: dict, where: str) -> str:
@@ -87,10 +91,18 @@ def config_problems(model, config: dict, where: str) -> tuple[list[str], list[st
     family = family_of_config(config, where)
     problems, notes = [], []
 
-    def same(field: str, ours, key: str, theirs) -> None:
+    def same(field: str, ours, key: str, theirs, wanted=None) -> None:
+        """The spec's model.FIELD against the config's KEY; `wanted`, the spec's value for it, when not `theirs`."""
+        wanted = theirs if wanted is None else wanted
+        if ours != wanted:
+            problems.append(f"model.{field}: {json.dumps(ours)} in the spec, {key} {json.dumps(theirs)} in {where}; "
+                            f"set model.{field}: {json.dumps(wanted)}")
+
+    def fixed(field: str, ours, theirs) -> None:
+        """The spec's model.FIELD against what every model of the family has."""
         if ours != theirs:
-            problems.append(f"model.{field}: {ours} in the spec, {key} {theirs} in {where}; set model.{field}: "
-                            f"{json.dumps(theirs)}")
+            problems.append(f"model.{field}: {json.dumps(ours)} in the spec; {where} is a {family} model, whose "
+                            f"{field} is {json.dumps(theirs)}; set model.{field}: {json.dumps(theirs)}")
 
     heads = config.get("num_attention_heads" if family == "llama" else "n_head")
     hidden = config.get("hidden_size" if family == "llama" else "n_embd")
@@ -106,12 +118,15 @@ def config_problems(model, config: dict, where: str) -> tuple[list[str], list[st
         if kind != "default":
             problems.append(f"model.rotary_base: {where} scales rotary positions ({kind}), which labkit's driver does "
                             "not; convert a model without rope scaling")
-        same("untie_embeddings", bool(model.untie_embeddings), "tie_word_embeddings (negated)",
-             not config.get("tie_word_embeddings", False))
-        same("swiglu", bool(model.swiglu), "hidden_act silu", config.get("hidden_act", "silu") == "silu")
-        same("normalization", model.normalization, "(Llama's norm)", "RMSNorm")
-        same("position_embedding_type", model.position_embedding_type, "(Llama's positions)", "rope")
-        same("add_bias_linear", bool(model.add_bias_linear), "attention_bias/mlp_bias",
+        tied = config.get("tie_word_embeddings", False)
+        same("untie_embeddings", bool(model.untie_embeddings), "tie_word_embeddings", tied, not tied)
+        if config.get("hidden_act", "silu") != "silu":
+            problems.append(f"model.swiglu: {where} has hidden_act {config['hidden_act']}; labkit's driver gates "
+                            "Llama's MLP with SiLU only; convert a model with hidden_act silu")
+        fixed("swiglu", bool(model.swiglu), True)
+        fixed("normalization", model.normalization, "RMSNorm")
+        fixed("position_embedding_type", model.position_embedding_type, "rope")
+        same("add_bias_linear", bool(model.add_bias_linear), "attention_bias or mlp_bias",
              bool(config.get("attention_bias") or config.get("mlp_bias")))
         eps_key = "rms_norm_eps"
     else:
@@ -121,12 +136,12 @@ def config_problems(model, config: dict, where: str) -> tuple[list[str], list[st
         same("num_query_groups", model.query_groups, "n_head", heads)
         same("ffn_hidden_size", model.ffn_size, "n_inner", config.get("n_inner") or 4 * hidden)
         same("seq_length", model.seq_length, "n_positions", config.get("n_positions"))
-        same("untie_embeddings", bool(model.untie_embeddings), "tie_word_embeddings (negated)",
-             not config.get("tie_word_embeddings", True))
-        same("swiglu", bool(model.swiglu), "(GPT-2's MLP)", False)
-        same("normalization", model.normalization, "(GPT-2's norm)", "LayerNorm")
-        same("position_embedding_type", model.position_embedding_type, "(GPT-2's positions)", "learned_absolute")
-        same("add_bias_linear", bool(model.add_bias_linear), "(GPT-2's biases)", True)
+        tied = config.get("tie_word_embeddings", True)
+        same("untie_embeddings", bool(model.untie_embeddings), "tie_word_embeddings", tied, not tied)
+        fixed("swiglu", bool(model.swiglu), False)
+        fixed("normalization", model.normalization, "LayerNorm")
+        fixed("position_embedding_type", model.position_embedding_type, "learned_absolute")
+        fixed("add_bias_linear", bool(model.add_bias_linear), True)
         for key in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
             if config.get(key):
                 problems.append(f"model: {where} sets {key}, which megatron-core's attention does not do; convert a "
@@ -345,7 +360,7 @@ def import_hf(hf_dir, spec, out) -> list[str]:
     config, tensors = read_hf(hf_dir)
     problems, notes = config_problems(spec.model, config, f"{hf_dir}/config.json")
     if problems:
-        raise HFCheckpointError("; ".join(problems))
+        raise HFCheckpointError(*problems)
     family = family_of_config(config, str(hf_dir))
     padded = sizes.padded_vocab_size(spec.model.vocab_size, spec.model.make_vocab_size_divisible_by or 128,
                                      spec.parallel.tensor)
