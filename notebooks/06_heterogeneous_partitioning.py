@@ -74,9 +74,10 @@ print(f"{plan.configs_evaluated} layouts estimated ({plan.configs_pruned} ruled 
 ranked_table(plan, top=10)
 
 # %% [markdown]
-# FASOP's Megatron-LM scripts ran `PARTITION="0-11-8-8-8-8-5-0"` (PP 8, DP 4) and measured 1.4 s per step on 32 A10s;
-# FASOP's planner ranked mbs 1, tp 1, dp 2, pp 16 first at about 1.07 s. The rows above are interleaved (`vp` model
-# chunks per stage), whose partitions are even, and many differ only in where the A100 node sits in the pipeline.
+# FASOP's Megatron-LM scripts ran `PARTITION="0-11-8-8-8-8-5-0"` (PP 8, DP 4) and measured 1.4 s per step on 32 A10s
+# (1.37 to 1.42 s at iterations 20 to 50 of its log; the 10th, 4.5 s, still warming up). The rows above are
+# interleaved (`vp` model chunks per stage, lab 07's virtual stages), whose partitions are even, and many differ only
+# in where the A100 node sits in the pipeline.
 # FASOP's question is about the plain pipeline: 8 stages, one per node, no interleaving. The same search with those
 # fixed:
 
@@ -135,6 +136,9 @@ assert abs(slowest_s - max(matched.stage_times_s)) < 0.02 * slowest_s
 # tie by the whole step's estimate (sends between stages, the bubble), which the from-scratch version leaves out.
 #
 # ## 6.2 Time or money: the Pareto front over cluster compositions
+#
+# Each composition of A100 and A10 nodes gets its best layout's time and price per step. A composition is on the
+# **Pareto front** when no other one is both faster and cheaper: along the front, saving time costs money.
 
 # %%
 compositions = sweep(base, "A100-40GB", "A10", max_nodes=max_nodes)
@@ -223,7 +227,7 @@ assert 0.4 < on_cpu.iteration_time_s / measured < 1.25, (on_cpu.iteration_time_s
 # The estimate reads low, and by how much depends on what else the machine is doing: the layer profile and the run
 # are timed at different moments, and on a machine shared with other work either can be slowed. On an otherwise idle
 # machine `benchmarks/bench_plan_closed_loop.py` runs 14 layouts of this model, and the estimate ranks them in the
-# order they measure (Spearman about 0.9) and reads 8-12% low in the median, 20% at most; a single run on a busy
+# order they measure (Spearman's rank correlation about 0.9, where 1 is the same order and 0 none) and reads 8-12% low in the median, 20% at most; a single run on a busy
 # machine, like the one above, can read well over a third low. What it leaves out is what surrounds the layers:
 # each micro-batch's send and receive over gloo, the schedule's Python, the optimizer and the log. With layers of
 # 15 ms that is a small share of the step; with the `tiny` preset's 2 ms layers it would be most of it, and the

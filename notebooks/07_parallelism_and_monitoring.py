@@ -102,8 +102,8 @@ schedule_figure(est.pipeline, title=f"pp2: 1F1B over {pp.num_micro_batches} micr
 print(f"bubble: {bubble_fraction(pipeline_schedule(pp.parallel.pipeline, pp.num_micro_batches)):.0%} of the iteration")
 
 # %% [markdown]
-# More micro-batches shrink the bubble; the interleaved schedule (several model chunks per stage) shrinks it
-# further, at the price of more messages:
+# More micro-batches shrink the bubble; the interleaved schedule (several model chunks per stage, Megatron's virtual
+# stages: `parallel.virtual_stages`) shrinks it further, at the price of more messages:
 
 # %%
 show("pipeline_schedules")
@@ -175,12 +175,27 @@ timer_breakdown_figure(sweep.logs).show()
 # %% [markdown]
 # ## 7.6 Communication per parallel group
 #
-# The profiler names each collective's group from the Megatron code that called it: dp2 all-reduces its gradients
-# in the data-parallel group (`dp`) once per iteration; tp2 all-reduces activations in the tensor group inside every
-# layer; pp2 sends and receives between the stages (and all-reduces the tied embedding's gradient between first and
-# last stage). Every layout also has a `world` line: Megatron's timers gathering every rank's times to print their
-# (min, max), once per logged iteration. On this machine it is often the biggest line, as the call waits there for
-# the slowest rank to arrive; the waiting is not communication, and it is no parallel group's traffic.
+# The profiler names each collective's group from the Megatron code that called it. Every layout runs megatron-core's
+# whole code path, so a group of one rank shows its calls too (they return at once). In the one profiled iteration,
+# with $m$ micro-batches per rank and $L$ layers:
+# - `dp`: the gradient all-reduce, once per iteration: DDP keeps the tiny model's gradients in one bucket and
+#   all-reduces it in one call after the last micro-batch's backward (`finish_grad_sync`). dp2's other two `dp` calls
+#   are one number each that labkit's driver all-reduces for its log: the loss averaged over the data-parallel ranks,
+#   and whether any rank's loss is NaN. The trace records no group for those two, and labkit names it from the layout:
+#   `dp` in dp2, `tp` in tp2.
+# - `tp`: megatron-core's vocab-parallel cross entropy all-reduces three numbers per token over the tensor group in
+#   every micro-batch (the largest logit, the target's logit, the sum of exponentials): dp2's $3m = 6$ `tp` calls,
+#   over a tensor group of one rank. tp2 adds its layers': in each micro-batch's forward one all-reduce per
+#   row-parallel linear (attention's output projection and the MLP's second linear, 2 per layer) and one for the
+#   embedding; in its backward one per column-parallel linear (QKV and the MLP's first linear) and one for the output
+#   layer. That is $(4L + 2 + 3)m + 2 = 54$ calls at $L = 2$, $m = 4$, the 2 being the log's two numbers.
+# - `model`: the gradient norm for clipping (`--clip-grad`): the squared norm all-reduced over the model-parallel
+#   group (the tensor x pipeline ranks; one rank in dp2) before the step.
+# - `pp` and `embedding` (pp2): the sends and receives between the stages, and the tied embedding's gradient
+#   all-reduced between the first and the last stage.
+# - `world`: Megatron's timers gathering every rank's times to print their (min, max), once per logged iteration. On
+#   this machine it is often the biggest line, as the call waits there for the slowest rank to arrive; the waiting is
+#   not communication, and it is no parallel group's traffic.
 
 # %%
 groups = {}
@@ -188,14 +203,30 @@ for name, spec in sweep.specs.items():
     groups[name] = trace.communication_by_group(sweep.traces(name), tensor=spec.parallel.tensor,
                                                 pipeline=spec.parallel.pipeline)
     print(f"{name}:\n{groups[name].round(3).to_string(index=False)}\n")
+tp_row = groups["tp2"].set_index("group").loc["tp"]
+print(f"tp2: {tp_row['time_ms'] / tp_row['calls']:.2f} ms per tensor-parallel all-reduce")
 
 # %% tags=["check-claim"]
 assert {"dp", "world"} <= set(groups["dp2"]["group"]) and "tp" in set(groups["tp2"]["group"]), groups
 assert "pp" in set(groups["pp2"]["group"]), groups["pp2"]
+calls = {name: dict(zip(table["group"], table["calls"])) for name, table in groups.items()}  # rank 0's
+layers, m = base.model.num_layers, sweep.specs["tp2"].num_micro_batches
+assert calls["dp2"]["dp"] == 3 and calls["dp2"]["tp"] == 3 * sweep.specs["dp2"].num_micro_batches, calls
+assert calls["tp2"]["tp"] == (4 * layers + 2 + 3) * m + 2, calls
 
 # %%
 tp2 = sweep.specs["tp2"]
 profile_views.communication_group_figure(sweep.traces("tp2"), tensor=tp2.parallel.tensor).show()
+
+# %% [markdown]
+# tp2 usually runs slowest here, though the estimate puts it within about a millisecond of dp2. Its ranks meet in
+# every all-reduce above, inside the forward and the backward, where the next operation needs the sum: dp2's meet a
+# handful of times, after the backward. The estimate prices each of tp2's all-reduces as two gloo processes alone on
+# the cores measured it (the `cpu` entry of `labkit/data/gpus.yaml`: `message_latency_s` 0.1 ms and
+# `intra_node_gbps` 11, about 0.1 ms for a layer's activations); here three runs' six ranks share this machine's
+# cores, and a rank that reaches an all-reduce waits until its partner is scheduled again, a millisecond or more each
+# time (the line printed above). On GPUs with NVLink such an all-reduce takes microseconds, and tensor parallelism
+# within a node costs little.
 
 # %% [markdown]
 # ## 7.7 Why did it fail?

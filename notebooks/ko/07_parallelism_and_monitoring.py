@@ -102,7 +102,7 @@ print(f"bubble: {bubble_fraction(pipeline_schedule(pp.parallel.pipeline, pp.num_
 
 # %% [markdown]
 # 마이크로배치가 많을수록 버블이 줄어듭니다. 인터리브 스케줄(interleaved schedule)은 스테이지마다 모델 청크(chunk)를 여러 개
-# 두어, 메시지가 늘어나는 대가로 버블을 더 줄입니다:
+# (Megatron의 가상 스테이지(virtual stage), `parallel.virtual_stages`) 두어, 메시지가 늘어나는 대가로 버블을 더 줄입니다:
 
 # %%
 show("pipeline_schedules")
@@ -174,12 +174,27 @@ timer_breakdown_figure(sweep.logs).show()
 # %% [markdown]
 # ## 7.6 병렬 그룹별 통신
 #
-# 프로파일러는 각 집합 통신(collective)을 호출한 Megatron 코드로부터 그 그룹의 이름을 알아냅니다. dp2는 반복마다 한 번 데이터
-# 병렬 그룹(`dp`)에서 그래디언트를 all-reduce합니다. tp2는 모든 레이어 안에서 텐서 그룹으로 활성값을 all-reduce합니다. pp2는
-# 스테이지 사이에서 데이터를 보내고 받습니다(그리고 공유된(tied) 임베딩의 그래디언트를 첫 스테이지와 마지막 스테이지 사이에서
-# all-reduce합니다). 모든 레이아웃에는 `world` 줄도 있습니다. Megatron의 타이머가 (min, max)를 출력하려고, 기록하는 반복마다
-# 한 번씩 모든 랭크의 시간을 모으는 것입니다. 이 머신에서는 이 줄이 가장 큰 경우가 많은데, 호출이 가장 느린 랭크가 도착할
-# 때까지 거기서 기다리기 때문입니다. 이 대기는 통신이 아니며, 어느 병렬 그룹의 트래픽도 아닙니다.
+# 프로파일러는 각 집합 통신(collective)을 호출한 Megatron 코드로부터 그 그룹의 이름을 알아냅니다. 모든 레이아웃이
+# megatron-core의 코드 경로 전체를 실행하므로, 랭크가 하나뿐인 그룹의 호출도 보입니다(바로 반환됩니다). 프로파일한 반복 하나에서,
+# 랭크당 마이크로배치 $m$개와 레이어 $L$개일 때:
+# - `dp`: 반복마다 한 번인 그래디언트 all-reduce입니다. DDP는 tiny 모델의 그래디언트를 버킷(bucket) 하나에 두고, 마지막
+#   마이크로배치의 역전파가 끝나면 한 번의 호출로 all-reduce합니다(`finish_grad_sync`). dp2의 나머지 `dp` 호출 두 개는
+#   labkit의 드라이버가 로그를 위해 all-reduce하는 숫자 하나씩입니다. 데이터 병렬 랭크들에 대해 평균한 손실, 그리고 어느
+#   랭크의 손실이 NaN인지입니다. 트레이스는 이 둘의 그룹을 기록하지 않으므로 labkit은 레이아웃으로부터 그룹 이름을 붙입니다.
+#   dp2에서는 `dp`, tp2에서는 `tp`입니다.
+# - `tp`: megatron-core의 어휘 병렬(vocab-parallel) 교차 엔트로피는 마이크로배치마다 토큰당 숫자 세 개(가장 큰 로짓, 정답의
+#   로짓, 지수의 합)를 텐서 그룹에서 all-reduce합니다. dp2의 `tp` 호출 $3m = 6$개가 이것이며, 랭크 하나짜리 텐서 그룹에서
+#   일어납니다. tp2는 레이어의 호출을 더합니다. 각 마이크로배치의 순전파에서 행 병렬(row-parallel) 선형 레이어마다(어텐션의 출력
+#   프로젝션과 MLP의 두 번째 선형 레이어, 레이어당 2개) 하나와 임베딩에 하나, 역전파에서 열 병렬(column-parallel) 선형 레이어마다(QKV와
+#   MLP의 첫 번째 선형 레이어) 하나와 출력 레이어에 하나입니다. $L = 2$, $m = 4$에서 $(4L + 2 + 3)m + 2 = 54$번이며, 2는 로그의 숫자
+#   두 개입니다.
+# - `model`: 클리핑(`--clip-grad`)을 위한 그래디언트 노름입니다. 스텝 전에 제곱 노름을 모델 병렬 그룹(텐서 x 파이프라인
+#   랭크, dp2에서는 랭크 하나)에서 all-reduce합니다.
+# - `pp`와 `embedding`(pp2): 스테이지 사이에서 보내고 받는 것, 그리고 공유된(tied) 임베딩의 그래디언트를 첫 스테이지와 마지막
+#   스테이지 사이에서 all-reduce하는 것입니다.
+# - `world`: Megatron의 타이머가 (min, max)를 출력하려고, 기록하는 반복마다 한 번씩 모든 랭크의 시간을 모으는 것입니다. 이
+#   머신에서는 이 줄이 가장 큰 경우가 많은데, 호출이 가장 느린 랭크가 도착할 때까지 거기서 기다리기 때문입니다. 이 대기는
+#   통신이 아니며, 어느 병렬 그룹의 트래픽도 아닙니다.
 
 # %%
 groups = {}
@@ -187,14 +202,29 @@ for name, spec in sweep.specs.items():
     groups[name] = trace.communication_by_group(sweep.traces(name), tensor=spec.parallel.tensor,
                                                 pipeline=spec.parallel.pipeline)
     print(f"{name}:\n{groups[name].round(3).to_string(index=False)}\n")
+tp_row = groups["tp2"].set_index("group").loc["tp"]
+print(f"tp2: {tp_row['time_ms'] / tp_row['calls']:.2f} ms per tensor-parallel all-reduce")
 
 # %% tags=["check-claim"]
 assert {"dp", "world"} <= set(groups["dp2"]["group"]) and "tp" in set(groups["tp2"]["group"]), groups
 assert "pp" in set(groups["pp2"]["group"]), groups["pp2"]
+calls = {name: dict(zip(table["group"], table["calls"])) for name, table in groups.items()}  # rank 0's
+layers, m = base.model.num_layers, sweep.specs["tp2"].num_micro_batches
+assert calls["dp2"]["dp"] == 3 and calls["dp2"]["tp"] == 3 * sweep.specs["dp2"].num_micro_batches, calls
+assert calls["tp2"]["tp"] == (4 * layers + 2 + 3) * m + 2, calls
 
 # %%
 tp2 = sweep.specs["tp2"]
 profile_views.communication_group_figure(sweep.traces("tp2"), tensor=tp2.parallel.tensor).show()
+
+# %% [markdown]
+# 여기서는 대개 tp2가 가장 느린데, 추정은 dp2와 1 ms 정도밖에 차이 나지 않는다고 봅니다. tp2의 랭크들은 위의 모든
+# all-reduce에서, 곧 다음 연산이 합을 기다리는 순전파와 역전파 안에서 만납니다. dp2의 랭크들은 역전파가 끝난 뒤 몇 번만
+# 만납니다. 추정은 tp2의 all-reduce 하나하나를, 코어에 gloo 프로세스 두 개만 있을 때 잰 값으로 매깁니다
+# (`labkit/data/gpus.yaml`의 `cpu` 항목: `message_latency_s` 0.1 ms와 `intra_node_gbps` 11, 레이어 하나의 활성값에 약 0.1 ms).
+# 여기서는 세 실행의 랭크 여섯 개가 이 머신의 코어를 나눠 쓰므로, all-reduce에 먼저 도착한 랭크는 상대 랭크가 다시 스케줄될
+# 때까지 기다리며, 그때마다 1 ms 이상이 걸립니다(위에 출력한 줄). NVLink가 있는 GPU에서는 이런 all-reduce가 마이크로초 단위로
+# 끝나므로, 노드 안의 텐서 병렬화는 비용이 크지 않습니다.
 
 # %% [markdown]
 # ## 7.7 왜 실패했을까?
