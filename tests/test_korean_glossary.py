@@ -8,17 +8,6 @@ import pytest
 KOREAN = Path(__file__).resolve().parent.parent / "notebooks" / "ko"
 HANGUL = "\uac00-\ud7a3"
 
-# Labs 02, 07 and 09 were being rewritten while the vocabulary was fixed in the others; they are brought to it when
-# those labs are next edited, and this set shrinks to nothing. {source: how many variants it still uses}
-KNOWN_DRIFT = {
-    "02_mixed_precision.py": 15,
-    "07_parallelism_and_monitoring.py": 4,
-    "09_data_parallelism_and_zero.py": 3,
-    "solutions/02_mixed_precision.py": 3,
-    "solutions/07_parallelism_and_monitoring.py": 3,
-    "solutions/09_data_parallelism_and_zero.py": 3,
-}
-
 
 def glossary() -> dict[str, str]:
     """{variant not to use: the Korean term to write instead}, read from the glossary's table."""
@@ -56,13 +45,8 @@ def test_the_glossary_names_variants_and_each_has_one_korean_term():
 
 @pytest.mark.parametrize("source", korean_sources(), ids=lambda p: str(p.relative_to(KOREAN)))
 def test_no_korean_lab_uses_a_variant_the_glossary_rules_out(source: Path):
-    name = str(source.relative_to(KOREAN))
     found = violations(source.read_text(), glossary())
-    if name in KNOWN_DRIFT:
-        assert len(found) == KNOWN_DRIFT[name], f"{name}: {len(found)} variant(s), not {KNOWN_DRIFT[name]}: " \
-                                                 f"update KNOWN_DRIFT (drop the entry once it is 0): {found}"
-    else:
-        assert found == [], f"notebooks/ko/{name}: " + "; ".join(found)
+    assert found == [], f"notebooks/ko/{source.relative_to(KOREAN)}: " + "; ".join(found)
 
 
 def test_a_variant_is_found_at_a_word_start_and_the_right_term_is_not():

@@ -18,7 +18,7 @@
 # # 실습 02: 혼합 정밀도(mixed precision): fp32 기준 실행과 비교한 fp16과 bf16
 #
 # **목표.** 이 실습을 마치면 다음을 할 수 있습니다.
-# - 16비트 학습이 무엇을 바꾸는지 실행하기 전에 예측합니다: 파라미터당 바이트 수, 활성화(activation) 메모리, 그리고
+# - 16비트 학습이 무엇을 바꾸는지 실행하기 전에 예측합니다: 파라미터당 바이트 수, 활성값(activation) 메모리, 그리고
 #   텐서 코어(tensor core)가 있는 GPU에서의 속도.
 # - 기준 실행(baseline), fp16, bf16을 나란히 학습하고(같은 스펙에서 `precision`만 바꿉니다) 반복(iteration) 시간,
 #   메모리, 손실(loss)을 비교합니다.
@@ -71,9 +71,9 @@ from labkit.spec import load_spec
 # | bf16 | 2 | 4 (fp32) | 12 (fp32 마스터, m, v) | 18 |
 # | fp16 | 2 | 2 | 16 (fp32 마스터와 그래디언트, m, v) | 20 |
 #
-# 즉 *모델 상태(model state)*는 오히려 커집니다. 줄어드는 것은 16비트로 저장되는 활성화입니다. 어느 쪽이 이기는지는
+# 즉 *모델 상태(model state)*는 오히려 커집니다. 줄어드는 것은 16비트로 저장되는 활성값입니다. 어느 쪽이 이기는지는
 # 모델과 배치에 달려 있습니다. 워크숍의 GPT-2 크기 모델에 대해 labkit의 추정치는 fp16에서 메모리가 *줄어든다*고
-# 말하지만(절반이 된 활성화가 커진 모델 상태보다 더 크게 작용합니다), NVIDIA DLI 워크숍 "Model Parallelism"에서는 최대
+# 말하지만(절반이 된 활성값이 커진 모델 상태보다 더 크게 작용합니다), NVIDIA DLI 워크숍 "Model Parallelism"에서는 최대
 # 메모리가 약 10 GB에서 12 GB로 늘었다고 보고했습니다. 그 차이는 추정치가 항목별로 세지 않는 메모리(할당자(allocator)의
 # 캐시, 스텝 중에 만들어지는 손실 스케일링용 사본과 16비트 사본)입니다. 추정만 하지 말고 측정도 해야 하는 이유 가운데
 # 하나입니다.
@@ -102,7 +102,7 @@ compare(specs)[["gpu", "precision", "bytes_per_param", "weights_mib", "gradients
 
 # %% [markdown]
 # labkit의 카탈로그(catalog)는 CPU에 세 정밀도 모두 같은 임시 최대 성능(placeholder peak) 하나를 줍니다. 그래서 이
-# 머신에서 추정된 시간은 각 실행이 옮기는 활성화 바이트 수로만 달라지고, fp32에서는 그 양이 두 배이므로 추정치는 16비트
+# 머신에서 추정된 시간은 각 실행이 옮기는 활성값 바이트 수로만 달라지고, fp32에서는 그 양이 두 배이므로 추정치는 16비트
 # 실행들을 앞에 둡니다. 이것은 연산 속도에 대한 추측일 뿐이며, CPU마다 사정이 다릅니다. AVX-512 BF16이나 AMX 명령어가
 # 있는 CPU(Cooper Lake와 Sapphire Rapids 이후의 Intel Xeon, Zen 4 이후의 AMD)는 bf16 행렬 곱을 하드웨어로 처리해
 # fp32보다 몇 배 빠릅니다. 반면 fp16은 대부분의 CPU와 그 PyTorch 빌드에 그런 경로가 없어 소프트웨어로 변환하므로, 흔히
@@ -202,7 +202,7 @@ loss_figure(sweep.logs).show()
 # AVX-512 BF16이나 AMX가 있으면 bf16의 행렬 곱이 하드웨어에서 돌아 세 실행 중 가장 빠를 수도 있고, fp16은 여전히
 # 변환을 거치므로 가장 느립니다. 이 CPU가 어느 쪽인지는 2.1에서 측정했습니다. GPU의 텐서 코어는 두 16비트 형식 모두
 # fp32보다 몇 배 빠르게 곱합니다. CPU에서 로그의 메모리 항목은 프로세스의 상주 메모리(resident memory)이며 대부분은
-# PyTorch 자체가 차지합니다. GPU에서는 CUDA 할당자의 값이므로 16비트 활성화의 효과가 드러납니다. 프로파일러(2.5)는 두
+# PyTorch 자체가 차지합니다. GPU에서는 CUDA 할당자의 값이므로 16비트 활성값의 효과가 드러납니다. 프로파일러(2.5)는 두
 # 경우 모두 할당을 직접 봅니다.
 #
 # fp16의 손실 곡선은 늦게 시작합니다. 왜일까요?
@@ -218,7 +218,7 @@ loss_figure(sweep.logs).show()
 # 다시 두 배로 키워 봅니다. 히스테리시스(hysteresis)가 2이면 첫 번째 오버플로는 절반 감소를 준비시킬 뿐, 스케일을
 # 줄이지는 않습니다.
 #
-# **연습 1.** 로그를 읽기 전에 세어 보세요. NVIDIA DLI 워크숍 "Model Parallelism"의 fp16 실행은 히스테리시스 2로
+# **연습 문제 1.** 로그를 읽기 전에 세어 보세요. NVIDIA DLI 워크숍 "Model Parallelism"의 fp16 실행은 히스테리시스 2로
 # $2^{32}$에서 시작해, 반복 20에서 손실 스케일 131072를 기록했습니다. 그때까지 몇 번의 반복을 건너뛰었을까요?
 
 # %%
@@ -242,7 +242,7 @@ print(f"bf16: loss scale {loss_scale_history(sweep.logs['bf16'])['loss_scale'].i
       f"{loss_scale_history(sweep.logs['bf16'])['skipped_total'].iloc[-1]}: bf16 has fp32's exponent range")
 
 # %% [markdown]
-# **직접 구현하기(from scratch).** 동적 손실 스케일러 전체는 몇 줄이면 됩니다. 오버플로를 히스테리시스만큼 세다가 다
+# **처음부터 구현하기(from scratch).** 동적 손실 스케일러 전체는 몇 줄이면 됩니다. 오버플로를 히스테리시스만큼 세다가 다
 # 소진되면 절반으로 줄이고, 오버플로 없는 스텝이 `growth_interval`번 이어지면 두 배로 늘립니다(이때 히스테리시스도
 # 복원합니다).
 
@@ -298,7 +298,7 @@ profile_views.scalars_figure(scalars, ["loss-scale"]).show()
 # 워크숍에서는 PyTorch 프로파일러 결과를 TensorBoard에서 읽습니다: 텐서 코어 커널(kernel)에 쓰인 GPU 시간의 비율,
 # 그리고 fp16 사본이 만들어지는 지점에서 뛰어오르는 메모리 곡선. 여기서는 같은 질문에 프로파일링한 반복의
 # 트레이스(trace)로 답합니다. `matmul_share`는 행렬 곱셈에 쓰인 시간의 비율, `saved_mb`는 순전파가 역전파를 위해 남겨
-# 둔 메모리(활성화, MiB), `peak_growth_mb`는 한 스텝 안에서 메모리가 얼마나 올라갔는지입니다.
+# 둔 메모리(활성값, MiB), `peak_growth_mb`는 한 스텝 안에서 메모리가 얼마나 올라갔는지입니다.
 
 # %%
 traces = {name: sweep.traces(name)[0] for name in sweep.jobs}
@@ -311,7 +311,7 @@ profile_views.breakdown_figure(traces).show()
 profile_views.memory_figure(traces).show()
 
 # %% [markdown]
-# 16비트 실행은 역전파를 위해 남기는 양이 더 적습니다(활성화 크기가 절반이고, 로짓(logit)은 fp32로 남습니다). 여기서
+# 16비트 실행은 역전파를 위해 남기는 양이 더 적습니다(활성값 크기가 절반이고, 로짓(logit)은 fp32로 남습니다). 여기서
 # 통신 시간은 대부분 한 랭크(rank)가 그래디언트 all-reduce에서 다른 랭크를 기다리는 시간입니다. 두 랭크가 이 머신의
 # 코어를 다른 실행들과 나눠 쓰기 때문입니다. matmul 비율은 그 나머지 시간에 대한 비율입니다. GPU에서라면
 # `tensor_core_share`가 커널 시간 중 텐서 코어에서 돈 비율을 보여 주겠지만, CPU 트레이스에는 커널이 없습니다.
@@ -336,7 +336,7 @@ print("\n".join(str(path) for path in traces_of.find_traces(sweep.run_dirs["fp16
 # Megatron의 분산 옵티마이저(`optimizer.distributed: true`, `--use-distributed-optimizer`)는 1단계에 해당합니다. 각
 # 랭크는 자기 몫인 1/N 샤드(shard)의 fp32 마스터 가중치와 Adam 모멘트(moment)만 보관합니다. 통신량은 이것이 대체하는
 # all-reduce와 같습니다: 스텝 전에 그래디언트를 reduce-scatter하고, 스텝 후에 갱신된 파라미터를 all-gather합니다.
-# 3단계(PyTorch FSDP, DeepSpeed)는 순전파와 역전파에서 각 층(layer)의 파라미터를 다시 모읍니다. 통신량은 약 1.5배가
+# 3단계(PyTorch FSDP, DeepSpeed)는 순전파와 역전파에서 각 레이어(layer)의 파라미터를 다시 모읍니다. 통신량은 약 1.5배가
 # 되지만 메모리는 가장 적게 씁니다.
 
 # %%
@@ -357,16 +357,16 @@ for stage in (1, 2, 3):
 # 바이트). 실습 09에서 네 단계를 실행하고 측정합니다.
 #
 # Korthikanti et al.([arXiv:2205.05198](https://arxiv.org/abs/2205.05198))의 시퀀스 병렬화(sequence parallelism)는
-# 또 하나의 큰 항목인 활성화를 텐서 병렬 GPU들에 나눠 둡니다. 텐서 병렬화(tensor parallelism)가 복제된 채로 남겨 두는
+# 또 하나의 큰 항목인 활성값을 텐서 병렬 GPU들에 나눠 둡니다. 텐서 병렬화(tensor parallelism)가 복제된 채로 남겨 두는
 # LayerNorm과 드롭아웃(dropout)이 각각 시퀀스의 1/t만 처리하고, 텐서 병렬화의 all-reduce 하나하나는 통신량이 같은
 # all-gather와 reduce-scatter로 바뀝니다. 실습 07에서는 모델을 텐서 병렬 랭크들에 나눠 봅니다. 실습 06의
 # 플래너(planner)는 GPU에서 텐서 병렬화를 쓰는 곳이면 어디서나 시퀀스 병렬화를 켭니다.
 #
-# ## 연습
+# ## 연습 문제
 #
-# (연습 1은 2.4절에서, 그 답을 보여 주는 로그보다 먼저 풀었습니다.)
+# (연습 문제 1은 2.4절에서, 그 답을 보여 주는 로그보다 먼저 풀었습니다.)
 #
-# **연습 2.** 손실 스케일 없이 학습하는 16비트 형식은 무엇일까요? `"fp16"` 또는 `"bf16"`으로 답하세요.
+# **연습 문제 2.** 손실 스케일 없이 학습하는 16비트 형식은 무엇일까요? `"fp16"` 또는 `"bf16"`으로 답하세요.
 
 # %%
 answer_2 = ...
@@ -375,7 +375,7 @@ answer_2 = ...
 check("02.2", answer_2)
 
 # %% [markdown]
-# **연습 3.** fp16과 Megatron의 분산 옵티마이저를 데이터 병렬 GPU 8개에서 쓰면, 각 GPU는 파라미터당 몇 바이트의 모델
+# **연습 문제 3.** fp16과 Megatron의 분산 옵티마이저를 데이터 병렬 GPU 8개에서 쓰면, 각 GPU는 파라미터당 몇 바이트의 모델
 # 상태를 보관할까요? (`bytes_per_param`에 답이 있지만, 먼저 손으로 계산해 보세요.)
 
 # %%

@@ -56,7 +56,7 @@ from labkit.spec import load_spec
 # %% [markdown]
 # ## 7.1 하나의 모델, 세 가지 레이아웃
 #
-# 랭크(rank)는 노드마다 하나씩 두 개이고, 전역 배치(global batch)는 8, 마이크로배치(micro-batch)는 2입니다.
+# 랭크(rank)는 노드마다 하나씩 두 개이고, 글로벌 배치(global batch)는 8, 마이크로배치(micro-batch)는 2입니다.
 # - **dp2** (데이터 병렬): 각 랭크가 모델 전체와 배치의 절반을 가집니다. 그래디언트(gradient)는 all-reduce로 합칩니다.
 # - **tp2** (텐서 병렬): 각 랭크가 모든 가중치 행렬의 절반을 가집니다. 활성값(activation)은 모든 레이어(layer) 안에서
 #   순전파(forward)에 두 번, 역전파(backward)에 두 번 all-reduce됩니다.
@@ -389,7 +389,7 @@ for rank, (tensor_ok, order) in sorted(checked.items()):
 # %% [markdown]
 # ## 연습 문제
 #
-# **연습 1.** GPU 4개짜리 노드 2개에서 텐서 병렬 크기가 2, 파이프라인 병렬 크기가 2이면, 데이터 병렬 크기(data-parallel
+# **연습 문제 1.** GPU 4개짜리 노드 2개에서 텐서 병렬 크기가 2, 파이프라인 병렬 크기가 2이면, 데이터 병렬 크기(data-parallel
 # size)는 얼마입니까?
 
 # %%
@@ -401,7 +401,7 @@ eight = base.replace(**{"parallel.tensor": 2, "parallel.pipeline": 2,
 check("07.1", answer_1, spec=eight)
 
 # %% [markdown]
-# **연습 2.** 매 반복의 끝에서 그래디언트 all-reduce가 일어나는 병렬 그룹은 어느 것입니까? `"tp"`, `"pp"`, `"dp"` 중
+# **연습 문제 2.** 매 반복의 끝에서 그래디언트 all-reduce가 일어나는 병렬 그룹은 어느 것입니까? `"tp"`, `"pp"`, `"dp"` 중
 # 하나로 답하세요.
 
 # %%
@@ -411,7 +411,7 @@ answer_2 = ...
 check("07.2", answer_2)
 
 # %% [markdown]
-# **연습 3.** 파이프라인 스테이지 8개, 마이크로배치 16개일 때 1F1B 버블은 반복의 얼마를 차지합니까? (SC21의 버블 대 이상
+# **연습 문제 3.** 파이프라인 스테이지 8개, 마이크로배치 16개일 때 1F1B 버블은 반복의 얼마를 차지합니까? (SC21의 버블 대 이상
 # 시간 비율이 아니라, 반복 전체에 대한 0과 1 사이의 비율입니다. 위 그림은 스테이지 4개와 마이크로배치 8개를 그렸습니다.)
 
 # %%

@@ -26,7 +26,7 @@ gpu = "cpu"
 base = load_spec(example("tiny-cpu.yaml"))
 
 # %% [markdown]
-# **연습 1.** GPU는 모두 8개이고, 모델 복제본(replica) 하나가 텐서 x 파이프라인 = 4개에 걸치므로 복제본은 2개입니다.
+# **연습 문제 1.** GPU는 모두 8개이고, 모델 복제본(replica) 하나가 텐서 x 파이프라인 = 4개에 걸치므로 복제본은 2개입니다.
 
 # %%
 answer_1 = 2 * 4 // (2 * 2)
@@ -37,7 +37,7 @@ eight = base.replace(**{"parallel.tensor": 2, "parallel.pipeline": 2,
 check("07.1", answer_1, spec=eight)
 
 # %% [markdown]
-# **연습 2.** 데이터 병렬(data parallel) 복제본은 저마다 자기 샘플로 그래디언트(gradient)를 계산했고, 이 그래디언트는
+# **연습 문제 2.** 데이터 병렬(data parallel) 복제본은 저마다 자기 샘플로 그래디언트(gradient)를 계산했고, 이 그래디언트는
 # 반복(iteration)마다 한 번 데이터 병렬 그룹에서 모든 복제본에 걸쳐 합산됩니다.
 
 # %%
@@ -47,7 +47,7 @@ answer_2 = "dp"
 check("07.2", answer_2)
 
 # %% [markdown]
-# **연습 3.** 반복의 $(p - 1) / (m + p - 1) = 7 / 23$입니다(SC21의 $(p - 1) / m = 7 / 16$은 버블(bubble) 시간을 버블
+# **연습 문제 3.** 반복의 $(p - 1) / (m + p - 1) = 7 / 23$입니다(SC21의 $(p - 1) / m = 7 / 16$은 버블(bubble) 시간을 버블
 # 없는 시간으로 나눈 값입니다).
 
 # %%

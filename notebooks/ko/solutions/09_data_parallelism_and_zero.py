@@ -24,7 +24,7 @@ from labkit.estimate.params import Shape
 from labkit.spec import load_spec
 
 # %% [markdown]
-# **연습 1.** 3단계는 가중치(weight), 그래디언트(gradient), 옵티마이저 상태(optimizer state)를 모두 나눕니다. 16바이트
+# **연습 문제 1.** 3단계는 가중치(weight), 그래디언트(gradient), 옵티마이저 상태(optimizer state)를 모두 나눕니다. 16바이트
 # 전부가 GPU 64개에 나뉩니다.
 
 # %%
@@ -35,7 +35,7 @@ answer_1
 check("09.1", answer_1)
 
 # %% [markdown]
-# **연습 2.** 2단계는 2바이트짜리 16비트 가중치를 모든 GPU에 그대로 두고, 그래디언트 2바이트와 옵티마이저 상태
+# **연습 문제 2.** 2단계는 2바이트짜리 16비트 가중치를 모든 GPU에 그대로 두고, 그래디언트 2바이트와 옵티마이저 상태
 # 12바이트를 나눕니다: $(2 + 14/64) \times 7.5 \times 10^9$바이트, 곧 ZeRO 논문의 16.6 GB입니다(ZeRO 없이는 120 GB).
 
 # %%
@@ -46,7 +46,7 @@ answer_2
 check("09.2", answer_2)
 
 # %% [markdown]
-# **연습 3.** $t = 8$일 때 Table 2의 두 행을 쓰면 $sbh$는 약분됩니다. $5as/h = 5 \cdot 96 \cdot 2048 / 12288 = 80$이므로
+# **연습 문제 3.** $t = 8$일 때 Table 2의 두 행을 쓰면 $sbh$는 약분됩니다. $5as/h = 5 \cdot 96 \cdot 2048 / 12288 = 80$이므로
 # $(10 + 3 + 10) / ((34 + 80)/8) = 23 / 14.25 \approx 1.61$입니다. labkit이 megatron-core의 레이어(layer)를 세어 얻은
 # 값도 이와 일치합니다.
 
