@@ -24,12 +24,12 @@ LOSS_TOLERANCE = 1e-5
 """Largest |HF loss - the driver's first lm loss|, the driver printing 7 significant digits."""
 
 
-def _llama(path: Path, untied: bool = True) -> Path:
+def _llama(path: Path) -> Path:
     torch.manual_seed(0)
     config = transformers.LlamaConfig(num_hidden_layers=4, hidden_size=64, num_attention_heads=4,
                                       num_key_value_heads=2, intermediate_size=192, vocab_size=1024,
                                       max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0,
-                                      tie_word_embeddings=not untied, bos_token_id=1, eos_token_id=2)
+                                      tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
     model = transformers.LlamaForCausalLM(config)
     model.save_pretrained(path)
     return path
@@ -52,6 +52,19 @@ def _spec_file(path: Path, preset: str, **model) -> Path:
 
 def _labkit(*argv) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "labkit", *map(str, argv)], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory) -> dict[str, tuple[Path, Path, Path]]:
+    """{family: (HF model directory, spec file, the checkpoint import-hf wrote)}, each imported once."""
+    out = {}
+    for family, make, preset in (("llama", _llama, "tiny-llama"), ("gpt2", _gpt2, "tiny")):
+        root = tmp_path_factory.mktemp(f"hf-{family}")
+        hf, spec = make(root / "hf"), _spec_file(root / "spec.json", preset)
+        done = _labkit("checkpoint", "import-hf", hf, "--spec", spec, "-o", root / "ckpt")
+        assert done.returncode == 0, done.stderr
+        out[family] = (hf, spec, root / "ckpt")
+    return out
 
 
 def _layout_spec(preset: str, ckpt: Path, tensor: int, pipeline: int):
@@ -107,13 +120,10 @@ def test_megatron_cores_fused_qkv_puts_each_groups_query_heads_before_its_key_an
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_import_then_export_gives_back_the_hf_model_bit_for_bit(tmp_path, family):
-    hf = _llama(tmp_path / "hf") if family == "llama" else _gpt2(tmp_path / "hf")
-    spec = _spec_file(tmp_path / "spec.json", "tiny-llama" if family == "llama" else "tiny")
-    done = _labkit("checkpoint", "import-hf", hf, "--spec", spec, "-o", tmp_path / "ckpt")
-    assert done.returncode == 0, done.stderr
-    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "release"
-    done = _labkit("checkpoint", "export-hf", tmp_path / "ckpt", "--spec", spec, "-o", tmp_path / "out")
+def test_import_then_export_gives_back_the_hf_model_bit_for_bit(tmp_path, imported, family):
+    hf, spec, ckpt = imported[family]
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "release"
+    done = _labkit("checkpoint", "export-hf", ckpt, "--spec", spec, "-o", tmp_path / "out")
     assert done.returncode == 0, done.stderr
     before = safetensors_torch.load_file(hf / "model.safetensors")
     after = safetensors_torch.load_file(tmp_path / "out" / "model.safetensors")
@@ -171,55 +181,65 @@ def test_without_safetensors_the_command_names_the_extra(tmp_path, monkeypatch, 
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("family, layouts", [("llama", [(1, 1), (2, 1), (1, 2), (2, 2)]), ("gpt2", [(2, 1), (1, 2)])])
-def test_the_driver_loads_an_imported_model_under_each_layout_with_the_hf_models_logits(tmp_path, family, layouts):
+@pytest.mark.parametrize("family, layouts", [("llama", [(1, 1), (2, 1), (1, 2)]), ("gpt2", [(2, 1), (1, 2)]),
+                                             pytest.param("llama", [(2, 2)], marks=pytest.mark.slow)])
+def test_the_driver_loads_an_imported_model_under_each_layout_with_the_hf_models_logits(imported, family, layouts):
     """Llama (GQA, SwiGLU, rotary, untied) and GPT-2 (biases, learned positions, tied: the output layer on the last
     stage is the first stage's embedding) at tensor 1 and 2, pipeline 1 and 2."""
     from labkit.train.model_state import on_driver_ranks
 
-    hf = _llama(tmp_path / "hf") if family == "llama" else _gpt2(tmp_path / "hf")
+    hf, _, ckpt = imported[family]
     preset = "tiny-llama" if family == "llama" else "tiny"
-    done = _labkit("checkpoint", "import-hf", hf, "--spec", _spec_file(tmp_path / "spec.json", preset), "-o",
-                   tmp_path / "ckpt")
-    assert done.returncode == 0, done.stderr
     tokens = torch.randint(0, 1024, (2, 64), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         hf_logits = transformers.AutoModelForCausalLM.from_pretrained(hf)(tokens).logits
     gaps = {}
     for tensor, pipeline in layouts:
-        ranks = on_driver_ranks([_layout_spec(preset, tmp_path / "ckpt", tensor, pipeline)],
+        ranks = on_driver_ranks([_layout_spec(preset, ckpt, tensor, pipeline)],
                                 _logits_gap(tokens, hf_logits))[0]
         gaps[tensor, pipeline] = max(g for g in ranks if g is not None)
     print(family, "largest |logit difference| per (tensor, pipeline):", gaps)
     assert all(gap < LOGITS_TOLERANCE for gap in gaps.values()), gaps
 
 
-def test_an_imported_llama_trains_on_from_the_hf_models_loss(tmp_path, train_in_parallel):
+def test_an_imported_llama_trains_on_from_the_hf_models_loss(tmp_path, imported, train_in_parallel):
     """train.load at the imported checkpoint, two pipeline stages: the first iteration's lm loss (before its update) is
     the HF model's loss on the same global batch of the driver's mock data, and the run trains on."""
     from labkit.megatron_args import megatron_args
     from labkit.train import data
     from labkit.train.arguments import parse_args
 
-    hf = _llama(tmp_path / "hf")
-    done = _labkit("checkpoint", "import-hf", hf, "--spec", _spec_file(tmp_path / "spec.json", "tiny-llama"), "-o",
-                   tmp_path / "ckpt")
-    assert done.returncode == 0, done.stderr
+    hf, spec_file, ckpt = imported["llama"]
     spec = load_spec({"name": "hf-train", "model": {"preset": "tiny-llama"}, "parallel": {"pipeline": 2},
                       "batch": {"micro": 2, "global": 4}, "data": {"mock": True}, "optimizer": {"lr": 1e-3},
-                      "train": {"iters": 3, "log_interval": 1, "load": str(tmp_path / "ckpt"),
-                                "ckpt_format": "torch_dist"}})
+                      "train": {"iters": 3, "log_interval": 1, "load": str(ckpt),
+                                "save": str(tmp_path / "trained"), "ckpt_format": "torch_dist"}})
     args = parse_args([str(a) for a in megatron_args(spec)], world_size=2, rank=0, cuda=False)
     dataset = data.build_datasets(args, data.build_tokenizer(args))[0]
     batch = [dataset[i] for i in range(spec.batch.global_)]  # the first global batch, one data-parallel rank
     tokens, labels, mask = (torch.stack([s[key] for s in batch]) for key in ("tokens", "labels", "loss_mask"))
-    with torch.no_grad():
-        logits = transformers.AutoModelForCausalLM.from_pretrained(hf)(tokens).logits
-    losses = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none")
-    hf_loss = (losses * mask.flatten()).sum().item() / mask.sum().item()
+
+    def hf_loss(directory) -> float:
+        with torch.no_grad():
+            logits = transformers.AutoModelForCausalLM.from_pretrained(directory)(tokens).logits
+        losses = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none")
+        return (losses * mask.flatten()).sum().item() / mask.sum().item()
+
+    before = hf_loss(hf)
     log = train_in_parallel({"hf-train": spec})["hf-train"][1]
     assert "loading release checkpoint (weights only)" in log
     driver = [float(x) for x in re.findall(r"lm loss: ([0-9.E+-]+)", log)]
-    print("HF loss", hf_loss, "driver's lm losses", driver)
-    assert len(driver) == 3 and abs(driver[0] - hf_loss) < LOSS_TOLERANCE, (driver, hf_loss)
+    print("HF loss", before, "driver's lm losses", driver)
+    assert len(driver) == 3 and abs(driver[0] - before) < LOSS_TOLERANCE, (driver, before)
     assert driver[-1] < driver[0]
+    # the trained run's checkpoint (iteration 3, two stages, with its optimizer) goes back to transformers
+    done = _labkit("checkpoint", "export-hf", tmp_path / "trained", "--spec", spec_file, "-o",
+                   tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    assert hf_loss(tmp_path / "out") < before
+    wrong = _spec_file(tmp_path / "wrong.json", "tiny-llama", ffn_hidden_size=128)
+    done = _labkit("checkpoint", "export-hf", tmp_path / "trained", "--spec", wrong, "-o", tmp_path / "wrong")
+    assert done.returncode == 2 and not (tmp_path / "wrong").exists()
+    assert re.search(r"model: .*iter_0000003 holds decoder\.layers\.mlp\.linear_fc2\.weight of shape \(4, 64, 192\), "
+                     r"the spec's model \(4, 64, 128\); give the spec the model the checkpoint was trained with$",
+                     done.stderr, re.M), done.stderr

@@ -1,7 +1,7 @@
 """Hugging Face `transformers` checkpoints in and out of labkit's driver, for the Llama family and GPT-2.
 
-    labkit checkpoint import-hf HF_DIR --spec SPEC -o CKPT_DIR    config.json + *.safetensors -> a torch_dist checkpoint
-    labkit checkpoint export-hf CKPT_DIR --spec SPEC -o HF_DIR    a torch_dist checkpoint -> config.json + model.safetensors
+    labkit checkpoint import-hf HF_DIR --spec SPEC -o CKPT_DIR   config.json, *.safetensors -> torch_dist checkpoint
+    labkit checkpoint export-hf CKPT_DIR --spec SPEC -o HF_DIR   torch_dist checkpoint -> config.json, model.safetensors
 
 The imported checkpoint is a Megatron-LM "release" checkpoint (CKPT_DIR/release/ and the tracker file saying
 `release`): model weights only, each stored whole through megatron-core's dist_checkpointing, so `train.load` reads it
@@ -31,15 +31,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 from labkit.megatron import sizes
 
 NORM_EPSILON = 1e-5
 """The norm epsilon of labkit's driver: Megatron-LM's --norm-epsilon default, which the spec does not change."""
-TRACKER = "latest_checkpointed_iteration.txt"
-RELEASE = "release"
-"""Megatron-LM's name for a checkpoint that is not a training run's (its tracker says `release`)."""
 EXACT_GELU = "gelu"
 """HF's name for the exact (erf) GELU, torch.nn.functional.gelu, which labkit's driver computes."""
 
@@ -283,7 +281,8 @@ def to_hf(mc: dict, model, family: str) -> dict:
         for i in range(model.num_layers):
             h, m = f"transformer.h.{i}.", f"decoder.layers.{i}."
             for ours, theirs in (("input_layernorm", "ln_1"), ("pre_mlp_layernorm", "ln_2")):
-                out[h + theirs + ".weight"], out[h + theirs + ".bias"] = mc[m + ours + ".weight"], mc[m + ours + ".bias"]
+                for kind in (".weight", ".bias"):
+                    out[h + theirs + kind] = mc[m + ours + kind]
             q, k, v = _split_qkv(mc[m + "self_attention.linear_qkv.weight"], heads, heads)
             out[h + "attn.c_attn.weight"] = _cat(q, k, v).t()
             out[h + "attn.c_attn.bias"] = _cat(*_split_qkv(mc[m + "self_attention.linear_qkv.bias"], heads, heads))
@@ -357,6 +356,8 @@ def import_hf(hf_dir, spec, out) -> list[str]:
     hf_dir, out = Path(hf_dir), Path(out)
     _refuse_existing(out)
     require("labkit checkpoint import-hf", "safetensors", "torch", "megatron")
+    from labkit.train.checkpoint import RELEASE, TRACKER
+
     config, tensors = read_hf(hf_dir)
     problems, notes = config_problems(spec.model, config, f"{hf_dir}/config.json")
     if problems:
@@ -393,29 +394,47 @@ def export_hf(ckpt_dir, spec, out) -> None:
     ckpt_dir, out = Path(ckpt_dir), Path(out)
     _refuse_existing(out)
     require("labkit checkpoint export-hf", "safetensors", "torch", "megatron")
+    from megatron.core import dist_checkpointing
+
+    from labkit.train.checkpoint import RELEASE, TRACKER
+
     family = family_of_model(spec.model)
     tracker = ckpt_dir / TRACKER
     if not tracker.is_file():
         raise HFCheckpointError(f"CKPT_DIR {ckpt_dir}: no {TRACKER}; pass the directory train.save wrote")
     written = tracker.read_text().strip()
     folder = ckpt_dir / (RELEASE if written == RELEASE else f"iter_{int(written):07d}")
-    from megatron.core import dist_checkpointing
-
     if not dist_checkpointing.check_is_distributed_checkpoint(str(folder)):
         raise HFCheckpointError(f"CKPT_DIR {folder}: not a torch_dist checkpoint; train with train.ckpt_format: "
                                 "torch_dist to export it")
 
-    def load(args):
+    saved = {key: tuple(t.global_shape) for key, t in dist_checkpointing.load_tensors_metadata(str(folder)).items()}
+
+    def load(args) -> list[str]:
         import torch
+        from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
         from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
+        from megatron.core.dist_checkpointing.dict_utils import nested_values
         from safetensors.torch import save_file
 
-        shapes = dist_checkpointing.load_tensors_metadata(str(folder))
-        args.padded_vocab_size = shapes["embedding.word_embeddings.weight"].global_shape[0]
+        args.padded_vocab_size = saved["embedding.word_embeddings.weight"][0]
         chunk = _whole_model(args)
         common = dist_checkpointing.load_common_state_dict(str(folder))
         sharded = {"model": chunk.sharded_state_dict(metadata=_metadata(common))}
-        state = dist_checkpointing.load(sharded, str(folder), get_default_load_sharded_strategy(str(folder)))
+        # SwiGLU's fc1 comes as a factory of two halves (megatron-core's apply_swiglu_sharded_factory): its key alone
+        asked = {t.key: tuple(t.global_shape) if isinstance(t, ShardedTensor) else saved.get(t.key)
+                 for t in nested_values(sharded) if isinstance(t, (ShardedTensor, ShardedTensorFactory))}
+        fix = "give the spec the model the checkpoint was trained with"
+        problems = [f"model: {folder} has no {key}, which the spec's model has; {fix}" if key not in saved else
+                    f"model: {folder} holds {key} of shape {saved[key]}, the spec's model {shape}; {fix}"
+                    for key, shape in asked.items() if saved.get(key) != shape]
+        problems += [f"model: {folder} holds {key}, which the spec's model has not; {fix}"
+                     for key in saved if key not in asked and not key.startswith("optimizer.")]
+        if problems:
+            return problems
+        with warnings.catch_warnings():  # torch's deprecation notices on the reader megatron-core 0.16.1 uses
+            warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed\.checkpoint|megatron")
+            state = dist_checkpointing.load(sharded, str(folder), get_default_load_sharded_strategy(str(folder)))
         chunk.load_state_dict(state["model"], strict=True)
         weights = to_hf({k: v.detach() for k, v in chunk.state_dict().items() if torch.is_tensor(v)}, spec.model,
                         family)
@@ -423,17 +442,20 @@ def export_hf(ckpt_dir, spec, out) -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(hf_config(spec.model, family, dtype), indent=2) + "\n")
         save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+        return []
 
-    _on_one_rank(spec, load, out)
+    problems = _on_one_rank(spec, load, out)
+    if problems:
+        raise HFCheckpointError(*problems)
 
 
-def _on_one_rank(spec, work, out: Path) -> None:
-    """`work(args)` in one forked driver rank; `out` removed again if it fails there."""
+def _on_one_rank(spec, work, out: Path):
+    """What `work(args)` returns in one forked driver rank; `out` removed again if it fails there."""
     from labkit.train.model_state import on_driver_ranks
 
     existed = out.exists()
     try:
-        on_driver_ranks([_one_rank_spec(spec)], work)
+        return on_driver_ranks([_one_rank_spec(spec)], work)[0][0]
     except BaseException:
         if not existed:
             shutil.rmtree(out, ignore_errors=True)
