@@ -331,13 +331,17 @@ def _metadata(common: dict | None) -> dict:
         with_context_parallel=True))
 
 
-def read_hf(hf_dir: Path) -> tuple[dict, dict]:
-    """(config.json, every tensor of the *.safetensors files by name)."""
-    from safetensors.torch import load_file
-
+def read_config(hf_dir: Path) -> dict:
     config_path = hf_dir / "config.json"
     if not config_path.is_file():
         raise HFCheckpointError(f"HF_DIR {hf_dir}: no config.json; pass the directory save_pretrained wrote")
+    return json.loads(config_path.read_text())
+
+
+def read_tensors(hf_dir: Path) -> dict:
+    """Every tensor of the directory's *.safetensors files (one, or the shards of a large model), by name."""
+    from safetensors.torch import load_file
+
     files = sorted(hf_dir.glob("*.safetensors"))
     if not files:
         raise HFCheckpointError(f"HF_DIR {hf_dir}: no *.safetensors file; save the model with save_pretrained "
@@ -345,7 +349,7 @@ def read_hf(hf_dir: Path) -> tuple[dict, dict]:
     tensors = {}
     for path in files:
         tensors.update(load_file(str(path)))
-    return json.loads(config_path.read_text()), tensors
+    return tensors
 
 
 def import_hf(hf_dir, spec, out) -> list[str]:
@@ -356,16 +360,15 @@ def import_hf(hf_dir, spec, out) -> list[str]:
     hf_dir, out = Path(hf_dir), Path(out)
     _refuse_existing(out)
     require("labkit checkpoint import-hf", "safetensors", "torch", "megatron")
-    from labkit.train.checkpoint import RELEASE, TRACKER
-
-    config, tensors = read_hf(hf_dir)
+    config = read_config(hf_dir)
     problems, notes = config_problems(spec.model, config, f"{hf_dir}/config.json")
     if problems:
         raise HFCheckpointError(*problems)
+    from labkit.train.checkpoint import RELEASE, TRACKER
     family = family_of_config(config, str(hf_dir))
     padded = sizes.padded_vocab_size(spec.model.vocab_size, spec.model.make_vocab_size_divisible_by or 128,
                                      spec.parallel.tensor)
-    weights = to_megatron(tensors, spec.model, family, padded)
+    weights = to_megatron(read_tensors(hf_dir), spec.model, family, padded)
 
     def save(args):
         from megatron.core import dist_checkpointing
