@@ -298,17 +298,17 @@ def to_hf(mc: dict, model, family: str) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 # The commands
 
-def _refuse_existing(out: Path, flag: str = "-o") -> None:
+def _refuse_existing(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise HFCheckpointError(f"{flag} {out}: exists and is not empty; labkit never overwrites a checkpoint: name a "
-                                "new directory")
+        raise HFCheckpointError(f"-o {out}: exists and is not empty; labkit never overwrites a checkpoint: name a new "
+                                "directory")
 
 
 def _one_rank_spec(spec):
     """The spec's model (and precision) on one CPU rank: the driver's arguments that build the whole model."""
     from labkit.spec import load_spec
 
-    precision = "bf16" if spec.precision not in ("fp32", "fp16") else spec.precision
+    precision = "bf16" if spec.precision not in ("fp32", "fp16") else spec.precision  # FP8 runs keep bf16 weights
     return load_spec({"name": "hf-checkpoint", "model": spec.to_dict()["model"], "precision": precision,
                       "data": {"mock": True}, "batch": {"micro": 1, "global": 1},
                       "train": {"iters": 1, "log_interval": 1}})
