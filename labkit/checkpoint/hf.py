@@ -9,11 +9,13 @@ under any tensor/pipeline layout; the run starts at iteration 0 with a fresh opt
 load_checkpoint does for a release checkpoint (megatron/training/checkpointing.py). The weights are written by the
 driver's own model (its `sharded_state_dict`), so the keys are the ones the driver asks for.
 
-The names and layouts follow Megatron-LM's converters and Megatron-Bridge's bridges:
+The names and layouts follow Megatron-LM's converters and Megatron-Bridge's Llama bridge and mappings, and HF's GPT-2:
 https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/tools/checkpoint/loader_llama_mistral.py (HF Llama -> Megatron),
-https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/tools/checkpoint/saver_core.py (vocabulary padding),
-https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/main/src/megatron/bridge/models/llama/llama_bridge.py and
-https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/main/src/megatron/bridge/models/gpt/gpt2_bridge.py:
+https://github.com/NVIDIA/Megatron-LM/blob/core_v0.16.1/tools/checkpoint/saver_base.py (vocabulary padding),
+https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/main/src/megatron/bridge/models/llama/llama_bridge.py,
+https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/main/src/megatron/bridge/models/conversion/param_mapping.py
+(QKVMapping, GatedMLPMapping) and
+https://github.com/huggingface/transformers/blob/main/src/transformers/models/gpt2/modeling_gpt2.py (Conv1D, c_attn):
 
 - attention: megatron-core's fused linear_qkv holds, for each key/value group in turn, that group's query heads, then
   its key head, then its value head (megatron/core/transformer/attention.py, get_query_key_value_tensors); HF keeps
@@ -22,9 +24,11 @@ https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/main/src/megatron/bridge/mod
   copied as they are.
 - SwiGLU: linear_fc1 is [gate; up] stacked (megatron-core's glu splits its output in two halves, silu on the first).
 - GPT-2: HF's Conv1D stores weights as (in, out), transposed from a Linear's; its layer norms have biases; positions
-  are a learned table (position_embeddings) as long as model.seq_length.
+  are a learned table (position_embeddings) as long as model.seq_length. OpenAI's GPT-2 computes the tanh GELU
+  (activation_function gelu_new), labkit's driver the exact one: such a model is imported with a note saying so, and
+  export writes activation_function gelu, what the driver trained.
 - vocabulary: Megatron pads the embedding (and an untied output layer) to labkit.megatron.sizes.padded_vocab_size rows
-  for the spec's tensor size, repeating the last row as saver_core.py does; export drops the padding.
+  for the spec's tensor size, repeating the last row as saver_base.py does; export drops the padding.
 - tied embeddings: with the output layer tied (GPT-2, model.untie_embeddings false), HF has no lm_head of its own.
 """
 from __future__ import annotations
@@ -204,7 +208,7 @@ def _split_qkv(qkv, heads: int, groups: int):
 
 
 def _pad_vocab(weight, rows: int):
-    """The embedding (or output layer) padded to `rows`, the padding repeating the last row (saver_core.py)."""
+    """The embedding (or output layer) padded to `rows`, the padding repeating the last row (saver_base.py)."""
     import torch
 
     extra = rows - weight.shape[0]
