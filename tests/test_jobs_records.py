@@ -56,6 +56,29 @@ def test_end_recorded_between_the_two_looks_is_read_from_the_state_file(tmp_path
     assert backend.poll([job])[job].state == State.COMPLETED
 
 
+FOUR_NODES = {**SPEC, "cluster": {"nodes": [{"gpu": "A10", "count": 4, "gpus_per_node": 1}]}}
+
+
+def test_nodes_that_end_together_complete_the_run(tmp_path):
+    """Four local nodes whose training ends at once: the runner reads each node's own exit status (bash's `wait -n`
+    alone answered 127 for a node that had already exited, and 6 runs in 20 were recorded FAILED 127)."""
+    backend = local(tmp_path)
+    ends = []
+    for i in range(8):
+        job = backend.submit(load_spec({**FOUR_NODES, "name": f"together-{i}"}))
+        ends.append((job.wait(progress=False, timeout=60, poll_s=0.05), (job.log_dir / "state").read_text().split()))
+    assert ends == [(State.COMPLETED, ["COMPLETED", "0"])] * 8
+
+
+def test_the_first_node_to_fail_ends_the_run_while_the_others_still_train(tmp_path):
+    torchrun = tmp_path / "torchrun.sh"
+    torchrun.write_text('#!/bin/bash\n[ "$SLURM_PROCID" = 2 ] && exit 3\nexec sleep 600\n')
+    torchrun.chmod(0o755)
+    job = LocalBackend(runs_dir=tmp_path / "runs", torchrun=str(torchrun)).submit(load_spec(FOUR_NODES))
+    assert job.wait(progress=False, timeout=60, poll_s=0.05) == State.FAILED
+    assert (job.log_dir / "state").read_text().split() == ["FAILED", "3"]
+
+
 def test_torn_event_line_keeps_the_next_event(tmp_path):
     record = RunRecord.create(spec(), tmp_path / "runs")
     with open(record.path / "events.jsonl", "ab") as f:

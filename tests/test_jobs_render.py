@@ -377,3 +377,20 @@ def test_tensor_parallel_jobs_get_one_cuda_connection_unless_the_spec_says_other
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in render(two_node_spec(), "/r").scripts["job.sbatch"]
     mine = render(requeue_spec(env={"CUDA_DEVICE_MAX_CONNECTIONS": "8"}), "/r").scripts["job.sbatch"]
     assert "export CUDA_DEVICE_MAX_CONNECTIONS=8\n" in mine
+
+
+def wait_steps_function() -> str:
+    """The job scripts' wait_steps, as a multi-node job renders it."""
+    script = render(two_node_spec(), "/runs/R/logs").scripts["job.sbatch"]
+    return re.search(r"^wait_steps\(\) \{\n.*?^\}\n", script, re.S | re.M).group(0)
+
+
+@pytest.mark.parametrize("steps, status", [
+    ("(sleep 0.2) & a=$!; (sleep 0.2) & b=$!; sleep 1", 0),  # both ended before the call
+    ("(sleep 0.2; exit 4) & a=$!; (sleep 0.2) & b=$!; sleep 1", 4),
+    ("(exit 3) & a=$!; sleep 600 & b=$!", 3),  # the failing step stops the one still running
+])
+def test_wait_steps_gives_each_steps_own_status(steps, status):
+    done = subprocess.run(["bash", "-c", f"{wait_steps_function()}\n{steps}\nwait_steps $a $b; echo $?"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == [str(status)], done.stderr

@@ -134,9 +134,23 @@ nodes=()
 SLURMD_NODENAME=node0 SLURM_PROCID=0 \
     node_main 0 2 "${TRAIN_ARGS[@]}" &
 nodes+=($!)
-for _ in "${nodes[@]}"; do
-    wait -n "${nodes[@]}" 2>/dev/null  # ("no such job" for nodes already reaped)
-    node_status=$?
-    [ "$node_status" -eq 0 ] || finish FAILED "$node_status"
+# The first node to fail ends the job. Each node's status is read with `wait PID`, which bash keeps for a child that
+# has exited; the loop looks every 0.2 s rather than sleeping in `wait -n`, which bash 5.2 answers 127 ("no such job")
+# for a node that ended before the call (two nodes ending together) and which, given a node that has just ended and
+# one that runs on, sleeps until the second one ends.
+running=("${nodes[@]}")
+while [ -n "${running[*]}" ]; do
+    still=()
+    for pid in "${running[@]}"; do
+        if kill -0 "$pid" 2>/dev/null; then
+            still+=("$pid")
+        else
+            wait "$pid"
+            node_status=$?
+            [ "$node_status" -eq 0 ] || finish FAILED "$node_status"
+        fi
+    done
+    running=("${still[@]}")
+    [ -n "${running[*]}" ] && sleep 0.2
 done
 finish COMPLETED 0
