@@ -11,8 +11,8 @@ assumed, and printed with the table:
   meta-analysis ("How many words do we read per minute?", J. Memory and Language 109, 2019);
 - a line of code is read and run in 5 s (twelve lines a minute);
 - a prediction takes 3 minutes, an exercise 6 (with its check and a second try).
-These are assumptions, not measurements of students; the README sets the total beside the 4.5 to 5 hours that one
-instructor's full trial of the series took. (Reading at half that rate and 10 s per code line gives 6 h 30 min.)
+These are assumptions, not measurements of students or of an instructor: nobody has timed the series. (Reading at
+half that rate and 10 s per code line gives 6 h 30 min.)
 """
 from __future__ import annotations
 
