@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from pathlib import Path
 
 from labkit.paths import data_file
@@ -26,10 +27,12 @@ inside notebooks/."""
 
 def language(cwd: Path | None = None) -> str:
     """The language messages are written in now (see the module's docstring for how it is chosen)."""
-    chosen = os.environ.get("LABKIT_LANG", "").strip()
+    written = os.environ.get("LABKIT_LANG", "").strip()
+    # a locale's form (ko_KR.UTF-8, ko-KR, KO) names its language first
+    chosen = re.split(r"[_.@-]", written)[0].lower()
     if chosen:
         if chosen not in LANGUAGES:
-            raise ValueError(f"LABKIT_LANG={chosen!r}: choose one of {', '.join(LANGUAGES)} (or unset it)")
+            raise ValueError(f"LABKIT_LANG={written!r}: choose one of {', '.join(LANGUAGES)} (or unset it)")
         return chosen
     folder = Path.cwd() if cwd is None else cwd
     if folder.name == "solutions":

@@ -33,7 +33,7 @@ def errors_of(container: dict) -> list[str]:
     {"image": "oras://ghcr.io/lab/megatron.sif:1.0", "runtime": "apptainer"},
     {"image": "/images/megatron-bundle", "runtime": "slurm"},
     {"image": "/images/megatron.sqsh", "runtime": "pyxis"},
-    {"image": "nvcr.io#nvidia/pytorch:25.04-py3", "runtime": "enroot"},
+    {"image": "/images/megatron.sqsh", "runtime": "enroot"},
 ])
 def test_each_runtime_takes_its_own_image_forms(container):
     assert spec_with(container).job.container.runtime == container["runtime"]
@@ -51,6 +51,8 @@ def test_each_runtime_takes_its_own_image_forms(container):
      "OCI bundle directory", "give the bundle's path"),
     ({"image": "/images/megatron.sif"}, "job.container.image: '/images/megatron.sif' is an Apptainer image, which "
      "pyxis does not run", "set job.container.runtime: apptainer"),
+    ({"image": "nvcr.io#nvidia/pytorch:25.04-py3", "runtime": "enroot"}, "job.container.image: 'nvcr.io#nvidia/"
+     "pytorch:25.04-py3' is not a .sqsh file, the only image enroot create starts", "enroot import -o megatron.sqsh"),
     ({"image": "oras://ghcr.io/lab/megatron.sif", "runtime": "enroot"}, "job.container.image: 'oras://ghcr.io/lab/"
      "megatron.sif': enroot does not pull oras:// images", "set job.container.runtime: apptainer"),
     ({"image": "/images/bundle", "runtime": "slurm", "mounts": ["/data:/data"]}, "job.container.mounts: Slurm's srun "

@@ -154,6 +154,25 @@ def test_a_spec_that_does_not_match_the_hf_config_is_refused_naming_both_and_not
     assert not (tmp_path / "ckpt").exists()
 
 
+def test_what_the_mappings_do_not_carry_is_refused_before_anything_is_written(tmp_path, imported):
+    """An untied GPT-2, a Llama with biases and an MoE spec: import and export name the field instead of leaving
+    weights out of what they write."""
+    hf, _, ckpt = imported["gpt2"]
+    untied = _spec_file(tmp_path / "untied.json", "tiny", untie_embeddings=True)
+    done = _labkit("checkpoint", "import-hf", hf, "--spec", untied, "-o", tmp_path / "in")
+    assert done.returncode == 2 and "model.untie_embeddings: true in the spec" in done.stderr, done.stderr
+    done = _labkit("checkpoint", "export-hf", ckpt, "--spec", untied, "-o", tmp_path / "out")
+    assert done.returncode == 2 and "model.untie_embeddings" in done.stderr, done.stderr
+    llama_hf, _, llama_ckpt = imported["llama"]
+    biased = _spec_file(tmp_path / "biased.json", "tiny-llama", add_bias_linear=True)
+    done = _labkit("checkpoint", "export-hf", llama_ckpt, "--spec", biased, "-o", tmp_path / "out")
+    assert done.returncode == 2 and "model.add_bias_linear: true in the spec" in done.stderr, done.stderr
+    moe = _spec_file(tmp_path / "moe.json", "tiny-llama", num_experts=4)
+    done = _labkit("checkpoint", "export-hf", llama_ckpt, "--spec", moe, "-o", tmp_path / "out")
+    assert done.returncode == 2 and "model.num_experts" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "in").exists() and not (tmp_path / "out").exists()
+
+
 def test_an_existing_output_directory_is_never_overwritten(tmp_path):
     hf = _gpt2(tmp_path / "hf")
     spec = _spec_file(tmp_path / "spec.json", "tiny")

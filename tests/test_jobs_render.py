@@ -211,7 +211,9 @@ def test_hostile_strings_reach_their_target_verbatim_and_never_run(field, tmp_pa
         mount = "/" + payload.replace(",", "").replace(":", "")  # SRC:DST: a path, then where it goes
         job["container"] = {"image": "img", "mounts": [mount.replace("\n", " ") + ":/data"]}
     elif field == "enroot.image":
-        payload = payload.replace("\n", " ")
+        payload = f"{tmp_path}/{payload}.sqsh".replace("\n", " ")  # the file must exist here: make it
+        Path(payload).parent.mkdir(parents=True)
+        Path(payload).touch()
         job["container"] = {"image": payload, "runtime": "enroot"}
     elif field == "apptainer.image":
         payload = f"{tmp_path}/{payload}.sif".replace("\n", " ")  # the file must exist here: make it

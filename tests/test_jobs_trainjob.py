@@ -316,3 +316,13 @@ def test_k8s_keys_read_from_a_spec_file_render_and_round_trip(tmp_path):
     again = tmp_path / "again.yaml"
     again.write_text(spec.to_yaml())
     assert load_spec(again).to_dict() == spec.to_dict()
+
+
+def test_a_pod_pulls_apptainers_docker_reference_and_no_other_scheme():
+    from labkit.jobs.k8s import image_reference, k8s_errors
+
+    assert image_reference("docker://nvcr.io/nvidia/pytorch:25.04-py3") == "nvcr.io/nvidia/pytorch:25.04-py3"
+    assert image_reference("nvcr.io#nvidia/pytorch:25.04-py3") == "nvcr.io/nvidia/pytorch:25.04-py3"
+    oras = trainjob_spec(**{"job.container": {"image": "oras://ghcr.io/lab/megatron:1", "runtime": "apptainer"}})
+    assert any(e.startswith("job.container.image: 'oras://ghcr.io/lab/megatron:1' is not a registry image")
+               for e in k8s_errors(oras))

@@ -42,6 +42,9 @@ def test_the_language_comes_from_labkit_lang_else_the_editions_folder(monkeypatc
     assert messages.language(tmp_path / "ko") == "en", "a folder named ko outside notebooks/ is no edition"
     monkeypatch.setenv("LABKIT_LANG", "en")
     assert messages.language(notebooks / "ko") == "en"
+    for written in ("ko_KR.UTF-8", "KO", "ko-KR"):
+        monkeypatch.setenv("LABKIT_LANG", written)
+        assert messages.language() == "ko"
     monkeypatch.setenv("LABKIT_LANG", "fr")
     with pytest.raises(ValueError, match="LABKIT_LANG='fr': choose one of en, ko"):
         messages.language()

@@ -11,7 +11,8 @@ def register(sub) -> None:
     p = ckpt_sub.add_parser("import-hf", help="a Hugging Face Llama or GPT-2 model -> a checkpoint train.load reads",
                             description="Write a transformers model directory (config.json, *.safetensors) as a "
                                         "torch_dist release checkpoint for the spec's model, loadable under any "
-                                        "tensor/pipeline layout (train.load, train.ckpt_format torch_dist).")
+                                        "pipeline layout and any tensor size that pads the vocabulary as the spec's "
+                                        "parallel.tensor does (train.load, train.ckpt_format torch_dist).")
     p.add_argument("source", metavar="HF_DIR", help="directory save_pretrained wrote")
     p.add_argument("--spec", required=True, help="run spec whose model matches the HF config")
     p.add_argument("-o", "--output", required=True, metavar="CKPT_DIR", help="new checkpoint directory")

@@ -5,7 +5,8 @@
 
 The imported checkpoint is a Megatron-LM "release" checkpoint (CKPT_DIR/release/ and the tracker file saying
 `release`): model weights only, each stored whole through megatron-core's dist_checkpointing, so `train.load` reads it
-under any tensor/pipeline layout; the run starts at iteration 0 with a fresh optimizer, as Megatron-LM's
+under any pipeline layout and any tensor size that pads the vocabulary to the same rows as the spec's parallel.tensor
+(the embedding is stored padded); the run starts at iteration 0 with a fresh optimizer, as Megatron-LM's
 load_checkpoint does for a release checkpoint (megatron/training/checkpointing.py). The weights are written by the
 driver's own model (its `sharded_state_dict`), so the keys are the ones the driver asks for.
 
@@ -128,8 +129,10 @@ def config_problems(model, config: dict, where: str) -> tuple[list[str], list[st
         fixed("swiglu", bool(model.swiglu), True)
         fixed("normalization", model.normalization, "RMSNorm")
         fixed("position_embedding_type", model.position_embedding_type, "rope")
-        same("add_bias_linear", bool(model.add_bias_linear), "attention_bias or mlp_bias",
-             bool(config.get("attention_bias") or config.get("mlp_bias")))
+        if config.get("attention_bias") or config.get("mlp_bias"):
+            problems.append(f"model.add_bias_linear: {where} has attention_bias or mlp_bias, which labkit's Llama "
+                            "mapping does not carry; convert a model without biases")
+        fixed("add_bias_linear", bool(model.add_bias_linear), False)
         eps_key = "rms_norm_eps"
     else:
         same("num_layers", model.num_layers, "n_layer", config.get("n_layer"))
@@ -138,8 +141,10 @@ def config_problems(model, config: dict, where: str) -> tuple[list[str], list[st
         same("num_query_groups", model.query_groups, "n_head", heads)
         same("ffn_hidden_size", model.ffn_size, "n_inner", config.get("n_inner") or 4 * hidden)
         same("seq_length", model.seq_length, "n_positions", config.get("n_positions"))
-        tied = config.get("tie_word_embeddings", True)
-        same("untie_embeddings", bool(model.untie_embeddings), "tie_word_embeddings", tied, not tied)
+        if not config.get("tie_word_embeddings", True):
+            problems.append(f"model.untie_embeddings: {where} has tie_word_embeddings false; GPT-2's layout ties its "
+                            "output layer to the embedding; convert a tied model")
+        fixed("untie_embeddings", bool(model.untie_embeddings), False)
         fixed("swiglu", bool(model.swiglu), False)
         fixed("normalization", model.normalization, "LayerNorm")
         fixed("position_embedding_type", model.position_embedding_type, "learned_absolute")
@@ -406,10 +411,18 @@ def export_hf(ckpt_dir, spec, out) -> None:
     from labkit.train.checkpoint import RELEASE, TRACKER
 
     family = family_of_model(spec.model)
+    # what the Llama and GPT-2 mappings carry: a spec's biases, untied GPT-2 output, q/k norms or experts are refused
+    # here rather than left out of the written model
+    problems, _ = config_problems(spec.model, hf_config(spec.model, family, "float32"), "the exported config.json")
+    if problems:
+        raise HFCheckpointError(*problems)
     tracker = ckpt_dir / TRACKER
     if not tracker.is_file():
         raise HFCheckpointError(f"CKPT_DIR {ckpt_dir}: no {TRACKER}; pass the directory train.save wrote")
     written = tracker.read_text().strip()
+    if written != RELEASE and not written.isdigit():
+        raise HFCheckpointError(f"CKPT_DIR {tracker}: holds {written[:40]!r}, neither {RELEASE} nor an iteration; "
+                                "pass the directory train.save wrote")
     folder = ckpt_dir / (RELEASE if written == RELEASE else f"iter_{int(written):07d}")
     if not dist_checkpointing.check_is_distributed_checkpoint(str(folder)):
         raise HFCheckpointError(f"CKPT_DIR {folder}: not a torch_dist checkpoint; train with train.ckpt_format: "

@@ -115,8 +115,8 @@ def k8s_name(text: str) -> str:
 
 def image_reference(image: str) -> str:
     """A registry image as Kubernetes writes it: enroot's and pyxis's REGISTRY#IMAGE (nvcr.io#nvidia/pytorch:25.04-py3)
-    becomes REGISTRY/IMAGE."""
-    return image.replace("#", "/", 1)
+    becomes REGISTRY/IMAGE, and Apptainer's docker://REGISTRY/IMAGE drops its scheme."""
+    return image.removeprefix("docker://").replace("#", "/", 1)
 
 
 def _mounts(spec: RunSpec) -> tuple[list[tuple[str, str, bool]], list[str]]:
@@ -164,6 +164,9 @@ def k8s_errors(spec: RunSpec) -> list[str]:
     elif container_image_file(spec):
         errors.append(f"job.container.image: {container.image!r} is an image file, which a pod cannot run; push it to "
                       "a registry the cluster pulls from and give its reference")
+    elif "://" in container.image.removeprefix("docker://"):
+        errors.append(f"job.container.image: {container.image!r} is not a registry image a pod pulls; give a registry "
+                      "reference, e.g. nvcr.io/nvidia/pytorch:25.04-py3")
     if spec.job.requeue:
         errors.append("job.requeue: requeueing before the time limit is Slurm's (scontrol requeue); leave it out, or "
                       "use --backend slurm")
@@ -241,12 +244,14 @@ def merge_patch(target, patch):
         if item[key] in index:
             merged[index[item[key]]] = merge_patch(merged[index[item[key]]], item)
         else:
-            merged.append(copy.deepcopy(item))
+            merged.append(merge_patch({}, item))  # a new item, its nulls dropped as a merged one's are
     return merged
 
 
 def _keyed(items, key: str) -> bool:
-    return isinstance(items, list) and bool(items) and all(isinstance(i, dict) and key in i for i in items)
+    """A list merged item by item: every item a mapping with a string `key` (a name, as Kubernetes' merge keys are)."""
+    return isinstance(items, list) and bool(items) and all(isinstance(i, dict) and isinstance(i.get(key), str)
+                                                           for i in items)
 
 
 def _command(spec: RunSpec, group, name: str) -> list[str]:

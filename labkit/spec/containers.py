@@ -2,7 +2,8 @@
 the fix:
 
 - pyxis (srun --container-image): a registry image (nvcr.io#nvidia/pytorch:25.04-py3) or an enroot squashfs (.sqsh);
-- enroot (enroot create/start): the same images;
+- enroot (enroot create/start, as aws-samples/awsome-distributed-training runs it): an enroot squashfs (.sqsh),
+  which `enroot create` starts from (`enroot import` makes one from a registry image);
 - apptainer (apptainer exec --nv): a SIF file (.sif) or an image Apptainer pulls (docker://, oras://, library://),
   which every task then pulls and converts into a SIF in its cache as the job starts: a SIF file built once on a
   shared filesystem starts a large job faster; https://apptainer.org/docs/user/main/cli/apptainer_exec.html
@@ -59,6 +60,10 @@ def image_errors(container: ContainerSpec) -> list[str]:
     if scheme not in (None, "docker"):
         return [f"{field}: {quote(image)}: {runtime} does not pull {scheme}:// images; give a registry image "
                 "(nvcr.io#nvidia/pytorch:25.04-py3) or a .sqsh file, or set job.container.runtime: apptainer"]
+    if runtime == "enroot" and not (scheme is None and suffix == "sqsh"):
+        return [f"{field}: {quote(image)} is not a .sqsh file, the only image enroot create starts (runtime enroot); "
+                "make one once with enroot import -o megatron.sqsh docker://nvcr.io#nvidia/pytorch:25.04-py3 and give "
+                "its path, or set job.container.runtime: pyxis, which pulls registry images itself"]
     return []
 
 

@@ -183,6 +183,11 @@ def _load_release(args, model, optimizer) -> int:
         raise FileNotFoundError(f"--load: {folder} is not a torch_dist checkpoint; write it with labkit checkpoint "
                                 "import-hf")
     print_rank_0(f" loading release checkpoint (weights only) from {args.load}")
+    rows = dist_checkpointing.load_tensors_metadata(str(folder)).get("embedding.word_embeddings.weight")
+    if rows is not None and rows.global_shape[0] != args.padded_vocab_size:
+        raise ValueError(f"--load: {folder} holds a vocabulary padded to {rows.global_shape[0]} rows where this run "
+                         f"pads it to {args.padded_vocab_size} (its tensor-parallel size); import it again with this "
+                         "spec's parallel.tensor")
     common = dist_checkpointing.load_common_state_dict(str(folder))
     metadata = dict(dist_checkpointing.load_content_metadata(preloaded_state_dict=common) or {},
                     dp_cp_group=parallel_state.get_data_parallel_group(with_context_parallel=True))
