@@ -119,6 +119,7 @@ def test_megatron_cores_fused_qkv_puts_each_groups_query_heads_before_its_key_an
                                                  (q, k, v)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_import_then_export_gives_back_the_hf_model_bit_for_bit(tmp_path, imported, family):
     hf, spec, ckpt = imported[family]
@@ -154,16 +155,16 @@ def test_a_spec_that_does_not_match_the_hf_config_is_refused_naming_both_and_not
     assert not (tmp_path / "ckpt").exists()
 
 
-def test_what_the_mappings_do_not_carry_is_refused_before_anything_is_written(tmp_path, imported):
+def test_what_the_mappings_do_not_carry_is_refused_before_anything_is_written(tmp_path):
     """An untied GPT-2, a Llama with biases and an MoE spec: import and export name the field instead of leaving
-    weights out of what they write."""
-    hf, _, ckpt = imported["gpt2"]
+    weights out of what they write (export refuses before it reads the checkpoint)."""
+    hf, ckpt = _gpt2(tmp_path / "hf"), tmp_path / "ckpt"
     untied = _spec_file(tmp_path / "untied.json", "tiny", untie_embeddings=True)
     done = _labkit("checkpoint", "import-hf", hf, "--spec", untied, "-o", tmp_path / "in")
     assert done.returncode == 2 and "model.untie_embeddings: true in the spec" in done.stderr, done.stderr
     done = _labkit("checkpoint", "export-hf", ckpt, "--spec", untied, "-o", tmp_path / "out")
     assert done.returncode == 2 and "model.untie_embeddings" in done.stderr, done.stderr
-    llama_hf, _, llama_ckpt = imported["llama"]
+    llama_ckpt = ckpt
     biased = _spec_file(tmp_path / "biased.json", "tiny-llama", add_bias_linear=True)
     done = _labkit("checkpoint", "export-hf", llama_ckpt, "--spec", biased, "-o", tmp_path / "out")
     assert done.returncode == 2 and "model.add_bias_linear: true in the spec" in done.stderr, done.stderr
@@ -200,8 +201,9 @@ def test_without_safetensors_the_command_names_the_extra(tmp_path, monkeypatch, 
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family, layouts", [("llama", [(1, 1), (2, 1), (1, 2)]), ("gpt2", [(2, 1), (1, 2)]),
-                                             pytest.param("llama", [(2, 2)], marks=pytest.mark.slow)])
+                                             ("llama", [(2, 2)])])
 def test_the_driver_loads_an_imported_model_under_each_layout_with_the_hf_models_logits(imported, family, layouts):
     """Llama (GQA, SwiGLU, rotary, untied) and GPT-2 (biases, learned positions, tied: the output layer on the last
     stage is the first stage's embedding) at tensor 1 and 2, pipeline 1 and 2."""
@@ -221,6 +223,7 @@ def test_the_driver_loads_an_imported_model_under_each_layout_with_the_hf_models
     assert all(gap < LOGITS_TOLERANCE for gap in gaps.values()), gaps
 
 
+@pytest.mark.slow
 def test_an_imported_llama_trains_on_from_the_hf_models_loss(tmp_path, imported, train_in_parallel):
     """train.load at the imported checkpoint, two pipeline stages: the first iteration's lm loss (before its update) is
     the HF model's loss on the same global batch of the driver's mock data, and the run trains on."""
