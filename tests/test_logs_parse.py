@@ -517,3 +517,18 @@ def test_ctrl_c_in_a_parse_stops_its_forked_scanner_with_it(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         parse_log(FIXTURES / "03-mlm2025-gpt2-fp16-autodl.log")
     assert started and not any(child.is_alive() for child in started)  # not left to run on unheard
+
+
+def test_rank_zeros_memory_report_glued_to_the_first_iteration_line_keeps_both():
+    """The last rank prints the iteration, rank 0 its memory report after the first one; on a shared stdout the report
+    can land before the iteration line's line break (seen in a local two-rank run)."""
+    iteration = (" [2026-11-29 03:05:26] iteration        1/       3 | consumed samples:            8 | elapsed time "
+                 "per iteration (ms): 88.3 | learning rate: 1.150000E-04 | global batch size:     8 | lm loss: "
+                 "6.946862E+00 | loss scale: 1.0 | grad norm: 0.880 | number of skipped iterations:   0 | number of "
+                 "nan iterations:   0 |")
+    memory = ("[Rank 0] (after 1 iterations) memory (MB) | allocated: 384.9 | max allocated: 384.9 | reserved: 384.9 | "
+              "max reserved: 384.9")
+    p = parse_text(iteration + memory + "\n\n" + iteration.replace("1/", "2/").replace("6.946862", "6.950731") + "\n")
+    assert p.iterations["iteration"].tolist() == [1, 2]
+    assert p.iterations["lm_loss"].tolist() == [6.946862, 6.950731]
+    assert p.memory["allocated_mb"].tolist() == [384.9] and p.partial_lines.empty

@@ -627,6 +627,12 @@ def _iterations(s: _Scan):
         spliced = following is not None and following.start() < line_end
         if not spliced and line_end - current.end() <= _MAX_RECORD:
             rest = buf[current.end():line_end]
+            # Rank 0's memory report after the first iteration ("[Rank 0] (after 1 iterations) memory (MB) | ...")
+            # can land on the line the last rank prints the iteration on, before its line break: the record ends
+            # at the '|' before it (the memory line is read on its own).
+            glued = rest.find(b"|[Rank ")
+            if glued >= 0:
+                rest = rest[:glued + 1]
             prefix = buf[max(start, current.start() - _MAX_PREFIX):current.start()]
             nemo = _NEMO_PREFIX.search(prefix) if b"Training epoch" in prefix else None
         if spliced or line_end - current.end() > _MAX_RECORD or (nemo is None and not rest.rstrip().endswith(b"|")):
