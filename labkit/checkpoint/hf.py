@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import warnings
 from pathlib import Path
 
 from labkit.megatron import sizes
@@ -408,7 +407,7 @@ def export_hf(ckpt_dir, spec, out) -> None:
     require("labkit checkpoint export-hf", "safetensors", "torch", "megatron")
     from megatron.core import dist_checkpointing
 
-    from labkit.train.checkpoint import RELEASE, TRACKER
+    from labkit.train.checkpoint import RELEASE, TRACKER, read_sharded
 
     family = family_of_model(spec.model)
     # what the Llama and GPT-2 mappings carry: a spec's biases, untied GPT-2 output, q/k norms or experts are refused
@@ -433,7 +432,6 @@ def export_hf(ckpt_dir, spec, out) -> None:
     def load(args) -> list[str]:
         import torch
         from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
-        from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
         from megatron.core.dist_checkpointing.dict_utils import nested_values
         from safetensors.torch import save_file
 
@@ -452,9 +450,7 @@ def export_hf(ckpt_dir, spec, out) -> None:
                      for key in saved if key not in asked and not key.startswith("optimizer.")]
         if problems:
             return problems
-        with warnings.catch_warnings():  # torch's deprecation notices on the reader megatron-core 0.16.1 uses
-            warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed\.checkpoint|megatron")
-            state = dist_checkpointing.load(sharded, str(folder), get_default_load_sharded_strategy(str(folder)))
+        state = read_sharded(sharded, folder)
         chunk.load_state_dict(state["model"], strict=True)
         weights = to_hf({k: v.detach() for k, v in chunk.state_dict().items() if torch.is_tensor(v)}, spec.model,
                         family)

@@ -174,6 +174,15 @@ def load(args, model, optimizer, scheduler) -> int:
     return iteration
 
 
+def read_sharded(sharded: dict, folder) -> dict:
+    """A torch_dist checkpoint's tensors for a sharded state dict, read with megatron-core's default strategy.
+    megatron-core 0.16.1 reads through torch's deprecated ShardedTensor and load_state_dict, and torch says so on every
+    rank: nothing a user of the driver can change, so those notices are kept out."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed\.checkpoint|megatron")
+        return dist_checkpointing.load(sharded, str(folder), get_default_load_sharded_strategy(str(folder)))
+
+
 def _load_release(args, model, optimizer) -> int:
     """A release checkpoint (`labkit checkpoint import-hf` writes one): torch_dist model weights alone under
     LOAD/release. As Megatron-LM's load_checkpoint reads one, the run starts at iteration 0 with its own optimizer,
@@ -192,9 +201,7 @@ def _load_release(args, model, optimizer) -> int:
     metadata = dict(dist_checkpointing.load_content_metadata(preloaded_state_dict=common) or {},
                     dp_cp_group=parallel_state.get_data_parallel_group(with_context_parallel=True))
     sharded = {f"model{i}": chunk.sharded_state_dict(metadata=metadata) for i, chunk in enumerate(unwrap_model(model))}
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed\.checkpoint|megatron")
-        state = dist_checkpointing.load(sharded, str(folder), get_default_load_sharded_strategy(str(folder)))
+    state = read_sharded(sharded, folder)
     for i, chunk in enumerate(unwrap_model(model)):
         chunk.load_state_dict(state[f"model{i}"], strict=True)
     if args.fp16 or args.bf16:
@@ -374,11 +381,7 @@ def _load_dist(args, iteration: int, model, optimizer, scheduler) -> None:
     if args.use_distributed_optimizer != ("distrib_optim_sharding_type" in metadata):
         raise ValueError("--use-distributed-optimizer: pass it when, and only when, the checkpoint was written with it")
     sharded = _sharded_state(args, model, optimizer, scheduler, metadata, rng=same_layout, is_loading=True)
-    with warnings.catch_warnings():
-        # megatron-core 0.16.1 reads through torch's deprecated ShardedTensor and load_state_dict, and torch says so
-        # on every rank; nothing a user of the driver can change
-        warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed\.checkpoint|megatron")
-        state = dist_checkpointing.load(sharded, str(folder), get_default_load_sharded_strategy(str(folder)))
+    state = read_sharded(sharded, folder)
     for i, chunk in enumerate(unwrap_model(model)):
         chunk.load_state_dict(state["model" if len(model) == 1 else f"model{i}"], strict=True)
     optimizer.load_state_dict(_regrouped_optimizer_state(optimizer, state["optimizer"]))
