@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import traceback
 
@@ -63,5 +64,21 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def entrypoint() -> None:
+    """`labkit-train` and `python -m labkit.train`: main(), then out of the process without the interpreter's teardown.
+
+    By then every rank has passed the run's last barrier, its logs are printed and its TensorBoard and W&B writers
+    closed. What teardown would still do is destroy torch's and DeepSpeed's C++ objects in no fixed order, process
+    groups that DeepSpeed still references among them, and a gloo worker thread left joinable aborts the process
+    ("terminate called without an active exception", SIGABRT, after "after training is done"): torchrun then records
+    a run that finished as failed (seen on a two-rank DeepSpeed run on CPUs; PyTorch's c10d discussion in
+    https://github.com/pytorch/pytorch/pull/179291 describes such a teardown). An exception still leaves the usual way,
+    with its traceback."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entrypoint()
