@@ -35,6 +35,9 @@
 # GPU types in the parameters cell as `sinfo`'s GRES column writes them (`gpu_type`, `het_gpu_types`), and a directory
 # every node sees (`work_dir`); the nodes and their GPU counts come from `sinfo`. Without Slurm those cells say so and
 # the lab still runs.
+#
+# In a workshop, a section or exercise headed *(optional)* is read if the class has time, and one headed *(homework)*
+# after the session; run every cell all the same, since later cells may use what earlier ones computed.
 
 # %% tags=["parameters"]
 backend = "local"   # where the first training job runs: "local" or "slurm"
@@ -267,7 +270,7 @@ assert not have_slurm or waited == "PENDING", f"0.6 says the second job pends wh
 # node went down); with `--requeue`, Slurm may put it back in the queue, and its next attempt starts over, from its
 # checkpoint if it wrote one (`job.requeue` in a labkit spec).
 #
-# ## 0.7 A heterogeneous job: `hetjob`
+# ## 0.7 A heterogeneous job: `hetjob` (optional)
 #
 # A mixed cluster trains one model over unlike nodes: in lab 06, pipeline stages on an A100 node and on A10 nodes.
 # One Slurm job asks for both with components separated by `#SBATCH hetjob`; each component has its own nodes and
@@ -356,7 +359,7 @@ answer_1 = ...
 check("00.1", answer_1)
 
 # %% [markdown]
-# **Exercise 2.** A job waits in the queue because every node with its GPUs is busy. Which state does `squeue` show
+# **Exercise 2 (homework).** A job waits in the queue because every node with its GPUs is busy. Which state does `squeue` show
 # for it? Answer with Slurm's word, in capitals.
 
 # %%
@@ -366,7 +369,7 @@ answer_2 = ...
 check("00.2", answer_2)
 
 # %% [markdown]
-# **Exercise 3.** Write the `--gres` value that asks each node for two A100 GPUs (the type as `sinfo` lists it).
+# **Exercise 3 (homework).** Write the `--gres` value that asks each node for two A100 GPUs (the type as `sinfo` lists it).
 
 # %%
 answer_3 = ...

@@ -291,7 +291,7 @@ scalars = tensorboard.read_scalars(sweep.run_dirs["fp16"])
 profile_views.scalars_figure(scalars, ["loss-scale"]).show()
 
 # %% [markdown]
-# ## 2.5 The profiler's view
+# ## 2.5 The profiler's view (optional)
 #
 # The workshop reads the PyTorch profiler in TensorBoard: the share of GPU time in tensor-core kernels, and a memory
 # curve that jumps where fp16 copies are made. The same questions, from the traces of the profiled iterations:
@@ -373,7 +373,7 @@ answer_2 = ...
 check("02.2", answer_2)
 
 # %% [markdown]
-# **Exercise 3.** With fp16 and Megatron's distributed optimizer over 8 data-parallel GPUs, how many bytes of model
+# **Exercise 3 (homework).** With fp16 and Megatron's distributed optimizer over 8 data-parallel GPUs, how many bytes of model
 # state does each GPU keep per parameter? (`bytes_per_param` has the answer; try it by hand first.)
 
 # %%

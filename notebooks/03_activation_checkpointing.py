@@ -187,7 +187,7 @@ losses
 assert (losses["spread"] == 0).all(), losses
 
 # %% [markdown]
-# ## 3.6 Recomputation from scratch
+# ## 3.6 Recomputation from scratch (homework)
 #
 # What full recomputation does to a layer, in a dozen lines: a `torch.autograd.Function` whose forward keeps only the
 # layer's input, and whose backward runs the forward again (this time keeping its activations) and backpropagates
@@ -264,7 +264,7 @@ gpt2 = base.replace(model={"preset": "gpt2-small"})
 check("03.1", answer_1, spec=gpt2)
 
 # %% [markdown]
-# **Exercise 2.** Build from `base` a spec that checkpoints only the first 2 layers of each pipeline stage.
+# **Exercise 2 (homework).** Build from `base` a spec that checkpoints only the first 2 layers of each pipeline stage.
 
 # %%
 answer_2 = ...
@@ -273,7 +273,7 @@ answer_2 = ...
 check("03.2", answer_2)
 
 # %% [markdown]
-# **Exercise 3.** Selective recomputation drops the attention core's $5 a s / h$ of the $34 + 5 a s / h$ bytes per
+# **Exercise 3 (homework).** Selective recomputation drops the attention core's $5 a s / h$ of the $34 + 5 a s / h$ bytes per
 # token and hidden unit that a 16-bit layer keeps. For GPT-2 small ($s$ = 1024, $h$ = 768, $a$ = 12, 12 layers) at
 # micro-batch 4 in bf16, how many MiB does that save per micro-batch? (Compute it by hand: $5as/h \cdot sbh$ bytes
 # per layer.) This is the attention core as Megatron's unfused attention stores it, which is what the labs run on a

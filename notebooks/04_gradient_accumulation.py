@@ -180,7 +180,7 @@ print(f"largest difference over {len(losses)} iterations: {losses['spread'].max(
 loss_figure({name: sweep.logs[name] for name in to_profile}).show()
 
 # %% [markdown]
-# ## 4.7 Accumulation from scratch
+# ## 4.7 Accumulation from scratch (homework)
 #
 # The loop behind `batch.global` / `batch.micro`, in a dozen lines: each micro-batch's loss is divided by their
 # count and its gradient added to the last; with data parallelism, the all-reduce of the gradients is skipped
@@ -283,7 +283,7 @@ answer_1 = ...
 check("04.1", answer_1)
 
 # %% [markdown]
-# **Exercise 2.** At a global batch of 16, how many samples has a run consumed after 10 iterations (the log's
+# **Exercise 2 (homework).** At a global batch of 16, how many samples has a run consumed after 10 iterations (the log's
 # `consumed samples`)?
 
 # %%
@@ -293,7 +293,7 @@ answer_2 = ...
 check("04.2", answer_2)
 
 # %% [markdown]
-# **Exercise 3.** At a fixed micro-batch, what grows with the number of accumulated micro-batches? Answer
+# **Exercise 3 (homework).** At a fixed micro-batch, what grows with the number of accumulated micro-batches? Answer
 # `"activation memory"` or `"time per iteration"`.
 
 # %%

@@ -242,7 +242,7 @@ prediction_table(my_prediction, estimated={"GPT-2 XL on 32 A10, s per iteration"
                  measured={"GPT-2 XL on 32 A10, s per iteration": 1.4})  # FASOP's Megatron-LM logs
 
 # %% [markdown]
-# ## 5.5 Today's decoder models: Llama on the GPUs you pick
+# ## 5.5 Today's decoder models: Llama on the GPUs you pick (optional)
 #
 # Llama-family models change the arithmetic of 5.1: rotary positions (no position table), RMSNorm (a weight, no bias),
 # no biases in the linear layers, SwiGLU's three MLP matrices and grouped-query attention's smaller K and V. labkit's
@@ -272,7 +272,7 @@ answer_1 = ...
 check("05.1", answer_1)
 
 # %% [markdown]
-# **Exercise 2.** The workshop's fp16 run of that model (global batch 16, 4 GPUs; the baseline with only `--fp16`
+# **Exercise 2 (homework).** The workshop's fp16 run of that model (global batch 16, 4 GPUs; the baseline with only `--fp16`
 # added, no recomputation) took 311.9 ms per iteration. How many TFLOP/s per GPU is that?
 
 # %%
@@ -282,7 +282,7 @@ answer_2 = ...
 check("05.2", answer_2)
 
 # %% [markdown]
-# **Exercise 3.** At the same 157.7 TFLOP/s per GPU, how many A100s does the 18B model need to finish its 300B
+# **Exercise 3 (homework).** At the same 157.7 TFLOP/s per GPU, how many A100s does the 18B model need to finish its 300B
 # tokens within 30 days? (The smallest whole number.)
 
 # %%

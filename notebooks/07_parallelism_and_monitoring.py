@@ -243,7 +243,7 @@ print(f"cause: {broken.cause()}")
 print(format_report(report(broken, lines=3), color=False))
 
 # %% [markdown]
-# ## 7.8 The run dashboard
+# ## 7.8 The run dashboard (optional)
 #
 # Every run above is in the run index (`labkit runs` lists it too). The dashboard picks runs and a view (loss,
 # iteration time, timers, memory per rank, the per-rank timeline, the comparison table), and refreshes while a
@@ -259,7 +259,7 @@ board = dashboard.Dashboard(root=runs_dir()).show()
 board.runs.value = tuple(chosen)
 
 # %% [markdown]
-# ## 7.9 Tensor and pipeline parallelism from scratch
+# ## 7.9 Tensor and pipeline parallelism from scratch (homework)
 #
 # Two ideas behind the layouts above, each in about ten lines, run as two processes on this machine's gloo (as the
 # driver's ranks do), and each checked against megatron-core doing the same in the same processes.
@@ -403,7 +403,7 @@ eight = base.replace(**{"parallel.tensor": 2, "parallel.pipeline": 2,
 check("07.1", answer_1, spec=eight)
 
 # %% [markdown]
-# **Exercise 2.** Which parallel group carries the gradient all-reduce at the end of every iteration? Answer `"tp"`,
+# **Exercise 2 (homework).** Which parallel group carries the gradient all-reduce at the end of every iteration? Answer `"tp"`,
 # `"pp"` or `"dp"`.
 
 # %%
@@ -413,7 +413,7 @@ answer_2 = ...
 check("07.2", answer_2)
 
 # %% [markdown]
-# **Exercise 3.** What share of an iteration is the 1F1B bubble with 8 pipeline stages and 16 micro-batches? (A
+# **Exercise 3 (homework).** What share of an iteration is the 1F1B bubble with 8 pipeline stages and 16 micro-batches? (A
 # fraction between 0 and 1 of the whole iteration, not SC21's bubble-over-ideal ratio; the diagram above drew 4
 # stages and 8 micro-batches.)
 

@@ -15,7 +15,7 @@
 # ---
 
 # %% [markdown]
-# # Lab 08: Data preparation: corpus, tokenizer, indexed dataset
+# # Lab 08: Data preparation: corpus, tokenizer, indexed dataset (homework)
 #
 # **Objectives.** By the end of this lab you can
 # - read a JSON-lines corpus, one document per line, the input Megatron-LM's `tools/preprocess_data.py` takes;

@@ -250,7 +250,7 @@ prediction_table(my_prediction,
                  measured={f"{name} bytes per rank": int(memory.loc[name, "measured"]) for name in stages})
 
 # %% [markdown]
-# ## 9.4 Sequence parallelism
+# ## 9.4 Sequence parallelism (optional)
 #
 # Tensor parallelism splits the attention and the MLP over $t$ ranks, but the layer norms and dropouts between them
 # run on the whole activation on every rank. Sequence parallelism (Korthikanti et al., arXiv:2205.05198) splits those
@@ -292,7 +292,7 @@ answer_1 = ...
 check("09.1", answer_1)
 
 # %% [markdown]
-# **Exercise 2.** ZeRO's Figure 1 model: 7.5 billion parameters, mixed-precision Adam, 64 data-parallel GPUs. How many
+# **Exercise 2 (homework).** ZeRO's Figure 1 model: 7.5 billion parameters, mixed-precision Adam, 64 data-parallel GPUs. How many
 # GB ($10^9$ bytes) of model state does each GPU hold at stage 2?
 
 # %%
@@ -302,7 +302,7 @@ answer_2 = ...
 check("09.2", answer_2)
 
 # %% [markdown]
-# **Exercise 3.** For GPT-3 175B at tensor parallel 8 ($s = 2048$, $b = 1$, $h = 12288$, $a = 96$), by what factor
+# **Exercise 3 (homework).** For GPT-3 175B at tensor parallel 8 ($s = 2048$, $b = 1$, $h = 12288$, $a = 96$), by what factor
 # does sequence parallelism shrink a layer's activations (Table 2, without over with)?
 
 # %%

@@ -125,7 +125,7 @@ pd.DataFrame(layouts).T.round(3)
 assert not layouts["ep 1"]["fits"] and all(layouts[f"ep {e}"]["fits"] for e in (2, 4, 8)), layouts
 
 # %% [markdown]
-# ## 10.3 Routing and dispatch from scratch
+# ## 10.3 Routing and dispatch from scratch (homework)
 #
 # Two ranks, each with its own 6 of the 12 tokens, of width 8; 4 experts, 2 per rank (expert parallel 2), each a
 # plain matrix; top-2 routing. Each rank scores its tokens (`logits = x @ router.T`), keeps each token's two best
@@ -319,7 +319,7 @@ answer_1 = ...
 check("10.1", answer_1)
 
 # %% [markdown]
-# **Exercise 2.** What fraction of Mixtral-8x7B's parameters are expert weights (the routed experts' MLPs of all 32
+# **Exercise 2 (homework).** What fraction of Mixtral-8x7B's parameters are expert weights (the routed experts' MLPs of all 32
 # layers)? A number between 0 and 1.
 
 # %%
@@ -329,7 +329,7 @@ answer_2 = ...
 check("10.2", answer_2)
 
 # %% [markdown]
-# **Exercise 3.** Mixtral-8x7B at micro-batch 1 and sequence 4096, expert parallel 8 on one node: with perfectly even
+# **Exercise 3 (homework).** Mixtral-8x7B at micro-batch 1 and sequence 4096, expert parallel 8 on one node: with perfectly even
 # routing, how many token rows does each expert receive per layer and micro-batch?
 
 # %%

@@ -1,4 +1,5 @@
-"""No lab uses a term before the lab that teaches it, in the order the README schedules the labs, in either edition.
+"""No lab uses a term before the lab that teaches it, in the order a workshop takes the labs (labkit/data/workshop.yaml:
+its sessions, then the homework labs), in either edition.
 
 Each term is kept below with the lab that defines it and how each edition writes it; the labs' text cells are read
 (code cells, where `virtual_stages=1` is a keyword and not a word to a student, are left out), each cell's lines
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import jupytext
 import pytest
+
+from labkit import timetable
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -28,16 +31,6 @@ TERMS = {
 EDITIONS = {"English": (NOTEBOOKS, 1), "Korean": (NOTEBOOKS / "ko", 2)}
 
 
-def readme_order(readme: str) -> list[str]:
-    """The labs in the order the README's workshop plan gives them: labs 00 to NN, then the list of the second
-    session ("then many GPUs (05, 07, 09, 10, 06 and 08, ...")."""
-    first = re.search(r"labs (\d\d) to (\d\d),", readme)
-    second = re.search(r"then many GPUs \(((?:\d\d(?:, | and ))+\d\d)", readme)
-    assert first and second, "README.md: the workshop plan's two sessions are not where this test reads them"
-    start, end = (int(n) for n in first.groups())
-    return [f"{n:02d}" for n in range(start, end + 1)] + re.findall(r"\d\d", second.group(1))
-
-
 def text_of(path: Path) -> str:
     """A lab's text cells, each with its lines joined by spaces."""
     return "\n".join(" ".join(cell.source.split()) for cell in jupytext.read(path).cells
@@ -47,17 +40,6 @@ def text_of(path: Path) -> str:
 def lab_source(directory: Path, lab: str) -> Path:
     (path,) = directory.glob(f"{lab}_*.py")
     return path
-
-
-def test_the_readme_schedules_every_lab_once():
-    order = readme_order((ROOT / "README.md").read_text())
-    labs = sorted(p.name[:2] for p in NOTEBOOKS.glob("[0-9][0-9]_*.py"))
-    assert sorted(order) == labs, order
-
-
-def test_readme_order_reads_both_sessions():
-    text = "one GPU's worth (labs 00 to 02, 1 h), then many GPUs (05, 03 and 04, 2 h)."
-    assert readme_order(text) == ["00", "01", "02", "05", "03", "04"]
 
 
 def problems_of(texts: dict[str, str], order: list[str], column: int) -> list[str]:
@@ -70,7 +52,7 @@ def problems_of(texts: dict[str, str], order: list[str], column: int) -> list[st
             problems.append(f"lab {home} is said to define {term!r} but never names it")
         for lab in order[:order.index(home)]:
             if pattern.search(texts[lab]):
-                problems.append(f"lab {lab} uses {term!r} before lab {home}, which defines it, in the README's order "
+                problems.append(f"lab {lab} uses {term!r} before lab {home}, which defines it, in the workshop's order "
                                 f"{', '.join(order)}: define it there, or move the labs")
     return problems
 
@@ -78,7 +60,7 @@ def problems_of(texts: dict[str, str], order: list[str], column: int) -> list[st
 @pytest.mark.parametrize("edition", EDITIONS)
 def test_no_lab_uses_a_term_before_the_lab_that_defines_it(edition):
     directory, column = EDITIONS[edition]
-    order = readme_order((ROOT / "README.md").read_text())
+    order = timetable.course_order()
     problems = problems_of({lab: text_of(lab_source(directory, lab)) for lab in order}, order, column)
     assert not problems, f"{edition} edition:\n" + "\n".join(problems)
 
@@ -93,7 +75,7 @@ def test_a_term_used_before_its_lab_is_reported(tmp_path):
     path.write_text("# %% [markdown]\n# Each stage holds two virtual\n# stages.\n\n# %%\nvirtual_stages = 1\n")
     texts["05"] = text_of(path) + " bubble 1F1B"
     assert problems_of(texts, order, 1) == [
-        "lab 05 uses 'virtual stages' before lab 07, which defines it, in the README's order 05, 06, 07: define it "
+        "lab 05 uses 'virtual stages' before lab 07, which defines it, in the workshop's order 05, 06, 07: define it "
         "there, or move the labs"]
     path.write_text("# %% [markdown]\n# Each stage holds two chunks.\n\n# %%\nvirtual_stages = 1\n")
     texts["05"] = text_of(path) + " bubble 1F1B"

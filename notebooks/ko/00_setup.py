@@ -36,6 +36,9 @@
 # 클러스터의 Slurm입니다. 여러분의 클러스터에서는 파라미터 셀에 그 클러스터의 GPU 타입을 `sinfo`의 GRES 열에 적힌
 # 대로(`gpu_type`, `het_gpu_types`), 그리고 모든 노드가 볼 수 있는 디렉터리(`work_dir`)를 적으세요. 노드와 노드별 GPU
 # 개수는 `sinfo`에서 가져옵니다. Slurm이 없으면 해당 셀(cell)이 그렇다고 알려 주고, 실습은 그대로 진행됩니다.
+#
+# 워크숍에서는 제목에 *(선택 사항)*이 붙은 절이나 연습 문제는 시간이 남으면 읽고, *(과제)*가 붙은 것은 세션이 끝난 뒤에
+# 합니다. 그래도 셀은 모두 실행하세요. 뒤의 셀이 앞의 셀이 계산한 값을 쓸 수 있습니다.
 
 # %% tags=["parameters"]
 backend = "local"   # where the first training job runs: "local" or "slurm"
@@ -272,7 +275,7 @@ assert not have_slurm or waited == "PENDING", f"0.6 says the second job pends wh
 # 끝나기도 합니다. `--requeue`를 주면 Slurm이 작업을 다시 큐에 넣을 수 있으며, 다음 시도는 처음부터 시작합니다.
 # 체크포인트(checkpoint)를 썼다면 그 체크포인트부터 시작합니다(labkit 스펙(spec)의 `job.requeue`).
 #
-# ## 0.7 이기종 작업: `hetjob`
+# ## 0.7 이기종 작업: `hetjob` (선택 사항)
 #
 # 혼합 클러스터(mixed cluster)에서는 서로 다른 종류의 노드에 걸쳐 하나의 모델을 학습합니다. 실습 06에서는 파이프라인
 # 스테이지(pipeline stage)를 A100 노드와 A10 노드에 나눠 둡니다. 하나의 Slurm 작업이 `#SBATCH hetjob`으로 구분한
@@ -363,7 +366,7 @@ answer_1 = ...
 check("00.1", answer_1)
 
 # %% [markdown]
-# **연습 문제 2.** 어떤 작업이, 필요한 GPU를 가진 노드가 모두 사용 중이어서 큐에서 기다리고 있습니다. `squeue`는 이 작업의
+# **연습 문제 2 (과제).** 어떤 작업이, 필요한 GPU를 가진 노드가 모두 사용 중이어서 큐에서 기다리고 있습니다. `squeue`는 이 작업의
 # 상태(state)를 무엇으로 보여 줄까요? Slurm의 용어를 대문자로 답하세요.
 
 # %%
@@ -373,7 +376,7 @@ answer_2 = ...
 check("00.2", answer_2)
 
 # %% [markdown]
-# **연습 문제 3.** 노드마다 A100 GPU 두 개를 요청하는 `--gres` 값을 쓰세요(타입은 `sinfo`가 나열하는 대로 씁니다).
+# **연습 문제 3 (과제).** 노드마다 A100 GPU 두 개를 요청하는 `--gres` 값을 쓰세요(타입은 `sinfo`가 나열하는 대로 씁니다).
 
 # %%
 answer_3 = ...

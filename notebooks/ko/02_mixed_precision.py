@@ -293,7 +293,7 @@ scalars = tensorboard.read_scalars(sweep.run_dirs["fp16"])
 profile_views.scalars_figure(scalars, ["loss-scale"]).show()
 
 # %% [markdown]
-# ## 2.5 프로파일러로 보기
+# ## 2.5 프로파일러로 보기 (선택 사항)
 #
 # 워크숍에서는 PyTorch 프로파일러 결과를 TensorBoard에서 읽습니다: 텐서 코어 커널(kernel)에 쓰인 GPU 시간의 비율,
 # 그리고 fp16 사본이 만들어지는 지점에서 뛰어오르는 메모리 곡선. 여기서는 같은 질문에 프로파일링한 반복의
@@ -375,7 +375,7 @@ answer_2 = ...
 check("02.2", answer_2)
 
 # %% [markdown]
-# **연습 문제 3.** fp16과 Megatron의 분산 옵티마이저를 데이터 병렬 GPU 8개에서 쓰면, 각 GPU는 파라미터당 몇 바이트의 모델
+# **연습 문제 3 (과제).** fp16과 Megatron의 분산 옵티마이저를 데이터 병렬 GPU 8개에서 쓰면, 각 GPU는 파라미터당 몇 바이트의 모델
 # 상태를 보관할까요? (`bytes_per_param`에 답이 있지만, 먼저 손으로 계산해 보세요.)
 
 # %%

@@ -184,7 +184,7 @@ print(f"largest difference over {len(losses)} iterations: {losses['spread'].max(
 loss_figure({name: sweep.logs[name] for name in to_profile}).show()
 
 # %% [markdown]
-# ## 4.7 누적을 처음부터 구현하기
+# ## 4.7 누적을 처음부터 구현하기 (과제)
 #
 # `batch.global` / `batch.micro` 뒤에 있는 루프를 열두 줄 남짓으로 구현합니다: 각 마이크로배치의 손실을 마이크로배치
 # 수로 나누고, 그 그래디언트를 앞서 쌓인 그래디언트에 더합니다. 데이터 병렬에서는 마지막 마이크로배치를 뺀 모든
@@ -289,7 +289,7 @@ answer_1 = ...
 check("04.1", answer_1)
 
 # %% [markdown]
-# **연습 문제 2.** 글로벌 배치가 16일 때, 10번 반복한 실행은 샘플을 몇 개 소비했습니까(로그의 `consumed samples`)?
+# **연습 문제 2 (과제).** 글로벌 배치가 16일 때, 10번 반복한 실행은 샘플을 몇 개 소비했습니까(로그의 `consumed samples`)?
 
 # %%
 answer_2 = ...
@@ -298,7 +298,7 @@ answer_2 = ...
 check("04.2", answer_2)
 
 # %% [markdown]
-# **연습 문제 3.** 마이크로배치 크기를 고정하면, 누적하는 마이크로배치 수에 따라 늘어나는 것은 무엇입니까?
+# **연습 문제 3 (과제).** 마이크로배치 크기를 고정하면, 누적하는 마이크로배치 수에 따라 늘어나는 것은 무엇입니까?
 # `"activation memory"` 또는 `"time per iteration"`으로 답하세요.
 
 # %%

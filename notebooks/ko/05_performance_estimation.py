@@ -250,7 +250,7 @@ prediction_table(my_prediction, estimated={"GPT-2 XL on 32 A10, s per iteration"
                  measured={"GPT-2 XL on 32 A10, s per iteration": 1.4})  # FASOP's Megatron-LM logs
 
 # %% [markdown]
-# ## 5.5 오늘날의 디코더(decoder) 모델: 여러분이 고른 GPU에서의 Llama
+# ## 5.5 오늘날의 디코더(decoder) 모델: 여러분이 고른 GPU에서의 Llama (선택 사항)
 #
 # Llama 계열 모델은 5.1의 계산을 바꿉니다: 로터리 위치 임베딩(rotary positions; 위치 테이블 없음), RMSNorm(가중치만 있고
 # 바이어스 없음), 선형 레이어(linear layer)에 바이어스 없음, SwiGLU의 MLP 행렬 세 개, 그리고 그룹 쿼리
@@ -282,7 +282,7 @@ answer_1 = ...
 check("05.1", answer_1)
 
 # %% [markdown]
-# **연습 문제 2.** 워크숍에서 이 모델을 fp16으로 돌린 실행(글로벌 배치 16, GPU 4개; 기준 실행(baseline)에 `--fp16`만 추가하고
+# **연습 문제 2 (과제).** 워크숍에서 이 모델을 fp16으로 돌린 실행(글로벌 배치 16, GPU 4개; 기준 실행(baseline)에 `--fp16`만 추가하고
 # 재계산은 없음)은 반복당 311.9 ms가 걸렸습니다. GPU당 몇 TFLOP/s입니까?
 
 # %%
@@ -292,7 +292,7 @@ answer_2 = ...
 check("05.2", answer_2)
 
 # %% [markdown]
-# **연습 문제 3.** GPU당 같은 157.7 TFLOP/s로, 18B 모델이 300B 토큰을 30일 안에 끝내려면 A100이 몇 개 필요합니까? (가장 작은
+# **연습 문제 3 (과제).** GPU당 같은 157.7 TFLOP/s로, 18B 모델이 300B 토큰을 30일 안에 끝내려면 A100이 몇 개 필요합니까? (가장 작은
 # 정수로 답하세요.)
 
 # %%

@@ -15,7 +15,7 @@
 # ---
 
 # %% [markdown]
-# # 실습 08: 데이터 준비: 코퍼스(corpus), 토크나이저(tokenizer), 인덱스 데이터셋(indexed dataset)
+# # 실습 08: 데이터 준비: 코퍼스(corpus), 토크나이저(tokenizer), 인덱스 데이터셋(indexed dataset) (과제)
 #
 # **목표.** 이 실습을 마치면 다음을 할 수 있습니다.
 # - 한 줄에 문서 하나씩 담긴 JSON-lines 코퍼스, 곧 Megatron-LM의 `tools/preprocess_data.py`가 받는 입력을 읽기

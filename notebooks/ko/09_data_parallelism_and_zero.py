@@ -254,7 +254,7 @@ prediction_table(my_prediction,
                  measured={f"{name} bytes per rank": int(memory.loc[name, "measured"]) for name in stages})
 
 # %% [markdown]
-# ## 9.4 시퀀스 병렬화
+# ## 9.4 시퀀스 병렬화 (선택 사항)
 #
 # 텐서 병렬화(tensor parallelism)는 어텐션(attention)과 MLP를 $t$개 랭크에 나누지만, 그 사이의 레이어 정규화(layer
 # norm)와 드롭아웃은 모든 랭크에서 활성값(activation) 전체에 대해 실행됩니다. 시퀀스 병렬화(Korthikanti et al.,
@@ -297,7 +297,7 @@ answer_1 = ...
 check("09.1", answer_1)
 
 # %% [markdown]
-# **연습 문제 2.** ZeRO 논문 Figure 1의 모델은 파라미터 75억(7.5 billion) 개, 혼합 정밀도 Adam, 데이터 병렬 GPU 64개입니다.
+# **연습 문제 2 (과제).** ZeRO 논문 Figure 1의 모델은 파라미터 75억(7.5 billion) 개, 혼합 정밀도 Adam, 데이터 병렬 GPU 64개입니다.
 # 2단계에서 각 GPU는 모델 상태를 몇 GB($10^9$바이트) 가집니까?
 
 # %%
@@ -307,7 +307,7 @@ answer_2 = ...
 check("09.2", answer_2)
 
 # %% [markdown]
-# **연습 문제 3.** 텐서 병렬 8의 GPT-3 175B($s = 2048$, $b = 1$, $h = 12288$, $a = 96$)에서 시퀀스 병렬화는 레이어의 활성값을
+# **연습 문제 3 (과제).** 텐서 병렬 8의 GPT-3 175B($s = 2048$, $b = 1$, $h = 12288$, $a = 96$)에서 시퀀스 병렬화는 레이어의 활성값을
 # 몇 배 줄입니까? (Table 2에서 시퀀스 병렬화가 없을 때의 값을 있을 때의 값으로 나눈 비율)
 
 # %%
