@@ -31,6 +31,7 @@ def errors_of(container: dict) -> list[str]:
     {"image": "/images/megatron.sif", "runtime": "apptainer", "mounts": ["/data:/data:ro", "/scratch:/scratch:rw"]},
     {"image": "docker://nvcr.io/nvidia/pytorch:25.04-py3", "runtime": "apptainer"},
     {"image": "oras://ghcr.io/lab/megatron.sif:1.0", "runtime": "apptainer"},
+    {"image": "/images/megatron-sandbox/", "runtime": "apptainer"},  # apptainer build --sandbox
     {"image": "/images/megatron-bundle", "runtime": "slurm"},
     {"image": "/images/megatron.sqsh", "runtime": "pyxis"},
     {"image": "/images/megatron.sqsh", "runtime": "enroot"},

@@ -4,9 +4,10 @@ the fix:
 - pyxis (srun --container-image): a registry image (nvcr.io#nvidia/pytorch:25.04-py3) or an enroot squashfs (.sqsh);
 - enroot (enroot create/start, as aws-samples/awsome-distributed-training runs it): an enroot squashfs (.sqsh),
   which `enroot create` starts from (`enroot import` makes one from a registry image);
-- apptainer (apptainer exec --nv): a SIF file (.sif) or an image Apptainer pulls (docker://, oras://, library://),
-  which every task then pulls and converts into a SIF in its cache as the job starts: a SIF file built once on a
-  shared filesystem starts a large job faster; https://apptainer.org/docs/user/main/cli/apptainer_exec.html
+- apptainer (apptainer exec --nv): a SIF file (.sif), a sandbox directory (`apptainer build --sandbox`, given by its
+  path), or an image Apptainer pulls (docker://, oras://, library://), which every task then pulls and converts into a
+  SIF in its cache as the job starts: a SIF file built once on a shared filesystem starts a large job faster;
+  https://apptainer.org/docs/user/main/cli/apptainer_exec.html
 - slurm (srun --container, Slurm 23.02+): an OCI bundle, a directory holding the root filesystem and its config.json,
   already on every node; the bundle's config.json lists its mounts, so job.container.mounts has no place there.
   https://slurm.schedmd.com/containers.html
@@ -40,14 +41,17 @@ def image_errors(container: ContainerSpec) -> list[str]:
     image, runtime, field = container.image, container.runtime, "job.container.image"
     scheme, suffix = _scheme(image), image.lower().rsplit(".", 1)[-1] if "." in image else ""
     if runtime == "apptainer":
-        if scheme in APPTAINER_SCHEMES or (scheme is None and suffix == "sif"):
+        # a path that is not enroot's squashfs: a SIF file or a sandbox directory, both of which apptainer exec runs
+        if scheme in APPTAINER_SCHEMES or (scheme is None and (suffix == "sif" or (
+                is_image_file(image) and suffix != "sqsh"))):
             return []
         if "#" in image and scheme is None:
             pulled = "docker://" + image.replace("#", "/", 1)
             return [f"{field}: {quote(image)} is pyxis's REGISTRY#IMAGE form; Apptainer pulls it as {quote(pulled)}, "
                     f"or build a SIF file once ({EXAMPLE_SIF}) and give its path"]
         return [f"{field}: {quote(image)} is not an image Apptainer runs (runtime apptainer); give a .sif file "
-                f"({EXAMPLE_SIF}) or a docker://, oras:// or library:// reference"]
+                f"({EXAMPLE_SIF}), a sandbox directory's path (apptainer build --sandbox) or a docker://, oras:// or "
+                "library:// reference"]
     if runtime == "slurm":
         if scheme is None and is_image_file(image) and suffix not in ("sif", "sqsh"):
             return []
