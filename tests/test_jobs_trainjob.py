@@ -326,3 +326,11 @@ def test_a_pod_pulls_apptainers_docker_reference_and_no_other_scheme():
     oras = trainjob_spec(**{"job.container": {"image": "oras://ghcr.io/lab/megatron:1", "runtime": "apptainer"}})
     assert any(e.startswith("job.container.image: 'oras://ghcr.io/lab/megatron:1' is not a registry image")
                for e in k8s_errors(oras))
+
+
+def test_a_volume_name_is_told_the_dns_label_rule_and_a_claim_name_the_subdomain_one():
+    with pytest.raises(SpecError) as info:
+        trainjob_spec(**{"job.k8s.volumes": [{"name": "my.data", "mount_path": "/data", "pvc": "Team_Claim"}]})
+    (name,) = [e for e in info.value.errors if e.startswith("job.k8s.volumes[0].name:")]
+    (claim,) = [e for e in info.value.errors if e.startswith("job.k8s.volumes[0].pvc:")]
+    assert "'.'" not in name and "(and '.' between labels)" in claim

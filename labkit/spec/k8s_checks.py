@@ -39,8 +39,9 @@ def qualified_name(text: str) -> bool:
 def _name_problem(field: str, value, pattern: re.Pattern, what: str) -> list[str]:
     if isinstance(value, str) and pattern.match(value):
         return []
-    return [f"{field}: {quote(value)} is not {what}; use lower-case letters, digits and '-' (and '.' between "
-            "labels), starting and ending with a letter or digit"]
+    dots = " (and '.' between labels)" if pattern is DNS_SUBDOMAIN else ""
+    return [f"{field}: {quote(value)} is not {what}; use lower-case letters, digits and '-'{dots}, starting and "
+            "ending with a letter or digit"]
 
 
 def _volume_errors(spec: RunSpec) -> list[str]:
