@@ -1,6 +1,6 @@
-"""What labkit says to a student at run time (exercise checks, their hints, the prediction table's headings) in each
-edition of the labs, from one table: labkit/data/messages.yaml, {message id: {en: ..., ko: ...}}, each text a
-`str.format` template whose fields every language shares.
+"""What labkit says to a student at run time (exercise checks, their hints, the prediction table's headings, the
+sentences the labs' own code cells print) in each edition of the labs, from one table: labkit/data/messages.yaml,
+{message id: {en: ..., ko: ...}}, each text a `str.format` template whose fields every language shares.
 
 The language is chosen outside the notebooks, so that a Korean lab's code cells stay those of the English one:
 
@@ -51,7 +51,10 @@ def table() -> dict[str, dict[str, str]]:
 
 
 def say(message_id: str, lang: str | None = None, **fields) -> str:
-    """Message `message_id` in `lang` (default: language()), its fields filled in."""
+    """Message `message_id` in `lang` (default: language()), its fields filled in.
+
+    Taught in labs 00, 01, 02, 03, 04, 05, 06, 07, 09 and 10.
+    """
     if message_id not in table():
         raise KeyError(f"no message {message_id!r} in labkit/data/messages.yaml")
     return table()[message_id][lang or language()].format(**fields)

@@ -52,6 +52,7 @@ from labkit.diagrams import show
 from labkit.exercises import prediction_table
 from labkit.jobs import backend_named
 from labkit.jobs.sweep import Sweep, profiled
+from labkit.messages import say
 from labkit.paths import example, shipped_corpus
 from labkit.logs.loss_scale import loss_scale_history, skipped_until
 from labkit.logs.views import comparison_table, iteration_time_figure, loss_figure
@@ -125,12 +126,13 @@ cpuinfo = Path("/proc/cpuinfo")
 flags = set(cpuinfo.read_text().split()) if cpuinfo.exists() else set()
 bf16_hardware = sorted(flags & {"avx512_bf16", "amx_bf16"})
 fp16_hardware = sorted(flags & {"avx512_fp16", "amx_fp16"})
-print(f"bf16 instructions: {', '.join(bf16_hardware) or 'none'}; fp16 instructions: {', '.join(fp16_hardware) or 'none'}"
-      if cpuinfo.exists() else "no /proc/cpuinfo here: the flags are unknown, the timings below still tell")
+print(say("lab02.cpu_flags", bf16=", ".join(bf16_hardware) or say("lab02.none"),
+          fp16=", ".join(fp16_hardware) or say("lab02.none"))
+      if cpuinfo.exists() else say("lab02.no_cpuinfo"))
 matmul = {name: matmul_ms(getattr(torch, {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[name]))
           for name in ("fp32", "bf16", "fp16")}
 for name, ms in matmul.items():
-    print(f"{name}: {ms:8.1f} ms, {matmul['fp32'] / ms:5.2f}x fp32's speed")
+    print(say("lab02.matmul_speed", name=name, ms=ms, speedup=matmul["fp32"] / ms))
 
 # %% [markdown]
 # Where bf16 beat fp32 above, the CPU multiplies bf16 in hardware; where both 16-bit products were slower, it
@@ -235,10 +237,11 @@ history
 
 # %%
 final_scale = history["loss_scale"].iloc[-1]
-print(f"fp16: the scale fell from 2^32 to {final_scale:.0f}; predicted skipped iterations: "
-      f"{skipped_until(base.optimizer.initial_loss_scale, final_scale)}, logged: {history['skipped_total'].iloc[-1]}")
-print(f"bf16: loss scale {loss_scale_history(sweep.logs['bf16'])['loss_scale'].iloc[-1]:g}, skipped "
-      f"{loss_scale_history(sweep.logs['bf16'])['skipped_total'].iloc[-1]}: bf16 has fp32's exponent range")
+print(say("lab02.fp16_scale_fell", final=final_scale,
+          predicted=skipped_until(base.optimizer.initial_loss_scale, final_scale),
+          logged=history["skipped_total"].iloc[-1]))
+print(say("lab02.bf16_scale", scale=loss_scale_history(sweep.logs["bf16"])["loss_scale"].iloc[-1],
+          skipped=loss_scale_history(sweep.logs["bf16"])["skipped_total"].iloc[-1]))
 
 # %% [markdown]
 # **From scratch.** The whole dynamic loss scaler is a few lines: count overflows against the hysteresis, halve once
@@ -342,8 +345,9 @@ show("zero_stages")
 
 # %%
 gpus = 8
-print(f"Mixed-precision Adam in ZeRO's accounting (2 + 2 + 12), bytes per parameter on each of {gpus} GPUs:")
-print(f"  replicated: {sum(bytes_per_param('bf16', 1, zero_stage=1)):5.2f}")  # one GPU: nothing to shard
+print(say("lab02.zero_heading", gpus=gpus))
+# one GPU: nothing to shard
+print(say("lab02.zero_replicated", per_param=sum(bytes_per_param("bf16", 1, zero_stage=1))))
 for stage in (1, 2, 3):
     print(f"  ZeRO-{stage}:     {sum(bytes_per_param('bf16', gpus, zero_stage=stage)):5.2f}")
 

@@ -50,6 +50,7 @@ from labkit.exercises import prediction_table
 from labkit.jobs import backend_named
 from labkit.jobs.sweep import Sweep
 from labkit.logs.losses import loss_table
+from labkit.messages import say
 from labkit.net import free_port
 from labkit.paths import example
 from labkit.spec import load_spec
@@ -186,7 +187,7 @@ dist.destroy_process_group()
 for rank, out in sorted(done.items()):
     for name, (updated, kept) in out.items():
         assert torch.allclose(torch.tensor(updated), torch.tensor(alone), atol=1e-6), (rank, name, updated, alone)
-        print(f"rank {rank}, {name:>5}: the same weights as one process; momentum kept: {kept} of 8 elements")
+        print(say("lab09.rank_state", rank=rank, name=name, kept=kept))
 
 # %% [markdown]
 # The same idea runs in megatron-core: `DistributedDataParallel` reduce-scatters its gradient buckets when the
@@ -233,8 +234,10 @@ for name in stages:  # exact: megatron-core's buffers, and FSDP2's shards padded
 # stage 2 holds the whole weights that stage 3 shards; the gradients and the optimizer state alike
 assert memory.loc["zero2", "weights"] - memory.loc["zero3", "weights"] == 4 * params, memory
 assert (memory.loc["zero2", ["gradients", "optimizer"]] == memory.loc["zero3", ["gradients", "optimizer"]]).all()
-print(f"zero2: {memory.loc['zero2', 'measured']:,} B measured, {memory.loc['zero2', 'estimate']:,} B estimated")
-print(f"zero3: {memory.loc['zero3', 'measured']:,} B measured, {memory.loc['zero3', 'estimate']:,} B estimated")
+print(say("lab09.state_bytes", stage="zero2", measured=memory.loc["zero2", "measured"],
+          estimated=memory.loc["zero2", "estimate"]))
+print(say("lab09.state_bytes", stage="zero3", measured=memory.loc["zero3", "measured"],
+          estimated=memory.loc["zero3", "estimate"]))
 
 # %% [markdown]
 # Stage 1 halves the optimizer state, stage 2 the gradients too, stage 3 everything. Stage 2 holds more than ZeRO's

@@ -1,5 +1,8 @@
 """labkit's runtime messages come from one table in both editions, and a lab run in Korean speaks Korean."""
+import ast
+import re
 import string
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +99,101 @@ def test_labkit_lab_runs_the_kernels_in_the_editions_language_and_restores_the_c
     assert cli.main(["lab", "--lang", lang]) == 2
     assert seen["lang"] == lang and seen["notebook_dir"] == lab.edition_dir(lang)
     assert messages.language() != lang
+
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+ENGLISH_SOURCES = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py")) + sorted((NOTEBOOKS / "solutions").glob("[0-9][0-9]_*.py"))
+"""The labs and solutions whose code cells both editions run (the Korean ones' are the same, test_notebooks checks)."""
+
+ENGLISH_WORDS = re.compile(r"(?<![\w/])[A-Za-z]+(?:'[a-z]+)?(?: [A-Za-z]+(?:'[a-z]+)?){2,}")
+"""Three or more English words in a row, separated by single spaces ("bytes kept, " is two, "TFLOP/s per GPU" two)."""
+
+
+def code_cells(source: Path) -> list[tuple[int, ast.Module, list[str]]]:
+    """Each code cell of a jupytext source as (cell number, parsed code, tags)."""
+    import jupytext
+
+    return [(number, ast.parse(cell.source), cell.metadata.get("tags", []))
+            for number, cell in enumerate(jupytext.read(source).cells, start=1) if cell.cell_type == "code"]
+
+
+def calls_of(tree: ast.AST, name: str) -> list[ast.Call]:
+    return [node for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name]
+
+
+def printed_literals(node: ast.AST):
+    """The string literals (an f-string's text parts too) that a print argument prints as they are written: not those
+    inside a say(...) call, which are a message's id and fields."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "say":
+        return
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        yield node.value
+    for child in ast.iter_child_nodes(node):
+        yield from printed_literals(child)
+
+
+def english_sentences_printed(tree: ast.AST) -> list[str]:
+    """The heuristic for a sentence a student reads, printed in English whatever the edition: a string literal in a
+    print(...) call's arguments (not inside say(...)) holding three or more consecutive English words. Data has
+    fewer: a number with its unit ("12 ms"), a job id and its state, a label and a value, a table or a file's text
+    printed from a variable."""
+    return [match.group() for call in calls_of(tree, "print") for argument in call.args
+            for text in printed_literals(argument) for match in ENGLISH_WORDS.finditer(text)]
+
+
+@pytest.mark.parametrize("source", ENGLISH_SOURCES, ids=lambda p: str(p.relative_to(NOTEBOOKS)))
+def test_no_lab_prints_an_english_sentence_of_its_own(source: Path):
+    """A sentence a lab's code prints comes from the message table, so that the Korean edition, whose code cells are
+    the English ones, prints it in Korean. Cells tagged nbval-check-output are left out: their stored outputs are
+    compared in both editions, so what they print is the same in each (numbers with their units)."""
+    found = [f"cell {number}: {sentence!r}" for number, tree, tags in code_cells(source)
+             if "nbval-check-output" not in tags for sentence in english_sentences_printed(tree)]
+    assert found == [], f"{source.name} prints English sentences; route them through labkit.messages.say: {found}"
+
+
+def test_the_sentence_heuristic_finds_prose_and_passes_data_and_messages():
+    def found(code: str) -> list[str]:
+        return english_sentences_printed(ast.parse(code))
+
+    assert found('print(f"fp16: the scale fell from 2^32 to {x:.0f}")') == ["the scale fell from"]
+    assert found('print("ok" if done else "no Slurm answers here")') == ["no Slurm answers here"]
+    assert found('print(f"{job}: {state}")') == []
+    assert found('print(f"{t:.1f} TFLOP/s per GPU, {n:,} bytes kept")') == []
+    assert found('print(say("lab00.gpu_nodes", kind=kind or say("lab00.untyped"), nodes=2, counts="1"))') == []
+
+
+def say_calls() -> list[tuple[str, ast.Call]]:
+    """Every say(...) in the labs' and solutions' code cells, as (where, call)."""
+    return [(f"{source.name} cell {number}", call) for source in ENGLISH_SOURCES
+            for number, tree, _ in code_cells(source) for call in calls_of(tree, "say")]
+
+
+def test_every_say_in_the_labs_names_a_message_and_fills_exactly_its_fields():
+    calls = say_calls()
+    assert len(calls) > 30
+    table = messages.table()
+    for where, call in calls:
+        assert len(call.args) == 1 and isinstance(call.args[0], ast.Constant), f"{where}: say's id is not a literal"
+        message_id = call.args[0].value
+        assert message_id in table, f"{where}: no message {message_id!r} in labkit/data/messages.yaml"
+        given = {keyword.arg for keyword in call.keywords}
+        assert None not in given, f"{where}: say({message_id!r}, **...) hides which fields it fills"
+        wanted = {re.split(r"[.\[]", name)[0] for name, _, _ in fields(table[message_id]["en"])}
+        assert given == wanted, f"{where}: {message_id} takes {sorted(wanted)}, given {sorted(given)}"
+
+
+def test_every_lab_message_is_said_by_a_lab():
+    said = {call.args[0].value for _, call in say_calls()}
+    assert {message_id for message_id in messages.table() if re.match(r"lab\d\d\.", message_id)} == said
+
+
+def test_a_labs_message_renders_in_korean(monkeypatch):
+    monkeypatch.setenv("LABKIT_LANG", "ko")
+    assert messages.say("lab02.fp16_scale_fell", final=65536.0, predicted=16, logged=16) == \
+        "fp16: 손실 스케일이 2^32에서 65536로 떨어졌습니다. 건너뛴 반복 수의 예측: 16, 로그에 기록된 수: 16"
+    assert messages.say("lab00.gpu_nodes", kind=messages.say("lab00.untyped"), nodes=2, counts="1 or 2") == \
+        "종류 미지정 GPU: 노드 2개, 노드마다 1 or 2개"
+    monkeypatch.setenv("LABKIT_LANG", "en")
+    assert messages.say("lab02.fp16_scale_fell", final=65536.0, predicted=16, logged=16) == \
+        "fp16: the scale fell from 2^32 to 65536; predicted skipped iterations: 16, logged: 16"

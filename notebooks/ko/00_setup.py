@@ -63,6 +63,7 @@ import torch
 from labkit.answer_key import check
 from labkit.jobs import backend_named, default_backend
 from labkit.jobs.render import render
+from labkit.messages import say
 from labkit.paths import example
 from labkit.spec import load_spec
 
@@ -72,7 +73,7 @@ from labkit.spec import load_spec
 # %%
 for package in ("torch", "megatron-core", "labkit", "jupyterlab", "ipywidgets", "plotly"):
     print(f"{package:>14} {version(package)}")
-print(f"{'GPU':>14} {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none: training runs on CPU'}")
+print(f"{'GPU':>14} {torch.cuda.get_device_name(0) if torch.cuda.is_available() else say('lab00.no_gpu')}")
 
 # %% [markdown]
 # ## 0.2 작업이 실행되는 곳
@@ -84,7 +85,7 @@ print(f"{'GPU':>14} {torch.cuda.get_device_name(0) if torch.cuda.is_available() 
 # 쓰지 않고, 파라미터 셀(parameters cell)에 지정한 백엔드를 씁니다.
 
 # %%
-print(f"default backend here: {default_backend().name}; this lab's training job uses: {backend}")
+print(say("lab00.backends", default=default_backend().name, backend=backend))
 
 # %% tags=["check-claim"]
 assert default_backend().name == ("slurm" if shutil.which("sbatch") else "local"), "0.2 says the default follows sbatch"
@@ -141,7 +142,7 @@ def wait_until_gone(job_id: str) -> bool:
     state = wait_until(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"))
     if state in ("", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
         return True
-    print(f"job {job_id} is still {state} after {wait_s} s: cancelled (raise wait_s on a busy cluster)")
+    print(say("lab00.job_cancelled", job_id=job_id, state=state, wait_s=wait_s))
     subprocess.run(["scancel", job_id])
     return False
 
@@ -154,14 +155,12 @@ def output_of(job_id: str, output: Path) -> str:
 
 gpus = cluster_gpus() if have_slurm else {}
 if not have_slurm:
-    print("no Slurm answers here: start labkit's with `sudo labkit slurm up` (or `sudo make slurm-up`), then run the "
-          "Slurm cells again")
+    print(say("lab00.no_slurm"))
 elif not gpus:
     have_slurm = False
-    print("sinfo lists no GPUs (GRES gpu:...) on this cluster's nodes: the Slurm cells below need some")
+    print(say("lab00.no_gpus_listed"))
 elif gpu_type not in gpus:
-    print(f"sinfo lists no {gpu_type!r} GPUs here: the Slurm cells use {next(iter(gpus))!r} (gpu_type in the "
-          f"parameters cell: one of {sorted(gpus)})")
+    print(say("lab00.gpu_type_missing", wanted=gpu_type, used=next(iter(gpus)), types=sorted(gpus)))
     gpu_type = next(iter(gpus))
 
 # %% [markdown]
@@ -176,7 +175,7 @@ if have_slurm:
     sh('sinfo -N -o "%N %P %c %m %G %T"')
     for kind, nodes in gpus.items():
         counts = " or ".join(map(str, sorted(set(nodes.values()))))
-        print(f"{kind or 'untyped'} GPUs: {len(nodes)} node(s), with {counts} each")
+        print(say("lab00.gpu_nodes", kind=kind or say("lab00.untyped"), nodes=len(nodes), counts=counts))
 
 # %% [markdown]
 # ## 0.4 배치 스크립트: `sbatch`, `squeue`, `sacct`
@@ -305,7 +304,7 @@ srun --het-group=0,1 bash -c 'echo "task $SLURM_PROCID on $SLURMD_NODENAME sees 
 """)
 print(het.read_text())
 if have_slurm and not het_ran:
-    print(f"sinfo lists no {het_types[1]} node besides the first component's: no hetjob here")
+    print(say("lab00.no_hetjob", gpu=het_types[1]))
 het_output = ""
 if het_ran:
     het_id = sh(f"sbatch --parsable {het}").split(";")[0]

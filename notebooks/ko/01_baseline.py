@@ -41,6 +41,7 @@ from labkit.exercises import prediction_table
 from labkit.jobs import backend_named
 from labkit.jobs.report import format_report, report, widget
 from labkit.jobs.render import render
+from labkit.messages import say
 from labkit.paths import example, runs_dir, shipped_corpus
 from labkit.logs.derive import steady_state
 from labkit.logs.views import comparison_table, loss_figure
@@ -59,8 +60,8 @@ spec = load_spec(example(spec_file)).replace(
     **{"train.iters": iterations, "train.log_interval": log_interval},
     data=shipped_corpus())  # the corpus labkit ships
 print(spec.to_yaml())
-print(f"world size {spec.world_size}, data parallel {spec.data_parallel}, "
-      f"{spec.num_micro_batches} micro-batch(es) of {spec.batch.micro} per process and iteration")
+print(say("lab01.layout", world_size=spec.world_size, data_parallel=spec.data_parallel,
+          micro_batches=spec.num_micro_batches, micro=spec.batch.micro))
 
 # %% [markdown]
 # ## 1.2 작업 스크립트
@@ -92,8 +93,7 @@ start = time.perf_counter()
 for _ in range(10):
     a @ a
 speed = 10 * 2 * 512 ** 3 / (time.perf_counter() - start)
-print(f"one iteration: {work / 1e9:.2f} GFLOP; this machine's fp32 matrix products: {speed / 1e9:.1f} GFLOP/s; "
-      f"work / speed: {work / speed * 1e3:.1f} ms")
+print(say("lab01.work_and_speed", gflop=work / 1e9, gflops=speed / 1e9, ms=work / speed * 1e3))
 
 # %% tags=["prediction"]
 my_prediction = {"time per iteration (ms)": ...}  # a number

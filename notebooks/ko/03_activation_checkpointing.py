@@ -43,6 +43,7 @@ from labkit.answer_key import check
 from labkit.exercises import prediction_table
 from labkit.jobs import backend_named
 from labkit.jobs.sweep import Sweep, profiled
+from labkit.messages import say
 from labkit.paths import example, shipped_corpus
 from labkit.logs.losses import loss_table
 from labkit.logs.views import comparison_table, iteration_time_figure
@@ -248,7 +249,7 @@ mine, my_grads = saved_bytes_and_grads(lambda: Recomputed.apply(layer, x))
 megatron, megatron_grads = saved_bytes_and_grads(lambda: megatron_checkpoint(layer, False, x))
 assert all(torch.allclose(a, b) and torch.allclose(a, c) for a, b, c in zip(my_grads, megatron_grads, kept_grads))
 assert mine == megatron == x.numel() * x.element_size() < kept
-print(f"saved for the backward: {kept:,} bytes kept, {mine:,} recomputed from scratch, {megatron:,} by megatron-core")
+print(say("lab03.saved_for_backward", kept=kept, mine=mine, megatron=megatron))
 
 # %% [markdown]
 # ## 연습 문제

@@ -45,6 +45,7 @@ from labkit.answer_key import check
 from labkit.exercises import prediction_table
 from labkit.jobs import backend_named
 from labkit.jobs.sweep import NO_DROPOUT, Sweep, profiled, with_flags
+from labkit.messages import say
 from labkit.paths import example, shipped_corpus
 from labkit.logs.losses import loss_table
 from labkit.logs.views import comparison_table, iteration_time_figure, loss_figure
@@ -69,8 +70,8 @@ equivalent = f"micro {micro_batch} x {global_batches[1] // micro_batch}"
 specs[f"micro {large_micro_batch} x 1"] = base.replace(
     **{"batch.micro": large_micro_batch, "batch.global": global_batches[1]})
 for name, spec in specs.items():
-    print(f"{name:>14}: global batch {spec.batch.global_:3d} = micro {spec.batch.micro} x data parallel "
-          f"{spec.data_parallel} x {spec.num_micro_batches} micro-batch(es)")
+    print(say("lab04.batch_layout", name=name, global_batch=spec.batch.global_, micro=spec.batch.micro,
+              data_parallel=spec.data_parallel, micro_batches=spec.num_micro_batches))
 
 # %% [markdown]
 # ## 4.2 예측하기
@@ -180,7 +181,7 @@ losses
 assert losses["spread"].max() < 1e-3, losses  # the same step, up to the order of additions
 
 # %%
-print(f"largest difference over {len(losses)} iterations: {losses['spread'].max():.2e}")
+print(say("lab04.loss_spread", iterations=len(losses), spread=losses["spread"].max()))
 loss_figure({name: sweep.logs[name] for name in to_profile}).show()
 
 # %% [markdown]
@@ -273,7 +274,7 @@ model.zero_grad()
 torch.nn.functional.mse_loss(model(inputs), targets).backward()
 assert all(torch.allclose(a, b) and torch.allclose(a, p.grad) for a, b, p in zip(mine, megatron, model.parameters()))
 assert my_syncs == synced[:len(micro_batches)] == [False, False, False, True]
-print("all-reduce after micro-batch:", my_syncs, "(from scratch);", synced[:len(micro_batches)], "(megatron-core)")
+print(say("lab04.syncs", mine=my_syncs, megatron=synced[:len(micro_batches)]))
 
 # %% [markdown]
 # ## 연습 문제

@@ -47,6 +47,7 @@ from labkit.estimate.views import (breakdown_table, days_per_epoch, memory_bars,
                                    time_breakdown)
 from labkit.answer_key import check
 from labkit.exercises import prediction_table
+from labkit.messages import say
 from labkit.paths import example
 from labkit.spec import load_spec
 
@@ -203,8 +204,8 @@ show("heterogeneous_pipeline")
 # %%
 spec = load_spec(example(spec_file))
 est = estimate(spec)
-print(f"{est.params:,} parameters; {est.iteration_time_s:.2f} s per iteration; MFU {est.mfu:.1%}; "
-      f"fits in memory: {est.fits_in_memory}")
+print(say("lab05.estimate_summary", params=est.params, iteration_s=est.iteration_time_s, mfu=est.mfu,
+          fits=est.fits_in_memory))
 time_breakdown(est).show()
 breakdown_table(est).round(3)
 
@@ -222,9 +223,9 @@ memory_bars(est).show()
 
 # %%
 all_a10 = estimate(spec.replace(cluster="a10x8"))
-print(f"stage 0 on {est.stage_gpus[0]}: {spec.partition_string.split('-')[0]} layers, "
-      f"{est.stage_times_s[0] * 1e3:.1f} ms per micro-batch against {max(est.stage_times_s) * 1e3:.1f} ms on the "
-      f"slowest stage; {est.iteration_time_s:.2f} s per iteration here, {all_a10.iteration_time_s:.2f} s on 8 x 4 A10")
+print(say("lab05.first_stage", gpu=est.stage_gpus[0], layers=spec.partition_string.split("-")[0],
+          stage_ms=est.stage_times_s[0] * 1e3, slowest_ms=max(est.stage_times_s) * 1e3,
+          iteration_s=est.iteration_time_s, all_a10_s=all_a10.iteration_time_s))
 
 # %% tags=["check-claim"]
 assert spec.partition_string.startswith("0-") and est.stage_gpus[0].startswith("A100"), spec.partition_string

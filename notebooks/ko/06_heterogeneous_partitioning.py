@@ -43,6 +43,7 @@ from labkit.answer_key import check
 from labkit.exercises import prediction_table
 from labkit.jobs import backend_named
 from labkit.logs.derive import steady_state
+from labkit.messages import say
 from labkit.plan.inputs import Constraints
 from labkit.plan.pareto import sweep
 from labkit.plan.search import search
@@ -71,8 +72,8 @@ my_partition = {"layers on the A100 stage": ...}  # a number, 0 to 48
 base = load_spec({"name": f"{model}-on-{cluster}", "model": {"preset": model}, "precision": "fp16",
                   "batch": {"micro": 1, "global": global_batch}, "cluster": cluster})
 plan = search(base, top=10)
-print(f"{plan.configs_evaluated} layouts estimated ({plan.configs_pruned} ruled out by a lower bound) "
-      f"in {plan.search_seconds:.2f} s")
+print(say("lab06.search_summary", evaluated=plan.configs_evaluated, pruned=plan.configs_pruned,
+          seconds=plan.search_seconds))
 ranked_table(plan, top=10)
 
 # %% [markdown]
@@ -86,8 +87,8 @@ ranked_table(plan, top=10)
 one_per_node = search(base, constraints=Constraints(pipeline=8, virtual_stages=1, tensor=1), top=5)
 matched = one_per_node.best
 a100_stage = next(i for i, gpu in enumerate(matched.placement) if gpu.startswith("A100"))
-print(f"partition {'-'.join(map(str, matched.partition))} on {' '.join(matched.placement)}: "
-      f"stage times {', '.join(f'{1e3 * t:.1f}' for t in matched.stage_times_s)} ms per micro-batch")
+print(say("lab06.stage_times", partition="-".join(map(str, matched.partition)), placement=" ".join(matched.placement),
+          times=", ".join(f"{1e3 * t:.1f}" for t in matched.stage_times_s)))
 prediction_table(my_partition, estimated={"layers on the A100 stage": matched.partition[a100_stage]}, measured={})
 
 # %% [markdown]
@@ -128,8 +129,8 @@ def min_max_partition(profiles, layers):
 
 profiles = {gpu: find_profile(model, gpu, 1) for gpu in set(matched.placement)}
 slowest_s, mine = min_max_partition([profiles[gpu] for gpu in matched.placement], matched.spec.model.num_layers)
-print(f"from scratch: {'-'.join(map(str, mine))}, slowest stage {1e3 * slowest_s:.1f} ms; "
-      f"the planner: {'-'.join(map(str, matched.partition))}, {1e3 * max(matched.stage_times_s):.1f} ms")
+print(say("lab06.from_scratch", mine="-".join(map(str, mine)), mine_ms=1e3 * slowest_s,
+          planner="-".join(map(str, matched.partition)), planner_ms=1e3 * max(matched.stage_times_s)))
 assert mine[a100_stage] == matched.partition[a100_stage]
 assert abs(slowest_s - max(matched.stage_times_s)) < 0.02 * slowest_s
 
@@ -159,9 +160,9 @@ compositions[compositions["pareto"]][["cluster", "estimated_s", "price_per_step"
 
 # %%
 pipelined = next(r for r in plan.rows if r.pp > 1 and r.virtual_stages == 1 and not r.oom)
-print(f"best pipelined row: tp {pipelined.tp}, dp {pipelined.dp}, pp {pipelined.pp}, mbs {pipelined.mbs}, "
-      f"partition {'-'.join(map(str, pipelined.partition))}, {pipelined.estimated_s:.3f} s/step, "
-      f"of which the pipeline {pipelined.pipeline_s:.3f} s")
+print(say("lab06.best_pipelined", tp=pipelined.tp, dp=pipelined.dp, pp=pipelined.pp, mbs=pipelined.mbs,
+          partition="-".join(map(str, pipelined.partition)), step_s=pipelined.estimated_s,
+          pipeline_s=pipelined.pipeline_s))
 schedule_figure(pipelined.pipeline,
                 stage_labels=[f"stage {i} ({g})" for i, g in enumerate(pipelined.spec.stage_gpus)]).show()
 
@@ -195,7 +196,7 @@ small_plan = search(small, constraints=Constraints(pipeline=2, virtual_stages=1)
 # A stage without transformer layers would leave its GPU idle (the table's `idle GPUs`): launch a sound layout.
 row = next(r for r in small_plan.rows if r.idle_gpus == 0 and not r.oom)
 spec = load_spec(row.spec.to_dict())
-print(f"launching partition {spec.partition_string} on {spec.stage_gpus}")
+print(say("lab06.launching", partition=spec.partition_string, gpus=spec.stage_gpus))
 job = backend_named(backend).submit(spec)
 state = job.wait(progress=False)
 assert str(state) == "COMPLETED", job.cause()
@@ -215,7 +216,7 @@ _, cpu_profile = profile_model(spec, micro_batch=spec.batch.micro, precision=spe
 measured = steady_state(job.result().iterations).iteration_ms / 1000
 on_cpu = estimate(spec.replace(cluster={"nodes": [{"gpu": "cpu", "count": 1, "gpus_per_node": 2}]}),
                   profiles={("cpu", 1): cpu_profile})
-print(f"{on_cpu.stage_sources[0]}: {1000 * cpu_profile.layers_s[0]:.2f} ms per layer forward")
+print(say("lab06.layer_forward", source=on_cpu.stage_sources[0], ms=1000 * cpu_profile.layers_s[0]))
 compare_measured(on_cpu.iteration_time_s, measured)
 
 # %%

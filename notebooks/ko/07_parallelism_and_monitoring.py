@@ -45,6 +45,7 @@ from labkit.exercises import prediction_table
 from labkit.jobs import backend_named
 from labkit.jobs.report import format_report, report, widget
 from labkit.jobs.sweep import Sweep, profiled
+from labkit.messages import say
 from labkit.paths import example, runs_dir
 from labkit.jobs import dashboard
 from labkit.logs.views import comparison_table, timer_breakdown_figure
@@ -98,7 +99,7 @@ compare(specs)[["tp", "pp", "dp", "num_micro_batches", "iteration_ms", "weights_
 pp = specs["pp2"]
 est = estimate(pp)
 schedule_figure(est.pipeline, title=f"pp2: 1F1B over {pp.num_micro_batches} micro-batches (as estimated)").show()
-print(f"bubble: {bubble_fraction(pipeline_schedule(pp.parallel.pipeline, pp.num_micro_batches)):.0%} of the iteration")
+print(say("lab07.bubble", share=bubble_fraction(pipeline_schedule(pp.parallel.pipeline, pp.num_micro_batches))))
 
 # %% [markdown]
 # 마이크로배치가 많을수록 버블이 줄어듭니다. 인터리브 스케줄(interleaved schedule)은 스테이지마다 모델 청크(chunk)를 여러 개
@@ -203,7 +204,7 @@ for name, spec in sweep.specs.items():
                                                 pipeline=spec.parallel.pipeline)
     print(f"{name}:\n{groups[name].round(3).to_string(index=False)}\n")
 tp_row = groups["tp2"].set_index("group").loc["tp"]
-print(f"tp2: {tp_row['time_ms'] / tp_row['calls']:.2f} ms per tensor-parallel all-reduce")
+print(say("lab07.tp_all_reduce", ms=tp_row["time_ms"] / tp_row["calls"]))
 
 # %% tags=["check-claim"]
 assert {"dp", "world"} <= set(groups["dp2"]["group"]) and "tp" in set(groups["tp2"]["group"]), groups
@@ -235,7 +236,7 @@ profile_views.communication_group_figure(sweep.traces("tp2"), tensor=tp2.paralle
 # %%
 state = broken.wait(progress=False)
 print(f"{broken.record.run_id}: {state}")
-print(f"cause: {broken.cause()}")
+print(say("lab07.cause", cause=broken.cause()))
 
 # %%
 print(format_report(report(broken, lines=3), color=False))
@@ -384,7 +385,7 @@ for process in ranks:
     process.join()
 for rank, (tensor_ok, order) in sorted(checked.items()):
     assert tensor_ok and order == one_f_one_b(rank, 2, 4), (rank, order)
-    print(f"rank {rank}: MLP as megatron-core's; its 1F1B order, as megatron-core ran it: {order}")
+    print(say("lab07.rank_checked", rank=rank, order=order))
 
 # %% [markdown]
 # ## 연습 문제

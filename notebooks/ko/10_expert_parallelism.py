@@ -53,6 +53,7 @@ from labkit.jobs.sweep import Sweep, profiled
 from labkit.logs.losses import loss_table
 from labkit.megatron.flops import model_flops
 from labkit.megatron.shape import Shape
+from labkit.messages import say
 from labkit.net import free_port
 from labkit.paths import example, runs_dir
 from labkit.profiling import trace
@@ -194,7 +195,7 @@ def run_ranks(world):
 
 two_ranks, one_rank = run_ranks(2), run_ranks(1)
 assert torch.allclose(two_ranks, one_rank, atol=1e-5)
-print(f"expert parallel 2 = one rank holding every expert, on all {len(one_rank)} tokens")
+print(say("lab10.ep_matches", tokens=len(one_rank)))
 
 # %% [markdown]
 # 라우팅은 megatron-core의 것과 같습니다. 같은 라우터 행렬을 주면 megatron-core의 `TopKRouter`
@@ -230,7 +231,7 @@ mine = torch.zeros(TOKENS, EXPERTS).scatter(1, mine_experts, mine_weights)
 parallel_state.destroy_model_parallel()
 dist.destroy_process_group()
 assert torch.equal(routing_map, mine > 0) and torch.allclose(probs, mine, atol=1e-6)
-print("megatron-core's TopKRouter chooses the same experts with the same weights")
+print(say("lab10.router_matches"))
 
 # %% [markdown]
 # ## 10.4 전문가 병렬 1과 2의 작은 MoE GPT
@@ -259,7 +260,7 @@ runs = {"ep1": base.replace(**{"train.save": checkpoints, "train.save_interval":
                                         "job.extra_args": ["--ckpt-step", "1"]}), iterations)}
 for name, spec in runs.items():
     est = estimate(spec)
-    print(f"{name}: {est.params:,} parameters, {est.active_params:,} active per token")
+    print(say("lab10.params", name=name, params=est.params, active=est.active_params))
 first = Sweep.submit(backend_named(backend), {"ep1": runs["ep1"]}, prefix="lab10")
 print({name: str(state) for name, state in first.wait().items()})
 resumed = Sweep.submit(backend_named(backend), {"ep2": runs["ep2"]}, prefix="lab10")
