@@ -172,7 +172,7 @@ elif gpu_type not in gpus:
 if have_slurm:
     sh('sinfo -N -o "%N %P %c %m %G %T"')
     for kind, nodes in gpus.items():
-        counts = " or ".join(map(str, sorted(set(nodes.values()))))
+        counts = say("lab00.or").join(map(str, sorted(set(nodes.values()))))
         print(say("lab00.gpu_nodes", kind=kind or say("lab00.untyped"), nodes=len(nodes), counts=counts))
 
 # %% [markdown]

@@ -224,13 +224,15 @@ prediction_table(my_prediction, estimated={"pipeline here, s per iteration": on_
                  measured={"pipeline here, s per iteration": measured})
 
 # %% tags=["check-claim"]
-assert 0.4 < on_cpu.iteration_time_s / measured < 1.25, (on_cpu.iteration_time_s, measured)
+assert 0.4 < on_cpu.iteration_time_s / measured < 1.5, (on_cpu.iteration_time_s, measured)
 
 # %% [markdown]
-# 추정치는 낮게 나오며, 얼마나 낮은지는 머신이 그 밖에 무엇을 하고 있는지에 달려 있습니다: 레이어 프로파일과 실행은 서로
-# 다른 시점에 측정되고, 다른 작업과 함께 쓰는 머신에서는 둘 중 어느 쪽이든 느려질 수 있습니다. 다른 작업이 없는 머신에서
-# `benchmarks/bench_plan_closed_loop.py`는 이 모델의 레이아웃 14개를 실행하는데, 추정은 이들을 측정과 같은 순서로 줄
-# 세우고(Spearman 순위 상관계수 약 0.9, 1이면 같은 순서이고 0이면 관계가 없습니다), 중앙값으로 8-12%, 많아야 20% 낮게 나옵니다. 위와 같이 바쁜 머신에서 한 번 실행한 결과는 3분의
+# 추정치는 대개 낮게 나오며, 얼마나 낮은지는 머신이 그 밖에 무엇을 하고 있는지에 달려 있습니다: 레이어 프로파일과 실행은
+# 서로 다른 시점에 측정되고, 다른 작업과 함께 쓰는 머신에서는 둘 중 어느 쪽이든 느려질 수 있습니다(바쁜 순간에 잰
+# 프로파일이면 오히려 추정이 높게 나옵니다). 거의 쉬고 있는 머신에서 `benchmarks/bench_plan_closed_loop.py`는 이 모델의
+# 레이아웃 14개를 실행하는데, 추정은 중앙값으로 8-10%, 많아야 21-28% 낮게 나오고, 레이아웃을 측정과 대략적으로만 같은
+# 순서로 줄 세웁니다(한 번씩 실행했을 때 Spearman 순위 상관계수 0.45-0.54, 1이면 같은 순서이고 0이면 관계가
+# 없습니다). 인터리브 파이프라인이 가장 크게 빗나갑니다. 위와 같이 바쁜 머신에서 한 번 실행한 결과는 3분의
 # 1 넘게 낮게 나올 수도 있습니다. 추정이 빠뜨리는 것은 레이어를 둘러싼 부분입니다: gloo를 통한 마이크로배치별 송수신,
 # 스케줄의 Python 코드, 옵티마이저, 그리고 로그. 레이어 하나가 15 ms이면 이는 스텝의 작은 몫이지만, `tiny`
 # 프리셋(preset)의 2 ms짜리 레이어라면 대부분을 차지하게 되어 추정이 측정보다 한참 낮게 나올 것입니다. 이
