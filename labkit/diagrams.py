@@ -73,8 +73,9 @@ class Svg:
 def pipeline_schedule(stages: int, micro_batches: int, chunks: int = 1, forward_time: float = 1.0,
                       backward_time: float = 2.0) -> list[Event]:
     """The events of a 1F1B (chunks=1) or interleaved (chunks > 1 model chunks per stage) step over equal stages
-    with free sends, as the estimator plays it out (labkit.estimate.timing.schedule_1f1b); a chunk's work is
-    1/chunks of a stage's.
+    with free sends, as the estimator plays it out (labkit.estimate.timing.schedule_1f1b) with the sends posted
+    asynchronously, as Megatron does on GPUs (overlap_p2p_comm) and SC21 draws it; a chunk's work is 1/chunks of a
+    stage's.
 
     Taught in lab 07.
     """
@@ -84,7 +85,7 @@ def pipeline_schedule(stages: int, micro_batches: int, chunks: int = 1, forward_
         raise ValueError("stages, micro_batches and chunks must be >= 1")
     work = forward_time + backward_time
     return Pipeline((work,) * stages, (0.0,) * (stages - 1), micro_batches, chunks,
-                    backward_shares=(backward_time / work,) * stages).events()
+                    backward_shares=(backward_time / work,) * stages, overlap_sends=True).events()
 
 
 def pipeline_schedule_svg(stages: int = 4, micro_batches: int = 8, chunks: int = 1, title: str | None = None,

@@ -28,8 +28,9 @@ def test_interleaving_divides_the_bubble_by_the_chunk_count(stages, micro_batche
 def test_the_drawn_schedule_is_the_estimators():
     for chunks in (1, 2):
         ops = diagrams.pipeline_schedule(4, 8, chunks)
-        assert ops == Pipeline((3.0,) * 4, (0.0,) * 3, 8, chunks).events()
+        assert ops == Pipeline((3.0,) * 4, (0.0,) * 3, 8, chunks, overlap_sends=True).events()
         assert max(op.end_s for op in ops) == pytest.approx(pipeline_time([3.0] * 4, [0.0] * 3, 8, chunks).total_s)
+        # gloo's blocking pairs shift operations but, over equal stages, not the step's end (SC21's bubble)
 
 
 def test_schedule_respects_dependencies_and_runs_every_op_once():

@@ -11,7 +11,7 @@ from labkit.cli import main
 from labkit.estimate import (Pipeline, Profile, Shape, Stack, allreduce_time, default_calibration, estimate,
                              memory_per_stage, pipeline_lower_bound, pipeline_time, stage_time)
 from labkit.estimate.memory import activation_bytes_per_layer
-from labkit.estimate.timing import schedule_1f1b
+from labkit.estimate.timing import schedule_1f1b, steady_times
 from labkit.spec import load_spec
 
 GPT2_XL = Shape(num_layers=48, hidden=1600, heads=25, seq_length=1024, vocab=50257)
@@ -366,7 +366,10 @@ def test_interleaved_sends_cross_every_chunk_boundary():
     free = pipeline_time([1.0] * p, [0.0] * (p - 1), m, 2)
     assert free.total_s < two.total_s < plain.total_s
     assert two.total_s < wrapped.total_s
-    assert two.pp_comm_s > plain.pp_comm_s
+    # blocking, an interleaved stage's steady pair sends its two outputs side by side: v x the longer of its links
+    # per micro-batch, against plain 1F1B's sum of both, equal here, and more on a stage with a link of 0 (the ends)
+    assert two.pp_comm_s >= plain.pp_comm_s
+    assert steady_times([1.0] * p, [send] * (p - 1), virtual_stages=2)[0] > steady_times([1.0] * p, [send] * (p - 1))[0]
 
 
 def test_an_interleaved_estimate_is_timed_by_the_played_out_schedule():
@@ -390,9 +393,10 @@ def test_interleaved_sends_overlap_compute_on_gpus_as_megatron_posts_them():
     blocking = pipeline_time(stages, sends, m, v, wrap_time=0.1)
     overlapped = pipeline_time(stages, sends, m, v, wrap_time=0.1, overlap_sends=True)
     free = pipeline_time(stages, [0.0] * 3, m, v)
-    # each stage posts v x 2 sends of 0.1 s per micro-batch: blocking pays them, overlapped hides them behind compute
-    # but for the first forward's and the last backward's trips through the p x v model chunks
-    assert blocking.total_s > overlapped.total_s + (m - 4) * 0.3
+    # each stage posts v x 2 sends of 0.1 s per micro-batch: blocking pays them (a steady pair's two side by side),
+    # overlapped hides them behind compute but for the first forward's and the last backward's trips through the
+    # p x v model chunks
+    assert blocking.total_s > overlapped.total_s + (m - 4) * 0.2
     assert free.total_s <= overlapped.total_s <= free.total_s + 2 * (4 * v - 1) * 0.1 + 1e-9
     # a stage whose sends outlast its work is paced by them: 2 chunks x (0.5 + 0.5) s per micro-batch against 0.5 s
     slow_link = pipeline_time([0.5] * 4, [0.5] * 3, 64, 2, wrap_time=0.5, overlap_sends=True)
@@ -414,3 +418,25 @@ def test_nvidias_interleaved_llama3_70b_pays_no_pipeline_transfers_on_its_critic
                       "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 8, "gpus_per_node": 8}]}})
     est = estimate(spec)
     assert est.breakdown["pp_comm"] < 0.005 * est.iteration_time_s
+
+
+def test_blocking_interleaved_pairs_send_a_forwards_output_after_the_backward_that_follows_it():
+    """megatron-core's interleaved schedule without overlap_p2p_comm (gloo) runs a steady forward and backward, then
+    one batched exchange: the next stage receives that forward's output only once the backward is done, and the
+    next pair waits for both of its inputs."""
+    p, v, m = 2, 2, 4
+    events = schedule_1f1b([1.0] * p, [0.0], m, virtual_stages=v, chunk_shares=[[0.2, 0.8], [0.8, 0.2]])
+    ops = {(e.stage, e.chunk, e.micro_batch, e.op): e for e in events}
+    from labkit.estimate.timing import _stage_order, _warmup
+
+    order = _stage_order(0, p, m, v)
+    warmup = _warmup(0, p, m, v)
+    forward, backward = order[warmup], order[warmup + 1]  # stage 0's first steady pair
+    (_, j, c), (_, k, c_back) = forward, backward
+    paired_backward_end = ops[(0, c_back, k, "backward")].end_s
+    consumer = ops[(1, c, j, "forward")]  # the same chunk on the next stage takes that output
+    assert consumer.start_s >= paired_backward_end - 1e-12
+    assert ops[(0, c, j, "forward")].end_s < paired_backward_end
+    overlapped = schedule_1f1b([1.0] * p, [0.0], m, virtual_stages=v, chunk_shares=[[0.2, 0.8], [0.8, 0.2]],
+                               overlap_sends=True)
+    assert max(e.end_s for e in events) > max(e.end_s for e in overlapped)  # unequal chunks pace each other

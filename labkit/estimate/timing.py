@@ -33,6 +33,11 @@ Interleaved on GPUs, Megatron overlaps these transfers with compute (megatron-co
 driver on NCCL): each send and receive is posted asynchronously and waited for only when its data is needed, so a
 stage is not held while its output travels (`overlap_sends`); the sends one stage posts still leave one after the
 other, so a stage whose transfers outlast its work is paced by them. gloo and 1F1B without interleaving block.
+Without that overlap (gloo on CPUs), the interleaved schedule's steady phase runs each forward and backward as a pair
+and only then exchanges with its neighbours in one batched call (`send_forward_backward_recv_forward_backward`): the
+forward's output leaves after the backward that follows it, and the next pair starts once both of its inputs have
+arrived, so unequal chunks on neighbouring stages pace each other pair by pair (the deeper warm-up, (p - i - 1) x 2,
+is what keeps this from adding to the bubble of equal stages).
 Chunks need not be equal: where the layers do not split evenly over p x v chunks, Megatron-LM's
 --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split give the first chunk of the first
 stage and the last chunk of the last one a layer fewer, and --pipeline-model-parallel-layout places any count in each
@@ -421,11 +426,14 @@ def pipeline_time(stage_times: list[float], boundary_times: list[float], num_mic
 def steady_times(stage_times: list[float], boundary_times: list[float], messages: int = 1, virtual_stages: int = 1,
                  wrap_time: float = 0.0, overlap_sends: bool = False) -> list[float]:
     """Each stage's time per micro-batch once the pipeline is full: its work and its transfers to both neighbours
-    (each model chunk's, interleaved, the wrap-around send included); with `overlap_sends`, the longer of the two."""
+    (each model chunk's, interleaved, the wrap-around send included; interleaved and blocking, the longer of a
+    pair's two sends, which leave side by side); with `overlap_sends`, the longer of work and transfers."""
     v = max(1, virtual_stages)
     wrap = wrap_time if v > 1 else 0.0
     edges = [wrap, *boundary_times, wrap]
-    sends = [messages * v * (edges[i] + edges[i + 1]) for i in range(len(stage_times))]
+    pair = v > 1 and not overlap_sends
+    sends = [messages * v * (max(edges[i], edges[i + 1]) if pair else edges[i] + edges[i + 1])
+             for i in range(len(stage_times))]
     if overlap_sends and v > 1:
         return [max(t, out) for t, out in zip(stage_times, sends)]
     return [t + out for t, out in zip(stage_times, sends)]
@@ -546,11 +554,19 @@ def pipeline_lower_bound(stage_times: list[float], boundary_times: list[float], 
     send = [0.0, *boundary_times, 0.0]
     best = upstream = 0.0
     for k, t in enumerate(stage_times):
-        sends = v * (send[k] + send[k + 1])
+        # interleaved and blocking, a steady pair's two sends leave side by side
+        sends = v * (max(send[k], send[k + 1]) if v > 1 and not overlap_sends else send[k] + send[k + 1])
         best = max(best, upstream + m * (max(t, sends) if overlap_sends and v > 1 else t + sends))
         first_chunk = t * chunk_shares[k][0] if chunk_shares else t / v
         upstream += first_chunk + send[k + 1] + send[k]  # a first-chunk forward with its send, later its backward
     return best
+
+
+def _warmup(stage: int, stages: int, micro_batches: int, chunks: int) -> int:
+    """The forwards a stage runs before its first backward (megatron.core.pipeline_parallel.schedules)."""
+    if chunks == 1:
+        return min(stages - stage - 1, micro_batches)
+    return min((stages - stage - 1) * 2 + (chunks - 1) * stages, micro_batches * chunks)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -566,10 +582,7 @@ def _stage_order(stage: int, stages: int, micro_batches: int, chunks: int) -> tu
         chunk = (k // stages) % chunks
         return forward, (k // (stages * chunks)) * stages + k % stages, chunk if forward else chunks - 1 - chunk
 
-    if chunks == 1:
-        warmup = min(stages - stage - 1, micro_batches)
-    else:
-        warmup = min((stages - stage - 1) * 2 + (chunks - 1) * stages, total)
+    warmup = _warmup(stage, stages, micro_batches, chunks)
     order = [op(True, k) for k in range(warmup)]
     for k in range(total - warmup):
         order += [op(True, warmup + k), op(False, k)]
@@ -624,10 +637,19 @@ def _play_1f1b(stage_times: list[float], boundary_times: list[float], num_micro_
     forward_done = [[None] * m for _ in range(p * v)]   # [u][j]: when virtual stage u's forward of j ended
     backward_done = [[None] * m for _ in range(p * v)]
     orders = [_stage_order(i, p, m, v) for i in range(p)]
+    warmups = [_warmup(i, p, m, v) for i in range(p)]
     position, free = [0] * p, [0.0] * p
     overlap = overlap_sends and v > 1
+    paired = v > 1 and not overlap_sends  # the steady phase's forward + backward, then one batched exchange
     sent = [0.0] * p  # overlapped: when the stage's last posted send has left
+    held: list[tuple[int, int, float] | None] = [None] * p  # paired: the forward whose output waits for its backward
     remaining = 2 * p * m * v
+
+    def input_of(forward: bool, u: int, j: int) -> tuple[float | None, float]:
+        """When virtual stage u's input for micro-batch j arrived (None: not yet), and the link it came over."""
+        if forward:
+            return (0.0, 0.0) if u == 0 else (forward_done[u - 1][j], link[u - 1])
+        return (forward_done[u][j], 0.0) if u == last else (backward_done[u + 1][j], link[u])
     while remaining:
         progressed = False
         for i in range(p):
@@ -635,19 +657,35 @@ def _play_1f1b(stage_times: list[float], boundary_times: list[float], num_micro_
             while position[i] < len(order):
                 forward, j, c = order[position[i]]
                 u = c * p + i
-                if forward:
-                    arrived, into = (0.0, 0.0) if u == 0 else (forward_done[u - 1][j], link[u - 1])
-                    work, out = forward_work[u], link[u]
-                else:
-                    arrived, into = ((forward_done[u][j], 0.0) if u == last else (backward_done[u + 1][j], link[u]))
-                    work, out = backward_work[u], link[u - 1] if u > 0 else 0.0
+                arrived, into = input_of(forward, u, j)
+                work = forward_work[u] if forward else backward_work[u]
+                out = link[u] if forward else (link[u - 1] if u > 0 else 0.0)
                 if arrived is None:
                     break
+                steady = position[i] - warmups[i]  # the steady phase alternates forward, backward from here
+                pairs_with = (order[position[i] + 1] if paired and forward and 0 <= steady < 2 * (m * v - warmups[i])
+                              else None)
+                if pairs_with is not None:  # the pair's backward input came in the same exchange as this input
+                    _, k, c_back = pairs_with
+                    if not (c_back * p + i == last and (u, j) == (last, k)):  # else: the loss of this very forward
+                        paired_input, _ = input_of(False, c_back * p + i, k)
+                        if paired_input is None:
+                            break
+                        arrived = max(arrived, paired_input)
                 start = max(free[i], arrived - hold * into) + hold * into
                 end = start + work
                 if overlap:  # the output leaves behind the stage's earlier sends; the stage moves on
                     sent[i] = max(sent[i], end) + out
                     delivered = sent[i]
+                elif pairs_with is not None and u != last:  # the output leaves with the backward's, after it
+                    delivered = None
+                    held[i] = (u, j, out)
+                elif held[i] is not None:  # this backward closes a pair: both outputs leave now, side by side
+                    held_u, held_j, held_out = held[i]
+                    forward_done[held_u][held_j] = end + held_out
+                    held[i] = None
+                    delivered = end + out
+                    end += max(out, held_out)
                 else:
                     end = delivered = end + out
                 (forward_done if forward else backward_done)[u][j] = delivered
