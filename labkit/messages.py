@@ -53,7 +53,7 @@ def table() -> dict[str, dict[str, str]]:
 def say(message_id: str, lang: str | None = None, **fields) -> str:
     """Message `message_id` in `lang` (default: language()), its fields filled in.
 
-    Taught in labs 00, 01, 02, 03, 04, 05, 06, 07, 09 and 10.
+    Taught in labs 00, 01, 02, 03, 04, 05, 06, 07, 08, 09 and 10.
     """
     if message_id not in table():
         raise KeyError(f"no message {message_id!r} in labkit/data/messages.yaml")

@@ -52,6 +52,7 @@ from labkit.megatron_args import DEFAULT_MERGES, DEFAULT_VOCAB, megatron_args
 from labkit.paths import data_file
 from labkit.spec import load_spec
 from labkit.megatron.tokenizer import GPT2BPETokenizer, HuggingFaceTokenizer
+from labkit.messages import say
 
 corpus_path = Path(corpus) if corpus else data_file("corpus", "corpus.jsonl")
 output_prefix = Path(output_dir) / corpus_path.stem
@@ -76,8 +77,8 @@ documents.head(3)
 tokenizer = GPT2BPETokenizer(DEFAULT_VOCAB, DEFAULT_MERGES)
 sentence = "On Monday it was foggy, and Ada walked to the river with a zeppelin."
 ids = tokenizer.tokenize(sentence)
-print(f"vocabulary {tokenizer.vocab_size}, end-of-document id {tokenizer.eod}; {len(sentence)} characters -> "
-      f"{len(ids)} tokens")
+print(say("lab08.tokenized", vocab=tokenizer.vocab_size, eod=tokenizer.eod, characters=len(sentence),
+          tokens=len(ids)))
 pd.DataFrame({"id": ids, "piece": [tokenizer.detokenize([i]) for i in ids]}).T
 
 # %% [markdown]

@@ -87,7 +87,7 @@ base = load_spec(example(spec_file)).replace(**{
     "cluster": {"nodes": [{"gpu": gpu, "count": 1, "gpus_per_node": data_parallel}]}})
 stages = {f"zero{stage}": base.replace(**{"optimizer.zero_stage": stage}) for stage in range(4)}
 params = model_state_bytes(Shape.of(base.model), [base.model.num_layers], precision="fp32").weights // 4
-print(f"{params:,} parameters, data parallel {base.data_parallel}")
+print(say("lab09.parameters", params=params, data_parallel=base.data_parallel))
 
 # %% [markdown]
 # Your guesses first: the bytes of weights + gradients + optimizer state one rank holds at each stage.

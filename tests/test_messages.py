@@ -60,12 +60,12 @@ def test_a_check_run_in_korean_prints_and_raises_korean(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "연습 문제 1 (GPT-2 small의 파라미터 수): 아직 답하지 않았습니다." in out
     assert "연습 문제 1 (GPT-2 small의 파라미터 수): 정답입니다." in out
-    with pytest.raises(Incorrect, match=r"^연습 문제 3 \(30일 안에 끝내는 GPU 수\): 1e\+06은 너무 큽니다"
+    with pytest.raises(Incorrect, match=r"^연습 문제 3 \(30일 안에 끝내는 GPU 수\): 너무 큽니다: 1e\+06"
                                         r"\(정답과 0\.0% 안으로 맞아야 합니다\)\. 학습 일수는 1/n에 비례합니다"):
         answer_key.check("05.3", 1e6)
-    with pytest.raises(Incorrect, match="'fp16'은 정답이 아닙니다. fp32와 같은 8비트 지수"):
+    with pytest.raises(Incorrect, match="정답이 아닙니다: 'fp16'. fp32와 같은 8비트 지수"):
         answer_key.check("02.2", "fp16")
-    with pytest.raises(Incorrect, match="'fp8'은 선택지 \\['fp16', 'bf16'\\]에 없습니다"):
+    with pytest.raises(Incorrect, match="선택지 \\['fp16', 'bf16'\\]에 없는 답입니다: 'fp8'"):
         answer_key.check("02.2", "fp8")
     spec = load_spec({"name": "t", "model": {"preset": "tiny"}, "batch": {"micro": 2, "global": 8},
                       "parallel": {"data": 2}})
@@ -106,7 +106,8 @@ ENGLISH_SOURCES = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py")) + sorted((NOTEBOOKS 
 """The labs and solutions whose code cells both editions run (the Korean ones' are the same, test_notebooks checks)."""
 
 ENGLISH_WORDS = re.compile(r"(?<![\w/])[A-Za-z]+(?:'[a-z]+)?(?: [A-Za-z]+(?:'[a-z]+)?){2,}")
-"""Three or more English words in a row, separated by single spaces ("bytes kept, " is two, "TFLOP/s per GPU" two)."""
+"""Three or more English words in a row, separated by single spaces ("bytes kept, " is two, "TFLOP/s per GPU" two;
+an f-string's field counts as a word)."""
 
 
 def code_cells(source: Path) -> list[tuple[int, ast.Module, list[str]]]:
@@ -123,9 +124,12 @@ def calls_of(tree: ast.AST, name: str) -> list[ast.Call]:
 
 
 def printed_literals(node: ast.AST):
-    """The string literals (an f-string's text parts too) that a print argument prints as they are written: not those
-    inside a say(...) call, which are a message's id and fields."""
+    """The string literals that a print argument prints as they are written (an f-string as one text, its fields
+    standing in as words): not those inside a say(...) call, which are a message's id and fields."""
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "say":
+        return
+    if isinstance(node, ast.JoinedStr):  # read whole, each field as a word: "{d} days on {n} GPUs" is a sentence
+        yield "".join(part.value if isinstance(part, ast.Constant) else "X" for part in node.values)
         return
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         yield node.value
@@ -159,7 +163,9 @@ def test_the_sentence_heuristic_finds_prose_and_passes_data_and_messages():
     assert found('print(f"fp16: the scale fell from 2^32 to {x:.0f}")') == ["the scale fell from"]
     assert found('print("ok" if done else "no Slurm answers here")') == ["no Slurm answers here"]
     assert found('print(f"{job}: {state}")') == []
-    assert found('print(f"{t:.1f} TFLOP/s per GPU, {n:,} bytes kept")') == []
+    assert found('print(f"{t:.1f} TFLOP/s per GPU, {n:,} bytes")') == []
+    # an f-string is read whole, its fields standing in as words: its text parts alone have two words each
+    assert found('print(f"{d} days on {n} GPUs at {t} TFLOP/s")') == ["X days on X GPUs at X TFLOP"]
     assert found('print(say("lab00.gpu_nodes", kind=kind or say("lab00.untyped"), nodes=2, counts="1"))') == []
 
 
@@ -191,9 +197,10 @@ def test_every_lab_message_is_said_by_a_lab():
 def test_a_labs_message_renders_in_korean(monkeypatch):
     monkeypatch.setenv("LABKIT_LANG", "ko")
     assert messages.say("lab02.fp16_scale_fell", final=65536.0, predicted=16, logged=16) == \
-        "fp16: 손실 스케일이 2^32에서 65536로 떨어졌습니다. 건너뛴 반복 수의 예측: 16, 로그에 기록된 수: 16"
-    assert messages.say("lab00.gpu_nodes", kind=messages.say("lab00.untyped"), nodes=2, counts="1 or 2") == \
-        "종류 미지정 GPU: 노드 2개, 노드마다 1 or 2개"
+        "fp16: 손실 스케일이 떨어졌습니다: 2^32 → 65536. 건너뛴 반복 수의 예측: 16, 로그에 기록된 수: 16"
+    counts = messages.say("lab00.or").join(["1", "2"])
+    assert messages.say("lab00.gpu_nodes", kind=messages.say("lab00.untyped"), nodes=2, counts=counts) == \
+        "종류 미지정 GPU: 노드 2개, 노드마다 1 또는 2개"
     monkeypatch.setenv("LABKIT_LANG", "en")
     assert messages.say("lab02.fp16_scale_fell", final=65536.0, predicted=16, logged=16) == \
         "fp16: the scale fell from 2^32 to 65536; predicted skipped iterations: 16, logged: 16"

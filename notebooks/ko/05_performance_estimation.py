@@ -172,7 +172,7 @@ days_per_epoch(params=params, tokens=dataset_tokens, gpu_counts=[16, 64, 256, 10
 # %% tags=["nbval-ignore-output", "widgets"]
 def show_days(tokens, params, num_gpus, tflops_per_gpu, recompute):
     days = training_days(tokens, params, num_gpus, tflops_per_gpu, recompute)
-    print(f"{days:,.1f} days ({days / 7:,.1f} weeks) on {num_gpus:,} GPUs at {tflops_per_gpu:g} TFLOP/s each")
+    print(say("lab05.days_on_gpus", days=days, weeks=days / 7, gpus=num_gpus, tflops=tflops_per_gpu))
 
 
 _ = interact(show_days, tokens=fixed(dataset_tokens), params=fixed(params), num_gpus=(8, 2048, 8),

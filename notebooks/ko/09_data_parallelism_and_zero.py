@@ -89,7 +89,7 @@ base = load_spec(example(spec_file)).replace(**{
     "cluster": {"nodes": [{"gpu": gpu, "count": 1, "gpus_per_node": data_parallel}]}})
 stages = {f"zero{stage}": base.replace(**{"optimizer.zero_stage": stage}) for stage in range(4)}
 params = model_state_bytes(Shape.of(base.model), [base.model.num_layers], precision="fp32").weights // 4
-print(f"{params:,} parameters, data parallel {base.data_parallel}")
+print(say("lab09.parameters", params=params, data_parallel=base.data_parallel))
 
 # %% [markdown]
 # 먼저 여러분의 예측입니다. 각 단계에서 랭크 하나가 가지는 가중치 + 그래디언트 + 옵티마이저 상태의 바이트 수를 적어
