@@ -1,10 +1,11 @@
 """How long the labs take to teach, and what fits a workshop's sessions: the timetable in the README, from the labs.
 
-A lab is cut into units: its opening (title to first section), each `##` section, and each exercise of its exercise
-section (a text cell that opens with **Exercise N.**). A unit is *core*, *optional* or *homework*: the lab says which
-in the unit's heading or the exercise's bold lead, `(optional)` / `(homework)` in English and `(선택 사항)` / `(과제)`
-in Korean, so a student sees it where the unit starts; a lab whose title carries the marker is that as a whole. Core units are taught in the session; optional ones are read
-if the class has time; homework is done after it. Every cell still runs either way (later cells may use earlier
+A lab is cut into units: its opening (title to first section), each `##` section, and each exercise (a line that
+opens with **Exercise N.**). A unit is *core*, *optional* or *homework*: the lab says which in the unit's heading or
+the exercise's bold lead, `(optional)` / `(homework)` in English and `(선택 사항)` / `(과제)` in Korean, so a student
+sees it where the unit starts; an unmarked exercise is what its section is, and a lab whose title carries the marker
+is that as a whole. Core units are taught in the session; optional ones are read if the class has time; homework is
+done after it. Every cell still runs either way (later cells may use earlier
 results), so a lab's machine time counts in full.
 
 A unit's minutes, at the pace of `labkit/data/workshop.yaml` (its rates, their sources and which are assumptions are
@@ -105,38 +106,44 @@ def unit_kind(heading: str) -> str:
 
 
 def lab_units(notebook: Path | str) -> list[Unit]:
-    """The units of one lab notebook (.ipynb), in order."""
+    """The units of one lab notebook (.ipynb), in order: its opening (from its `# ` title), each `##` section, and
+    each exercise (a line that opens with **Exercise N**, in whatever section). A unit takes the kind its heading
+    marks, else its section's (for an exercise), else the title's; text is counted line by line into the unit that
+    line belongs to."""
     import nbformat
 
     notebook = Path(notebook)
     cells = nbformat.read(notebook, as_version=4).cells
     units: list[dict] = []
+    title_kind = section_kind = "core"
 
-    def start(heading: str) -> None:
-        units.append({"heading": heading, "words": 0, "code_lines": 0, "predictions": 0, "exercises": 0})
+    def start(heading: str, inherited: str) -> None:
+        own = unit_kind(heading)
+        units.append({"heading": heading, "kind": own if own != "core" else inherited, "words": 0, "code_lines": 0,
+                      "predictions": 0, "exercises": 0})
 
-    in_exercises = False
     for cell in cells:
         tags = cell.metadata.get("tags", [])
         if cell.cell_type == "markdown":
             for line in cell.source.splitlines():
                 if line.startswith("# ") and not units:
-                    start(line[2:].strip())
+                    start(line[2:].strip(), "core")
+                    title_kind = section_kind = units[-1]["kind"]
                 elif line.startswith("## "):
-                    start(line[3:].strip())
-                    in_exercises = bool(re.match(r"(Exercises?|연습 문제)\b", line[3:].strip()))
-                elif in_exercises and _EXERCISE_LEAD.match(line):
-                    start(line.split(".**")[0].strip("*") if ".**" in line else line)
+                    start(line[3:].strip(), title_kind)
+                    section_kind = units[-1]["kind"]
+                elif _EXERCISE_LEAD.match(line):
+                    start(line.split(".**")[0].strip("*") if ".**" in line else line, section_kind)
+                elif not units:
+                    start(notebook.stem, "core")
+                units[-1]["words"] += len(_WORD.findall(line))
+        elif cell.cell_type == "code" and "check-claim" not in tags and "parameters" not in tags:
             if not units:
-                start(notebook.stem)
-            units[-1]["words"] += len(_WORD.findall(cell.source))
-        elif cell.cell_type == "code" and units and "check-claim" not in tags and "parameters" not in tags:
+                start(notebook.stem, "core")
             units[-1]["code_lines"] += sum(1 for line in cell.source.splitlines() if line.strip())
             units[-1]["predictions"] += "prediction" in tags
             units[-1]["exercises"] += bool(re.search(r"^check\(", cell.source, re.M))
-    # a lab whose title is marked is that kind as a whole
-    whole = unit_kind(units[0]["heading"]) if units else "core"
-    return [Unit(lab=notebook.stem, kind=whole if whole != "core" else unit_kind(u["heading"]), **u) for u in units]
+    return [Unit(lab=notebook.stem, **u) for u in units]
 
 
 @functools.cache
@@ -182,3 +189,31 @@ def lab_minutes(units: list[Unit], at: Pace, run_s: float = 0.0) -> dict[str, fl
     elif units:
         by_kind[units[0].kind] += run_s / 60
     return by_kind
+
+
+def markdown_tables(notebook_dir: Path | str, run_s: dict[str, float] | None = None) -> tuple[str, str]:
+    """The README's two timetable tables, per session and per lab, for the labs in `notebook_dir` at the pace of
+    workshop.yaml, with its machine times or `run_s` (seconds by two-digit lab number) where given."""
+    run_s = {**machine_s(), **(run_s or {})}
+    at = pace()
+    labs = {p.name[:2]: p for p in sorted(Path(notebook_dir).glob("[0-9][0-9]_*.ipynb"))}
+    units = {lab: lab_units(path) for lab, path in labs.items()}
+    minutes = {lab: lab_minutes(units[lab], at, run_s.get(lab, 0.0)) for lab in labs}
+    by_session = ["| session | labs | core | teaching time | optional | homework |", "|---|---|---|---|---|---|"]
+    for session in sessions():
+        core, optional, homework = (sum(minutes[lab][kind] for lab in session.labs) for kind in KINDS)
+        by_session.append(f"| {session.title} | {', '.join(session.labs)} | {core:.0f} min | "
+                          f"{session.teaching_min:.0f} min of {session.minutes:.0f} | {optional:.0f} min | "
+                          f"{homework:.0f} min |")
+    after = sum(sum(minutes[lab].values()) for lab in homework_labs())
+    by_session.append(f"| homework labs | {', '.join(homework_labs())} | - | - | - | {after:.0f} min |")
+    by_lab = ["| lab | core | optional | homework | machine time in core | marked optional or homework |",
+              "|---|---|---|---|---|---|"]
+    for lab, path in labs.items():
+        marked = [u.heading for u in units[lab] if u.kind != "core"]
+        if units[lab] and len(marked) == len(units[lab]):
+            marked = [f"the whole lab ({units[lab][0].kind})"]
+        m = minutes[lab]
+        by_lab.append(f"| {path.stem} | {m['core']:.0f} min | {m['optional']:.0f} min | {m['homework']:.0f} min | "
+                      f"{run_s.get(lab, 0.0):.0f} s | {'; '.join(marked) or '-'} |")
+    return "\n".join(by_session), "\n".join(by_lab)

@@ -50,3 +50,31 @@ def test_the_korean_edition_marks_the_same_units(lab):
     english = [(u.kind, u.predictions, u.exercises) for u in timetable.lab_units(notebook(lab))]
     korean = [(u.kind, u.predictions, u.exercises) for u in timetable.lab_units(notebook(lab, NOTEBOOKS / "ko"))]
     assert korean == english
+
+
+def test_the_readme_shows_the_timetable_the_labs_give():
+    """The README's two tables are labkit.timetable's (benchmarks/bench_lab_timetable.py prints them)."""
+    by_session, by_lab = timetable.markdown_tables(NOTEBOOKS)
+    readme = (NOTEBOOKS.parent / "README.md").read_text()
+    assert by_session in readme and by_lab in readme, "README.md: paste benchmarks/bench_lab_timetable.py's tables"
+
+
+def test_an_unmarked_exercise_takes_its_sections_kind_and_only_a_title_marks_a_whole_lab(tmp_path):
+    import nbformat
+
+    def lab(*cells):
+        path = tmp_path / "99_x.ipynb"
+        nbformat.write(nbformat.v4.new_notebook(cells=list(cells)), path)
+        return [(u.heading, u.kind) for u in timetable.lab_units(path)]
+
+    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+    assert lab(md("# Lab 99: x\n\nwords"), md("## Exercises (homework)\n\n**Exercise 1.** one\n\n"
+                                                "**Exercise 2 (optional).** two"), code("check('99.1', a)")) == [
+        ("Lab 99: x", "core"), ("Exercises (homework)", "homework"), ("Exercise 1", "homework"),
+        ("Exercise 2 (optional)", "optional")]
+    assert lab(md("## 9.1 Opening (optional)\n\ntext"), md("## 9.2 Next\n\ntext")) == [
+        ("9.1 Opening (optional)", "optional"), ("9.2 Next", "core")]
+    assert lab(md("# Lab 99: x (homework)"), md("## 9.1 A")) == [("Lab 99: x (homework)", "homework"),
+                                                                 ("9.1 A", "homework")]
+    assert [u.code_lines for u in timetable.lab_units(tmp_path / "99_x.ipynb")] == [0, 0]
+    assert lab(code("x = 1")) == [("99_x", "core")]  # a lab of code alone is one unit, which carries its run time
