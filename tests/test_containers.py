@@ -32,6 +32,7 @@ def errors_of(container: dict) -> list[str]:
     {"image": "docker://nvcr.io/nvidia/pytorch:25.04-py3", "runtime": "apptainer"},
     {"image": "oras://ghcr.io/lab/megatron.sif:1.0", "runtime": "apptainer"},
     {"image": "/images/megatron-sandbox/", "runtime": "apptainer"},  # apptainer build --sandbox
+    {"image": "/images/megatron-sandbox", "runtime": "apptainer"},
     {"image": "/images/megatron-bundle", "runtime": "slurm"},
     {"image": "/images/megatron.sqsh", "runtime": "pyxis"},
     {"image": "/images/megatron.sqsh", "runtime": "enroot"},
@@ -44,6 +45,8 @@ def test_each_runtime_takes_its_own_image_forms(container):
     ({"image": "x", "runtime": "docker"}, "job.container.runtime: 'docker' is not one of", "apptainer, slurm"),
     ({"image": "/images/megatron.sqsh", "runtime": "apptainer"}, "job.container.image: '/images/megatron.sqsh' is "
      "not an image Apptainer runs", "apptainer build megatron.sif docker://"),
+    ({"image": "/images/pytorch.tar", "runtime": "apptainer"}, "job.container.image: '/images/pytorch.tar' is "
+     "not an image Apptainer runs", "a sandbox directory's path"),
     ({"image": "nvcr.io#nvidia/pytorch:25.04-py3", "runtime": "apptainer"}, "job.container.image: 'nvcr.io#nvidia/"
      "pytorch:25.04-py3' is pyxis's REGISTRY#IMAGE form", "'docker://nvcr.io/nvidia/pytorch:25.04-py3'"),
     ({"image": "nvcr.io#nvidia/pytorch:25.04-py3", "runtime": "slurm"}, "job.container.image: 'nvcr.io#nvidia/"

@@ -165,3 +165,13 @@ def test_wandb_is_left_out_only_while_megatron_loads_and_only_when_no_run_logs_t
     assert "wandb" not in sys.modules  # nothing left behind: a later `import wandb` loads it
     with wandb_left_out(False):
         assert "wandb" not in sys.modules
+
+
+def test_the_entrypoint_leaves_with_mains_code_and_its_output_flushed():
+    """`python -m labkit.train` ends by os._exit: main's exit status, and what it printed to a pipe (block-buffered)
+    still arrives."""
+    code = ("import labkit.train.__main__ as driver\n"
+            "driver.main = lambda: (print('last line, no newline', end=''), 3)[1]\n"
+            "driver.entrypoint()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (3, "last line, no newline"), done.stderr[-2000:]

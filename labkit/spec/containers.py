@@ -41,9 +41,11 @@ def image_errors(container: ContainerSpec) -> list[str]:
     image, runtime, field = container.image, container.runtime, "job.container.image"
     scheme, suffix = _scheme(image), image.lower().rsplit(".", 1)[-1] if "." in image else ""
     if runtime == "apptainer":
-        # a path that is not enroot's squashfs: a SIF file or a sandbox directory, both of which apptainer exec runs
-        if scheme in APPTAINER_SCHEMES or (scheme is None and (suffix == "sif" or (
-                is_image_file(image) and suffix != "sqsh"))):
+        # a SIF file, or a sandbox directory: a path ending in '/' or whose last part has no suffix (a .tar or a
+        # .sqsh is neither: apptainer exec runs them only through a scheme or after apptainer build)
+        last = image.rstrip("/").rsplit("/", 1)[-1]
+        sandbox = is_image_file(image) and (image.endswith("/") or "." not in last)
+        if scheme in APPTAINER_SCHEMES or (scheme is None and (suffix == "sif" or sandbox)):
             return []
         if "#" in image and scheme is None:
             pulled = "docker://" + image.replace("#", "/", 1)

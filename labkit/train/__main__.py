@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import sys
 import traceback
@@ -77,6 +78,8 @@ def entrypoint() -> None:
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
+    with contextlib.suppress(OSError, AttributeError):  # and what C and C++ libraries left in stdio's buffers
+        ctypes.CDLL(None).fflush(None)
     os._exit(code)
 
 
