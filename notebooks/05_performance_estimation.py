@@ -199,7 +199,7 @@ show("heterogeneous_pipeline")
 spec = load_spec(example(spec_file))
 est = estimate(spec)
 print(say("lab05.estimate_summary", params=est.params, iteration_s=est.iteration_time_s, mfu=est.mfu,
-          fits=est.fits_in_memory))
+          fits=say("lab05.yes") if est.fits_in_memory else say("lab05.no")))
 time_breakdown(est).show()
 breakdown_table(est).round(3)
 
