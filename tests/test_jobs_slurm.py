@@ -18,6 +18,7 @@ from labkit.jobs import Job, LocalBackend, SlurmBackend, SlurmError, State
 from labkit.jobs import slurm as slurm_backend
 from labkit.jobs.report import format_report, report
 from labkit.net import free_port
+from requeued import NextAttempt
 from labkit.jobs.render import render, render_array
 from labkit.spec import load_spec, with_changes
 
@@ -315,13 +316,10 @@ def _run_to(job, iteration: int, timeout: float = 180) -> None:
 
 
 def _start_again(job, timeout: float = 120) -> None:
-    """Wait for Slurm to requeue the job, then let it start at once: a requeued job is held back a while (Reason
-    BeginTime)."""
+    """Wait for Slurm to requeue the job, then let it start (tests/requeued.py)."""
     deadline = time.monotonic() + timeout
-    while 1 not in job.attempt_log_dirs():
-        status = job.status()
-        if status.restarts and status.state == State.PENDING:
-            subprocess.run(["scontrol", "update", f"jobid={job.job_id}", "StartTime=now"], capture_output=True)
+    started = NextAttempt(job)
+    while not started():
         assert time.monotonic() < deadline, f"{job!r} has not started again after {timeout} s"
         time.sleep(0.5)
 

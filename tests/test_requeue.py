@@ -25,6 +25,7 @@ from labkit.jobs.report import report
 from labkit.jobs.state import Attempt, Status
 from labkit.logs import parse_log
 from labkit.spec import load_spec
+from requeued import NextAttempt
 
 SAVE_S = 6
 """How long each checkpoint save of the Slurm test takes beyond its writing: more than KillWait (5 s)."""
@@ -142,13 +143,7 @@ def test_usr1_saves_at_the_end_of_the_iteration_before_the_job_is_requeued(tmp_p
     # What `#SBATCH --signal=B:USR1@N` sends ahead of the time limit.
     subprocess.run(["scancel", "--batch", "--signal=USR1", job.job_id], check=True)
 
-    def started_again() -> bool:
-        status = job.status()
-        if status.restarts and status.state == State.PENDING:  # a requeued job is held back a while (BeginTime)
-            subprocess.run(["scontrol", "update", f"jobid={job.job_id}", "StartTime=now"], capture_output=True)
-        return 1 in job.attempt_log_dirs()
-
-    _wait_for("the next attempt", started_again, job, 120)
+    _wait_for("the next attempt", NextAttempt(job), job, 120)
     assert job.wait(progress=False, timeout=240, poll_s=0.5) == State.COMPLETED, report(job).cause
 
     dirs = job.attempt_log_dirs()
