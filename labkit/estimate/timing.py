@@ -431,12 +431,18 @@ def steady_times(stage_times: list[float], boundary_times: list[float], messages
     v = max(1, virtual_stages)
     wrap = wrap_time if v > 1 else 0.0
     edges = [wrap, *boundary_times, wrap]
-    pair = v > 1 and not overlap_sends
-    sends = [messages * v * (max(edges[i], edges[i + 1]) if pair else edges[i] + edges[i + 1])
-             for i in range(len(stage_times))]
+    sends = [messages * _held_by_sends(edges[i], edges[i + 1], v, overlap_sends) for i in range(len(stage_times))]
     if overlap_sends and v > 1:
         return [max(t, out) for t, out in zip(stage_times, sends)]
     return [t + out for t, out in zip(stage_times, sends)]
+
+
+def _held_by_sends(back_s: float, ahead_s: float, virtual_stages: int, overlap_sends: bool) -> float:
+    """A stage's send time per micro-batch once the pipeline is full, with sends of `back_s` to the stage before and
+    `ahead_s` to the one after, for each of its `virtual_stages` chunks: one after the other, except in the blocking
+    interleaved schedule, whose steady pair sends both side by side (see `_play_1f1b`)."""
+    v = max(1, virtual_stages)
+    return v * (max(back_s, ahead_s) if v > 1 and not overlap_sends else back_s + ahead_s)
 
 
 def schedule_span(stage_times: list[float], boundary_times: list[float], num_micro_batches: int, messages: int = 1,
@@ -554,8 +560,7 @@ def pipeline_lower_bound(stage_times: list[float], boundary_times: list[float], 
     send = [0.0, *boundary_times, 0.0]
     best = upstream = 0.0
     for k, t in enumerate(stage_times):
-        # interleaved and blocking, a steady pair's two sends leave side by side
-        sends = v * (max(send[k], send[k + 1]) if v > 1 and not overlap_sends else send[k] + send[k + 1])
+        sends = _held_by_sends(send[k], send[k + 1], v, overlap_sends)
         best = max(best, upstream + m * (max(t, sends) if overlap_sends and v > 1 else t + sends))
         first_chunk = t * chunk_shares[k][0] if chunk_shares else t / v
         upstream += first_chunk + send[k + 1] + send[k]  # a first-chunk forward with its send, later its backward
