@@ -14,7 +14,7 @@ def test_every_published_run_becomes_a_valid_spec_of_its_paper():
     runs = published_runs()
     assert {r.set for r in runs} == {"sc21", "korthikanti2022", "mt-nlg", "megatron-core-h100",
                                      "megatron-bridge-h100", "megatron-bridge-25.11-moe-blackwell",
-                                     "nemo-mixtral-blackwell"}
+                                     "nemo-mixtral-blackwell", "pytorch-native-h200"}
     assert {r.set for r in runs if r.held_out} == {"korthikanti2022", "mt-nlg"}
     assert {r.set for r in runs if r.dev} == {"megatron-bridge-25.11-moe-blackwell", "nemo-mixtral-blackwell"}
     trillion = next(r for r in runs if r.label.startswith("1008B"))

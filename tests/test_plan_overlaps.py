@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from labkit.cli import main
-from labkit.estimate import estimate
-from labkit.plan.inputs import planning_input, stack_overlaps
+from labkit.estimate import default_calibration, estimate
+from labkit.plan.inputs import OVERLAPS, planning_input, stack_overlaps
 from labkit.plan.search import search
 from labkit.spec import load_spec
 
@@ -81,6 +81,11 @@ def test_stack_overlaps_by_stack_and_hardware():
     assert stack_overlaps(None, on_gpus=True) == {k: v for k, v in ALL_ON.items() if k != "stack"}
     assert stack_overlaps("megatron-bridge", on_gpus=True) == stack_overlaps(None, on_gpus=True)
     assert not any(stack_overlaps("deepspeed-megatron-2020", on_gpus=True).values())
+    # PyTorch's own stack prefetches FSDP2's gathers and reduces behind the backward, but DTensor's tensor-parallel
+    # collectives wait on the GEMMs
+    assert stack_overlaps("pytorch-native", on_gpus=True) == {"overlap_grad_reduce": True,
+                                                             "overlap_param_gather": True, "tp_comm_overlap": False}
+    assert set(default_calibration().stack("pytorch-native").overlaps) < set(OVERLAPS)
     assert not any(stack_overlaps(None, on_gpus=False).values())
     assert stack_overlaps(None, True, {"tp_comm_overlap": False}) == {"overlap_grad_reduce": True,
                                                                        "overlap_param_gather": True}

@@ -38,6 +38,10 @@ class Stack:
     moe_launch_s_per_local_expert: on a GPU, seconds an MoE layer adds per micro-batch (forward and backward) for
         each expert its rank holds, beyond its FLOPs and transfers: the layer waits on the host for its tokens per
         expert and then runs as fast as the host launches its many small kernels (see labkit.estimate.timing).
+    zero3_exposed: under ZeRO stage 3, the fraction of each micro-batch's parameter all-gathers and gradient
+        reduce-scatters that stays exposed although the computation could cover them (the collectives' kernels take
+        SMs and memory bandwidth from the layers', and each unit's gather waits on the one before); 0 for a stack
+        whose prefetch hides them completely (see labkit.estimate.timing.data_parallel_time).
     description: what the stack is and why its figures are what they are.
     """
     name: str
@@ -48,6 +52,8 @@ class Stack:
     overlap_p2p: bool
     compute_scale: float = 1.0
     moe_launch_s_per_local_expert: float = 0.0
+    zero3_exposed: float = 0.0
+    overlaps: tuple[str, ...] = ()
     description: str = ""
 
 
@@ -159,6 +165,8 @@ def calibration_from_dict(data: Mapping) -> Calibration:
                              p2p_messages=int(entry["p2p_messages"]), overlap_p2p=bool(entry["overlap_p2p"]),
                              compute_scale=float(entry.get("compute_scale", 1.0)),
                              moe_launch_s_per_local_expert=float(entry.get("moe_launch_s_per_local_expert", 0.0)),
+                             zero3_exposed=float(entry.get("zero3_exposed", 0.0)),
+                             overlaps=tuple(entry.get("overlaps", ())),
                              description=entry.get("description", ""))
     return Calibration(
         efficiency={gpu: value(f"efficiency.{gpu}", e) for gpu, e in data["efficiency"].items()},

@@ -248,7 +248,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         experts = experts_by_stage[i]
         dp_options = dict(zero_stage=zero_stage, grad_bytes=grad_bytes, param_bytes=4 if precision == "fp32" else 2,
                           micro_batches=m, layers=partition[i], overlap_grad_reduce=overlap_dp,
-                          overlap_param_gather=spec.kernels.overlap_param_gather)
+                          overlap_param_gather=spec.kernels.overlap_param_gather, zero3_exposed=stack.zero3_exposed)
         exposed_s, total_s = data_parallel_time(
             params - experts if experts else params, d * c, topo.dp_gbps(i), latency,
             forward_s=stages[i].forward_s, backward_s=stages[i].backward_s, **dp_options)

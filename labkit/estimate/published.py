@@ -1,6 +1,6 @@
 """Published measured runs (labkit/data/published_runs.yaml: Megatron-LM on A100, megatron-core and Llama 3 on H100,
-mixture-of-experts models and Blackwell systems from NVIDIA's NeMo and Megatron-Bridge performance summaries) as run
-specs, and the estimator's predictions beside them.
+mixture-of-experts models and Blackwell systems from NVIDIA's NeMo and Megatron-Bridge performance summaries, PyTorch's
+own FSDP2 stack on H200) as run specs, and the estimator's predictions beside them.
 
     published_table()      # one row per run: measured, predicted, error
 """
@@ -80,8 +80,8 @@ def _spec(name: str, group: dict, run: dict, data: dict) -> tuple[RunSpec, str]:
             recompute.update(method="uniform", num_layers=1)
     # Megatron-LM of 2021-22: its fused softmax still writes the s x s scores (no flash attention)
     kernels = dict(group.get("kernels", {"attention_backend": "unfused"}))
-    if "kernels" in group:  # Transformer Engine's overlap of the tensor-parallel transfers, where there are any
-        kernels["tp_comm_overlap"] = t > 1
+    if "kernels" in group:  # Transformer Engine's overlap of the tensor-parallel transfers, where there are any,
+        kernels["tp_comm_overlap"] = t > 1 and kernels.get("tp_comm_overlap", True)  # unless the set says none
     if "stack" in group:  # the software the set ran (labkit/data/calibration.yaml's stacks)
         kernels["stack"] = group["stack"]
     precision = run.get("precision", group.get("precision", "fp16"))

@@ -147,7 +147,7 @@ def expert_dispatch_time(shape: Shape, tokens: float, tensor: int, expert: int, 
 def data_parallel_time(params: float, n: int, gbps: float, latency_s: float, *, zero_stage: int = 0,
                        grad_bytes: int = 4, param_bytes: int = 2, forward_s: float = 0.0, backward_s: float = 0.0,
                        micro_batches: int = 1, layers: int = 1, overlap_grad_reduce: bool = False,
-                       overlap_param_gather: bool = False) -> tuple[float, float]:
+                       overlap_param_gather: bool = False, zero3_exposed: float = 0.0) -> tuple[float, float]:
     """(exposed, total) seconds per step of one pipeline stage's data-parallel traffic over `n` ranks, by ZeRO stage;
     `forward_s`, `backward_s`: one micro-batch's compute on the stage, which the overlapped transfers hide behind.
     A reduce-scatter or an all-gather is half a ring all-reduce.
@@ -161,7 +161,8 @@ def data_parallel_time(params: float, n: int, gbps: float, latency_s: float, *, 
       backward and the next micro-batch's forward; then the all-gather of the updated 16-bit parameters.
     - 3 (optim_grads_params): per micro-batch, an all-gather of the parameters layer by layer in the forward and again
       in the backward, prefetched behind the computation except the first layer's, and the reduce-scatter of the
-      gradients in the backward. Rajbhandari et al.'s 1.5x the all-reduce's volume, per micro-batch.
+      gradients in the backward. Rajbhandari et al.'s 1.5x the all-reduce's volume, per micro-batch; at least
+      `zero3_exposed` of it stays exposed (the stack's, Stack.zero3_exposed).
     PyTorch FSDP2 on labkit's driver moves the same: its stage 2 keeps the parameters gathered and gathers the updated
     ones once per step, after the optimizer's (labkit.train.model.gather_zero2_weights).
     """
@@ -173,7 +174,8 @@ def data_parallel_time(params: float, n: int, gbps: float, latency_s: float, *, 
     if zero_stage == 3:
         first = gather_s / max(1, layers)
         exposed = max(first, gather_s - forward_s) + max(first, gather_s + scatter_s - backward_s)
-        return micro_batches * exposed, micro_batches * (2 * gather_s + scatter_s)
+        total = 2 * gather_s + scatter_s
+        return micro_batches * max(exposed, zero3_exposed * total), micro_batches * total
     exposed_gather = max(0.0, gather_s - forward_s) if overlap_param_gather else gather_s
     if zero_stage == 2:
         last = max(0.0, scatter_s - backward_s)

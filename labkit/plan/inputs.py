@@ -167,14 +167,15 @@ OVERLAPS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")
 
 def stack_overlaps(stack: str | None, on_gpus: bool, written: dict | None = None) -> dict[str, bool]:
     """The overlaps a plan takes where its input does not write them (`written`: the spec's kernels mapping): those
-    the training software (kernels.stack; None: the calibration's default_stack) runs. On GPUs, megatron-core and
-    megatron-bridge stand for NVIDIA's NeMo and Megatron-Bridge recipes, which overlap tensor-, data- and
-    pipeline-parallel communication (labkit/data/published_runs.yaml); deepspeed-megatron-2020 overlaps none. The
-    calibration records which by a stack's overlap_p2p. labkit's driver on CPUs overlaps none. The parameter gather
-    runs only beside the gradient reduce (labkit.megatron.rules)."""
+    the training software (kernels.stack; None: the calibration's default_stack) runs on GPUs, the stack's `overlaps`
+    in labkit/data/calibration.yaml: megatron-core and megatron-bridge stand for NVIDIA's NeMo and Megatron-Bridge
+    recipes, which overlap tensor-, data- and pipeline-parallel communication (labkit/data/published_runs.yaml);
+    pytorch-native overlaps FSDP2's transfers but not its tensor-parallel ones; deepspeed-megatron-2020 overlaps none.
+    labkit's driver on CPUs overlaps none. The parameter gather runs only beside the gradient reduce
+    (labkit.megatron.rules)."""
     written = written or {}
-    runs = on_gpus and default_calibration().stack(stack).overlap_p2p
-    overlaps = {name: written.get(name, runs) is True for name in OVERLAPS}
+    runs = default_calibration().stack(stack).overlaps if on_gpus else ()
+    overlaps = {name: written.get(name, name in runs) is True for name in OVERLAPS}
     overlaps["overlap_param_gather"] &= overlaps["overlap_grad_reduce"]
     return {name: value for name, value in overlaps.items() if name not in written}
 

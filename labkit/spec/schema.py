@@ -174,9 +174,10 @@ class KernelsSpec:
     stack: str | None = None
     """The training software the estimate charges for: a stack of labkit/data/calibration.yaml (megatron-core;
     megatron-bridge for NVIDIA Megatron-Bridge's tuned 2025-26 recipes, which ran faster than the default's constants
-    predict; or
-    deepspeed-megatron-2020 for DeepSpeed's pipeline engine on Megatron-LM v1.1.5, as MT-NLG and AMP ran); None:
-    the calibration's default_stack (megatron-core). It changes the estimate only: no Megatron-LM flag."""
+    predict; pytorch-native for PyTorch's own stack as torchtitan-style trainers run it, FSDP2 and DTensor tensor
+    parallelism under torch.compile; or deepspeed-megatron-2020 for DeepSpeed's pipeline engine on Megatron-LM
+    v1.1.5, as MT-NLG and AMP ran); None: the calibration's default_stack (megatron-core). It changes the estimate
+    only: no Megatron-LM flag."""
 
 
 @dataclass
