@@ -3,6 +3,8 @@ import pytest
 
 from labkit.estimate import default_calibration
 from labkit.estimate.published import published_runs, published_table
+from labkit.megatron.flops import model_flops
+from labkit.megatron.shape import Shape
 
 
 @pytest.fixture(scope="module")
@@ -14,9 +16,11 @@ def test_every_published_run_becomes_a_valid_spec_of_its_paper():
     runs = published_runs()
     assert {r.set for r in runs} == {"sc21", "korthikanti2022", "mt-nlg", "megatron-core-h100",
                                      "megatron-bridge-h100", "megatron-bridge-25.11-moe-blackwell",
-                                     "nemo-mixtral-blackwell", "pytorch-native-h200"}
+                                     "nemo-mixtral-blackwell", "pytorch-native-h200",
+                                     "nemo-long-context-h100"}
     assert {r.set for r in runs if r.held_out} == {"korthikanti2022", "mt-nlg"}
-    assert {r.set for r in runs if r.dev} == {"megatron-bridge-25.11-moe-blackwell", "nemo-mixtral-blackwell"}
+    assert {r.set for r in runs if r.dev} == {"megatron-bridge-25.11-moe-blackwell", "nemo-mixtral-blackwell",
+                                              "nemo-long-context-h100"}
     trillion = next(r for r in runs if r.label.startswith("1008B"))
     assert (trillion.spec.parallel.tensor, trillion.spec.parallel.pipeline, trillion.spec.data_parallel) == (8, 64, 6)
     assert trillion.spec.num_micro_batches == 3072 // 6
@@ -63,3 +67,14 @@ def test_every_published_run_fits_in_the_memory_it_trained_in(table):
     # through their ZeRO stage, NeMo's FP8 recipes through their bf16 gradient reduction)
     misfits = table[~table["fits"]]
     assert misfits.empty, misfits[["set", "run", "peak_gib"]].to_string()
+
+
+def test_context_parallel_runs_up_to_a_million_tokens_are_predicted_within_eight_percent(table):
+    """NeMo's Llama 2 7B long-sequence runs on H100 (4K to 1M tokens, context parallel up to 32): nothing was fitted to
+    them. Their TFLOP/s count every attention score, so a 1M-token row's step is what those FLOPs take at that rate."""
+    rows = table[table["set"] == "nemo-long-context-h100"]
+    assert len(rows) == 9
+    assert rows["error"].abs().max() < 0.08 and rows["fits"].all()
+    million = next(r for r in published_runs() if r.label.endswith("1M CP 32"))
+    assert (million.spec.parallel.context, million.spec.model.seq_length) == (32, 2 ** 20)
+    assert million.measured == pytest.approx(model_flops(Shape.of(million.spec.model), 128) / (536e12 * 1024))

@@ -1,6 +1,7 @@
 """Published measured runs (labkit/data/published_runs.yaml: Megatron-LM on A100, megatron-core and Llama 3 on H100,
-mixture-of-experts models and Blackwell systems from NVIDIA's NeMo and Megatron-Bridge performance summaries, PyTorch's
-own FSDP2 stack on H200) as run specs, and the estimator's predictions beside them.
+mixture-of-experts models, Blackwell systems and context parallelism up to 1M tokens from NVIDIA's NeMo and
+Megatron-Bridge performance documents, PyTorch's own FSDP2 stack on H200) as run specs, and the estimator's predictions
+beside them.
 
     published_table()      # one row per run: measured, predicted, error
 """
@@ -15,6 +16,8 @@ import yaml
 from labkit.estimate.calibration import Calibration
 from labkit.estimate.estimator import estimate
 from labkit.megatron import sizes
+from labkit.megatron.flops import model_flops
+from labkit.megatron.shape import Shape
 from labkit.paths import data_file
 from labkit.spec import RunSpec, load_spec
 
@@ -48,6 +51,9 @@ def published_runs(path=PUBLISHED_RUNS) -> list[PublishedRun]:
             measured, key = run["measured"], group["measured"]
             if key == "tokens_per_s_per_gpu":
                 measured, key = run["global"] * spec.model.seq_length / (measured * run["gpus"]), "iteration_time_s"
+            elif key == "model_tflops_per_gpu":
+                flops = model_flops(Shape.of(spec.model), run["global"])
+                measured, key = flops / (measured * 1e12 * run["gpus"]), "iteration_time_s"
             runs.append(PublishedRun(name, label, spec, key, measured, bool(group["held_out"]),
                                      bool(group.get("dev", False))))
     return runs
