@@ -269,7 +269,8 @@ def report_fasop_gpt2_xl() -> float:
 def report_published() -> None:
     """Predicted against published measured runs (per set: the figure its source prints), with each source's median
     and largest error, and whether a constant was fitted to it."""
-    print("Published runs (labkit/data/published_runs.yaml): Megatron-LM on DGX A100, megatron-core on DGX H100")
+    print("Published runs (labkit/data/published_runs.yaml): Megatron-LM on DGX A100, megatron-core on DGX H100 and "
+          "Blackwell, PyTorch's FSDP2 on H200 and H100")
     table = published_table()
     for row in table.itertuples():
         unit = "TFLOP/s/GPU" if row.figure == "tflops_per_gpu" else "s/iteration"
@@ -277,7 +278,8 @@ def report_published() -> None:
               f"({100 * row.error:+5.1f}%)")
     for name, group in table.groupby("set", sort=False):
         e = group["error"].abs()
-        role = "held out" if group["held_out"].all() else "dev: constants fitted to it"
+        role = ("held out" if group["held_out"].all() else
+                "development data" if group["dev"].all() else "constants fitted to it")
         misfits = ", ".join(f"{r.run} {r.peak_gib:.1f} GiB" for r in group.itertuples() if not r.fits)
         print(f"  {name:<18} n={len(e):>2}  median |err| {100 * e.median():4.1f}%  max {100 * e.max():4.1f}%  "
               f"mean {100 * e.mean():4.1f}%   fit in memory {group['fits'].sum()}/{len(group)}"

@@ -17,8 +17,8 @@ def test_every_published_run_becomes_a_valid_spec_of_its_paper():
     assert {r.set for r in runs} == {"sc21", "korthikanti2022", "mt-nlg", "megatron-core-h100",
                                      "megatron-bridge-h100", "megatron-bridge-25.11-moe-blackwell",
                                      "nemo-mixtral-blackwell", "pytorch-native-h200",
-                                     "nemo-long-context-h100"}
-    assert {r.set for r in runs if r.held_out} == {"korthikanti2022", "mt-nlg"}
+                                     "nemo-long-context-h100", "nemo-automodel-h100"}
+    assert {r.set for r in runs if r.held_out} == {"korthikanti2022", "mt-nlg", "nemo-automodel-h100"}
     assert {r.set for r in runs if r.dev} == {"megatron-bridge-25.11-moe-blackwell", "nemo-mixtral-blackwell",
                                               "nemo-long-context-h100"}
     trillion = next(r for r in runs if r.label.startswith("1008B"))
