@@ -20,6 +20,7 @@ def test_a_spec_chooses_the_stack_and_a_bad_name_lists_the_choices():
     default = load_spec(GPT2)
     assert default.kernels.stack is None  # the calibration's default_stack, as estimate() charged before the key
     assert estimate(default).iteration_time_s == estimate(default, stack="megatron-core").iteration_time_s
+    assert estimate(default).assumptions[0] == "software stack megatron-core (the default; set kernels.stack for another)"
     deepspeed = load_spec({**GPT2, "kernels": {"stack": "deepspeed-megatron-2020"}})
     assert estimate(deepspeed).iteration_time_s == estimate(default, stack="deepspeed-megatron-2020").iteration_time_s
     # DeepSpeed's unfused kernels, blocking pipeline transfers and per-all-reduce cost make the same step slower
@@ -36,12 +37,18 @@ def test_the_estimate_command_charges_the_specs_stack_unless_told_another(tmp_pa
 
     def seconds(*flags):
         assert main(["estimate", str(path), "--json", *flags]) == 0
-        return json.loads(capsys.readouterr().out)["iteration_time_s"]
+        out = json.loads(capsys.readouterr().out)
+        stated.append(out["assumptions"][0])
+        return out["iteration_time_s"]
+
+    stated = []
 
     spec = load_spec(str(path))
     assert seconds() == pytest.approx(estimate(spec).iteration_time_s)
     assert seconds("--stack", "megatron-core") == pytest.approx(estimate(spec, stack="megatron-core").iteration_time_s)
     assert seconds() > 1.05 * seconds("--stack", "megatron-core")
+    # the estimate says which stack it charged, and where that came from
+    assert stated[:2] == ["software stack deepspeed-megatron-2020 (kernels.stack)", "software stack megatron-core"]
     assert main(["estimate", str(path), "--stack", "deepspeed"]) == 2
     assert "--stack: 'deepspeed' is not one of megatron-core, megatron-bridge" in capsys.readouterr().err
 

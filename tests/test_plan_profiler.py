@@ -50,3 +50,36 @@ def test_profile_rejects_bad_sizes_before_starting_workers(capsys):
     assert exit_.value.code == 2 and "--micro-batch: '2,0': give sizes of at least 1" in capsys.readouterr().err
     assert main(["profile", "--model", "tiny", "--host-processes", "0"]) == 2
     assert "--host-processes" in capsys.readouterr().err
+
+
+def test_profile_passes_take_the_micro_batch_sizes_in_turn():
+    """A slow spell of a shared machine slows every micro-batch size alike: each round runs one pass of every size,
+    and each size's entry is the median of its own passes."""
+    import time
+    import types
+
+    import torch
+
+    from labkit.plan import profiler
+
+    order, spans, output_start = [], {}, []
+
+    class Layered(torch.nn.Module):  # stands for GPTModel with the profiler's hooks, which fill spans
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, tokens, position_ids, attention_mask, labels):
+            micro = tokens.shape[0]
+            order.append(micro)
+            for name in ("embedding", "layer0", "layer1", "final_norm"):
+                spans.setdefault(name, []).append(1e-3 * micro)
+            output_start.append(time.perf_counter())
+            return self.weight * tokens.float()
+
+    args = types.SimpleNamespace(seq_length=4, padded_vocab_size=16)
+    measured = profiler._time_passes(Layered(), output_start, spans, lambda: None, torch.device("cpu"), args,
+                                     [1, 2, 4], repeats=3, warmup=1)
+    assert order == [1, 2, 4] * 4
+    assert [entry["layers"] for entry in measured] == [[1e-3] * 2, [2e-3] * 2, [4e-3] * 2]
+    assert [entry["embedding"] for entry in measured] == [1e-3, 2e-3, 4e-3]

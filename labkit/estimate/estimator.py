@@ -162,7 +162,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     """
     cal = resolve(calibration)
     latency = cal.link_latency_s
-    stack = cal.stack(stack if stack is not None else spec.kernels.stack)
+    stack_given = stack is not None
+    stack = cal.stack(stack if stack_given else spec.kernels.stack)
     shape = Shape.of(spec.model)
     par, b = spec.parallel, spec.batch
     t, p, d, v, c = par.tensor, par.pipeline, spec.data_parallel, par.virtual_stages, par.context
@@ -330,8 +331,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     limits = [catalog.gpu(g).memory_limit_gb for g in gpus]
     fits = all(s.total <= (1 - MEMORY_MARGIN) * lim for s, lim in zip(mem, limits))
 
-    assumptions = [f"software stack {stack.name}" + (" (kernels.stack)" if spec.kernels.stack else
-                                                     " (the default; set kernels.stack for another)")]
+    assumptions = [f"software stack {stack.name}" + ("" if stack_given else " (kernels.stack)" if spec.kernels.stack
+                                                     else " (the default; set kernels.stack for another)")]
     if zero_stage:
         runs = f"ZeRO stage {zero_stage} as {sharding.DESCRIPTIONS[shard.implementation]}" \
                f" ({'labkit' if spec.job.entrypoint != sharding.MEGATRON_LM else 'Megatron-LM'}'s)"

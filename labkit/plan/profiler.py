@@ -5,7 +5,7 @@ same layer spec, CPU compatibility layer when there is no GPU) in `tensor` worke
 rank, so that a layer's time includes its tensor-parallel all-reduces as it will in training. Forward hooks time the
 embedding, every transformer layer and the output (final norm, logits and loss) of each forward pass; a backward pass
 after each forward gives the backward/forward ratio. Medians over `repeats` timed passes after `warmup` untimed ones
-go to ~/.labkit/profiles/<model>_<gpu>_tp<t>.json in the format of labkit/data/profiles/README.md, one entry per
+(several micro-batch sizes taken in turn, one pass of each per round) go to ~/.labkit/profiles/<model>_<gpu>_tp<t>.json in the format of labkit/data/profiles/README.md, one entry per
 micro-batch size measured.
 
 On a CPU the profile is taken under training's load: as many workers as training runs processes on the host (the
@@ -202,46 +202,53 @@ def _worker(rank: int, world: int, argv: list[str], sizes: list[int], repeats: i
 
     gpt.output_layer.register_forward_pre_hook(output_begins)
 
-    measured = [_time_passes(model, output_start, spans, sync, device, args, micro, repeats, warmup)
-                for micro in sizes]
+    measured = _time_passes(model, output_start, spans, sync, device, args, sizes, repeats, warmup)
     if rank == 0:
         results.put(measured)
     dist.barrier()
     dist.destroy_process_group()
 
 
-def _time_passes(model, output_start, spans, sync, device, args, micro: int, repeats: int, warmup: int) -> dict:
-    """Forward and backward passes at one micro-batch size; the hooks' medians and the backward's factor."""
+def _time_passes(model, output_start, spans, sync, device, args, sizes: list[int], repeats: int,
+                 warmup: int) -> list[dict]:
+    """Forward and backward passes at each micro-batch size, taken in turn: each round runs one pass of every size, so
+    that a slow spell of a shared machine slows every size alike instead of all of one size's passes. Per size, the
+    hooks' medians and the backward's factor."""
     import torch
 
-    spans.clear()
-    output_start.clear()
     s = args.seq_length
     generator = torch.Generator().manual_seed(1234)
-    tokens = torch.randint(0, args.padded_vocab_size, (micro, s), generator=generator).to(device)
-    position_ids = torch.arange(s).unsqueeze(0).expand(micro, s).to(device)
-    forward_s, step_s, output_s = [], [], []
+    inputs = {micro: (torch.randint(0, args.padded_vocab_size, (micro, s), generator=generator).to(device),
+                      torch.arange(s).unsqueeze(0).expand(micro, s).to(device)) for micro in sizes}
+    passes: dict[int, list[dict]] = {micro: [] for micro in sizes}
     for i in range(warmup + repeats):
-        sync()
-        t0 = time.perf_counter()
-        loss = model(tokens, position_ids, None, labels=tokens).float().mean()
-        sync()
-        t1 = time.perf_counter()
-        loss.backward()
-        sync()
-        t2 = time.perf_counter()
-        model.zero_grad(set_to_none=True)
-        if i >= warmup:
-            forward_s.append(t1 - t0)
-            step_s.append(t2 - t0)
-            output_s.append(t1 - output_start[-1])
-    keep = slice(warmup, warmup + repeats)
-    median = lambda xs: statistics.median(xs[keep])  # noqa: E731
-    forward = statistics.median(forward_s)
-    layers = sum(1 for name in spans if name.startswith("layer"))
+        for micro in sizes:
+            spans.clear()
+            output_start.clear()
+            tokens, position_ids = inputs[micro]
+            sync()
+            t0 = time.perf_counter()
+            loss = model(tokens, position_ids, None, labels=tokens).float().mean()
+            sync()
+            t1 = time.perf_counter()
+            loss.backward()
+            sync()
+            t2 = time.perf_counter()
+            model.zero_grad(set_to_none=True)
+            if i >= warmup:
+                passes[micro].append({**{name: times[0] for name, times in spans.items()},
+                                      "forward": t1 - t0, "step": t2 - t0, "output": t1 - output_start[-1]})
+    return [_medians(passes[micro]) for micro in sizes]
+
+
+def _medians(passes: list[dict]) -> dict:
+    """One micro-batch size's passes as a profile entry: each part's median time and the backward's factor."""
+    median = lambda key: statistics.median(p[key] for p in passes)  # noqa: E731
+    layers = sum(1 for name in passes[0] if name.startswith("layer"))
+    forward = median("forward")
     return {
-        "embedding": median(spans["embedding"]),
-        "layers": [median(spans[f"layer{i}"]) for i in range(layers)],
-        "output": median(spans["final_norm"]) + statistics.median(output_s),
-        "backward_factor": (statistics.median(step_s) - forward) / forward,
+        "embedding": median("embedding"),
+        "layers": [median(f"layer{i}") for i in range(layers)],
+        "output": median("final_norm") + median("output"),
+        "backward_factor": (median("step") - forward) / forward,
     }
