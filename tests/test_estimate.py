@@ -440,3 +440,31 @@ def test_blocking_interleaved_pairs_send_a_forwards_output_after_the_backward_th
     overlapped = schedule_1f1b([1.0] * p, [0.0], m, virtual_stages=v, chunk_shares=[[0.2, 0.8], [0.8, 0.2]],
                                overlap_sends=True)
     assert max(e.end_s for e in events) > max(e.end_s for e in overlapped)  # unequal chunks pace each other
+
+
+def test_megatron_cores_gradient_accumulation_is_a_memory_pass_per_micro_batch_without_its_fused_kernel(monkeypatch):
+    """On CPUs megatron-core's DDP adds every gradient to its fp32 main_grad in each micro-batch's backward
+    (4 + 4 + 4 bytes a parameter at the memory bandwidth); on GPUs Transformer Engine's weight-gradient GEMMs do it."""
+    from labkit.estimate import estimator
+
+    def both(spec):
+        charged = estimate(spec).iteration_time_s
+        with monkeypatch.context() as patch:
+            patch.setattr(estimator, "_add_main_grad_accumulation", lambda *args: None)
+            return charged, estimate(spec).iteration_time_s
+
+    on_cpu = load_spec({"model": {"preset": "tiny"}, "batch": {"micro": 1, "global": 4}, "precision": "fp32",
+                        "cluster": {"nodes": [{"gpu": "cpu", "count": 1, "gpus_per_node": 1}]}})
+    charged, uncharged = both(on_cpu)
+    params = estimate(on_cpu).params_with_padding
+    assert charged - uncharged == pytest.approx(4 * params * 12 / (catalog.gpu("cpu").memory_bw_gb_s * 1e9))
+    on_gpu = load_spec({**on_cpu.to_dict(), "precision": "bf16",
+                        "cluster": {"nodes": [{"gpu": "A100-80GB", "count": 1, "gpus_per_node": 1}]}})
+    charged, uncharged = both(on_gpu)
+    assert charged == uncharged
+    # FSDP2 accumulates into its own sharded gradients, not megatron-core's buffer
+    fsdp = load_spec({**on_cpu.to_dict(), "optimizer": {"zero_stage": 3},
+                      "model": {"preset": "tiny", "untie_embeddings": True},
+                      "cluster": {"nodes": [{"gpu": "cpu", "count": 1, "gpus_per_node": 2}]}})
+    charged, uncharged = both(fsdp)
+    assert charged == uncharged

@@ -96,6 +96,27 @@ class Estimate:
         return out
 
 
+def _add_main_grad_accumulation(chunk_times: list[list], spec, shape: Shape, gpus: list[str]) -> None:
+    """Charge each model chunk's backward for megatron-core's gradient accumulation without its fused kernel.
+
+    megatron-core's DDP (and the distributed optimizer on it) adds each parameter's gradient to its main_grad buffer
+    in the backward post-hook of every micro-batch (distributed_data_parallel.py, `param.main_grad.add_(param.grad)`):
+    a memory-bound pass that reads the gradient (the parameters' dtype) and the buffer and writes the buffer (fp32, as
+    the reduction, labkit.estimate.timing.GRAD_REDUCE_BYTES). Transformer Engine's weight-gradient GEMMs accumulate
+    into main_grad themselves (gradient_accumulation_fusion), so on GPUs there is no such pass; labkit's driver on
+    CPUs has no fused kernel (labkit.train.model.fusions) and runs it.
+    """
+    p, v, t = spec.parallel.pipeline, spec.parallel.virtual_stages, spec.parallel.tensor
+    order = [spec.chunk_partition[u % p][u // p] for u in range(p * v)]  # chunk c of stage i is virtual stage c p + i
+    expert = dict(expert=spec.parallel.expert, expert_tensor=spec.parallel.expert_tensor) if shape.moe else {}
+    gradient = 4 if spec.precision == "fp32" else 2
+    buffer = 2 if spec.optimizer.grad_reduce_in_bf16 else GRAD_REDUCE_BYTES.get(spec.precision, 4)
+    for u, params in enumerate(stage_params(shape, order, t, **expert)):
+        i, k = u % p, u // p
+        seconds = params * (gradient + 2 * buffer) / (catalog.gpu(gpus[i]).memory_bw_gb_s * 1e9)
+        chunk_times[i][k] = dataclasses.replace(chunk_times[i][k], backward_s=chunk_times[i][k].backward_s + seconds)
+
+
 def profile_lookup(profiles, model: str | None):
     """Normalise `profiles` (None, a mapping keyed by (gpu, tensor), or a callable) into lookup(gpu, tensor)."""
     if profiles is None:
@@ -205,6 +226,10 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                                        expert_links=topo.expert_links(i) if shape.moe else None,
                                        recompute_modules=recompute_modules, **expert)
         first_layer += layers
+    on_gpus = not any(catalog.gpu(gpu).is_cpu for gpu in gpus)
+    shard = sharding.of_spec(spec)
+    if not on_gpus and shard.implementation in (sharding.DDP, sharding.DISTRIBUTED_OPTIMIZER):
+        _add_main_grad_accumulation(chunk_times, spec, shape, gpus)
     stages = [combined(row) for row in chunk_times]
     sources = [st.source for st in stages]
     shares = None
@@ -224,7 +249,6 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     wrap = (p2p_time(message, topo.pair_gbps(p - 1, 0), message_latency + stack.p2p_message_s) if v > 1 and p > 1
             else 0.0)
     # interleaved on GPUs, NCCL's sends and receives overlap compute; gloo's block (labkit.train.model)
-    on_gpus = not any(catalog.gpu(gpu).is_cpu for gpu in gpus)
     pipeline = Pipeline(tuple(s.total_s for s in stages), tuple(boundaries), m, v, messages=stack.p2p_messages,
                         backward_shares=tuple(s.backward_share for s in stages), wrap_time_s=wrap,
                         chunk_shares=shares, overlap_sends=stack.overlap_p2p and on_gpus)
@@ -238,7 +262,6 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     edp = expert_data_parallel(t, c, d, ep, etp) if shape.moe else 1
     # --grad-reduce-in-bf16 reduces bf16 gradients, where Megatron-LM's bf16 default reduces fp32 ones
     grad_bytes = grad_reduce_bytes or (2 if spec.optimizer.grad_reduce_in_bf16 else GRAD_REDUCE_BYTES.get(precision, 4))
-    shard = sharding.of_spec(spec)
     zero_stage = shard.stage
     fsdp2 = shard.implementation == sharding.TORCH_FSDP2
     if fsdp2:  # FSDP2 reduce-scatters in the parameters' dtype
