@@ -230,7 +230,8 @@ assert all_a10.iteration_time_s <= est.iteration_time_s * 1.01, (all_a10.iterati
 #
 # How right is the estimator? Here it is against published Megatron-LM runs on DGX A100: SC21's Table 1 (the A100
 # efficiency in `labkit/data/calibration.yaml` was fitted to it) and Korthikanti et al.'s Table 5 (held out: selective
-# recompute and sequence parallelism, never used for fitting).
+# recompute and sequence parallelism, never used for fitting). The table goes on with later sets, each row naming its
+# own: NVIDIA's H100 and Blackwell summaries, context parallelism up to a million tokens, and PyTorch's own FSDP2 stack.
 
 # %% tags=["nbval-ignore-output"]
 from labkit.estimate.published import published_table

@@ -238,7 +238,8 @@ assert all_a10.iteration_time_s <= est.iteration_time_s * 1.01, (all_a10.iterati
 # 추정기(estimator)는 얼마나 정확할까요? 여기서는 DGX A100에서 공개된 Megatron-LM 실행 결과와 비교합니다: SC21의 Table
 # 1(`labkit/data/calibration.yaml`의 A100 효율은 이 표에 맞춰 피팅(fitting)했습니다)과 Korthikanti et al.의 Table
 # 5(피팅에 전혀 쓰지 않은 검증용 데이터(held out)로, 선택적 재계산(selective recompute)과 시퀀스 병렬화(sequence
-# parallelism)를 씁니다).
+# parallelism)를 씁니다). 표에는 그 뒤로 다른 집합의 행도 이어지며, 각 행에 집합의 이름이 붙어 있습니다: NVIDIA의 H100과
+# Blackwell 성능 요약, 100만 토큰까지의 컨텍스트 병렬화, 그리고 PyTorch 자체의 FSDP2 스택.
 
 # %% tags=["nbval-ignore-output"]
 from labkit.estimate.published import published_table
