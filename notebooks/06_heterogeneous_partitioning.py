@@ -227,9 +227,9 @@ assert 0.4 < on_cpu.iteration_time_s / measured < 1.5, (on_cpu.iteration_time_s,
 # %% [markdown]
 # The estimate usually reads low, and by how much depends on what else the machine is doing: the layer profile and
 # the run are timed at different moments, and on a machine shared with other work either can be slowed (a profile
-# taken in a busy moment makes the estimate read high instead). On a mostly idle machine
-# `benchmarks/bench_plan_closed_loop.py` runs 14 layouts of this model three times each: the estimate reads 12% to 15%
-# low in the median and 19% to 25% at most, and ranks them only roughly in the order they measure (Spearman's rank
+# taken in a busy moment makes the estimate read high instead). On a machine that other jobs shared,
+# `benchmarks/bench_plan_closed_loop.py` ran 14 layouts of this model three times each: the estimate is 12% to 15% off
+# in the median, most layouts reading low, and 19% to 25% at most, and ranks them only roughly in the order they measure (Spearman's rank
 # correlation 0.50 and 0.72 in two runs, where 1 is the same order and 0 none): the interleaved pipelines read
 # farthest off. A single run on a busy
 # machine, like the one above, can read well over a third low. What it leaves out is what surrounds the layers:

@@ -7,9 +7,11 @@ import json
 import pytest
 import yaml
 
+from labkit import catalog
 from labkit.cli import main
 from labkit.estimate import default_calibration, estimate
-from labkit.plan.inputs import OVERLAPS, planning_input, stack_overlaps
+from labkit.estimate.calibration import OVERLAPS, calibration_from_dict
+from labkit.plan.inputs import planning_input, stack_overlaps
 from labkit.plan.search import search
 from labkit.spec import load_spec
 
@@ -86,6 +88,15 @@ def test_stack_overlaps_by_stack_and_hardware():
     assert stack_overlaps("pytorch-native", on_gpus=True) == {"overlap_grad_reduce": True,
                                                              "overlap_param_gather": True, "tp_comm_overlap": False}
     assert set(default_calibration().stack("pytorch-native").overlaps) < set(OVERLAPS)
+
+
+def test_every_stack_lists_the_overlaps_it_runs_by_their_kernels_names():
+    data = catalog.calibration()
+    assert all(set(default_calibration().stack(name).overlaps) <= set(OVERLAPS) for name in data["stacks"])
+    for wrong in ("overlap_grad_reduce", ["overlap_grads"], None):
+        stacks = {**data["stacks"], "megatron-core": {**data["stacks"]["megatron-core"], "overlaps": wrong}}
+        with pytest.raises(ValueError, match="stacks.megatron-core.overlaps: .* is not a list of overlap_grad_reduce"):
+            calibration_from_dict({**data, "stacks": stacks})
     assert not any(stack_overlaps(None, on_gpus=False).values())
     assert stack_overlaps(None, True, {"tp_comm_overlap": False}) == {"overlap_grad_reduce": True,
                                                                        "overlap_param_gather": True}

@@ -21,6 +21,9 @@ from labkit import catalog
 # rates, not a fitted figure.
 PCIE_MAX_GBPS = 512
 
+OVERLAPS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")
+"""The kernels fields that overlap communication with computation, which a stack's `overlaps` name."""
+
 
 @dataclass(frozen=True)
 class Stack:
@@ -41,7 +44,10 @@ class Stack:
     zero3_exposed: under ZeRO stage 3, the fraction of each micro-batch's parameter all-gathers and gradient
         reduce-scatters that stays exposed although the computation could cover them (the collectives' kernels take
         SMs and memory bandwidth from the layers', and each unit's gather waits on the one before); 0 for a stack
-        whose prefetch hides them completely (see labkit.estimate.timing.data_parallel_time).
+        whose prefetch hides them completely (see labkit.estimate.timing.data_parallel_time). Stage 3 only: stage 2
+        keeps the parameters gathered, and its per-micro-batch reduce-scatters are charged as megatron-core's.
+    overlaps: the kernels overlaps (OVERLAPS) the stack runs on GPUs, which a plan assumes where its input does not
+        say (labkit.plan.inputs.stack_overlaps).
     description: what the stack is and why its figures are what they are.
     """
     name: str
@@ -160,13 +166,17 @@ def calibration_from_dict(data: Mapping) -> Calibration:
     stacks = {}
     for name, entry in data["stacks"].items():
         sources[f"stacks.{name}"] = entry["source"]
+        overlaps = entry.get("overlaps")
+        if not isinstance(overlaps, list) or not set(overlaps) <= set(OVERLAPS):
+            raise ValueError(f"stacks.{name}.overlaps: {overlaps!r} is not a list of {', '.join(OVERLAPS)}; list "
+                             "the overlaps the stack runs on GPUs ([] for none)")
         stacks[name] = Stack(name, memory_passes=float(entry["memory_passes"]),
                              tp_allreduce_s=float(entry["tp_allreduce_s"]), p2p_message_s=float(entry["p2p_message_s"]),
                              p2p_messages=int(entry["p2p_messages"]), overlap_p2p=bool(entry["overlap_p2p"]),
                              compute_scale=float(entry.get("compute_scale", 1.0)),
                              moe_launch_s_per_local_expert=float(entry.get("moe_launch_s_per_local_expert", 0.0)),
                              zero3_exposed=float(entry.get("zero3_exposed", 0.0)),
-                             overlaps=tuple(entry.get("overlaps", ())),
+                             overlaps=tuple(overlaps),
                              description=entry.get("description", ""))
     return Calibration(
         efficiency={gpu: value(f"efficiency.{gpu}", e) for gpu, e in data["efficiency"].items()},

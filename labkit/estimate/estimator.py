@@ -102,9 +102,11 @@ def _add_main_grad_accumulation(chunk_times: list[list], spec, shape: Shape, gpu
     megatron-core's DDP (and the distributed optimizer on it) adds each parameter's gradient to its main_grad buffer
     in the backward post-hook of every micro-batch (distributed_data_parallel.py, `param.main_grad.add_(param.grad)`):
     a memory-bound pass that reads the gradient (the parameters' dtype) and the buffer and writes the buffer (fp32, as
-    the reduction, labkit.estimate.timing.GRAD_REDUCE_BYTES). Transformer Engine's weight-gradient GEMMs accumulate
-    into main_grad themselves (gradient_accumulation_fusion), so on GPUs there is no such pass; labkit's driver on
-    CPUs has no fused kernel (labkit.train.model.fusions) and runs it.
+    the reduction, labkit.estimate.timing.GRAD_REDUCE_BYTES). Transformer Engine's (or Apex's) weight-gradient GEMMs
+    accumulate into main_grad themselves (gradient_accumulation_fusion; labkit.train.model.fusions), which the
+    estimate assumes on GPUs, charging nothing there: what still takes the hook (the embedding's gradient, norms,
+    biases) is a small share of the parameters. labkit's driver on CPUs has no fused kernel and runs the pass for
+    every parameter. The buffer's zeroing once per step is not charged.
     """
     p, v, t = spec.parallel.pipeline, spec.parallel.virtual_stages, spec.parallel.tensor
     order = [spec.chunk_partition[u % p][u // p] for u in range(p * v)]  # chunk c of stage i is virtual stage c p + i

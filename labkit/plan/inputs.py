@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from labkit import catalog
-from labkit.estimate.calibration import default_calibration
+from labkit.estimate.calibration import OVERLAPS, default_calibration
 from labkit.megatron import rules
 from labkit.spec import RunSpec, SpecError, load_spec
 from labkit.spec.checks import MAX_WORLD, SPEC_FIELDS
@@ -161,8 +161,6 @@ def planning_input(target: str, model: str | None = None, global_batch: int | No
     return replace(base, cluster=checked.cluster, kernels=kernels), constraints
 
 
-OVERLAPS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")
-"""The kernels fields that overlap communication with computation."""
 
 
 def stack_overlaps(stack: str | None, on_gpus: bool, written: dict | None = None) -> dict[str, bool]:
