@@ -41,6 +41,19 @@ sys.exit(main())
 """
 
 
+@pytest.fixture(autouse=True)
+def interruptible():
+    """Ctrl-C acts as at a terminal, also where these tests run with it ignored (under nohup, or as a background job
+    of a shell without job control, which starts its children with SIGINT ignored)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def _as_from_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a Python started so installs its KeyboardInterrupt handler
+
+
 @pytest.fixture
 def spec_file(tmp_path) -> Path:
     path = tmp_path / "tiny.yaml"
@@ -86,7 +99,7 @@ def test_ctrl_c_during_run_wait_says_the_job_runs_on_and_how_to_cancel_it(tmp_pa
 
 def _launch(args: list[str], env: dict, cwd: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", LAUNCH, *args], cwd=cwd, env={**os.environ, **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_as_from_a_terminal)
 
 
 def _wait_for(process: subprocess.Popen, text: str, timeout: float = 120) -> str:
