@@ -52,6 +52,12 @@ def spearman(a: list[float], b: list[float]) -> float:
     return float(numpy.corrcoef(ranks(a), ranks(b))[0, 1])
 
 
+def agreement(estimated: list[float], measured: list[float]) -> tuple[float, float, float]:
+    """Spearman's rank correlation, the median and the largest relative error of the estimates."""
+    errors = sorted(abs(e / m - 1) for e, m in zip(estimated, measured))
+    return spearman(estimated, measured), statistics.median(errors), errors[-1]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=10, help="training iterations per run (default 10)")
@@ -94,13 +100,12 @@ def main() -> int:
     estimated = [r.estimated_s for r in rows]
     best = min(measured)
     pick = measured[0]  # the planner's top row
-    errors = sorted(abs(e / m - 1) for e, m in zip(estimated, measured))
-    print(f"\nSpearman (estimated vs measured step, {len(rows)} layouts): {spearman(estimated, measured):.3f}")
-    print(f"median error {100 * statistics.median(errors):.1f}%, max {100 * errors[-1]:.1f}%")
-    middle = [statistics.median(times) for times in runs]
-    middle_errors = sorted(abs(e / m - 1) for e, m in zip(estimated, middle))
-    print(f"(with each layout's median round instead: Spearman {spearman(estimated, middle):.3f}, "
-          f"median error {100 * statistics.median(middle_errors):.1f}%, max {100 * middle_errors[-1]:.1f}%)")
+    rank, median_error, max_error = agreement(estimated, measured)
+    print(f"\nSpearman (estimated vs measured step, {len(rows)} layouts): {rank:.3f}")
+    print(f"median error {100 * median_error:.1f}%, max {100 * max_error:.1f}%")
+    rank, median_error, max_error = agreement(estimated, [statistics.median(times) for times in runs])
+    print(f"(with each layout's median round instead: Spearman {rank:.3f}, "
+          f"median error {100 * median_error:.1f}%, max {100 * max_error:.1f}%)")
     print(f"planner's pick measured {pick:.4f} s; fastest measured {best:.4f} s: "
           f"the pick is {100 * (pick / best - 1):.1f}% slower")
     return 0

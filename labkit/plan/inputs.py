@@ -161,8 +161,6 @@ def planning_input(target: str, model: str | None = None, global_batch: int | No
     return replace(base, cluster=checked.cluster, kernels=kernels), constraints
 
 
-
-
 def stack_overlaps(stack: str | None, on_gpus: bool, written: dict | None = None) -> dict[str, bool]:
     """The overlaps a plan takes where its input does not write them (`written`: the spec's kernels mapping): those
     the training software (kernels.stack; None: the calibration's default_stack) runs on GPUs, the stack's `overlaps`

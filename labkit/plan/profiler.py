@@ -5,8 +5,9 @@ same layer spec, CPU compatibility layer when there is no GPU) in `tensor` worke
 rank, so that a layer's time includes its tensor-parallel all-reduces as it will in training. Forward hooks time the
 embedding, every transformer layer and the output (final norm, logits and loss) of each forward pass; a backward pass
 after each forward gives the backward/forward ratio. Medians over `repeats` timed passes after `warmup` untimed ones
-(several micro-batch sizes taken in turn, one pass of each per round: each pass then follows one of another size, where
-training repeats one size, a small difference in cache state against a busy spell skewing one size alone) go to
+(several micro-batch sizes are taken in turn, one pass of each per round, so that a busy spell of a shared machine
+slows every size alike; training repeats one size, so a pass here follows one of another size, a smaller difference)
+go to
 ~/.labkit/profiles/<model>_<gpu>_tp<t>.json in the format of labkit/data/profiles/README.md, one entry per micro-batch
 size measured.
 
