@@ -11,7 +11,8 @@ grad_data, main parameters with their gradients and Adam's moments).
 
 One row per point and pipeline stage: the estimate for the stage (the data x context rank that updates the most,
 as the estimator reports it), what megatron-core holds on that stage's fullest rank, their difference, how many of
-the stage's ranks match in all three terms (weights, gradients, optimizer state), and what the bytes-per-parameter
+the stage's ranks match in all four terms (weights, gradients, optimizer state, and of it the fp32 gradient copies
+that the next iteration's zero_grad frees before its forward), and what the bytes-per-parameter
 table alone gave before (optimizer sharded over data ranks only, fp32 gradients for bf16, no padding). Points of one
 world size share a group of processes: three groups in all, about ten minutes on two busy cores.
 """
@@ -83,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
             estimate = point.estimate(stage)
             est_total = estimate.weights + estimate.gradients + estimate.optimizer
             held_total = max(h.weights + h.gradients + h.optimizer for h in ranks)
-            exact = sum((h.weights, h.gradients, h.optimizer) == tuple(
-                getattr(point.estimate(stage, h.shard), k) for k in ("weights", "gradients", "optimizer"))
+            exact = sum((h.weights, h.gradients, h.optimizer, h.step_only) == tuple(
+                getattr(point.estimate(stage, h.shard), k) for k in ("weights", "gradients", "optimizer", "step_only"))
                 for h in ranks)
             rows += 1
             exact_rows += exact == len(ranks) and est_total == held_total

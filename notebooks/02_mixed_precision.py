@@ -72,6 +72,9 @@ from labkit.spec import load_spec
 # | bf16 | 2 | 4 (fp32) | 12 (fp32 master, m, v) | 18 |
 # | fp16 | 2 | 2 | 16 (fp32 master and gradient, m, v) | 20 |
 #
+# The fp16 row's fp32 gradient copies live only through the optimizer step: the next iteration's `zero_grad` frees
+# them before its forward, so at the peak they share the memory the activations use rather than adding to it.
+#
 # So the *model state* grows; what shrinks is the activations, stored in 16 bits. Which wins depends on the model
 # and the batch: for the workshop's GPT-2-sized model labkit's estimate says memory *falls* with fp16 (the halved
 # activations outweigh the larger model state), yet the NVIDIA DLI workshop "Model Parallelism" reported its peak

@@ -41,6 +41,8 @@ def test_fsdp2_shards_each_parameters_rows_padded_to_whole_rows_per_rank():
         # gradients and the moments
         assert (s.weights - s.weights_working, s.gradients - s.gradients_working, s.optimizer) == \
             (2 * (SHARD + whole), 2 * SHARD, 16 * SHARD)
+        # of which the fp32 gradients are the step's alone: zero_grad frees them before the next forward
+        assert (s.step_only, state(stage).step_only) == (4 * SHARD, 0)
 
 
 def test_fsdp2_working_buffers_are_the_backwards_peak_unit_by_unit():

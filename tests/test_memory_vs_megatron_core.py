@@ -106,6 +106,8 @@ class Held:
     weights: int
     gradients: int
     optimizer: int
+    step_only: int
+    """Of `optimizer`, what the next iteration's zero_grad frees before its forward: the step's gradient copies."""
 
 
 def _driver_args(point: Point, rank: int):
@@ -162,8 +164,11 @@ def _worker(rank: int, world: int, address: str, points: list[Point], out: str) 
             with contextlib.redirect_stdout(io.StringIO()):  # the driver's set-up lines
                 _initialize(point, rank)
         model, optimizer = _build(point, rank)
+        weights, gradients, optimizer_state = held_bytes(model, optimizer)
+        optimizer.zero_grad()  # as the driver's train_step begins
         held = Held(rank, parallel_state.get_pipeline_model_parallel_rank(),
-                    parallel_state.get_data_parallel_rank(with_context_parallel=True), *held_bytes(model, optimizer))
+                    parallel_state.get_data_parallel_rank(with_context_parallel=True), weights, gradients,
+                    optimizer_state, optimizer_state - held_bytes(model, optimizer)[2])
         results.append(asdict(held))
         del model, optimizer
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
@@ -210,8 +215,8 @@ def test_estimate_equals_megatron_core_bytes_on_every_rank():
     for point, ranks in measured.items():
         for held in ranks:
             estimate = point.estimate(held.stage, held.shard)
-            assert (held.weights, held.gradients, held.optimizer) == \
-                (estimate.weights, estimate.gradients, estimate.optimizer), (point, held)
+            assert (held.weights, held.gradients, held.optimizer, held.step_only) == \
+                (estimate.weights, estimate.gradients, estimate.optimizer, estimate.step_only), (point, held)
     # the ranks of a group update slices that differ by alignment gaps; the estimator reports the fullest
     first = measured[POINTS[0]]
     assert len({h.optimizer for h in first}) > 1
@@ -250,6 +255,8 @@ def test_bf16_gradient_reduction_halves_the_buffer_and_adds_fp32_copies():
     bf16_grads = model_state_bytes(shape, [2], precision="bf16", grad_reduce_in_bf16=True)
     assert bf16_grads.gradients * 2 == fp32_grads.gradients
     assert bf16_grads.optimizer == fp32_grads.optimizer * 16 // 12
+    # the copies are the step's alone: zero_grad frees them before the next forward
+    assert (fp32_grads.step_only, bf16_grads.step_only) == (0, bf16_grads.optimizer // 4)
     assert bytes_per_param("bf16", grad_reduce_in_bf16=True) == bytes_per_param("fp16") == (2, 2, 16)
     assert bytes_per_param("bf16", 4, True, context=2)[2] == 12 / 8
 
@@ -276,3 +283,28 @@ def test_llama31_8b_at_context_2_data_4_shards_optimizer_over_eight_gpus():
 def test_grad_reduce_in_bf16_needs_bf16():
     with pytest.raises(SpecError, match="optimizer.grad_reduce_in_bf16: .* precision is fp16"):
         load_spec({"model": {"preset": "tiny"}, "precision": "fp16", "optimizer": {"grad_reduce_in_bf16": True}})
+
+
+def test_the_steps_gradient_copies_share_the_memory_the_activations_free():
+    """A stage's peak is the larger of its two phases: the forward and backward passes hold the activations, the
+    optimizer step its fp32 copies of 16-bit gradients, and zero_grad frees those before the next forward."""
+    def stage(precision, grad_reduce_in_bf16=False, micro=1):
+        return load_spec({"model": {"preset": "llama3-8b"}, "parallel": {"tensor": 1, "pipeline": 1},
+                          "precision": precision, "recompute": {"granularity": "full", "method": "uniform", "num_layers": 1},
+                          "optimizer": {"distributed": True, "grad_reduce_in_bf16": grad_reduce_in_bf16},
+                          "batch": {"micro": micro, "global": 8 * micro},
+                          "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 1, "gpus_per_node": 8}]}})
+    bf16_grads = estimate(stage("bf16", True)).memory_detail[0]
+    copies = bf16_grads["optimizer"] / 4  # 4 of the 16 bytes an updated element holds
+    assert bf16_grads["step_only"] == pytest.approx(copies)
+    weights_to_optimizer = bf16_grads["weights"] + bf16_grads["gradients"] + bf16_grads["optimizer"]
+    assert bf16_grads["activations"] > copies  # full recompute at micro-batch 1 still keeps more
+    assert bf16_grads["total"] == pytest.approx(weights_to_optimizer - copies + bf16_grads["activations"])
+    # fp32 gradients are the optimizer's own: nothing to free, the activations come on top of all the state
+    fp32_grads = estimate(stage("bf16")).memory_detail[0]
+    assert fp32_grads["step_only"] == 0
+    assert fp32_grads["total"] == pytest.approx(
+        sum(fp32_grads[k] for k in ("weights", "gradients", "optimizer", "activations")))
+    # with fewer activations than copies, the step is the peak
+    from labkit.estimate.memory import StageMemory
+    assert StageMemory(weights=1, gradients=1, optimizer=4, activations=0.5, in_flight=1, step_only=1).total == 6

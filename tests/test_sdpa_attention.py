@@ -150,7 +150,7 @@ def test_the_spec_renders_the_drivers_flag_and_megatron_lm_refuses_the_key():
         load_spec({"kernels": {"attention_backend": "sdpa"}, "job": {"extra_args": ["--attention-backend", "local"]}})
 
 
-def test_the_layer_specs_core_attention_is_replaced_in_dense_and_moe_layers():
+def test_the_layer_specs_core_attention_is_replaced_in_dense_and_moe_layers(world):
     from labkit.train import model
     from labkit.train.arguments import finish
     from labkit.train.attention import SDPAttention

@@ -90,10 +90,16 @@ class StageMemory:
     optimizer: float
     activations: float
     in_flight: float  # micro-batches whose activations are held at the peak
+    step_only: float = 0.0
+    """Of `optimizer`, what only the optimizer step holds (ModelState.step_only): the fp32 copies of 16-bit
+    gradients, freed before the next forward, so that they and the activations are never held at once."""
 
     @property
     def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.activations
+        """The peak: the larger of the two phases of a step, the forward and backward passes (the model state
+        without the step's copies, with the activations) and the optimizer step (all the model state, the activations
+        freed)."""
+        return self.weights + self.gradients + self.optimizer + max(0.0, self.activations - self.step_only)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "total": self.total}
@@ -138,8 +144,10 @@ def bytes_per_param(precision: str, data_parallel: int = 1, distributed_optimize
 #   one equal slice of every bucket, and keeps fp32 main parameters and Adam's moments for the parameter elements
 #   inside it: the padding costs weights and gradients, never optimizer state, so slices differ by a few elements.
 # - A 16-bit gradient buffer makes the optimizer step allocate fp32 copies of the gradients it updates
-#   (`main_param.grad = model_grad.float()`, optimizer.py and distrib_optimizer.py); they are held from the step to
-#   the next iteration's zero_grad, and are counted with the optimizer state as Megatron-LM's README counts them.
+#   (`main_param.grad = model_grad.float()`, optimizer.py and distrib_optimizer.py); they are counted with the
+#   optimizer state as Megatron-LM's README counts them, and held from the step to the next iteration's zero_grad,
+#   which sets them to None (set_to_none, _zero_grad_group_helper) before its forward: Megatron-LM's train_step and
+#   labkit's driver call it first thing. So they never coexist with activations (ModelState.step_only).
 # Not counted: the scalar Adam step counters and fp16 loss-scaler scalars (a few bytes per tensor).
 PARAM_ALIGNMENT = 64
 """With the distributed optimizer each parameter starts at a multiple of 64 elements (128 bytes of 16-bit values)."""
@@ -160,6 +168,9 @@ class ModelState:
     optimizer: int
     """For the parameter elements this rank updates: fp32 main parameters (16-bit training), Adam's exp_avg and
     exp_avg_sq (SGD's momentum), and fp32 copies of 16-bit gradients."""
+    step_only: int = 0
+    """Of `optimizer`, the fp32 copies of 16-bit gradients: made by the optimizer step, freed by the next
+    iteration's zero_grad before its forward (see the notes above)."""
     weights_working: int = 0
     """Of `weights`, Megatron-FSDP's temporary unsharded parameters (ZeRO-3): the layers all-gathered for the one
     being computed and those prefetched."""
@@ -355,8 +366,15 @@ def _state_dtypes(precision: str, grad_reduce_in_bf16: bool, optimizer: str) -> 
     grad_bytes = 2 if precision == "fp16" or (precision in ("bf16", *LOW_PRECISION) and grad_reduce_in_bf16) else 4
     per_element = {"adam": 8, "sgd": 4}[optimizer]
     if param_bytes == 2:
-        per_element += 4 + (4 if grad_bytes == 2 else 0)  # fp32 main parameters, fp32 copies of 16-bit gradients
+        per_element += 4 + step_gradient_copy_bytes(precision, grad_reduce_in_bf16)  # fp32 main parameters
     return param_bytes, grad_bytes, per_element
+
+
+def step_gradient_copy_bytes(precision: str, grad_reduce_in_bf16: bool = False) -> int:
+    """Bytes per updated element of the fp32 gradient copies megatron-core's optimizer step makes from a 16-bit
+    gradient buffer (fp16, or bf16 and FP8 with --grad-reduce-in-bf16): 4, else 0."""
+    sixteen_bit = precision == "fp16" or (precision in ("bf16", *LOW_PRECISION) and grad_reduce_in_bf16)
+    return 4 if sixteen_bit else 0
 
 
 def expert_data_parallel(tensor: int, context: int, data_parallel: int, expert: int = 1,
@@ -450,7 +468,8 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
             gradients += numel * grad_bytes
             into += mine
     updated = int(owned.max() if rank is None else owned[rank]) + int(owned_experts.max())
-    return ModelState(weights=weights, gradients=gradients, optimizer=updated * per_element)
+    return ModelState(weights=weights, gradients=gradients, optimizer=updated * per_element,
+                      step_only=updated * step_gradient_copy_bytes(precision, grad_reduce_in_bf16))
 
 
 # --- Megatron-FSDP (megatron/core/distributed/fsdp/src/megatron_fsdp, megatron-core 0.16.1) ---------------------------
@@ -606,6 +625,7 @@ def torch_fsdp2_model_state_bytes(shape: Shape, chunks: list[int], zero_stage: i
     return ModelState(weights=int((sharded + gathered) * param_bytes),
                       gradients=int((sharded + unsharded_grads) * grad_bytes),
                       optimizer=int(sharded * per_element),
+                      step_only=int(sharded * step_gradient_copy_bytes(precision, True)),
                       weights_working=0 if zero_stage == 2 else int(gathered * param_bytes),
                       gradients_working=int(unsharded_grads * grad_bytes))
 
@@ -807,17 +827,17 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
                         for n in partition]
     firsts = chunk_first_layers(chunks)
 
-    def model_state(i: int, params: float) -> tuple[float, float, float]:
+    def model_state(i: int, params: float) -> tuple[float, float, float, float]:
         if zero_stage and sharding.choose(zero_stage, zero_backend, entrypoint).implementation == sharding.DEEPSPEED:
-            return tuple(params * n for n in bytes_per_param(precision, data_parallel, zero_stage=zero_stage,
-                                                             optimizer=optimizer))
+            return *(params * n for n in bytes_per_param(precision, data_parallel, zero_stage=zero_stage,
+                                                         optimizer=optimizer)), 0.0
         state = model_state_bytes(shape, chunks[i], stage=i, pipeline=p, tensor=tensor, data_parallel=data_parallel,
                                   context=context, precision=precision, distributed_optimizer=distributed_optimizer,
                                   grad_reduce_in_bf16=grad_reduce_in_bf16, optimizer=optimizer,
                                   overlap_grad_reduce=overlap_grad_reduce, zero_stage=zero_stage, expert=expert,
                                   expert_tensor=expert_tensor, first_layers=firsts[i], entrypoint=entrypoint,
                                   transformer_impl=transformer_impl)
-        return state.weights, state.gradients, state.optimizer
+        return state.weights, state.gradients, state.optimizer, state.step_only
 
     act_scale = 2 if precision == "fp32" else 1
     s, b, h, t = shape.seq_length / context, micro_batch, shape.hidden, tensor
@@ -847,7 +867,7 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
             acts += held * (8 * s * b + mask) * act_scale  # token ids/positions and the embedding dropout mask
         if i == p - 1:
             acts += 4 * s * b * h * (1 + shape.vocab / h) / t  # fp32 logits and their gradient
-        weights, gradients, optimizer_state = model_state(i, params)
+        weights, gradients, optimizer_state, step_only = model_state(i, params)
         out.append(StageMemory(weights=weights / GIB, gradients=gradients / GIB, optimizer=optimizer_state / GIB,
-                               activations=acts / GIB, in_flight=held))
+                               activations=acts / GIB, in_flight=held, step_only=step_only / GIB))
     return out

@@ -26,7 +26,7 @@ from labkit.estimate import (Shape, allreduce_time, bytes_per_param, estimate, m
 from labkit.estimate.estimator import (MEMORY_MARGIN, expert_params_per_stage, flash_attention, profile_fits,
                                        profile_lookup, profiled_model)
 from labkit.estimate.calibration import Calibration, resolve
-from labkit.estimate.memory import GIB
+from labkit.estimate.memory import GIB, step_gradient_copy_bytes
 from labkit.estimate.timing import ACTIVATION_BYTES, GRAD_REDUCE_BYTES, ExpertLinks, Pipeline
 from labkit.estimate.topology import Topology
 from labkit.megatron import sharding, sizes
@@ -432,8 +432,12 @@ class _MemoryFloor:
         # megatron-core's DDP and distributed optimizer: the table's row for the precision (fp32 gradients in bf16)
         own_row = sharding.choose(zero, optimizer.zero_backend).megatron_core
         # FSDP and DeepSpeed: as if every part were sharded (their stages differ in what they gather back, and when)
-        return sum(bytes_per_param(spec.precision, shards, zero >= 1, 0 if own_row else 3, optimizer.name,
-                                   optimizer.grad_reduce_in_bf16))
+        per_param = sum(bytes_per_param(spec.precision, shards, zero >= 1, 0 if own_row else 3, optimizer.name,
+                                        optimizer.grad_reduce_in_bf16))
+        if own_row:  # the step's fp32 gradient copies are freed before the activations are made
+            per_param -= step_gradient_copy_bytes(spec.precision, optimizer.grad_reduce_in_bf16) / (
+                shards if zero >= 1 else 1)
+        return per_param
 
     def _params(self, t: int, p: int, ep: int, etp: int) -> tuple[list[float], float]:
         """Each stage's parameters without layers (embedding, output), and the fewest parameters of one layer."""
