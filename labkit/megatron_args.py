@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from labkit import deepspeed_config
 from labkit.megatron import sharding, sizes
 from labkit.megatron.flags import (DEFAULT_MERGES, DEFAULT_VOCAB, DRIVER_ATTENTION_BACKENDS, FLAG as F,
-                                   SHARDING_STRATEGIES, Flag)
+                                   OPTIMIZER_DTYPES, SHARDING_STRATEGIES, Flag)
 
 if TYPE_CHECKING:
     from labkit.spec import RunSpec
@@ -330,6 +330,11 @@ def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike 
             out.add("optimizer.zero_stage", F.ckpt_format, "fsdp_dtensor")
     if opt.grad_reduce_in_bf16:
         out.add("optimizer.grad_reduce_in_bf16", F.grad_reduce_in_bf16)
+    if opt.precision_aware:
+        out.add("optimizer.precision_aware", F.use_precision_aware_optimizer)
+    for key in OPTIMIZER_DTYPES:  # each one written, so that the rules refuse one without precision_aware
+        if getattr(opt, key) != "fp32":
+            out.add(f"optimizer.{key}", getattr(F, key), getattr(opt, key))
 
     out.add("train.iters", F.train_iters, tr.iters)
     out.add("train.log_interval", F.log_interval, tr.log_interval)

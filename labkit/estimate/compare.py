@@ -11,7 +11,7 @@ from typing import Mapping
 import pandas as pd
 
 from labkit.estimate.estimator import GIB, estimate
-from labkit.estimate.memory import bytes_per_param
+from labkit.estimate.memory import OptimizerDtypes, bytes_per_param
 from labkit.spec import RunSpec
 
 MIB = 2 ** 20
@@ -48,7 +48,8 @@ def compare(specs: Mapping[str, RunSpec], gpu: str | None = None) -> pd.DataFram
             "samples_per_s": spec.batch.global_ / est.iteration_time_s,
             "bytes_per_param": sum(bytes_per_param(spec.precision, spec.data_parallel, spec.optimizer.distributed,
                                                    optimizer=spec.optimizer.name, context=spec.parallel.context,
-                                                   grad_reduce_in_bf16=spec.optimizer.grad_reduce_in_bf16)),
+                                                   grad_reduce_in_bf16=spec.optimizer.grad_reduce_in_bf16,
+                                                   optimizer_dtypes=OptimizerDtypes.of(spec.optimizer))),
             **{f"{part}_mib": fullest[part] * GIB / MIB
                for part in ("weights", "gradients", "optimizer", "activations", "total")},
             "fits_in_memory": est.fits_in_memory,

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from labkit import catalog
 from labkit.estimate import flops as F
 from labkit.estimate.calibration import Calibration, resolve
-from labkit.estimate.memory import GIB, MOE_TOKEN_IMBALANCE, expert_data_parallel, memory_per_stage, moe_pattern
+from labkit.estimate.memory import (GIB, MOE_TOKEN_IMBALANCE, OptimizerDtypes, expert_data_parallel,
+                                    memory_per_stage, moe_pattern)
 from labkit.estimate.params import active_params, mlp_params, params_with_padding, stage_params, total_params
 from labkit.estimate.profiles import Profile, find_profile
 from labkit.estimate.timing import (ACTIVATION_BYTES, GRAD_REDUCE_BYTES, Pipeline, allreduce_time, combined,
@@ -112,7 +113,7 @@ def _add_main_grad_accumulation(chunk_times: list[list], spec, shape: Shape, gpu
     order = [spec.chunk_partition[u % p][u // p] for u in range(p * v)]  # chunk c of stage i is virtual stage c p + i
     expert = dict(expert=spec.parallel.expert, expert_tensor=spec.parallel.expert_tensor) if shape.moe else {}
     gradient = 4 if spec.precision == "fp32" else 2
-    buffer = 2 if spec.optimizer.grad_reduce_in_bf16 else GRAD_REDUCE_BYTES.get(spec.precision, 4)
+    buffer = 2 if spec.optimizer.bf16_gradients else GRAD_REDUCE_BYTES.get(spec.precision, 4)
     for u, params in enumerate(stage_params(shape, order, t, **expert)):
         i, k = u % p, u // p
         seconds = params * (gradient + 2 * buffer) / (catalog.gpu(gpus[i]).memory_bw_gb_s * 1e9)
@@ -262,8 +263,9 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     # with expert parallelism the experts' gradients are reduced over the expert-data-parallel group, apart
     experts_by_stage = expert_params_per_stage(shape, partition, t, ep, etp)
     edp = expert_data_parallel(t, c, d, ep, etp) if shape.moe else 1
-    # --grad-reduce-in-bf16 reduces bf16 gradients, where Megatron-LM's bf16 default reduces fp32 ones
-    grad_bytes = grad_reduce_bytes or (2 if spec.optimizer.grad_reduce_in_bf16 else GRAD_REDUCE_BYTES.get(precision, 4))
+    # --grad-reduce-in-bf16 (or --main-grads-dtype bf16) reduces bf16 gradients, where Megatron-LM's bf16 default
+    # reduces fp32 ones
+    grad_bytes = grad_reduce_bytes or (2 if spec.optimizer.bf16_gradients else GRAD_REDUCE_BYTES.get(precision, 4))
     zero_stage = shard.stage
     fsdp2 = shard.implementation == sharding.TORCH_FSDP2
     if fsdp2:  # FSDP2 reduce-scatters in the parameters' dtype
@@ -352,7 +354,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                            flash_attention=flash, context=c, chunks=chunks,
                            grad_reduce_in_bf16=spec.optimizer.grad_reduce_in_bf16, overlap_grad_reduce=overlap_dp,
                            expert=ep, expert_tensor=etp, recompute_modules=recompute_modules,
-                           entrypoint=spec.job.entrypoint, transformer_impl=transformer_impl)
+                           entrypoint=spec.job.entrypoint, transformer_impl=transformer_impl,
+                           optimizer_dtypes=OptimizerDtypes.of(spec.optimizer))
     limits = [catalog.gpu(g).memory_limit_gb for g in gpus]
     fits = all(s.total <= (1 - MEMORY_MARGIN) * lim for s, lim in zip(mem, limits))
 

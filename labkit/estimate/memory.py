@@ -107,10 +107,12 @@ class StageMemory:
 
 def bytes_per_param(precision: str, data_parallel: int = 1, distributed_optimizer: bool = False, zero_stage: int = 0,
                     optimizer: str = "adam", grad_reduce_in_bf16: bool = False,
-                    context: int = 1) -> tuple[float, float, float]:
+                    context: int = 1, optimizer_dtypes: OptimizerDtypes | None = None) -> tuple[float, float, float]:
     """(weight, gradient, optimizer) bytes per parameter on one GPU, the table's idea without megatron-core's padding
     (`model_state_bytes` has it). The distributed optimizer shards over data x context ranks; `grad_reduce_in_bf16`
-    (Megatron-LM's --grad-reduce-in-bf16) keeps bf16 gradients, and the step fp32 copies of them, as fp16 does.
+    (Megatron-LM's --grad-reduce-in-bf16) keeps bf16 gradients, and the step fp32 copies of them, as fp16 does;
+    `optimizer_dtypes` (the precision-aware optimizer, with the distributed optimizer) stores the optimizer's part in
+    its dtypes (OptimizerDtypes).
 
     Taught in labs 02 and 09.
     """
@@ -124,6 +126,9 @@ def bytes_per_param(precision: str, data_parallel: int = 1, distributed_optimize
         if optimizer == "sgd":
             opt -= 4
         return (weight / d if zero_stage == 3 else weight, grad / d if zero_stage >= 2 else grad, opt / d)
+    if optimizer_dtypes is not None:
+        weight, grad, opt, _ = _state_dtypes(precision, grad_reduce_in_bf16, optimizer, optimizer_dtypes)
+        return weight, grad, opt / (d * max(1, context))
     weight, grad, opt = _MODEL_STATE[precision]
     if grad_reduce_in_bf16 and precision in ("bf16", *LOW_PRECISION):
         grad, opt = 2, opt + 4
@@ -354,27 +359,66 @@ def grad_buffer_elements(shape: Shape, layers: int, *, tensor: int = 1, pre_proc
     return numel, owned
 
 
-def _state_dtypes(precision: str, grad_reduce_in_bf16: bool, optimizer: str) -> tuple[int, int, int]:
-    """(parameter, gradient, optimizer-state) bytes per element as Megatron keeps them."""
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+"""Bytes per element of the precision-aware optimizer's dtypes (fp8: Transformer Engine's uint8 storage with one fp32
+scale per tensor, not counted)."""
+
+
+@dataclass(frozen=True)
+class OptimizerDtypes:
+    """Megatron's precision-aware optimizer (--use-precision-aware-optimizer; spec optimizer.precision_aware and its
+    four dtypes). megatron-core 0.16.1 (optimizer/__init__.py, distrib_optimizer.py) hands Transformer Engine's
+    FusedAdam the distributed optimizer's shards of the 16-bit weights themselves, with master_weights in
+    `main_params` and the gradient buffer's shard as their `decoupled_grad` (no fp32 copies); FusedAdam
+    (transformer_engine/pytorch/optimizers/fused_adam.py) stores exp_avg and exp_avg_sq in their dtypes and an fp32
+    master beside bf16 weights as its 16 low bits (store_param_remainders). Except under MXFP8 with fp32 main
+    parameters (use_precision_aware_optimizer_no_fp8_or_ds_fp8 false): megatron-core then keeps its own fp32 main
+    parameters and the step's gradient copies, and FusedAdam only the moments in their dtypes."""
+    main_grads: str = "fp32"
+    main_params: str = "fp32"
+    exp_avg: str = "fp32"
+    exp_avg_sq: str = "fp32"
+
+    @classmethod
+    def of(cls, optimizer) -> OptimizerDtypes | None:
+        """A spec's optimizer section's dtypes; None without precision_aware."""
+        if not optimizer.precision_aware:
+            return None
+        return cls(optimizer.main_grads_dtype, optimizer.main_params_dtype, optimizer.exp_avg_dtype,
+                   optimizer.exp_avg_sq_dtype)
+
+
+def _state_dtypes(precision: str, grad_reduce_in_bf16: bool, optimizer: str,
+                  dtypes: OptimizerDtypes | None = None) -> tuple[int, int, int, int]:
+    """(parameter, gradient, optimizer-state, step-only) bytes per element as Megatron keeps them; the last is the
+    part of the optimizer state that only the step holds (its fp32 copies of 16-bit gradients)."""
     if precision not in _MODEL_STATE:
         raise ValueError(f"precision: {precision!r} is not one of {', '.join(_MODEL_STATE)}")
     if optimizer not in ("adam", "sgd"):
         raise ValueError(f"optimizer: {optimizer!r} is not adam or sgd")
     param_bytes = 4 if precision == "fp32" else 2
-    # Megatron-LM's validate_args: bf16 (and FP8 inside bf16) reduces in fp32 unless --grad-reduce-in-bf16; fp16 and
-    # fp32 keep the parameters' dtype.
-    grad_bytes = 2 if precision == "fp16" or (precision in ("bf16", *LOW_PRECISION) and grad_reduce_in_bf16) else 4
-    per_element = {"adam": 8, "sgd": 4}[optimizer]
-    if param_bytes == 2:
-        per_element += 4 + step_gradient_copy_bytes(precision, grad_reduce_in_bf16)  # fp32 main parameters
-    return param_bytes, grad_bytes, per_element
+    bf16 = precision in ("bf16", *LOW_PRECISION)
+    # Megatron-LM's validate_args: bf16 (and FP8 inside bf16) reduces in fp32 unless --grad-reduce-in-bf16 or
+    # --main-grads-dtype bf16; fp16 and fp32 keep the parameters' dtype.
+    bf16_grads = grad_reduce_in_bf16 or (dtypes is not None and dtypes.main_grads == "bf16")
+    grad_bytes = 2 if precision == "fp16" or (bf16 and bf16_grads) else 4
+    copies = 4 if param_bytes == 2 and grad_bytes == 2 else 0
+    if dtypes is None:
+        main = 4 if param_bytes == 2 else 0
+        return param_bytes, grad_bytes, main + {"adam": 8, "sgd": 4}[optimizer] + copies, copies
+    moments = DTYPE_BYTES[dtypes.exp_avg] + DTYPE_BYTES[dtypes.exp_avg_sq]
+    if dtypes.main_params == "fp32" and precision == "mxfp8":  # megatron-core's own main parameters and copies
+        return param_bytes, grad_bytes, 4 + moments + copies, copies
+    main = 2 if dtypes.main_params == "fp32" and bf16 else DTYPE_BYTES[dtypes.main_params]
+    return param_bytes, grad_bytes, main + moments, 0
 
 
-def step_gradient_copy_bytes(precision: str, grad_reduce_in_bf16: bool = False) -> int:
+def step_gradient_copy_bytes(precision: str, grad_reduce_in_bf16: bool = False,
+                             dtypes: OptimizerDtypes | None = None) -> int:
     """Bytes per updated element of the fp32 gradient copies megatron-core's optimizer step makes from a 16-bit
-    gradient buffer (fp16, or bf16 and FP8 with --grad-reduce-in-bf16): 4, else 0."""
-    sixteen_bit = precision == "fp16" or (precision in ("bf16", *LOW_PRECISION) and grad_reduce_in_bf16)
-    return 4 if sixteen_bit else 0
+    gradient buffer (fp16, or bf16 and FP8 with --grad-reduce-in-bf16): 4, else 0; 0 where the precision-aware
+    optimizer reads the buffer itself."""
+    return _state_dtypes(precision, grad_reduce_in_bf16, "adam", dtypes)[3]
 
 
 def expert_data_parallel(tensor: int, context: int, data_parallel: int, expert: int = 1,
@@ -407,7 +451,7 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
                       overlap_grad_reduce: bool = False, rank: int | None = None, zero_stage: int = 0,
                       expert: int = 1, expert_tensor: int | None = None,
                       first_layers: list[int] | None = None, entrypoint: str = "labkit",
-                      transformer_impl: str = "local") -> ModelState:
+                      transformer_impl: str = "local", optimizer_dtypes: OptimizerDtypes | None = None) -> ModelState:
     """Weights, gradients and optimizer state in bytes on one GPU of pipeline stage `stage`, exactly as megatron-core
     0.16.1 allocates them (see the notes above). `chunks`: the transformer layers of each of the stage's model chunks
     (one without interleaving). `rank`: the GPU's rank in the data x context group; None: the one that updates the
@@ -424,13 +468,15 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
     context (megatron/core/distributed/distributed_data_parallel.py: `expert_parallel_params` get their
     _ParamAndGradBuffer over intra_expt_dp_group; megatron/core/optimizer/__init__.py builds a distributed optimizer
     per group). `first_layers`: the first layer of each chunk, which says which of its layers are MoE; None: the
-    chunks of every stage as this one's.
+    chunks of every stage as this one's. `optimizer_dtypes`: the precision-aware optimizer's (OptimizerDtypes), None
+    without it.
 
     Taught in lab 09.
     """
     import numpy as np
 
-    param_bytes, grad_bytes, per_element = _state_dtypes(precision, grad_reduce_in_bf16, optimizer)
+    param_bytes, grad_bytes, per_element, copies = _state_dtypes(precision, grad_reduce_in_bf16, optimizer,
+                                                                 optimizer_dtypes)
     if first_layers is None:
         first_layers = [(k * pipeline + stage) * layers for k, layers in enumerate(chunks)]
     if zero_stage in (2, 3) and sharding.choose(zero_stage, entrypoint=entrypoint).implementation == \
@@ -444,7 +490,8 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
                                       data_parallel=data_parallel, context=context, precision=precision,
                                       grad_reduce_in_bf16=grad_reduce_in_bf16, optimizer=optimizer,
                                       overlap_grad_reduce=overlap_grad_reduce, expert=expert,
-                                      expert_tensor=expert_tensor, first_layers=first_layers)
+                                      expert_tensor=expert_tensor, first_layers=first_layers,
+                                      optimizer_dtypes=optimizer_dtypes)
     distributed_optimizer = distributed_optimizer or zero_stage == 1
     shards = data_parallel * context
     expert_shards = expert_data_parallel(tensor, context, data_parallel, expert, expert_tensor)
@@ -469,7 +516,7 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
             into += mine
     updated = int(owned.max() if rank is None else owned[rank]) + int(owned_experts.max())
     return ModelState(weights=weights, gradients=gradients, optimizer=updated * per_element,
-                      step_only=updated * step_gradient_copy_bytes(precision, grad_reduce_in_bf16))
+                      step_only=updated * copies)
 
 
 # --- Megatron-FSDP (megatron/core/distributed/fsdp/src/megatron_fsdp, megatron-core 0.16.1) ---------------------------
@@ -499,14 +546,16 @@ def fsdp_model_state_bytes(shape: Shape, chunks: list[int], zero_stage: int, *, 
                            tensor: int = 1, data_parallel: int = 1, context: int = 1, precision: str = "bf16",
                            grad_reduce_in_bf16: bool = False, optimizer: str = "adam",
                            overlap_grad_reduce: bool = False, expert: int = 1, expert_tensor: int | None = None,
-                           first_layers: list[int] | None = None) -> ModelState:
+                           first_layers: list[int] | None = None,
+                           optimizer_dtypes: OptimizerDtypes | None = None) -> ModelState:
     """One GPU's model state under Megatron-FSDP at ZeRO stage 2 (optim_grads) or 3 (optim_grads_params), working
     buffers included (see the notes above), in bytes. With expert parallelism the local experts are sharded over the
     expert-data-parallel ranks (Megatron-FSDP's expert data-parallel shard group) and the rest over data x context;
     the working buffers are counted over both together."""
     if zero_stage not in (2, 3):
         raise ValueError(f"zero_stage: Megatron-FSDP shards at stage 2 or 3, not {zero_stage}")
-    param_bytes, grad_bytes, per_element = _state_dtypes(precision, grad_reduce_in_bf16, optimizer)
+    param_bytes, grad_bytes, per_element, _ = _state_dtypes(precision, grad_reduce_in_bf16, optimizer,
+                                                            optimizer_dtypes)
     shards = data_parallel * context
     expert_shards = expert_data_parallel(tensor, context, data_parallel, expert, expert_tensor)
     etp = sizes.expert_tensor_size(tensor, expert_tensor)
@@ -592,7 +641,7 @@ def torch_fsdp2_model_state_bytes(shape: Shape, chunks: list[int], zero_stage: i
     if zero_stage not in (2, 3):
         raise ValueError(f"zero_stage: FSDP2 shards at stage 2 or 3, not {zero_stage}")
     # FSDP2 reduces in the parameters' dtype: Megatron's 16-bit optimizer then keeps fp32 copies of the gradients
-    param_bytes, grad_bytes, per_element = _state_dtypes(precision, True, optimizer)
+    param_bytes, grad_bytes, per_element, copies = _state_dtypes(precision, True, optimizer)
     shards = data_parallel * context
     etp = sizes.expert_tensor_size(tensor, expert_tensor)
     if first_layers is None:
@@ -625,7 +674,7 @@ def torch_fsdp2_model_state_bytes(shape: Shape, chunks: list[int], zero_stage: i
     return ModelState(weights=int((sharded + gathered) * param_bytes),
                       gradients=int((sharded + unsharded_grads) * grad_bytes),
                       optimizer=int(sharded * per_element),
-                      step_only=int(sharded * step_gradient_copy_bytes(precision, True)),
+                      step_only=int(sharded * copies),
                       weights_working=0 if zero_stage == 2 else int(gathered * param_bytes),
                       gradients_working=int(unsharded_grads * grad_bytes))
 
@@ -810,12 +859,14 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
                      chunks: list[list[int]] | None = None, expert: int = 1,
                      expert_tensor: int | None = None,
                      recompute_modules: tuple[str, ...] | list[str] | None = None,
-                     entrypoint: str = "labkit", transformer_impl: str = "local") -> list[StageMemory]:
+                     entrypoint: str = "labkit", transformer_impl: str = "local",
+                     optimizer_dtypes: OptimizerDtypes | None = None) -> list[StageMemory]:
     """Peak memory of one GPU in each pipeline stage (GiB), without the CUDA context and allocator slack.
 
     Weights, gradients and optimizer state are megatron-core's (`model_state_bytes`, on the data x context rank that
     updates the most; `zero_stage` 1 the distributed optimizer, 2 and 3 FSDP2 on labkit's driver or Megatron-FSDP
-    on Megatron-LM (`entrypoint`), with their working buffers; `transformer_impl` decides FSDP2's units) unless
+    on Megatron-LM (`entrypoint`), with their working buffers; `transformer_impl` decides FSDP2's units;
+    `optimizer_dtypes` the precision-aware optimizer's) unless
     `zero_backend` is deepspeed, whose ZeRO is counted from the bytes-per-parameter table.
     `chunks`: the transformer layers of each stage's model chunks; by default each stage's layers split evenly over
     `virtual_stages`. `expert`, `expert_tensor`: a mixture-of-experts model's expert-parallel and expert-tensor sizes
@@ -836,7 +887,7 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
                                   grad_reduce_in_bf16=grad_reduce_in_bf16, optimizer=optimizer,
                                   overlap_grad_reduce=overlap_grad_reduce, zero_stage=zero_stage, expert=expert,
                                   expert_tensor=expert_tensor, first_layers=firsts[i], entrypoint=entrypoint,
-                                  transformer_impl=transformer_impl)
+                                  transformer_impl=transformer_impl, optimizer_dtypes=optimizer_dtypes)
         return state.weights, state.gradients, state.optimizer, state.step_only
 
     act_scale = 2 if precision == "fp32" else 1

@@ -45,6 +45,10 @@ core, the dense MLP, the two norms, the MoE layer, its experts' activation funct
 multi-latent attention's up projection."""
 SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 """Megatron-LM's --data-parallel-sharding-strategy choices, ZeRO stages 0 to 3 in Megatron-FSDP's names."""
+OPTIMIZER_DTYPES = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype": ("fp32", "fp16"),
+                    "exp_avg_dtype": ("fp32", "fp16", "bf16", "fp8"), "exp_avg_sq_dtype": ("fp32", "fp16", "bf16", "fp8")}
+"""The precision-aware optimizer's dtypes and Megatron-LM's choices for each (--main-grads-dtype, --main-params-dtype,
+--exp-avg-dtype, --exp-avg-sq-dtype; fp32 the default of all four)."""
 
 
 @dataclass(frozen=True)
@@ -274,6 +278,17 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--adam-beta2", type=float, default=0.999, group=OPTIMIZER),
     Flag("--adam-eps", type=float, default=1e-08, group=OPTIMIZER),
     Flag("--sgd-momentum", type=float, default=0.9, group=OPTIMIZER),
+    Flag("--use-precision-aware-optimizer", action="store_true",
+         help="Transformer Engine's FusedAdam keeps the master weights and Adam's moments in the dtypes below (with "
+              "--use-distributed-optimizer; GPUs)", group=OPTIMIZER),
+    Flag("--main-grads-dtype", choices=OPTIMIZER_DTYPES["main_grads_dtype"], default="fp32",
+         help="the gradient buffer the precision-aware optimizer reads", group=OPTIMIZER),
+    Flag("--main-params-dtype", choices=OPTIMIZER_DTYPES["main_params_dtype"], default="fp32",
+         help="the precision-aware optimizer's master weights", group=OPTIMIZER),
+    Flag("--exp-avg-dtype", choices=OPTIMIZER_DTYPES["exp_avg_dtype"], default="fp32",
+         help="Adam's first moment as the precision-aware optimizer stores it", group=OPTIMIZER),
+    Flag("--exp-avg-sq-dtype", choices=OPTIMIZER_DTYPES["exp_avg_sq_dtype"], default="fp32",
+         help="Adam's second moment as the precision-aware optimizer stores it", group=OPTIMIZER),
 
     Flag("--train-iters", type=int, required=True, group=SCHEDULE),
     Flag("--log-interval", type=int, default=100, group=SCHEDULE),

@@ -533,6 +533,30 @@ def _sharding_problems(args, world_size: int, runtime: Runtime, name: Name) -> l
                                  f"{name('use_torch_fsdp2')} (PyTorch FSDP2 through megatron-core), or Megatron-LM's "
                                  "pretrain_gpt.py"))
     found += _deepspeed_problems(args, runtime, name)
+    found += _precision_aware_problems(args, runtime, name)
+    return found
+
+
+def _precision_aware_problems(args, runtime: Runtime, name: Name) -> list[Problem]:
+    """megatron-core 0.16.1's OptimizerConfig.__post_init__: the precision-aware optimizer steps Adam under the
+    distributed optimizer with Transformer Engine's FusedAdam, and without it the main gradients and parameters stay
+    fp32; Megatron-LM's validate_args: bf16 gradients with --bf16. The moments' dtypes, which megatron-core ignores
+    without it, are refused rather than ignored."""
+    if not args.use_precision_aware_optimizer:
+        return [Problem(key, f"{getattr(args, key)} needs {name('use_precision_aware_optimizer')}; add it, or use fp32")
+                for key in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+                if getattr(args, key) != "fp32"]
+    found = []
+    if args.optimizer != "adam":
+        found.append(Problem("use_precision_aware_optimizer", f"steps Adam only; use {name('optimizer')} adam"))
+    if not args.use_distributed_optimizer:
+        found.append(Problem("use_precision_aware_optimizer", f"needs {name('use_distributed_optimizer')}, whose "
+                             "shards it keeps"))
+    if not (runtime.transformer_engine and runtime.cuda):
+        found.append(Problem("use_precision_aware_optimizer", "needs Transformer Engine's FusedAdam, on GPUs with "
+                             "the transformer_engine package; leave it out where they are not"))
+    if args.main_grads_dtype == "bf16" and not args.bf16:
+        found.append(Problem("main_grads_dtype", f"bf16 gradients need bf16 training ({name('bf16')}); use fp32"))
     return found
 
 

@@ -26,7 +26,7 @@ from labkit.estimate import (Shape, allreduce_time, bytes_per_param, estimate, m
 from labkit.estimate.estimator import (MEMORY_MARGIN, expert_params_per_stage, flash_attention, profile_fits,
                                        profile_lookup, profiled_model)
 from labkit.estimate.calibration import Calibration, resolve
-from labkit.estimate.memory import GIB, step_gradient_copy_bytes
+from labkit.estimate.memory import GIB, OptimizerDtypes, step_gradient_copy_bytes
 from labkit.estimate.timing import ACTIVATION_BYTES, GRAD_REDUCE_BYTES, ExpertLinks, Pipeline
 from labkit.estimate.topology import Topology
 from labkit.megatron import sharding, sizes
@@ -212,6 +212,8 @@ def expert_sizes(base: RunSpec, shape: Shape, tensor: int, pipeline: int, data: 
     stages = ([0, 1] + ([2, 3] if pipeline == 1 and fully_sharded else [])) if data > 1 else [0]
     if constraints.zero_stage is not SEARCHED:
         stages = [constraints.zero_stage]
+    elif base.optimizer.precision_aware:
+        stages = [1]
     fixed = constraints.recompute is not SEARCHED
     plain = (constraints.recompute.granularity if constraints.recompute else None) if fixed else None
     limit = (1 - MEMORY_MARGIN) * memory_gb
@@ -222,7 +224,8 @@ def expert_sizes(base: RunSpec, shape: Shape, tensor: int, pipeline: int, data: 
             shape, even, tensor=tensor, data_parallel=data, micro_batch=1, num_micro_batches=1,
             precision=base.precision, recompute=recompute, sequence_parallel=tensor > 1, zero_stage=max(stages),
             distributed_optimizer=max(stages) >= 1, flash_attention=flash, context=context, expert=ep,
-            expert_tensor=etp, optimizer=base.optimizer.name)) <= limit
+            expert_tensor=etp, optimizer=base.optimizer.name,
+            optimizer_dtypes=OptimizerDtypes.of(base.optimizer) if max(stages) == 1 else None)) <= limit
 
     recompute = plain if fixed else "full"
     return [(ep, etp) for etp, eps in by_tensor.items() for ep in eps if fits(ep, etp, recompute)]
@@ -379,6 +382,7 @@ def _memory_caps(spec: RunSpec, shape: Shape, links: _Links, flash: bool) -> lis
               zero_stage=spec.optimizer.zero_stage, zero_backend=spec.optimizer.zero_backend,
               optimizer=spec.optimizer.name, flash_attention=flash, context=spec.parallel.context,
               grad_reduce_in_bf16=spec.optimizer.grad_reduce_in_bf16,
+              optimizer_dtypes=OptimizerDtypes.of(spec.optimizer),
               overlap_grad_reduce=spec.kernels.overlap_grad_reduce, entrypoint=spec.job.entrypoint,
               expert=spec.parallel.expert, expert_tensor=spec.parallel.expert_tensor)
     zero, one = ([m.total for m in memory_per_stage(shape, [n] * p, **kw)] for n in (0, 1))
@@ -432,10 +436,11 @@ class _MemoryFloor:
         # megatron-core's DDP and distributed optimizer: the table's row for the precision (fp32 gradients in bf16)
         own_row = sharding.choose(zero, optimizer.zero_backend).megatron_core
         # FSDP and DeepSpeed: as if every part were sharded (their stages differ in what they gather back, and when)
+        dtypes = OptimizerDtypes.of(optimizer)
         per_param = sum(bytes_per_param(spec.precision, shards, zero >= 1, 0 if own_row else 3, optimizer.name,
-                                        optimizer.grad_reduce_in_bf16))
+                                        optimizer.grad_reduce_in_bf16, optimizer_dtypes=dtypes if own_row else None))
         if own_row:  # the step's fp32 gradient copies are freed before the activations are made
-            per_param -= step_gradient_copy_bytes(spec.precision, optimizer.grad_reduce_in_bf16) / (
+            per_param -= step_gradient_copy_bytes(spec.precision, optimizer.grad_reduce_in_bf16, dtypes) / (
                 shards if zero >= 1 else 1)
         return per_param
 
@@ -585,6 +590,8 @@ def _variants(spec: RunSpec, constraints: Constraints, fully_sharded: bool):
     stages = ([0, 1] + ([2, 3] if sharded else [])) if spec.data_parallel > 1 else [0]
     if constraints.zero_stage is not SEARCHED:
         stages = [constraints.zero_stage]
+    elif spec.optimizer.precision_aware:  # it keeps the distributed optimizer's shards
+        stages = [1]
     elif constraints.distributed_optimizer is not SEARCHED:
         stages = [z for z in stages if (z >= 1) == constraints.distributed_optimizer]
     for recompute in recomputes:

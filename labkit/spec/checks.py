@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from labkit import catalog, deepspeed_config
 from labkit.megatron import rules, sharding, sizes
 from labkit.megatron.flags import (ATTENTION_BACKENDS, DRIVER_ATTENTION_BACKENDS, FLAG, MOE_LOAD_BALANCING_TYPES,
-                                   MOE_TOKEN_DISPATCHERS,
+                                   MOE_TOKEN_DISPATCHERS, OPTIMIZER_DTYPES,
                                    NORMALIZATIONS, POSITION_EMBEDDING_TYPES, RECOMPUTE_MODULES, TOKENIZER_TYPES,
                                    ArgumentError,
                                    build_parser, flag_errors)
@@ -76,7 +76,8 @@ SPEC_FIELDS = {"num_attention_heads": "model.num_attention_heads", "hidden_size"
                "moe_grouped_gemm": "model.moe_grouped_gemm", "moe_ffn_hidden_size": "model.moe_ffn_hidden_size",
                "moe_shared_expert_intermediate_size": "model.moe_shared_expert_intermediate_size",
                "moe_token_dispatcher_type": "model.moe_token_dispatcher_type",
-               "recompute_granularity": "recompute.granularity", "recompute_modules": "recompute.modules"}
+               "recompute_granularity": "recompute.granularity", "recompute_modules": "recompute.modules",
+               "use_precision_aware_optimizer": "optimizer.precision_aware"}
 """The spec field that sets each Megatron argument (argparse dest) labkit.megatron.rules speaks of, where the spec
 renders no flag for it: a rule may name an argument the command line lacks ("needs --use-distributed-optimizer")."""
 
@@ -326,6 +327,9 @@ def _check_optimizer(spec: RunSpec) -> list[str]:
     if opt.grad_reduce_in_bf16 and spec.precision not in ("bf16", "fp8"):
         errors.append(f"optimizer.grad_reduce_in_bf16: reduces bf16 gradients, and precision is {spec.precision}; "
                       "set precision: bf16 (or fp8), or leave it out")
+    for key, choices in OPTIMIZER_DTYPES.items():
+        if getattr(opt, key) not in choices:
+            errors.append(f"optimizer.{key}: {quote(getattr(opt, key))} is not one of {', '.join(choices)}")
     return errors
 
 

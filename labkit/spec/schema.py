@@ -248,6 +248,28 @@ class OptimizerSpec:
     grad_reduce_in_bf16: bool = False
     """Keep and reduce gradients in bf16 rather than fp32 (--grad-reduce-in-bf16; precision bf16 or fp8): half the
     gradient buffer and its data-parallel traffic, while the optimizer step makes fp32 copies of its shard."""
+    precision_aware: bool = False
+    """Megatron's precision-aware optimizer (--use-precision-aware-optimizer): Transformer Engine's FusedAdam keeps
+    the master weights and Adam's moments in the four dtypes below, and steps on the gradient buffer itself (no fp32
+    copies). Adam with the distributed optimizer, on GPUs with Transformer Engine. Megatron's MoE recipes store the
+    moments in bf16 this way, 4 bytes per parameter instead of 8, before sharding."""
+    main_grads_dtype: str = "fp32"
+    """fp32 or bf16 (--main-grads-dtype; with precision_aware and precision bf16 or FP8): the gradient buffer the
+    optimizer reads; bf16 halves it and its data-parallel traffic, as grad_reduce_in_bf16 does."""
+    main_params_dtype: str = "fp32"
+    """fp32 or fp16 (--main-params-dtype; with precision_aware): the master weights. fp32 beside bf16 weights is kept
+    as the 16 bits bf16 lacks (Transformer Engine's store_param_remainders, on by default): 2 bytes a parameter."""
+    exp_avg_dtype: str = "fp32"
+    """fp32, fp16, bf16 or fp8 (--exp-avg-dtype; with precision_aware): Adam's first moment as stored; the kernel
+    computes in fp32."""
+    exp_avg_sq_dtype: str = "fp32"
+    """fp32, fp16, bf16 or fp8 (--exp-avg-sq-dtype; with precision_aware): Adam's second moment as stored."""
+
+    @property
+    def bf16_gradients(self) -> bool:
+        """The gradient buffer is bf16 (with bf16 or FP8 training): grad_reduce_in_bf16, or the precision-aware
+        optimizer's main_grads_dtype bf16."""
+        return self.grad_reduce_in_bf16 or (self.precision_aware and self.main_grads_dtype == "bf16")
 
 
 @dataclass

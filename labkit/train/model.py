@@ -304,9 +304,9 @@ def build_model(args, config: TransformerConfig) -> list[torch.nn.Module]:
                 unit.set_reshard_after_backward(False, recurse=False)
         return chunks
     ddp_config = DistributedDataParallelConfig(
-        # Megatron-LM's validate_args: bf16 accumulates and reduces gradients in fp32 unless --grad-reduce-in-bf16;
-        # fp16 keeps fp16 gradients (the optimizer step makes fp32 copies)
-        grad_reduce_in_fp32=args.bf16 and not args.grad_reduce_in_bf16,
+        # Megatron-LM's validate_args: bf16 accumulates and reduces gradients in fp32 unless --grad-reduce-in-bf16 or
+        # --main-grads-dtype bf16; fp16 keeps fp16 gradients (the optimizer step makes fp32 copies)
+        grad_reduce_in_fp32=args.bf16 and not args.grad_reduce_in_bf16 and args.main_grads_dtype == "fp32",
         overlap_grad_reduce=args.overlap_grad_reduce,
         overlap_param_gather=args.overlap_param_gather,
         use_distributed_optimizer=args.use_distributed_optimizer,

@@ -105,6 +105,10 @@ def build_optimizer(args, model, config):
         adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
         sgd_momentum=args.sgd_momentum, use_distributed_optimizer=args.use_distributed_optimizer,
         clip_grad=args.clip_grad, timers=config.timers,
+        use_precision_aware_optimizer=args.use_precision_aware_optimizer,
+        # Megatron-LM's validate_args maps the names so, fp8 to the uint8 Transformer Engine's FusedAdam stores
+        **{key: {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.uint8}[
+            getattr(args, key)] for key in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")},
     )
     optimizer = get_megatron_optimizer(opt_config, model, use_gloo_process_groups=False)
     scheduler = OptimizerParamScheduler(
