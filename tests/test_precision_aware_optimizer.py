@@ -134,3 +134,7 @@ def test_the_estimate_and_the_planner_count_it():
     params = stage_params(Shape.of(fp32_state.model), [32])[0]
     assert before["optimizer"] - after["optimizer"] == pytest.approx((12 - 6) * params / 8 / GIB, rel=1e-4)
     assert after["total"] < before["total"]
+    # and says what it assumed
+    assert "the optimizer state as Transformer Engine's FusedAdam keeps it (optimizer.precision_aware): gradients " \
+           "fp32, master weights fp32 as the 16 bits bf16 lacks, exp_avg bf16, exp_avg_sq bf16" in \
+           estimate(bf16_state).assumptions

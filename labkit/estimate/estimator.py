@@ -382,6 +382,17 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                            f"{dp_comm:.3g} s exposed (fewer, larger micro-batches gather less)")
     if spec.recompute is not None and spec.recompute.granularity == "selective":
         assumptions.append("selective recompute of " + ", ".join(recompute_modules or SELECTIVE_DEFAULT))
+    if spec.optimizer.precision_aware:
+        o = spec.optimizer
+        gradients = "fp16" if precision == "fp16" else "bf16" if o.bf16_gradients else "fp32"  # the buffer's dtype
+        master = o.main_params_dtype
+        if master == "fp32" and precision == "mxfp8":
+            master += " (megatron-core's)"
+        elif master == "fp32" and precision not in ("fp32", "fp16"):
+            master += " as the 16 bits bf16 lacks"
+        assumptions.append(f"the optimizer state as Transformer Engine's FusedAdam keeps it (optimizer.precision_aware):"
+                           f" gradients {gradients}, master weights {master}, exp_avg {o.exp_avg_dtype}, exp_avg_sq "
+                           f"{o.exp_avg_sq_dtype}")
     if shape.moe:
         assumptions.append(f"tokens spread over the experts {MOE_TOKEN_IMBALANCE:g} x evenly "
                            "(labkit.estimate.memory.MOE_TOKEN_IMBALANCE), none dropped")
