@@ -140,6 +140,8 @@ KEY: dict[str, Callable[..., None]] = {
     "09.2": lambda a: check_number(a, (2 + 14 / 64) * 7.5, name=say("exercise.09.2"), rel_tol=0.01,
                                    hint=say("hint.09.2")),
     "09.3": _lab09_sequence_parallel,
+    "09.4": lambda a: check_number(a, 2 + 4 + 6 / 8, name=say("exercise.09.4"), rel_tol=0.01,
+                                   hint=say("hint.09.4")),
     "10.1": _lab10_active,
     "10.2": _lab10_expert_share,
     "10.3": lambda a: check_number(a, 4096 * 1 * 2 // 8, name=say("exercise.10.3"), rel_tol=0.0,

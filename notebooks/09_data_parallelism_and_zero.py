@@ -313,3 +313,15 @@ answer_3 = ...
 
 # %%
 check("09.3", answer_3)
+
+# %% [markdown]
+# **Exercise 4 (homework).** Megatron's precision-aware optimizer (`optimizer.precision_aware`, Transformer Engine's
+# FusedAdam) keeps bf16 training's fp32 master weights as the 16 bits bf16 lacks (2 bytes a parameter) and can store
+# Adam's two moments in bf16. With bf16 moments, fp32 gradients and the distributed optimizer over 8 data-parallel
+# GPUs, how many bytes per parameter does each GPU hold?
+
+# %%
+answer_4 = ...
+
+# %%
+check("09.4", answer_4)

@@ -318,3 +318,15 @@ answer_3 = ...
 
 # %%
 check("09.3", answer_3)
+
+# %% [markdown]
+# **연습 문제 4 (과제).** Megatron의 정밀도 인식 옵티마이저(precision-aware optimizer, `optimizer.precision_aware`,
+# Transformer Engine의 FusedAdam)는 bf16 학습의 fp32 마스터 가중치를 bf16에 없는 하위 16비트만으로(파라미터당 2바이트)
+# 보관하고, Adam의 두 모멘트를 bf16으로 저장할 수 있습니다. bf16 모멘트, fp32 그래디언트, 데이터 병렬 GPU 8개에 걸친
+# 분산 옵티마이저(distributed optimizer)에서 GPU 하나는 파라미터당 몇 바이트를 가집니까?
+
+# %%
+answer_4 = ...
+
+# %%
+check("09.4", answer_4)

@@ -19,7 +19,7 @@
 
 # %%
 from labkit.answer_key import check
-from labkit.estimate.memory import activation_bytes_per_layer, bytes_per_param
+from labkit.estimate.memory import OptimizerDtypes, activation_bytes_per_layer, bytes_per_param
 from labkit.estimate.params import Shape
 from labkit.spec import load_spec
 
@@ -58,3 +58,16 @@ answer_3, activation_bytes_per_layer(gpt3, 1, tensor=t) / activation_bytes_per_l
 
 # %%
 check("09.3", answer_3)
+
+# %% [markdown]
+# **Exercise 4.** The 2-byte bf16 weights and the 4-byte fp32 gradients stay whole on every GPU; the distributed
+# optimizer splits the rest over the 8: the master's 2 bytes and two 2-byte moments, $2 + 4 + 6/8 = 6.75$ bytes (Megatron's
+# default optimizer: $2 + 4 + 12/8 = 7.5$).
+
+# %%
+answer_4 = sum(bytes_per_param("bf16", data_parallel=8, distributed_optimizer=True,
+                               optimizer_dtypes=OptimizerDtypes(exp_avg="bf16", exp_avg_sq="bf16")))
+answer_4
+
+# %%
+check("09.4", answer_4)

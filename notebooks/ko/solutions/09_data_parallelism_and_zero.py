@@ -19,7 +19,7 @@
 
 # %%
 from labkit.answer_key import check
-from labkit.estimate.memory import activation_bytes_per_layer, bytes_per_param
+from labkit.estimate.memory import OptimizerDtypes, activation_bytes_per_layer, bytes_per_param
 from labkit.estimate.params import Shape
 from labkit.spec import load_spec
 
@@ -60,3 +60,16 @@ answer_3, activation_bytes_per_layer(gpt3, 1, tensor=t) / activation_bytes_per_l
 
 # %%
 check("09.3", answer_3)
+
+# %% [markdown]
+# **연습 문제 4.** 2바이트 bf16 가중치와 4바이트 fp32 그래디언트는 모든 GPU에 그대로 남고, 분산 옵티마이저는 나머지를
+# 8개에 나눕니다. 마스터의 2바이트와 2바이트짜리 모멘트 두 개이므로 $2 + 4 + 6/8 = 6.75$바이트입니다(Megatron의 기본
+# 옵티마이저라면 $2 + 4 + 12/8 = 7.5$).
+
+# %%
+answer_4 = sum(bytes_per_param("bf16", data_parallel=8, distributed_optimizer=True,
+                               optimizer_dtypes=OptimizerDtypes(exp_avg="bf16", exp_avg_sq="bf16")))
+answer_4
+
+# %%
+check("09.4", answer_4)
