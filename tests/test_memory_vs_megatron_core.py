@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from labkit.estimate import estimate
-from labkit.estimate.memory import GIB, ModelState, bytes_per_param, model_state_bytes
+from labkit.estimate.memory import GIB, ModelState, bytes_per_param, memory_per_stage, model_state_bytes
 from labkit.estimate.params import Shape, stage_params
 from labkit.net import free_port
 from labkit.spec import SpecError, load_spec
@@ -308,3 +308,44 @@ def test_the_steps_gradient_copies_share_the_memory_the_activations_free():
     # with fewer activations than copies, the step is the peak
     from labkit.estimate.memory import StageMemory
     assert StageMemory(weights=1, gradients=1, optimizer=4, activations=0.5, in_flight=1, step_only=1).total == 6
+
+
+def test_an_evaluation_runs_beside_the_steps_copies():
+    """Megatron-LM's evaluate (and the driver's) runs after an optimizer step, before the next zero_grad: its forward
+    is held beside the step's copies."""
+    def stage(eval_interval):
+        return estimate(load_spec({"model": {"preset": "gpt2-xl"}, "precision": "fp16",
+                                   "train": {"eval_interval": eval_interval, "eval_iters": 1},
+                                   "batch": {"micro": 1, "global": 8},
+                                   "cluster": {"nodes": [{"gpu": "A100-80GB", "count": 1, "gpus_per_node": 1}]}}
+                                  )).memory_detail[0]
+    quiet, evaluating = stage(None), stage(100)
+    assert quiet["evaluation"] == 0 < evaluating["evaluation"]
+    assert evaluating["total"] == pytest.approx(max(
+        evaluating["weights"] + evaluating["gradients"] + evaluating["optimizer"] - evaluating["step_only"]
+        + evaluating["activations"],
+        evaluating["weights"] + evaluating["gradients"] + evaluating["optimizer"] + evaluating["evaluation"]))
+
+
+def test_the_planners_layer_caps_hold_at_the_peak_of_either_phase():
+    """The planner caps each stage's layers from the memory of one and two layers: per phase, since the peak, the
+    larger of two straight lines, bends where the other phase takes over."""
+    from labkit.estimate.calibration import default_calibration
+    from labkit.estimate.estimator import MEMORY_MARGIN, flash_attention
+    from labkit.plan.search import _Links, _memory_caps
+
+    spec = load_spec({"model": {"preset": "llama3-8b"}, "precision": "fp16", "parallel": {"pipeline": 2},
+                      "recompute": {"granularity": "full", "method": "uniform", "num_layers": 1},
+                      "batch": {"micro": 1, "global": 16},
+                      "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 1, "gpus_per_node": 2}]}})
+    shape = Shape.of(spec.model)
+    flash = flash_attention(spec.kernels.attention_backend, ["H100-SXM"])
+    caps = _memory_caps(spec, shape, _Links.of(spec, default_calibration()), flash)
+    limit = (1 - MEMORY_MARGIN) * 80
+    for i, cap in enumerate(caps):
+        def peak(layers):
+            partition = [layers if j == i else 1 for j in range(2)]
+            return memory_per_stage(shape, partition, num_micro_batches=16, precision="fp16", recompute="full",
+                                    flash_attention=flash)[i].total
+        assert 0 < cap < shape.num_layers
+        assert peak(cap) <= limit < peak(cap + 1), (i, cap)

@@ -108,12 +108,16 @@ def test_fusedadam_keeps_an_fp32_master_as_remainders_and_the_moments_in_their_d
     shape = Shape.of(spec({}).model)
     plain = model_state_bytes(shape, [32], data_parallel=8, distributed_optimizer=True)
     updated = plain.optimizer // 12  # fp32 main parameters and two fp32 moments before
-    for dtypes, per_element in ((OptimizerDtypes(), 2 + 8),  # the master's 16 low bits beside the bf16 weights
-                                (OptimizerDtypes(exp_avg="bf16", exp_avg_sq="bf16"), 2 + 4),
-                                (OptimizerDtypes(main_params="fp16", exp_avg="fp8", exp_avg_sq="fp8"), 2 + 2)):
+    # (dtypes, bytes held per updated element, of which the step's fp32 working copies)
+    for dtypes, per_element, working in (
+            (OptimizerDtypes(), 2 + 8, 0),  # the master's 16 low bits beside the bf16 weights
+            (OptimizerDtypes(exp_avg="bf16", exp_avg_sq="bf16"), 2 + 4, 0),  # the kernel unscales these itself
+            (OptimizerDtypes(exp_avg="bf16"), 2 + 6 + 4, 4),  # not one alone: an fp32 copy through the step
+            # an fp16 master and fp8 moments (each with its transpose), all three copied to fp32 through the step
+            (OptimizerDtypes(main_params="fp16", exp_avg="fp8", exp_avg_sq="fp8"), 2 + 4 + 12, 12)):
         state = model_state_bytes(shape, [32], data_parallel=8, distributed_optimizer=True, optimizer_dtypes=dtypes)
         assert (state.weights, state.gradients, state.optimizer, state.step_only) == \
-            (plain.weights, plain.gradients, updated * per_element, 0)
+            (plain.weights, plain.gradients, updated * per_element, updated * working)
     # bf16 main gradients: a bf16 buffer, which FusedAdam reads itself (decoupled_grad): no fp32 copies
     bf16 = model_state_bytes(shape, [32], data_parallel=8, distributed_optimizer=True,
                              optimizer_dtypes=OptimizerDtypes(main_grads="bf16"))
@@ -138,3 +142,26 @@ def test_the_estimate_and_the_planner_count_it():
     assert "the optimizer state as Transformer Engine's FusedAdam keeps it (optimizer.precision_aware): gradients " \
            "fp32, master weights fp32 as the 16 bits bf16 lacks, exp_avg bf16, exp_avg_sq bf16" in \
            estimate(bf16_state).assumptions
+
+
+def test_megatron_fsdp_does_not_run_it():
+    with pytest.raises(SpecError, match=r"optimizer.precision_aware: does not run under optimizer.zero_stage in "
+                                        r"megatron-core 0.16.1; use ZeRO stage 1"):
+        spec({"zero_stage": 3, "precision_aware": True}, job={"entrypoint": "megatron-lm",
+                                                              "megatron_lm": "/workspace/megatron-lm"})
+
+
+def test_the_planner_keeps_it_with_the_distributed_optimizer_it_needs():
+    from labkit.plan.search import search
+    from labkit.spec.checks import rule_errors
+
+    base = load_spec({"model": {"preset": "gpt2-xl"}, "precision": "bf16", "batch": {"micro": 1, "global": 32},
+                      "optimizer": {"distributed": True, "precision_aware": True, "exp_avg_dtype": "bf16",
+                                    "exp_avg_sq_dtype": "bf16"},
+                      "cluster": {"nodes": [{"gpu": "A100-40GB", "count": 1, "gpus_per_node": 8}]}})
+    rows = search(base, top=5).rows
+    assert rows
+    for row in rows:
+        opt = row.spec.optimizer
+        assert (opt.precision_aware, opt.distributed, opt.zero_stage, opt.exp_avg_dtype) == (True, True, 1, "bf16")
+        assert rule_errors(row.spec) == []

@@ -51,7 +51,7 @@ def compare(specs: Mapping[str, RunSpec], gpu: str | None = None) -> pd.DataFram
                                                    grad_reduce_in_bf16=spec.optimizer.grad_reduce_in_bf16,
                                                    optimizer_dtypes=OptimizerDtypes.of(spec.optimizer))),
             **{f"{part}_mib": fullest[part] * GIB / MIB
-               for part in ("weights", "gradients", "optimizer", "activations", "total")},
+               for part in ("weights", "gradients", "optimizer", "step_only", "activations", "total")},
             "fits_in_memory": est.fits_in_memory,
         }
     table = pd.DataFrame.from_dict(rows, orient="index")

@@ -355,7 +355,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                            grad_reduce_in_bf16=spec.optimizer.grad_reduce_in_bf16, overlap_grad_reduce=overlap_dp,
                            expert=ep, expert_tensor=etp, recompute_modules=recompute_modules,
                            entrypoint=spec.job.entrypoint, transformer_impl=transformer_impl,
-                           optimizer_dtypes=OptimizerDtypes.of(spec.optimizer))
+                           optimizer_dtypes=OptimizerDtypes.of(spec.optimizer), evaluates=bool(spec.train.eval_interval))
     limits = [catalog.gpu(g).memory_limit_gb for g in gpus]
     fits = all(s.total <= (1 - MEMORY_MARGIN) * lim for s, lim in zip(mem, limits))
 

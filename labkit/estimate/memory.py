@@ -91,15 +91,28 @@ class StageMemory:
     activations: float
     in_flight: float  # micro-batches whose activations are held at the peak
     step_only: float = 0.0
-    """Of `optimizer`, what only the optimizer step holds (ModelState.step_only): the fp32 copies of 16-bit
-    gradients, freed before the next forward, so that they and the activations are never held at once."""
+    """Of `optimizer`, what only the optimizer step holds (ModelState.step_only): its fp32 working copies, freed
+    before the next forward, so that they and the activations are never held at once."""
+    evaluation: float = 0.0
+    """What a validation forward holds: one layer's activations and, on the last stage, the logits. Megatron-LM's
+    evaluate and labkit's driver's run it after an optimizer step, before the next zero_grad frees the step's copies;
+    0 without train.eval_interval."""
+
+    @property
+    def forward_backward(self) -> float:
+        """The forward and backward passes: the model state without the step's copies, and the activations."""
+        return self.weights + self.gradients + self.optimizer - self.step_only + self.activations
+
+    @property
+    def optimizer_step(self) -> float:
+        """The optimizer step and what follows it until the next zero_grad: all the model state, and an evaluation's
+        forward where the run evaluates."""
+        return self.weights + self.gradients + self.optimizer + self.evaluation
 
     @property
     def total(self) -> float:
-        """The peak: the larger of the two phases of a step, the forward and backward passes (the model state
-        without the step's copies, with the activations) and the optimizer step (all the model state, the activations
-        freed)."""
-        return self.weights + self.gradients + self.optimizer + max(0.0, self.activations - self.step_only)
+        """The peak: the larger of the two phases."""
+        return max(self.forward_backward, self.optimizer_step)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "total": self.total}
@@ -359,9 +372,11 @@ def grad_buffer_elements(shape: Shape, layers: int, *, tensor: int = 1, pre_proc
     return numel, owned
 
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-"""Bytes per element of the precision-aware optimizer's dtypes (fp8: Transformer Engine's uint8 storage with one fp32
-scale per tensor, not counted)."""
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+"""Bytes per element of the precision-aware optimizer's dtypes as Transformer Engine's FusedAdam stores them. fp8: a
+Float8Tensor (fused_adam.py, _initialize_state) whose quantizer keeps a transpose beside the data on GPUs whose FP8
+GEMMs take only the TN layout (quantizer.cpp, Float8Quantizer::create_tensor: Hopper and earlier), 2 bytes; 1 on
+Blackwell, which labkit does not tell apart here. One fp32 scale per tensor is not counted."""
 
 
 @dataclass(frozen=True)
@@ -371,9 +386,11 @@ class OptimizerDtypes:
     FusedAdam the distributed optimizer's shards of the 16-bit weights themselves, with master_weights in
     `main_params` and the gradient buffer's shard as their `decoupled_grad` (no fp32 copies); FusedAdam
     (transformer_engine/pytorch/optimizers/fused_adam.py) stores exp_avg and exp_avg_sq in their dtypes and an fp32
-    master beside bf16 weights as its 16 low bits (store_param_remainders). Except under MXFP8 with fp32 main
-    parameters (use_precision_aware_optimizer_no_fp8_or_ds_fp8 false): megatron-core then keeps its own fp32 main
-    parameters and the step's gradient copies, and FusedAdam only the moments in their dtypes."""
+    master beside bf16 weights as its 16 low bits (store_param_remainders). Its step works on fp32 copies of each
+    state stored in fp16 or fp8, and of bf16 moments unless both are bf16 (fuse_unscale), held to the step's end.
+    Except under MXFP8 with fp32 main parameters (use_precision_aware_optimizer_no_fp8_or_ds_fp8 false, where the
+    optimizer's config carries the fp8 recipe, as Megatron-LM's and labkit's driver's do): megatron-core then keeps
+    its own fp32 main parameters and the step's gradient copies, and FusedAdam only the moments."""
     main_grads: str = "fp32"
     main_params: str = "fp32"
     exp_avg: str = "fp32"
@@ -387,11 +404,19 @@ class OptimizerDtypes:
         return cls(optimizer.main_grads_dtype, optimizer.main_params_dtype, optimizer.exp_avg_dtype,
                    optimizer.exp_avg_sq_dtype)
 
+    def step_copies(self) -> int:
+        """Bytes per element of FusedAdam's fp32 working copies of its states during a step."""
+        fused = self.exp_avg == self.exp_avg_sq == "bf16"  # the kernel unscales bf16 moments itself
+        moments = sum(4 for dtype in (self.exp_avg, self.exp_avg_sq)
+                      if dtype in ("fp16", "fp8") or (dtype == "bf16" and not fused))
+        return moments + (4 if self.main_params == "fp16" else 0)
+
 
 def _state_dtypes(precision: str, grad_reduce_in_bf16: bool, optimizer: str,
                   dtypes: OptimizerDtypes | None = None) -> tuple[int, int, int, int]:
-    """(parameter, gradient, optimizer-state, step-only) bytes per element as Megatron keeps them; the last is the
-    part of the optimizer state that only the step holds (its fp32 copies of 16-bit gradients)."""
+    """(parameter, gradient, optimizer-state, step-only) bytes per element as Megatron keeps them; the optimizer state
+    includes the step's fp32 working copies, which the last counts alone: megatron-core's of 16-bit gradients,
+    held to the next zero_grad, and FusedAdam's of its low-precision states."""
     if precision not in _MODEL_STATE:
         raise ValueError(f"precision: {precision!r} is not one of {', '.join(_MODEL_STATE)}")
     if optimizer not in ("adam", "sgd"):
@@ -407,17 +432,18 @@ def _state_dtypes(precision: str, grad_reduce_in_bf16: bool, optimizer: str,
         main = 4 if param_bytes == 2 else 0
         return param_bytes, grad_bytes, main + {"adam": 8, "sgd": 4}[optimizer] + copies, copies
     moments = DTYPE_BYTES[dtypes.exp_avg] + DTYPE_BYTES[dtypes.exp_avg_sq]
+    working = dtypes.step_copies()
     if dtypes.main_params == "fp32" and precision == "mxfp8":  # megatron-core's own main parameters and copies
-        return param_bytes, grad_bytes, 4 + moments + copies, copies
+        return param_bytes, grad_bytes, 4 + moments + copies + working, copies + working
     main = 2 if dtypes.main_params == "fp32" and bf16 else DTYPE_BYTES[dtypes.main_params]
-    return param_bytes, grad_bytes, main + moments, 0
+    return param_bytes, grad_bytes, main + moments + working, working
 
 
-def step_gradient_copy_bytes(precision: str, grad_reduce_in_bf16: bool = False,
+def step_only_bytes(precision: str, grad_reduce_in_bf16: bool = False,
                              dtypes: OptimizerDtypes | None = None) -> int:
-    """Bytes per updated element of the fp32 gradient copies megatron-core's optimizer step makes from a 16-bit
-    gradient buffer (fp16, or bf16 and FP8 with --grad-reduce-in-bf16): 4, else 0; 0 where the precision-aware
-    optimizer reads the buffer itself."""
+    """Bytes per updated element that only the optimizer step holds (`_state_dtypes`): megatron-core's fp32 copies of
+    a 16-bit gradient buffer (fp16, or bf16 and FP8 with --grad-reduce-in-bf16), and with the precision-aware
+    optimizer FusedAdam's fp32 working copies of its low-precision states (it reads the gradient buffer itself)."""
     return _state_dtypes(precision, grad_reduce_in_bf16, "adam", dtypes)[3]
 
 
@@ -860,7 +886,7 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
                      expert_tensor: int | None = None,
                      recompute_modules: tuple[str, ...] | list[str] | None = None,
                      entrypoint: str = "labkit", transformer_impl: str = "local",
-                     optimizer_dtypes: OptimizerDtypes | None = None) -> list[StageMemory]:
+                     optimizer_dtypes: OptimizerDtypes | None = None, evaluates: bool = False) -> list[StageMemory]:
     """Peak memory of one GPU in each pipeline stage (GiB), without the CUDA context and allocator slack.
 
     Weights, gradients and optimizer state are megatron-core's (`model_state_bytes`, on the data x context rank that
@@ -871,7 +897,8 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
     `chunks`: the transformer layers of each stage's model chunks; by default each stage's layers split evenly over
     `virtual_stages`. `expert`, `expert_tensor`: a mixture-of-experts model's expert-parallel and expert-tensor sizes
     (see `model_state_bytes`); each stage's MoE layers (shape.moe_layers, where its chunks fall) keep an MoE layer's
-    activations (`activation_bytes_per_layer` with `moe`).
+    activations (`activation_bytes_per_layer` with `moe`). `evaluates`: the run validates (train.eval_interval), a
+    forward between an optimizer step and the next zero_grad (StageMemory.evaluation).
     """
     p = len(partition)
     chunks = chunks or [[n // virtual_stages + (k < n % virtual_stages) for k in range(virtual_stages)]
@@ -916,9 +943,17 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
         if i == 0:
             mask = s * b * h if shape.hidden_dropout else 0
             acts += held * (8 * s * b + mask) * act_scale  # token ids/positions and the embedding dropout mask
-        if i == p - 1:
-            acts += 4 * s * b * h * (1 + shape.vocab / h) / t  # fp32 logits and their gradient
+        logits = 4 * s * b * h * (1 + shape.vocab / h) / t if i == p - 1 else 0.0  # fp32 logits and their gradient
+        acts += logits
+        evaluation = 0.0
+        if evaluates:  # a forward without recompute, one layer's activations at a time
+            one = activation_bytes_per_layer(shape, b, t, sequence_parallel, None, precision, **kernels)
+            if shape.moe:
+                one = max(one, activation_bytes_per_layer(shape, b, t, sequence_parallel, None, precision,
+                                                          **moe_kernels))
+            evaluation = (one if layers else 0.0) + logits
         weights, gradients, optimizer_state, step_only = model_state(i, params)
         out.append(StageMemory(weights=weights / GIB, gradients=gradients / GIB, optimizer=optimizer_state / GIB,
-                               activations=acts / GIB, in_flight=held, step_only=step_only / GIB))
+                               activations=acts / GIB, in_flight=held, step_only=step_only / GIB,
+                               evaluation=evaluation / GIB))
     return out

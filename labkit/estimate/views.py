@@ -93,19 +93,22 @@ def memory_table(est) -> pd.DataFrame:
 
 def memory_bars(est) -> go.Figure:
     """Stacked bars of weights, gradients, optimizer state and activations per stage, with each GPU's memory. The
-    optimizer step's fp32 gradient copies (StageMemory.step_only) use the memory the activations free before the
-    step: the optimizer bar leaves them out and the last bar is the larger of the two, so that a stage's bars add up
-    to its peak.
+    optimizer step's fp32 working copies (StageMemory.step_only, with an evaluation's forward where the run validates)
+    use the memory the activations free before the step: the optimizer bar leaves them out and the last bar is the
+    larger of the two, named by which it is, so that a stage's bars add up to its peak.
 
     Taught in lab 05.
     """
     df = memory_table(est)
     labels = [f"stage {i} ({g})" for i, g in zip(df["stage"], df["gpu"])]
+    step = df["step_only"] + df["evaluation"]
+    last = ["activations" if a >= s else "the optimizer step's copies" for a, s in zip(df["activations"], step)]
     parts = {"weights": df["weights"], "gradients": df["gradients"], "optimizer": df["optimizer"] - df["step_only"],
-             "activations": df[["activations", "step_only"]].max(axis=1)}
+             "activations": df["activations"].where(df["activations"] >= step, step)}
     fig = go.Figure()
     for part, gib in parts.items():
-        fig.add_bar(name=part, x=labels, y=gib)
+        fig.add_bar(name=part, x=labels, y=gib, customdata=last if part == "activations" else [part] * len(labels),
+                    hovertemplate="%{customdata}: %{y:.3g} GiB<extra></extra>")
     fig.add_scatter(name="GPU memory", x=labels, y=df["limit"], mode="lines+markers", line={"dash": "dash"})
     fig.update_layout(barmode="stack", yaxis_title="GiB per GPU", title="Memory per GPU by pipeline stage")
     return fig

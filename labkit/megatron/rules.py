@@ -552,6 +552,11 @@ def _precision_aware_problems(args, runtime: Runtime, name: Name) -> list[Proble
     if not args.use_distributed_optimizer:
         found.append(Problem("use_precision_aware_optimizer", f"needs {name('use_distributed_optimizer')}, whose "
                              "shards it keeps"))
+    if args.use_megatron_fsdp:
+        # Megatron-FSDP keeps fp32 main weights of its own and hands FusedAdam .grad, where megatron-core 0.16.1 builds
+        # FusedAdam to read decoupled_grad (optimizer/__init__.py): nothing it could step
+        found.append(Problem("use_precision_aware_optimizer", f"does not run under {name('use_megatron_fsdp')} in "
+                             "megatron-core 0.16.1; use ZeRO stage 1 (the distributed optimizer), or leave it out"))
     if not (runtime.transformer_engine and runtime.cuda):
         found.append(Problem("use_precision_aware_optimizer", "needs Transformer Engine's FusedAdam, on GPUs with "
                              "the transformer_engine package; leave it out where they are not"))

@@ -26,7 +26,7 @@ from labkit.estimate import (Shape, allreduce_time, bytes_per_param, estimate, m
 from labkit.estimate.estimator import (MEMORY_MARGIN, expert_params_per_stage, flash_attention, profile_fits,
                                        profile_lookup, profiled_model)
 from labkit.estimate.calibration import Calibration, resolve
-from labkit.estimate.memory import GIB, OptimizerDtypes, step_gradient_copy_bytes
+from labkit.estimate.memory import GIB, OptimizerDtypes, step_only_bytes
 from labkit.estimate.timing import ACTIVATION_BYTES, GRAD_REDUCE_BYTES, ExpertLinks, Pipeline
 from labkit.estimate.topology import Topology
 from labkit.megatron import sharding, sizes
@@ -224,7 +224,7 @@ def expert_sizes(base: RunSpec, shape: Shape, tensor: int, pipeline: int, data: 
             shape, even, tensor=tensor, data_parallel=data, micro_batch=1, num_micro_batches=1,
             precision=base.precision, recompute=recompute, sequence_parallel=tensor > 1, zero_stage=max(stages),
             distributed_optimizer=max(stages) >= 1, flash_attention=flash, context=context, expert=ep,
-            expert_tensor=etp, optimizer=base.optimizer.name,
+            expert_tensor=etp, optimizer=base.optimizer.name, grad_reduce_in_bf16=base.optimizer.grad_reduce_in_bf16,
             optimizer_dtypes=OptimizerDtypes.of(base.optimizer) if max(stages) == 1 else None)) <= limit
 
     recompute = plain if fixed else "full"
@@ -384,19 +384,26 @@ def _memory_caps(spec: RunSpec, shape: Shape, links: _Links, flash: bool) -> lis
               grad_reduce_in_bf16=spec.optimizer.grad_reduce_in_bf16,
               optimizer_dtypes=OptimizerDtypes.of(spec.optimizer),
               overlap_grad_reduce=spec.kernels.overlap_grad_reduce, entrypoint=spec.job.entrypoint,
-              expert=spec.parallel.expert, expert_tensor=spec.parallel.expert_tensor)
-    zero, one = ([m.total for m in memory_per_stage(shape, [n] * p, **kw)] for n in (0, 1))
+              expert=spec.parallel.expert, expert_tensor=spec.parallel.expert_tensor,
+              evaluates=bool(spec.train.eval_interval))
+    zero, one = (memory_per_stage(shape, [n] * p, **kw) for n in (0, 1))
     # the cost of a layer from one to two per stage, where the model has that many (an MoE model's layer pattern
     # has no more); else from none to one, which counts full recompute's recomputed layer once more
-    two = [m.total for m in memory_per_stage(shape, [2] * p, **kw)] if 2 * p <= shape.num_layers else None
+    two = memory_per_stage(shape, [2] * p, **kw) if 2 * p <= shape.num_layers else None
     caps = []
     for i in range(p):
         limit = (1 - MEMORY_MARGIN) * catalog.gpu(links.stage_gpus[i]).memory_limit_gb
-        if zero[i] > limit or one[i] > limit:
+        if zero[i].total > limit or one[i].total > limit:
             caps.append(0)
-        else:
-            slope = two[i] - one[i] if two else one[i] - zero[i]
-            caps.append(shape.num_layers if slope <= 0 else 1 + int((limit - one[i]) / slope))
+            continue
+        # the peak is the larger of two phases, each linear in the layers: a cap for each, the smaller holds
+        cap = shape.num_layers
+        for phase in ("forward_backward", "optimizer_step"):
+            at_one = getattr(one[i], phase)
+            slope = getattr(two[i], phase) - at_one if two else at_one - getattr(zero[i], phase)
+            if slope > 0:
+                cap = min(cap, 1 + int((limit - at_one) / slope))
+        caps.append(cap)
     return caps
 
 
@@ -440,7 +447,7 @@ class _MemoryFloor:
         per_param = sum(bytes_per_param(spec.precision, shards, zero >= 1, 0 if own_row else 3, optimizer.name,
                                         optimizer.grad_reduce_in_bf16, optimizer_dtypes=dtypes if own_row else None))
         if own_row:  # the step's fp32 gradient copies are freed before the activations are made
-            per_param -= step_gradient_copy_bytes(spec.precision, optimizer.grad_reduce_in_bf16, dtypes) / (
+            per_param -= step_only_bytes(spec.precision, optimizer.grad_reduce_in_bf16, dtypes) / (
                 shards if zero >= 1 else 1)
         return per_param
 
@@ -591,7 +598,7 @@ def _variants(spec: RunSpec, constraints: Constraints, fully_sharded: bool):
     if constraints.zero_stage is not SEARCHED:
         stages = [constraints.zero_stage]
     elif spec.optimizer.precision_aware:  # it keeps the distributed optimizer's shards
-        stages = [1]
+        stages = [1] if constraints.distributed_optimizer in (SEARCHED, True) else []
     elif constraints.distributed_optimizer is not SEARCHED:
         stages = [z for z in stages if (z >= 1) == constraints.distributed_optimizer]
     for recompute in recomputes:

@@ -90,10 +90,16 @@ def _sub_optimizers(optimizer) -> list:
     return list(getattr(optimizer, "chained_optimizers", [optimizer]))
 
 
+def _main_params(opt) -> list[list]:
+    """A distributed optimizer's fp32 master weights by group: none where the precision-aware optimizer leaves them
+    to Transformer Engine's FusedAdam (None entries, distrib_optimizer.py), whose own state dict carries them."""
+    return [[p for p in group if p is not None] for group in opt.shard_fp32_from_float16_groups]
+
+
 def _shard_state(optimizer) -> list[dict]:
     """This data-parallel rank's part of a distributed optimizer: Adam moments and fp32 master weights."""
     return [{"inner": opt.optimizer.state_dict(),
-             "main_params": [[p.detach().clone() for p in group] for group in opt.shard_fp32_from_float16_groups],
+             "main_params": [[p.detach().clone() for p in group] for group in _main_params(opt)],
              "grad_scaler": opt.grad_scaler.state_dict() if opt.grad_scaler else None}
             for opt in _sub_optimizers(optimizer)]
 
@@ -101,7 +107,7 @@ def _shard_state(optimizer) -> list[dict]:
 def _load_shard_state(optimizer, states: list[dict]) -> None:
     for opt, state in zip(_sub_optimizers(optimizer), states, strict=True):
         opt.optimizer.load_state_dict(state["inner"])
-        for group, saved in zip(opt.shard_fp32_from_float16_groups, state["main_params"], strict=True):
+        for group, saved in zip(_main_params(opt), state["main_params"], strict=True):
             for param, value in zip(group, saved, strict=True):
                 param.data.copy_(value)
         if opt.grad_scaler and state["grad_scaler"]:

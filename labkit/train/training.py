@@ -106,6 +106,7 @@ def build_optimizer(args, model, config):
         sgd_momentum=args.sgd_momentum, use_distributed_optimizer=args.use_distributed_optimizer,
         clip_grad=args.clip_grad, timers=config.timers,
         use_precision_aware_optimizer=args.use_precision_aware_optimizer,
+        fp8_recipe=args.fp8_recipe,  # as Megatron-LM's config: it decides who keeps the main parameters under MXFP8
         # Megatron-LM's validate_args maps the names so, fp8 to the uint8 Transformer Engine's FusedAdam stores
         **{key: {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.uint8}[
             getattr(args, key)] for key in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")},
