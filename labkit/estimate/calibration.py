@@ -79,6 +79,9 @@ class Calibration:
     attention_head_dim_half: attention kernel ("unfused", "flash") -> the head dimension d_half at which attention's
     core (QK^T and attention x V, whose inner or outer size is the head dimension d) runs at half the layer GEMMs'
     efficiency; it runs at d / (d + d_half) of it.
+    cpu_host_s_per_pass, cpu_host_s_per_step: on CPUs, the training loop's host time around each model chunk's
+    forward and backward pass of a micro-batch, and once per step (the optimizer's work per tensor, the loop's own),
+    which a GPU's asynchronous launches hide and labkit profile's timing of the layers leaves out.
     stacks: stack name -> Stack; default_stack: the one `estimate` charges when none is named.
     sources: constant ("efficiency.A100-40GB", "network_bus_fraction", "stacks.megatron-core") -> what it was fitted
     to or taken from; documentation, not compared.
@@ -94,6 +97,8 @@ class Calibration:
     fp8_efficiency: Mapping[str, float] = field(default_factory=dict)
     attention_head_dim_half: Mapping[str, float] = field(default_factory=lambda: {"unfused": 0.0, "flash": 0.0})
     default_stack: str = "megatron-core"
+    cpu_host_s_per_pass: float = 0.0
+    cpu_host_s_per_step: float = 0.0
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):
@@ -189,6 +194,8 @@ def calibration_from_dict(data: Mapping) -> Calibration:
         network_bus_fraction=value("network_bus_fraction", data["network_bus_fraction"]),
         link_latency_s=value("link_latency_s", data["link_latency_s"]),
         tp_overlap_exposed=value("tp_overlap_exposed", data["tp_overlap_exposed"]),
+        cpu_host_s_per_pass=value("cpu_host_s_per_pass", data["cpu_host_s_per_pass"]),
+        cpu_host_s_per_step=value("cpu_host_s_per_step", data["cpu_host_s_per_step"]),
         stacks=stacks, default_stack=data["default_stack"], sources=sources)
 
 

@@ -97,6 +97,17 @@ class Estimate:
         return out
 
 
+def _add_host_passes(chunk_times: list[list], gpus: list[str], seconds: float) -> None:
+    """Charge each model chunk's forward and backward pass on a CPU the host time the training loop spends around
+    it (Calibration.cpu_host_s_per_pass, half to each): megatron-core's schedule (its Python, each pass's p2p set-up,
+    the loss's reduction), which a GPU's asynchronous launches hide but a CPU runs in line with the layers, and which a
+    profile of the layers' passes alone does not time."""
+    for i, row in enumerate(chunk_times):
+        if catalog.gpu(gpus[i]).is_cpu:
+            row[:] = [dataclasses.replace(ct, forward_s=ct.forward_s + seconds / 2,
+                                          backward_s=ct.backward_s + seconds / 2) for ct in row]
+
+
 def _add_main_grad_accumulation(chunk_times: list[list], spec, shape: Shape, gpus: list[str]) -> None:
     """Charge each model chunk's backward for megatron-core's gradient accumulation without its fused kernel.
 
@@ -233,6 +244,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     shard = sharding.of_spec(spec)
     if not on_gpus and shard.implementation in (sharding.DDP, sharding.DISTRIBUTED_OPTIMIZER):
         _add_main_grad_accumulation(chunk_times, spec, shape, gpus)
+    if not on_gpus:
+        _add_host_passes(chunk_times, gpus, cal.cpu_host_s_per_pass)
     stages = [combined(row) for row in chunk_times]
     sources = [st.source for st in stages]
     shares = None
@@ -303,6 +316,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     expert_shards = edp if zero_stage else 1  # ... and the experts over the expert-data-parallel ranks
     optimizer = max(optimizer_step_time((params - experts) / shards + experts / expert_shards if experts
                                         else params / shards, catalog.gpu(gpus[i]).memory_bw_gb_s, precision)
+                    + (cal.cpu_host_s_per_step if catalog.gpu(gpus[i]).is_cpu else 0.0)
                     for i, (params, experts) in enumerate(zip(per_stage_params, experts_by_stage)))
 
     iteration = pipe.total_s + dp_comm + embedding_comm + optimizer
