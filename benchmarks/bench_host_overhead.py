@@ -5,8 +5,8 @@
 A GPT too small to compute anything much (4 layers of hidden 16, 16 tokens) on two training processes, so that a
 step is almost all host time: data parallel 2 and pipeline 2 (1F1B, and interleaved with 2 and 3 model chunks per
 stage, the 3 counting the embedding and the loss as chunks), 1 to 8 micro-batches. `labkit profile` times its layers
-first; each layout runs `--rounds` times in turn with the local backend (its median steady-state step, the least over
-the rounds). Then labkit.estimate's two CPU host constants (calibration.yaml: cpu_host_s_per_pass, charged per
+first; each layout runs `--rounds` times in turn with the local backend (its steady-state step time,
+labkit.logs.derive.steady_state, the least over the rounds). Then labkit.estimate's two CPU host constants (calibration.yaml: cpu_host_s_per_pass, charged per
 model chunk's forward and backward pass of a micro-batch, and cpu_host_s_per_step) are fitted together on a grid: the
 pair with the least mean |log error| over the layouts; the estimate without them is printed beside it.
 """
@@ -81,7 +81,7 @@ def main() -> int:
               f"{1e3 * w:5.1f} ms without host time ({100 * (w / m - 1):+5.1f}%), {1e3 * f:5.1f} ms with it "
               f"({100 * (f / m - 1):+5.1f}%)")
     print(f"\nfitted: cpu_host_s_per_pass {per_pass * 1e3:.2f} ms, cpu_host_s_per_step {per_step * 1e3:.2f} ms; "
-          f"mean |log error| {100 * mean_log_error(fitted):.1f}% (without: {100 * mean_log_error(without):.1f}%)")
+          f"mean |log error| {mean_log_error(fitted):.3f} (without: {mean_log_error(without):.3f})")
     return 0
 
 

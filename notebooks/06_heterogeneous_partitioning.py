@@ -228,15 +228,15 @@ assert 0.4 < on_cpu.iteration_time_s / measured < 1.5, (on_cpu.iteration_time_s,
 # How close the estimate comes depends on what else the machine is doing: the layer profile and the run are timed at
 # different moments, and on a machine shared with other work either can be slowed (a profile taken in a busy moment
 # makes the estimate read high). On a CPU the estimate also charges what surrounds the layers, which a GPU's
-# asynchronous launches would hide: the schedule's Python around each model chunk's forward and backward pass, and the
-# optimizer's and the training loop's work once per step (1.5 ms and 7.5 ms on the machine where
-# `benchmarks/bench_host_overhead.py` measured them; another CPU runs them at its own speed). With layers of 15 ms
-# that is a small share of the step; with the `tiny` preset's 2 ms layers it is most of it. On a machine that other
-# jobs shared, `benchmarks/bench_plan_closed_loop.py` ran 14 layouts of this model three times each, in three runs:
-# the estimate is 5% to 8% off in the median and 15% at most, now as often high as low, and ranks the layouts roughly
-# in the order they measure (Spearman's rank correlation 0.90, 0.68 and 0.55, where 1 is the same order and 0 none):
-# the layouts are within a third of each other, and one layout's runs differ by 10-25% on a busy machine. A single
-# run on a busy machine, like the one above, can read well off.
+# asynchronous launches would hide: 1.5 ms per model chunk and micro-batch, half in its forward and half in its
+# backward, and 7.5 ms per step, on the machine where `benchmarks/bench_host_overhead.py` measured them (another CPU
+# runs its host code at its own speed). With layers of 15 ms that is a small share of the step; with the `tiny`
+# preset's 2 ms layers it is most of it. On a machine that other jobs shared, `benchmarks/bench_plan_closed_loop.py`
+# ran 14 layouts of this model three times each, in three runs: the estimate is 5% to 8% off in the median and 15%
+# at most, most layouts still reading low, and ranks the layouts roughly in the order they measure (Spearman's rank
+# correlation 0.90, 0.68 and 0.55, where 1 is the same order and 0 none): the slowest layout takes 40% longer than the
+# fastest, and one layout's runs differ by 10-25% on a busy machine. A single run on a busy machine, like the one
+# above, can read well off.
 #
 # Both processes run on this one host, so they share its cores: the local backend gives each process its share
 # (`OMP_NUM_THREADS` = cores / processes), as a Slurm node shares its own among its processes. Give each process every

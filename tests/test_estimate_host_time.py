@@ -34,3 +34,14 @@ def test_each_pass_of_each_micro_batch_and_each_step_is_charged_on_a_cpu():
 def test_gpus_pay_none_of_it():
     gpus = spec("A100-80GB", data=2)
     assert seconds(gpus, 0.01, 0.05) == seconds(gpus, 0.0, 0.0)
+
+
+def test_only_megatron_cores_ddp_and_distributed_optimizer_pay_it_where_it_was_measured():
+    fsdp2 = load_spec({"model": {"preset": "tiny", "untie_embeddings": True}, "precision": "fp32",
+                       "parallel": {"data": 2}, "optimizer": {"zero_stage": 3}, "batch": {"micro": 1, "global": 8},
+                       "cluster": {"nodes": [{"gpu": "cpu", "count": 1, "gpus_per_node": 2}]}})
+    assert seconds(fsdp2, 0.01, 0.05) == seconds(fsdp2, 0.0, 0.0)
+    ddp = spec("cpu", data=2)
+    assert any(a.startswith("the CPU's host time around the layers: 1.5 ms per model chunk and micro-batch")
+               for a in estimate(ddp).assumptions)
+    assert not any("host time" in a for a in estimate(fsdp2).assumptions)

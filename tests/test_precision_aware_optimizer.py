@@ -163,3 +163,15 @@ def test_the_planner_keeps_it_with_the_distributed_optimizer_it_needs():
         opt = row.spec.optimizer
         assert (opt.precision_aware, opt.distributed, opt.zero_stage, opt.exp_avg_dtype) == (True, True, 1, "bf16")
         assert rule_errors(row.spec) == []
+
+
+def test_an_evaluation_reuses_what_fusedadams_step_freed():
+    """FusedAdam's fp32 working copies are local to its step; megatron-core's gradient copies (none here: it reads
+    the buffer) would last until zero_grad, past an evaluation."""
+    fp8_state = spec({"distributed": True, "precision_aware": True, "exp_avg_dtype": "fp8", "exp_avg_sq_dtype": "fp8"},
+                     train={"eval_interval": 100, "eval_iters": 1},
+                     recompute={"granularity": "full", "method": "uniform", "num_layers": 1})
+    d = estimate(fp8_state).memory_detail[0]
+    assert d["step_only"] == d["step_transient"] > d["evaluation"] > 0
+    state = d["weights"] + d["gradients"] + d["optimizer"]
+    assert d["total"] == pytest.approx(max(state - d["step_only"] + d["activations"], state))

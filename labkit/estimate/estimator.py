@@ -242,9 +242,10 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         first_layer += layers
     on_gpus = not any(catalog.gpu(gpu).is_cpu for gpu in gpus)
     shard = sharding.of_spec(spec)
-    if not on_gpus and shard.implementation in (sharding.DDP, sharding.DISTRIBUTED_OPTIMIZER):
+    # the host time was measured on megatron-core's DDP and distributed optimizer; DeepSpeed's and FSDP2's loops differ
+    host_timed = not on_gpus and shard.implementation in (sharding.DDP, sharding.DISTRIBUTED_OPTIMIZER)
+    if host_timed:
         _add_main_grad_accumulation(chunk_times, spec, shape, gpus)
-    if not on_gpus:
         _add_host_passes(chunk_times, gpus, cal.cpu_host_s_per_pass)
     stages = [combined(row) for row in chunk_times]
     sources = [st.source for st in stages]
@@ -316,7 +317,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     expert_shards = edp if zero_stage else 1  # ... and the experts over the expert-data-parallel ranks
     optimizer = max(optimizer_step_time((params - experts) / shards + experts / expert_shards if experts
                                         else params / shards, catalog.gpu(gpus[i]).memory_bw_gb_s, precision)
-                    + (cal.cpu_host_s_per_step if catalog.gpu(gpus[i]).is_cpu else 0.0)
+                    + (cal.cpu_host_s_per_step if host_timed and catalog.gpu(gpus[i]).is_cpu else 0.0)
                     for i, (params, experts) in enumerate(zip(per_stage_params, experts_by_stage)))
 
     iteration = pipe.total_s + dp_comm + embedding_comm + optimizer
@@ -396,6 +397,11 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                            f"{dp_comm:.3g} s exposed (fewer, larger micro-batches gather less)")
     if spec.recompute is not None and spec.recompute.granularity == "selective":
         assumptions.append("selective recompute of " + ", ".join(recompute_modules or SELECTIVE_DEFAULT))
+    if host_timed:
+        assumptions.append(f"the CPU's host time around the layers: {1e3 * cal.cpu_host_s_per_pass:g} ms per model "
+                           f"chunk and micro-batch, half in its forward, half in its backward, and "
+                           f"{1e3 * cal.cpu_host_s_per_step:g} ms per step (calibration.yaml cpu_host_s_per_pass, "
+                           "cpu_host_s_per_step, measured on one machine)")
     if spec.optimizer.precision_aware:
         o = spec.optimizer
         gradients = "fp16" if precision == "fp16" else "bf16" if o.bf16_gradients else "fp32"  # the buffer's dtype

@@ -93,10 +93,13 @@ class StageMemory:
     step_only: float = 0.0
     """Of `optimizer`, what only the optimizer step holds (ModelState.step_only): its fp32 working copies, freed
     before the next forward, so that they and the activations are never held at once."""
+    step_transient: float = 0.0
+    """Of `step_only`, what the step itself frees as it ends (Transformer Engine's FusedAdam's fp32 working copies);
+    the rest, megatron-core's fp32 copies of 16-bit gradients, is held until the next zero_grad."""
     evaluation: float = 0.0
     """What a validation forward holds: one layer's activations and, on the last stage, the logits. Megatron-LM's
-    evaluate and labkit's driver's run it after an optimizer step, before the next zero_grad frees the step's copies;
-    0 without train.eval_interval."""
+    evaluate and labkit's driver's run it after an optimizer step, before the next zero_grad frees the step's gradient
+    copies; 0 without train.eval_interval."""
 
     @property
     def forward_backward(self) -> float:
@@ -105,9 +108,9 @@ class StageMemory:
 
     @property
     def optimizer_step(self) -> float:
-        """The optimizer step and what follows it until the next zero_grad: all the model state, and an evaluation's
-        forward where the run evaluates."""
-        return self.weights + self.gradients + self.optimizer + self.evaluation
+        """The optimizer step and what follows it until the next zero_grad: all the model state, then, without the
+        step's own working copies, an evaluation's forward where the run evaluates."""
+        return self.weights + self.gradients + self.optimizer + max(0.0, self.evaluation - self.step_transient)
 
     @property
     def total(self) -> float:
@@ -187,8 +190,12 @@ class ModelState:
     """For the parameter elements this rank updates: fp32 main parameters (16-bit training), Adam's exp_avg and
     exp_avg_sq (SGD's momentum), and fp32 copies of 16-bit gradients."""
     step_only: int = 0
-    """Of `optimizer`, the fp32 copies of 16-bit gradients: made by the optimizer step, freed by the next
-    iteration's zero_grad before its forward (see the notes above)."""
+    """Of `optimizer`, the step's fp32 working copies: megatron-core's of 16-bit gradients, freed by the next
+    iteration's zero_grad before its forward (see the notes above), and the precision-aware optimizer's of its
+    low-precision states (`step_transient`)."""
+    step_transient: int = 0
+    """Of `step_only`, what the step frees as it ends: Transformer Engine's FusedAdam's working copies (local to its
+    step)."""
     weights_working: int = 0
     """Of `weights`, Megatron-FSDP's temporary unsharded parameters (ZeRO-3): the layers all-gathered for the one
     being computed and those prefetched."""
@@ -542,7 +549,8 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
             into += mine
     updated = int(owned.max() if rank is None else owned[rank]) + int(owned_experts.max())
     return ModelState(weights=weights, gradients=gradients, optimizer=updated * per_element,
-                      step_only=updated * copies)
+                      step_only=updated * copies,
+                      step_transient=updated * (optimizer_dtypes.step_copies() if optimizer_dtypes else 0))
 
 
 # --- Megatron-FSDP (megatron/core/distributed/fsdp/src/megatron_fsdp, megatron-core 0.16.1) ---------------------------
@@ -905,17 +913,17 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
                         for n in partition]
     firsts = chunk_first_layers(chunks)
 
-    def model_state(i: int, params: float) -> tuple[float, float, float, float]:
+    def model_state(i: int, params: float) -> tuple[float, float, float, float, float]:
         if zero_stage and sharding.choose(zero_stage, zero_backend, entrypoint).implementation == sharding.DEEPSPEED:
             return *(params * n for n in bytes_per_param(precision, data_parallel, zero_stage=zero_stage,
-                                                         optimizer=optimizer)), 0.0
+                                                         optimizer=optimizer)), 0.0, 0.0
         state = model_state_bytes(shape, chunks[i], stage=i, pipeline=p, tensor=tensor, data_parallel=data_parallel,
                                   context=context, precision=precision, distributed_optimizer=distributed_optimizer,
                                   grad_reduce_in_bf16=grad_reduce_in_bf16, optimizer=optimizer,
                                   overlap_grad_reduce=overlap_grad_reduce, zero_stage=zero_stage, expert=expert,
                                   expert_tensor=expert_tensor, first_layers=firsts[i], entrypoint=entrypoint,
                                   transformer_impl=transformer_impl, optimizer_dtypes=optimizer_dtypes)
-        return state.weights, state.gradients, state.optimizer, state.step_only
+        return state.weights, state.gradients, state.optimizer, state.step_only, state.step_transient
 
     act_scale = 2 if precision == "fp32" else 1
     s, b, h, t = shape.seq_length / context, micro_batch, shape.hidden, tensor
@@ -952,8 +960,8 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
                 one = max(one, activation_bytes_per_layer(shape, b, t, sequence_parallel, None, precision,
                                                           **moe_kernels))
             evaluation = (one if layers else 0.0) + logits
-        weights, gradients, optimizer_state, step_only = model_state(i, params)
+        weights, gradients, optimizer_state, step_only, step_transient = model_state(i, params)
         out.append(StageMemory(weights=weights / GIB, gradients=gradients / GIB, optimizer=optimizer_state / GIB,
                                activations=acts / GIB, in_flight=held, step_only=step_only / GIB,
-                               evaluation=evaluation / GIB))
+                               step_transient=step_transient / GIB, evaluation=evaluation / GIB))
     return out

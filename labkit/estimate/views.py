@@ -101,7 +101,7 @@ def memory_bars(est) -> go.Figure:
     """
     df = memory_table(est)
     labels = [f"stage {i} ({g})" for i, g in zip(df["stage"], df["gpu"])]
-    step = df["step_only"] + df["evaluation"]
+    step = df["step_only"] + (df["evaluation"] - df["step_transient"]).clip(lower=0)
     last = ["activations" if a >= s else "the optimizer step's copies" for a, s in zip(df["activations"], step)]
     parts = {"weights": df["weights"], "gradients": df["gradients"], "optimizer": df["optimizer"] - df["step_only"],
              "activations": df["activations"].where(df["activations"] >= step, step)}
