@@ -99,9 +99,9 @@ class Estimate:
 
 def _add_host_passes(chunk_times: list[list], gpus: list[str], seconds: float) -> None:
     """Charge each model chunk's forward and backward pass on a CPU the host time the training loop spends around
-    it (Calibration.cpu_host_s_per_pass, half to each): megatron-core's schedule (its Python, each pass's p2p set-up,
-    the loss's reduction), which a GPU's asynchronous launches hide but a CPU runs in line with the layers, and which a
-    profile of the layers' passes alone does not time."""
+    it (Calibration.cpu_host_s_per_pass, half to each): what megatron-core's schedule does around a pass beyond its
+    layers, which a GPU's asynchronous launches hide but a CPU runs in line, and which a profile of the layers' passes
+    does not time. A residual measured by benchmarks/bench_host_overhead.py, not traced to its parts."""
     for i, row in enumerate(chunk_times):
         if catalog.gpu(gpus[i]).is_cpu:
             row[:] = [dataclasses.replace(ct, forward_s=ct.forward_s + seconds / 2,
