@@ -447,7 +447,7 @@ def _state_dtypes(precision: str, grad_reduce_in_bf16: bool, optimizer: str,
 
 
 def step_only_bytes(precision: str, grad_reduce_in_bf16: bool = False,
-                             dtypes: OptimizerDtypes | None = None) -> int:
+                    dtypes: OptimizerDtypes | None = None) -> int:
     """Bytes per updated element that only the optimizer step holds (`_state_dtypes`): megatron-core's fp32 copies of
     a 16-bit gradient buffer (fp16, or bf16 and FP8 with --grad-reduce-in-bf16), and with the precision-aware
     optimizer FusedAdam's fp32 working copies of its low-precision states (it reads the gradient buffer itself)."""
@@ -523,8 +523,7 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
                                       data_parallel=data_parallel, context=context, precision=precision,
                                       grad_reduce_in_bf16=grad_reduce_in_bf16, optimizer=optimizer,
                                       overlap_grad_reduce=overlap_grad_reduce, expert=expert,
-                                      expert_tensor=expert_tensor, first_layers=first_layers,
-                                      optimizer_dtypes=optimizer_dtypes)
+                                      expert_tensor=expert_tensor, first_layers=first_layers)
     distributed_optimizer = distributed_optimizer or zero_stage == 1
     shards = data_parallel * context
     expert_shards = expert_data_parallel(tensor, context, data_parallel, expert, expert_tensor)
@@ -580,16 +579,14 @@ def fsdp_model_state_bytes(shape: Shape, chunks: list[int], zero_stage: int, *, 
                            tensor: int = 1, data_parallel: int = 1, context: int = 1, precision: str = "bf16",
                            grad_reduce_in_bf16: bool = False, optimizer: str = "adam",
                            overlap_grad_reduce: bool = False, expert: int = 1, expert_tensor: int | None = None,
-                           first_layers: list[int] | None = None,
-                           optimizer_dtypes: OptimizerDtypes | None = None) -> ModelState:
+                           first_layers: list[int] | None = None) -> ModelState:
     """One GPU's model state under Megatron-FSDP at ZeRO stage 2 (optim_grads) or 3 (optim_grads_params), working
     buffers included (see the notes above), in bytes. With expert parallelism the local experts are sharded over the
     expert-data-parallel ranks (Megatron-FSDP's expert data-parallel shard group) and the rest over data x context;
     the working buffers are counted over both together."""
     if zero_stage not in (2, 3):
         raise ValueError(f"zero_stage: Megatron-FSDP shards at stage 2 or 3, not {zero_stage}")
-    param_bytes, grad_bytes, per_element, _ = _state_dtypes(precision, grad_reduce_in_bf16, optimizer,
-                                                            optimizer_dtypes)
+    param_bytes, grad_bytes, per_element, _ = _state_dtypes(precision, grad_reduce_in_bf16, optimizer)
     shards = data_parallel * context
     expert_shards = expert_data_parallel(tensor, context, data_parallel, expert, expert_tensor)
     etp = sizes.expert_tensor_size(tensor, expert_tensor)

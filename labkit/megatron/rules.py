@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from labkit.megatron import sharding, sizes
-from labkit.megatron.flags import FLAGS
+from labkit.megatron.flags import FLAGS, OPTIMIZER_DTYPES
 
 Name = Callable[[str], str]
 """Megatron argument (its argparse dest, e.g. "tensor_model_parallel_size") -> how the caller names it."""
@@ -544,8 +544,7 @@ def _precision_aware_problems(args, runtime: Runtime, name: Name) -> list[Proble
     without it, are refused rather than ignored."""
     if not args.use_precision_aware_optimizer:
         return [Problem(key, f"{getattr(args, key)} needs {name('use_precision_aware_optimizer')}; add it, or use fp32")
-                for key in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
-                if getattr(args, key) != "fp32"]
+                for key in OPTIMIZER_DTYPES if getattr(args, key) != "fp32"]
     found = []
     if args.optimizer != "adam":
         found.append(Problem("use_precision_aware_optimizer", f"steps Adam only; use {name('optimizer')} adam"))
