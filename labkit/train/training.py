@@ -22,7 +22,6 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.timers import Timers
 from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker, track_moe_metrics
 
-from labkit.megatron.flags import OPTIMIZER_DTYPES
 from labkit.megatron.flops import megatron_logged_flops
 from labkit.megatron.shape import Shape
 from labkit.megatron.sizes import padded_vocab_size
@@ -108,9 +107,12 @@ def build_optimizer(args, model, config):
         clip_grad=args.clip_grad, timers=config.timers,
         use_precision_aware_optimizer=args.use_precision_aware_optimizer,
         fp8_recipe=args.fp8_recipe,  # as Megatron-LM's config: it decides who keeps the main parameters under MXFP8
-        # Megatron-LM's validate_args maps the names so, fp8 to the uint8 Transformer Engine's FusedAdam stores
-        **{key: {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.uint8}[
-            getattr(args, key)] for key in OPTIMIZER_DTYPES},
+        # Megatron-LM's validate_args maps the names so, fp8 to the uint8 Transformer Engine's FusedAdam stores; each
+        # argument read by name, as the driver's flag audit (tests/test_train_gpu_path.py) looks for it
+        **{key: {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.uint8}[value]
+           for key, value in (("main_grads_dtype", args.main_grads_dtype),
+                              ("main_params_dtype", args.main_params_dtype),
+                              ("exp_avg_dtype", args.exp_avg_dtype), ("exp_avg_sq_dtype", args.exp_avg_sq_dtype))},
     )
     optimizer = get_megatron_optimizer(opt_config, model, use_gloo_process_groups=False)
     scheduler = OptimizerParamScheduler(
