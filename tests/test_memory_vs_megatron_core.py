@@ -25,6 +25,7 @@ import pytest
 from labkit.estimate import estimate
 from labkit.estimate.memory import GIB, ModelState, bytes_per_param, memory_per_stage, model_state_bytes
 from labkit.estimate.params import Shape, stage_params
+from labkit.megatron_args import megatron_args
 from labkit.net import free_port
 from labkit.spec import SpecError, load_spec
 from labkit.train.model_state import built_after_one_step, held_bytes
@@ -283,6 +284,20 @@ def test_llama31_8b_at_context_2_data_4_shards_optimizer_over_eight_gpus():
 def test_grad_reduce_in_bf16_needs_bf16():
     with pytest.raises(SpecError, match="optimizer.grad_reduce_in_bf16: .* precision is fp16"):
         load_spec({"model": {"preset": "tiny"}, "precision": "fp16", "optimizer": {"grad_reduce_in_bf16": True}})
+
+
+@pytest.mark.parametrize("precision", ["mxfp8", "nvfp4"])
+def test_block_scaled_runs_reduce_gradients_in_bf16_as_megatron_lm_takes_it(precision):
+    """MXFP8 and NVFP4 train under --bf16, whose gradients Megatron-LM's validate_args reduces in bf16 with
+    --grad-reduce-in-bf16 (Megatron-Bridge's recipes for them set grad_reduce_in_fp32 False)."""
+    def spec(bf16_grads):
+        return load_spec({"model": {"preset": "llama3-8b"}, "precision": precision,
+                          "optimizer": {"distributed": True, "grad_reduce_in_bf16": bf16_grads},
+                          "job": {"entrypoint": "megatron-lm", "megatron_lm": "/workspace/megatron-lm"},
+                          "cluster": {"nodes": [{"gpu": "B200", "count": 1, "gpus_per_node": 8}]}})
+    args = megatron_args(spec(True))
+    assert "--bf16" in args and "--grad-reduce-in-bf16" in args
+    assert estimate(spec(True)).memory_detail[0]["gradients"] == estimate(spec(False)).memory_detail[0]["gradients"] / 2
 
 
 def test_the_steps_gradient_copies_share_the_memory_the_activations_free():

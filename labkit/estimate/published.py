@@ -92,11 +92,6 @@ def _spec(name: str, group: dict, run: dict, data: dict) -> tuple[RunSpec, str]:
         kernels["stack"] = group["stack"]
     precision = run.get("precision", group.get("precision", "fp16"))
     optimizer = {**group.get("optimizer", {}), **({"zero_stage": run["zero"]} if "zero" in run else {})}
-    if precision not in ("bf16", "fp8"):
-        # the spec takes optimizer.grad_reduce_in_bf16 with bf16 and fp8 only: an MXFP8 row reduces its gradients in
-        # fp32 here, bytes its recipe does not move (overlapped with the backward, and 2 bytes more per parameter of
-        # gradient buffer)
-        optimizer.pop("grad_reduce_in_bf16", None)
     spec = load_spec({
         "name": f"{name}-{label}".replace(" ", "-"),
         "model": model, "parallel": parallel,

@@ -324,9 +324,10 @@ def _check_optimizer(spec: RunSpec) -> list[str]:
             errors.append(f"optimizer.{key}: must be a positive scale, got {getattr(opt, key)}")
     if opt.lr_warmup_fraction is not None and not 0 <= opt.lr_warmup_fraction <= 1:
         errors.append(f"optimizer.lr_warmup_fraction: must be between 0 and 1, got {opt.lr_warmup_fraction}")
-    if opt.grad_reduce_in_bf16 and spec.precision not in ("bf16", "fp8"):
+    # every precision but fp16 and fp32 trains under Megatron-LM's --bf16, which the flag reduces in bf16
+    if opt.grad_reduce_in_bf16 and spec.precision in ("fp16", "fp32"):
         errors.append(f"optimizer.grad_reduce_in_bf16: reduces bf16 gradients, and precision is {spec.precision}; "
-                      "set precision: bf16 (or fp8), or leave it out")
+                      "set precision: bf16 (or fp8, mxfp8, nvfp4), or leave it out")
     for key, choices in OPTIMIZER_DTYPES.items():
         if getattr(opt, key) not in choices:
             errors.append(f"optimizer.{key}: {quote(getattr(opt, key))} is not one of {', '.join(choices)}")

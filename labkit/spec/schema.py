@@ -246,8 +246,9 @@ class OptimizerSpec:
     loss_scale: float | None = None
     """A fixed fp16 loss scale instead of the dynamic one (--loss-scale)."""
     grad_reduce_in_bf16: bool = False
-    """Keep and reduce gradients in bf16 rather than fp32 (--grad-reduce-in-bf16; precision bf16 or fp8): half the
-    gradient buffer and its data-parallel traffic, while the optimizer step makes fp32 copies of its shard."""
+    """Keep and reduce gradients in bf16 rather than fp32 (--grad-reduce-in-bf16; precision bf16, fp8, mxfp8 or
+    nvfp4, all of which train under --bf16): half the gradient buffer and its data-parallel traffic, while the
+    optimizer step makes fp32 copies of its shard."""
     precision_aware: bool = False
     """Megatron's precision-aware optimizer (--use-precision-aware-optimizer): Transformer Engine's FusedAdam keeps
     the master weights and Adam's moments in the four dtypes below, and steps on the gradient buffer itself (no fp32
@@ -267,7 +268,7 @@ class OptimizerSpec:
 
     @property
     def bf16_gradients(self) -> bool:
-        """The gradient buffer is bf16 (with bf16 or FP8 training): grad_reduce_in_bf16, or the precision-aware
+        """The gradient buffer is bf16 (with training under --bf16): grad_reduce_in_bf16, or the precision-aware
         optimizer's main_grads_dtype bf16."""
         return self.grad_reduce_in_bf16 or (self.precision_aware and self.main_grads_dtype == "bf16")
 
