@@ -32,7 +32,8 @@ class PublishedRun:
     measured_key: str   # "tflops_per_gpu" or "iteration_time_s": the figure compared
     measured: float
     held_out: bool      # no calibration constant was fitted to this set
-    dev: bool = False   # development data: rows the estimator's terms were developed against, nothing fitted to them
+    dev: bool = False   # development data: rows the estimator's terms were developed against (calibration.yaml names
+                        # the few constants fitted to them)
 
 
 # SC21's and Korthikanti's tables: [billions of parameters, heads, hidden, layers, tensor, pipeline, GPUs, global
