@@ -12,8 +12,8 @@ releases.
    overlap the all-to-all with compute, which labkit does not model).
 3. Prints the errors of the set's rows, and of benchmarks/data/megatron_bridge_26_runs.yaml's rows (releases 26.02 to
    26.06, nothing fitted to them), with the Blackwell FP8 efficiencies at H100-SXM's (what was assumed before this
-   fit) and with the fitted calibration, by GPU and model family, and whether the fit is the shipped calibration
-   (labkit/data/calibration.yaml).
+   fit; the launch cost as shipped) and with the fitted calibration, with each row's memory verdict, by GPU and model
+   family, and whether the fit is the shipped calibration (labkit/data/calibration.yaml).
 
 The error is estimated / measured iteration time - 1 (negative: the estimate is fast).
 """
@@ -68,6 +68,8 @@ def launch_that_explains(run: PublishedRun, calibration: Calibration) -> float:
     low, high = 0.0, 5e-3
     if error(run, with_moe_launch(calibration, low)) > 0:
         return 0.0
+    if error(run, with_moe_launch(calibration, high)) < 0:
+        raise ValueError(f"{run.label}: still fast at {1e3 * high:g} ms per local expert")
     for _ in range(40):
         middle = (low + high) / 2
         low, high = (middle, high) if error(run, with_moe_launch(calibration, middle)) < 0 else (low, middle)
@@ -102,6 +104,7 @@ def table(runs: list[PublishedRun], calibrations: dict[str, Calibration]) -> pd.
         row = {"run": run.label, "gpu": gpu(run), "family": family(run), "measured_s": run.measured}
         for name, calibration in calibrations.items():
             row[name] = error(run, calibration)
+        row["fits"] = estimate(run.spec).fits_in_memory
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -232,11 +232,11 @@ assert 0.4 < on_cpu.iteration_time_s / measured < 1.5, (on_cpu.iteration_time_s,
 # backward, and 7.5 ms per step, on the machine where `benchmarks/bench_host_overhead.py` measured them (another CPU
 # runs its host code at its own speed). With layers of 15 ms that is a small share of the step; with the `tiny`
 # preset's 2 ms layers it is most of it. On a machine that other jobs shared, `benchmarks/bench_plan_closed_loop.py`
-# ran 14 layouts of this model three times each, in three runs: the estimate is 5% to 8% off in the median and 15%
-# at most, most layouts still reading low, and ranks the layouts roughly in the order they measure (Spearman's rank
-# correlation 0.90, 0.68 and 0.55, where 1 is the same order and 0 none): the slowest layout takes 40% longer than the
-# fastest, and one layout's runs differ by 10-25% on a busy machine. A single run on a busy machine, like the one
-# above, can read well off.
+# ran 14 layouts of this model three times each, profiling again before each time, in three runs: the estimate is
+# 5% to 6% off in the median and 17% at most, most layouts still reading low, and ranks the layouts roughly in the
+# order they measure (Spearman's rank correlation 0.88, 0.75 and 0.61, where 1 is the same order and 0 none): the
+# slowest layout takes 40% longer than the fastest, and one layout's runs differ by up to 45% on a busy machine. A
+# single run on a busy machine, like the one above, can read well off.
 #
 # Both processes run on this one host, so they share its cores: the local backend gives each process its share
 # (`OMP_NUM_THREADS` = cores / processes), as a Slurm node shares its own among its processes. Give each process every

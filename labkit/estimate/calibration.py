@@ -116,8 +116,8 @@ class Calibration:
 
     def gemm_efficiency(self, gpu: str, precision: str) -> float:
         """Fraction of the GPU's peak at `precision` that the linear layers' GEMMs reach. Blackwell's block-scaled
-        formats (mxfp8 at the FP8 peak, nvfp4 at the FP4 peak: labkit.catalog.BLOCK_SCALED) take the FP8 fraction:
-        assumed, as no published MXFP8 or NVFP4 run was fitted."""
+        formats (mxfp8 at the FP8 peak, nvfp4 at the FP4 peak: labkit.catalog.BLOCK_SCALED) take the FP8 fraction,
+        which was fitted to FP8 and MXFP8 rows alike (calibration.yaml); for NVFP4 it is assumed."""
         if precision in ("fp8", "mxfp8", "nvfp4") and gpu in self.fp8_efficiency:
             return self.fp8_efficiency[gpu]
         return self.gpu_efficiency(gpu)

@@ -430,8 +430,8 @@ def _state_dtypes(precision: str, grad_reduce_in_bf16: bool, optimizer: str,
         raise ValueError(f"optimizer: {optimizer!r} is not adam or sgd")
     param_bytes = 4 if precision == "fp32" else 2
     bf16 = precision in ("bf16", *LOW_PRECISION)
-    # Megatron-LM's validate_args: bf16 (and FP8 inside bf16) reduces in fp32 unless --grad-reduce-in-bf16 or
-    # --main-grads-dtype bf16; fp16 and fp32 keep the parameters' dtype.
+    # Megatron-LM's validate_args: bf16 (and FP8, MXFP8 and NVFP4 inside it) reduces in fp32 unless
+    # --grad-reduce-in-bf16 or --main-grads-dtype bf16; fp16 and fp32 keep the parameters' dtype.
     bf16_grads = grad_reduce_in_bf16 or (dtypes is not None and dtypes.main_grads == "bf16")
     grad_bytes = 2 if precision == "fp16" or (bf16 and bf16_grads) else 4
     copies = 4 if param_bytes == 2 and grad_bytes == 2 else 0
@@ -449,7 +449,7 @@ def _state_dtypes(precision: str, grad_reduce_in_bf16: bool, optimizer: str,
 def step_only_bytes(precision: str, grad_reduce_in_bf16: bool = False,
                     dtypes: OptimizerDtypes | None = None) -> int:
     """Bytes per updated element that only the optimizer step holds (`_state_dtypes`): megatron-core's fp32 copies of
-    a 16-bit gradient buffer (fp16, or bf16 and FP8 with --grad-reduce-in-bf16), and with the precision-aware
+    a 16-bit gradient buffer (fp16, or training under --bf16 with --grad-reduce-in-bf16), and with the precision-aware
     optimizer FusedAdam's fp32 working copies of its low-precision states (it reads the gradient buffer itself)."""
     return _state_dtypes(precision, grad_reduce_in_bf16, "adam", dtypes)[3]
 

@@ -255,7 +255,7 @@ class OptimizerSpec:
     copies). Adam with the distributed optimizer, on GPUs with Transformer Engine. Megatron's MoE recipes store the
     moments in bf16 this way, 4 bytes per parameter instead of 8, before sharding."""
     main_grads_dtype: str = "fp32"
-    """fp32 or bf16 (--main-grads-dtype; with precision_aware and precision bf16 or FP8): the gradient buffer the
+    """fp32 or bf16 (--main-grads-dtype; with precision_aware and a precision under --bf16): the gradient buffer the
     optimizer reads; bf16 halves it and its data-parallel traffic, as grad_reduce_in_bf16 does."""
     main_params_dtype: str = "fp32"
     """fp32 or fp16 (--main-params-dtype; with precision_aware): the master weights. fp32 beside bf16 weights is kept
