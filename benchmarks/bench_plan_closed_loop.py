@@ -1,4 +1,4 @@
-"""The planner against measurement on this machine (goals: Spearman >= 0.8; the pick within 10% of the measured best).
+"""The planner against measurement here (goals: Spearman >= 0.85, max error <= 15%, the pick within 10% of the best).
 
     .venv/bin/python benchmarks/bench_plan_closed_loop.py [--iters 10] [--rounds 3] [--limit 14]
 
