@@ -52,10 +52,6 @@ def mean_log_error(runs: list[PublishedRun], calibration: Calibration) -> float:
     return statistics.mean(abs(math.log1p(error(run, calibration))) for run in runs)
 
 
-def with_fp8_efficiency(calibration: Calibration, name: str, value: float) -> Calibration:
-    return replace(calibration, fp8_efficiency={**calibration.fp8_efficiency, name: value})
-
-
 def with_moe_launch(calibration: Calibration, seconds: float) -> Calibration:
     for stack in ("megatron-bridge", "megatron-core"):
         calibration = calibration.with_stack(replace(calibration.stack(stack), moe_launch_s_per_local_expert=seconds))
@@ -80,8 +76,8 @@ def fit(dev: list[PublishedRun], base: Calibration) -> tuple[Calibration, list[s
     lines, fitted = [], base
     for name in BLACKWELL:
         dense = [r for r in dev if gpu(r) == name and not r.spec.model.num_experts]
-        best = min(GRID, key=lambda v: mean_log_error(dense, with_fp8_efficiency(base, name, v)))
-        fitted = with_fp8_efficiency(fitted, name, best)
+        best = min(GRID, key=lambda v: mean_log_error(dense, base.with_fp8_efficiency(name, v)))
+        fitted = fitted.with_fp8_efficiency(name, best)
         lines.append(f"fp8_efficiency.{name}: {best:.2f} over {len(dense)} dense rows (mean |log error| "
                      f"{mean_log_error(dense, base):.3f} at {base.fp8_efficiency[name]:.2f} -> "
                      f"{mean_log_error(dense, fitted):.3f})")
@@ -124,7 +120,7 @@ def main() -> int:
     shipped = default_calibration()
     assumed = shipped
     for name in BLACKWELL:  # as before this fit: H100-SXM's FP8 fraction
-        assumed = with_fp8_efficiency(assumed, name, shipped.fp8_efficiency["H100-SXM"])
+        assumed = assumed.with_fp8_efficiency(name, shipped.fp8_efficiency["H100-SXM"])
     dev = [r for r in published_runs() if r.set == DEV_SET]
     fitted, lines = fit(dev, assumed)
     print("\n".join(lines))

@@ -153,6 +153,9 @@ class Calibration:
     def with_efficiency(self, gpu: str, value: float) -> Calibration:
         return replace(self, efficiency={**self.efficiency, gpu: value})
 
+    def with_fp8_efficiency(self, gpu: str, value: float) -> Calibration:
+        return replace(self, fp8_efficiency={**self.fp8_efficiency, gpu: value})
+
     def with_intra_node_gbps(self, gpu: str, value: float) -> Calibration:
         return replace(self, intra_node_gbps={**self.intra_node_gbps, gpu: value})
 

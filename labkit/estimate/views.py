@@ -6,6 +6,7 @@ import plotly.graph_objects as go
 
 from labkit import catalog
 from labkit.estimate.flops import training_days
+from labkit.estimate.memory import StageMemory
 from labkit.estimate.params import Shape, gpt_params, total_params
 from labkit.spec import ModelSpec
 
@@ -101,7 +102,9 @@ def memory_bars(est) -> go.Figure:
     """
     df = memory_table(est)
     labels = [f"stage {i} ({g})" for i, g in zip(df["stage"], df["gpu"])]
-    step = df["step_only"] + (df["evaluation"] - df["step_transient"]).clip(lower=0)
+    # what the optimizer step's phase holds beyond the model state both phases share (StageMemory.optimizer_step)
+    phases = [StageMemory(**{k: v for k, v in d.items() if k != "total"}) for d in est.memory_detail]
+    step = pd.Series([m.optimizer_step - (m.weights + m.gradients + m.optimizer - m.step_only) for m in phases])
     last = ["activations" if a >= s else "the optimizer step's copies" for a, s in zip(df["activations"], step)]
     parts = {"weights": df["weights"], "gradients": df["gradients"], "optimizer": df["optimizer"] - df["step_only"],
              "activations": df["activations"].where(df["activations"] >= step, step)}
