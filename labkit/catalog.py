@@ -53,6 +53,11 @@ class GPU:
     message_latency_s: float | None = None
     """One small message's latency on the device's links where it exceeds the calibration's link_latency_s (gloo's
     send/recv on a CPU host), in seconds; None: the calibration's."""
+    fp8_gemm_any_layout: bool = False
+    """Its FP8 GEMMs take their operands in any layout (Transformer Engine's is_non_tn_fp8_gemm_supported: compute
+    capability 10.x and 11.x, data-center Blackwell, and 13 on): an FP8 weight serves the backward pass as it is.
+    False (Ada, Hopper): FP8 GEMMs take the TN layout only, and Transformer Engine keeps a transpose beside each FP8
+    weight, twice its bytes."""
 
     def peak(self, precision: str) -> float:
         """Dense peak TFLOP/s for a precision; fp32 training on tensor cores is not assumed. Blackwell's block-scaled
@@ -174,7 +179,7 @@ def _entry_errors(name: str, entry, user: bool) -> list[str]:
         value = entry.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
             errors.append(f"{at}: {key}: must be a positive whole number, got {value!r}; give {what}")
-    for key in ("bf16", "fp16"):
+    for key in ("bf16", "fp16", "fp8_gemm_any_layout"):
         if key in entry and not isinstance(entry[key], bool):
             errors.append(f"{at}: {key}: must be true or false, got {entry[key]!r}")
     price = entry.get("price_per_node_hour")

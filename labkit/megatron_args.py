@@ -330,6 +330,12 @@ def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike 
             out.add("optimizer.zero_stage", F.ckpt_format, "fsdp_dtensor")
     if opt.grad_reduce_in_bf16:
         out.add("optimizer.grad_reduce_in_bf16", F.grad_reduce_in_bf16)
+    if sharding.fp8_param_gather(spec):
+        out.add("optimizer.fp8_param_gather", F.fp8_param_gather)
+        if spec.precision == "mxfp8" and shard.implementation == sharding.DISTRIBUTED_OPTIMIZER:
+            # the bf16 weights gathered in the gradient buffer, as Megatron-Bridge's bf16_with_mxfp8_mixed pairs them
+            # (Megatron-LM turns it off under Megatron-FSDP)
+            out.add("optimizer.fp8_param_gather", F.reuse_grad_buf_for_mxfp8_param_ag)
     if opt.precision_aware:
         out.add("optimizer.precision_aware", F.use_precision_aware_optimizer)
     for key in OPTIMIZER_DTYPES:  # each one written, so that the rules refuse one without precision_aware

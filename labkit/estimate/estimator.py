@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from labkit import catalog
 from labkit.estimate import flops as F
 from labkit.estimate.calibration import Calibration, resolve
-from labkit.estimate.memory import (GIB, MOE_TOKEN_IMBALANCE, OptimizerDtypes, expert_data_parallel,
+from labkit.estimate.memory import (GIB, MOE_TOKEN_IMBALANCE, FP8Weights, OptimizerDtypes, expert_data_parallel,
                                     memory_per_stage, moe_pattern)
 from labkit.estimate.params import active_params, mlp_params, params_with_padding, stage_params, total_params
 from labkit.estimate.profiles import Profile, find_profile
@@ -360,6 +360,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     # assumes them throughout), whose output layer FSDP2 gathers on its own, megatron-core's local ones on CPUs
     transformer_impl = rules.transformer_impl(argparse.Namespace(transformer_impl=None),
                                               rules.Runtime(cuda=on_gpus, transformer_engine=on_gpus))
+    fp8_weights = fp8_weights_of(spec)
     mem = memory_per_stage(shape, partition, tensor=t, data_parallel=d, micro_batch=b.micro, num_micro_batches=m,
                            precision=precision, recompute=recompute,
                            recompute_layers=spec.recompute.num_layers if spec.recompute else 1,
@@ -370,7 +371,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                            grad_reduce_in_bf16=spec.optimizer.grad_reduce_in_bf16, overlap_grad_reduce=overlap_dp,
                            expert=ep, expert_tensor=etp, recompute_modules=recompute_modules,
                            entrypoint=spec.job.entrypoint, transformer_impl=transformer_impl,
-                           optimizer_dtypes=OptimizerDtypes.of(spec.optimizer), evaluates=bool(spec.train.eval_interval))
+                           optimizer_dtypes=OptimizerDtypes.of(spec.optimizer), evaluates=bool(spec.train.eval_interval),
+                           fp8_weights=fp8_weights)
     limits = [catalog.gpu(g).memory_limit_gb for g in gpus]
     fits = all(s.total <= (1 - MEMORY_MARGIN) * lim for s, lim in zip(mem, limits))
 
@@ -413,6 +415,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         assumptions.append(f"the optimizer state as Transformer Engine's FusedAdam keeps it (optimizer.precision_aware):"
                            f" gradients {gradients}, master weights {master}, exp_avg {o.exp_avg_dtype}, exp_avg_sq "
                            f"{o.exp_avg_sq_dtype}")
+    if fp8_weights is not None:
+        assumptions.append(_fp8_weights_assumption(spec, fp8_weights))
     if shape.moe:
         assumptions.append(f"tokens spread over the experts {MOE_TOKEN_IMBALANCE:g} x evenly "
                            "(labkit.estimate.memory.MOE_TOKEN_IMBALANCE), none dropped")
@@ -482,6 +486,33 @@ def flash_attention(backend: str, gpus: list[str]) -> bool:
     if backend != "auto":
         return False
     return bool(found) and all(g.bf16 and not g.is_cpu for g in found)
+
+
+def fp8_weights_of(spec) -> FP8Weights | None:
+    """What Transformer Engine holds of a GPU run's linear layers' weights (labkit.estimate.memory.FP8Weights): with
+    FP8 parameters where the spec keeps them (labkit.megatron.sharding.fp8_param_gather), a transpose beside each
+    FP8 one unless every GPU of the run takes FP8 GEMMs in any layout (a mixed cluster is counted at its larger);
+    None on CPUs, which have no Transformer Engine."""
+    gpus = [catalog.gpu(g) for g in spec.stage_gpus]
+    if any(g.is_cpu for g in gpus):
+        return None
+    return FP8Weights.of(spec.precision, sharding.fp8_param_gather(spec), all(g.fp8_gemm_any_layout for g in gpus))
+
+
+def _fp8_weights_assumption(spec, weights: FP8Weights) -> str:
+    """The estimate's words for FP8Weights, saying whether optimizer.fp8_param_gather was written or defaulted."""
+    said = "" if spec.optimizer.fp8_param_gather is not None else ", the default where Megatron-LM can, as NVIDIA's " \
+                                                                   "recipes set it"
+    if weights.replaces_bf16:
+        return (f"the linear layers' weights kept in {spec.precision.upper()} at {weights.quantized:.3g} "
+                f"byte{'' if weights.quantized == 1 else 's'} each "
+                f"(--fp8-param-gather: optimizer.fp8_param_gather{said}), no bf16 copy")
+    return (f"the linear layers' weights in bf16 with Transformer Engine's cached {spec.precision.upper()} copy, "
+            f"{weights.quantized:.3g} byte{'' if weights.quantized == 1 else 's'} each beside their 2" + (" (optimizer.fp8_param_gather false)"
+                                                                  if spec.optimizer.fp8_param_gather is False else
+                                                                  " (optimizer.fp8_param_gather keeps no bf16 copy "
+                                                                  "under the distributed optimizer or Megatron-FSDP)"
+                                                                  if spec.precision != "nvfp4" else ""))
 
 
 __all__ = ["Estimate", "estimate", "MEMORY_MARGIN", "GIB"]

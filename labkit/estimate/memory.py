@@ -43,7 +43,7 @@ dropout mask (s b h, with dropout), the last stage the fp32 logits, 4 s b h (1 +
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -64,8 +64,10 @@ _MODEL_STATE = {
     "fp32": (4, 4, 8),
     "bf16": (2, 4, 12),
     "fp16": (2, 2, 16),
-    "fp8": (2, 4, 12),  # Megatron keeps bf16 weights with fp32 gradients and master copy; FP8 casts are transient
-    "mxfp8": (2, 4, 12),  # Blackwell's block-scaled formats as FP8: bf16 weights, their quantized copies transient
+    # FP8, MXFP8 and NVFP4 train under --bf16: bf16 weights with fp32 gradients and master copy; what Transformer
+    # Engine holds of the linear layers' weights in low precision is FP8Weights' (GPUs only)
+    "fp8": (2, 4, 12),
+    "mxfp8": (2, 4, 12),
     "nvfp4": (2, 4, 12),
 }
 LOW_PRECISION = ("fp8", "mxfp8", "nvfp4")
@@ -296,6 +298,61 @@ def chunk_expert_parameters(shape: Shape, layers: int, *, first_layer: int = 0, 
 
 
 @lru_cache(maxsize=4096)
+def _layer_linear_weights(shape: Shape, layer: int, tensor: int, expert: int, expert_tensor: int) -> int:
+    """Elements on one rank of transformer layer `layer`'s linear layers' weights: attention's QKV and output
+    projection, the dense MLP's or the local experts' and shared experts' fc1 and fc2, the GEMMs Transformer Engine
+    runs in FP8. Read off `_layer_parameters`: its two-dimensional parameters (more elements than rows) but the
+    router's, which megatron-core keeps as a plain parameter outside Transformer Engine."""
+    dense, experts = _layer_parameters(shape, layer, tensor, expert, expert_tensor)
+    router = shape.experts * shape.hidden if moe_pattern(shape)[layer] else 0
+    return sum(n for n, rows in dense + experts if n > rows) - router
+
+
+def linear_weight_elements(shape: Shape, layers: int, *, first_layer: int = 0, tensor: int = 1, expert: int = 1,
+                           expert_tensor: int | None = None) -> int:
+    """`_layer_linear_weights` over a model chunk's layers first_layer .. first_layer + layers - 1 (the embedding and
+    output layer are megatron-core's own, outside Transformer Engine: never FP8)."""
+    etp = sizes.expert_tensor_size(tensor, expert_tensor)
+    if not shape.moe:
+        return layers * _layer_linear_weights(shape, 0, tensor, 1, etp)
+    return sum(_layer_linear_weights(shape, layer, tensor, expert, etp)
+               for layer in range(first_layer, first_layer + layers))
+
+
+@dataclass(frozen=True)
+class FP8Weights:
+    """What Transformer Engine holds of the linear layers' weights under FP8, MXFP8 or NVFP4 on GPUs. Without
+    --fp8-param-gather the weights stay bf16 and each TE layer keeps its quantized copy from one micro-batch to the
+    next (megatron-core passes is_first_microbatch, and TE's Linear caches the cast as a "weight" workspace, refreshed
+    on the first micro-batch of each step): both are held. With it the model is built under TE's fp8_model_init and
+    the quantized weight is the parameter, cast from the distributed optimizer's fp32 master after each step: no bf16
+    copy (Megatron-LM's help: "Keep the compute param in fp8"). Under MXFP8 the bf16 values it gathers live in the
+    gradient buffer (--reuse-grad-buf-for-mxfp8-param-ag). Sizes as Transformer Engine's maintainers give them (github
+    NVIDIA/TransformerEngine issue 1880): FP8 1 byte a weight where FP8 GEMMs take any layout, 2 with the transpose
+    Hopper's TN-only GEMMs need; MXFP8 2, a copy in each of its two block layouts, each with an 8-bit scale per 32
+    elements; NVFP4 two 4-bit copies, each with an 8-bit scale per 16. Per-tensor scales and amax histories are not
+    counted."""
+    quantized: float
+    """Bytes per weight element of the quantized copy."""
+    replaces_bf16: bool
+    """--fp8-param-gather: the quantized weight is the parameter, no bf16 copy beside it."""
+
+    @classmethod
+    def of(cls, precision: str, fp8_param_gather: bool, any_layout: bool) -> FP8Weights | None:
+        """For a precision (None outside FP8, MXFP8 and NVFP4), whether the run keeps FP8 parameters
+        (labkit.megatron.sharding.fp8_param_gather), and whether its GPUs' FP8 GEMMs take any layout
+        (catalog.GPU.fp8_gemm_any_layout: Blackwell)."""
+        if precision not in LOW_PRECISION:
+            return None
+        quantized = {"fp8": 1.0 if any_layout else 2.0, "mxfp8": 2 * (1 + 1 / 32), "nvfp4": 2 * (0.5 + 1 / 16)}
+        return cls(quantized[precision], fp8_param_gather and precision != "nvfp4")
+
+    def bytes_per_element(self, param_bytes: int) -> float:
+        """What one linear weight element holds in all, against `param_bytes` for the other parameters."""
+        return self.quantized + (0 if self.replaces_bf16 else param_bytes)
+
+
+@lru_cache(maxsize=4096)
 def _grad_buffer(shape: Shape, layers: int, tensor: int, pre_process: bool, post_process: bool, pipeline: int,
                  shards: int, distributed: bool, bucket_size: int | None, first_layer: int = 0, expert: int = 1,
                  expert_tensor: int | None = None,
@@ -484,7 +541,8 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
                       overlap_grad_reduce: bool = False, rank: int | None = None, zero_stage: int = 0,
                       expert: int = 1, expert_tensor: int | None = None,
                       first_layers: list[int] | None = None, entrypoint: str = "labkit",
-                      transformer_impl: str = "local", optimizer_dtypes: OptimizerDtypes | None = None) -> ModelState:
+                      transformer_impl: str = "local", optimizer_dtypes: OptimizerDtypes | None = None,
+                      fp8_weights: FP8Weights | None = None) -> ModelState:
     """Weights, gradients and optimizer state in bytes on one GPU of pipeline stage `stage`, exactly as megatron-core
     0.16.1 allocates them (see the notes above). `chunks`: the transformer layers of each of the stage's model chunks
     (one without interleaving). `rank`: the GPU's rank in the data x context group; None: the one that updates the
@@ -502,7 +560,8 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
     _ParamAndGradBuffer over intra_expt_dp_group; megatron/core/optimizer/__init__.py builds a distributed optimizer
     per group). `first_layers`: the first layer of each chunk, which says which of its layers are MoE; None: the
     chunks of every stage as this one's. `optimizer_dtypes`: the precision-aware optimizer's (OptimizerDtypes), None
-    without it.
+    without it. `fp8_weights`: what Transformer Engine holds of the linear layers' weights under a low precision on
+    GPUs (FP8Weights), None where it holds nothing of its own (other precisions, CPUs).
 
     Taught in lab 09.
     """
@@ -514,16 +573,23 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
         first_layers = [(k * pipeline + stage) * layers for k, layers in enumerate(chunks)]
     if zero_stage in (2, 3) and sharding.choose(zero_stage, entrypoint=entrypoint).implementation == \
             sharding.TORCH_FSDP2:
-        return torch_fsdp2_model_state_bytes(shape, chunks, zero_stage, stage=stage, pipeline=pipeline, tensor=tensor,
-                                             data_parallel=data_parallel, context=context, precision=precision,
-                                             optimizer=optimizer, expert=expert, expert_tensor=expert_tensor,
-                                             first_layers=first_layers, transformer_impl=transformer_impl)
+        state = torch_fsdp2_model_state_bytes(shape, chunks, zero_stage, stage=stage, pipeline=pipeline,
+                                              tensor=tensor, data_parallel=data_parallel, context=context,
+                                              precision=precision, optimizer=optimizer, expert=expert,
+                                              expert_tensor=expert_tensor, first_layers=first_layers,
+                                              transformer_impl=transformer_impl)
+        if fp8_weights is None:
+            return state
+        # Megatron-LM keeps no FP8 parameters under FSDP2 (labkit.megatron.rules): Transformer Engine's cached copies
+        linear = sum(linear_weight_elements(shape, layers, first_layer=first, tensor=tensor, expert=expert,
+                                            expert_tensor=expert_tensor) for first, layers in zip(first_layers, chunks))
+        return replace(state, weights=int(state.weights + linear * fp8_weights.quantized))
     if zero_stage in (2, 3):
         return fsdp_model_state_bytes(shape, chunks, zero_stage, stage=stage, pipeline=pipeline, tensor=tensor,
                                       data_parallel=data_parallel, context=context, precision=precision,
                                       grad_reduce_in_bf16=grad_reduce_in_bf16, optimizer=optimizer,
                                       overlap_grad_reduce=overlap_grad_reduce, expert=expert,
-                                      expert_tensor=expert_tensor, first_layers=first_layers)
+                                      expert_tensor=expert_tensor, first_layers=first_layers, fp8_weights=fp8_weights)
     distributed_optimizer = distributed_optimizer or zero_stage == 1
     shards = data_parallel * context
     expert_shards = expert_data_parallel(tensor, context, data_parallel, expert, expert_tensor)
@@ -546,8 +612,12 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
             weights += numel * param_bytes  # without the distributed optimizer the buffer has no padding
             gradients += numel * grad_bytes
             into += mine
+        if fp8_weights is not None:  # the FP8 weights in place of their bf16 share of the buffer, or beside it
+            linear = linear_weight_elements(shape, layers, first_layer=first_layers[k], tensor=tensor, expert=expert,
+                                            expert_tensor=expert_tensor)
+            weights += linear * (fp8_weights.bytes_per_element(param_bytes) - param_bytes)
     updated = int(owned.max() if rank is None else owned[rank]) + int(owned_experts.max())
-    return ModelState(weights=weights, gradients=gradients, optimizer=updated * per_element,
+    return ModelState(weights=int(weights), gradients=gradients, optimizer=updated * per_element,
                       step_only=updated * copies,
                       step_transient=updated * (optimizer_dtypes.step_copies() if optimizer_dtypes else 0))
 
@@ -579,11 +649,14 @@ def fsdp_model_state_bytes(shape: Shape, chunks: list[int], zero_stage: int, *, 
                            tensor: int = 1, data_parallel: int = 1, context: int = 1, precision: str = "bf16",
                            grad_reduce_in_bf16: bool = False, optimizer: str = "adam",
                            overlap_grad_reduce: bool = False, expert: int = 1, expert_tensor: int | None = None,
-                           first_layers: list[int] | None = None) -> ModelState:
+                           first_layers: list[int] | None = None,
+                           fp8_weights: FP8Weights | None = None) -> ModelState:
     """One GPU's model state under Megatron-FSDP at ZeRO stage 2 (optim_grads) or 3 (optim_grads_params), working
     buffers included (see the notes above), in bytes. With expert parallelism the local experts are sharded over the
     expert-data-parallel ranks (Megatron-FSDP's expert data-parallel shard group) and the rest over data x context;
-    the working buffers are counted over both together."""
+    the working buffers are counted over both together. `fp8_weights` (model_state_bytes): with FP8 parameters the
+    model-weight buffer, sharded and gathered, holds the linear layers' share at their quantized bytes; without,
+    Transformer Engine's cached copies of the gathered weights are held beside it."""
     if zero_stage not in (2, 3):
         raise ValueError(f"zero_stage: Megatron-FSDP shards at stage 2 or 3, not {zero_stage}")
     param_bytes, grad_bytes, per_element, _ = _state_dtypes(precision, grad_reduce_in_bf16, optimizer)
@@ -606,15 +679,23 @@ def fsdp_model_state_bytes(shape: Shape, chunks: list[int], zero_stage: int, *, 
         # one layer, the model's mean: its dense and expert parameters
         per_layer = (sum(n for n, _ in chunk_parameters(shape, 1, tensor, False, False, pipeline, **where))
                      + experts // max(1, layers))
+        weight_bytes, cached = float(param_bytes), 0.0
+        if fp8_weights is not None and total:
+            linear = linear_weight_elements(shape, layers, first_layer=first_layers[k], tensor=tensor, expert=expert,
+                                            expert_tensor=expert_tensor)
+            if fp8_weights.replaces_bf16:  # the buffer's elements at their mean bytes
+                weight_bytes += linear / total * (fp8_weights.quantized - param_bytes)
+            else:
+                cached = linear * fp8_weights.quantized
         if zero_stage == 3 and layers:
             # the largest bucket gathered at once: a layer, or the word embedding / output layer
             bucket, unit = max(per_layer, *sizes_), max(FSDP_MIN_COMMUNICATION_UNIT, 2 * per_layer)
-            gathered += min(total, unit // 2 + 2 * bucket) * param_bytes
+            gathered += min(total, unit // 2 + 2 * bucket) * weight_bytes
         else:
             bucket = min(total, bucket_size or total)
             unit = max(FSDP_MIN_COMMUNICATION_UNIT, bucket_size or 0)
         unsharded += min(total, unit + 2 * bucket) * grad_bytes
-        weights += (shard if zero_stage == 3 else total) * param_bytes
+        weights += (shard if zero_stage == 3 else total) * weight_bytes + cached
         gradients += shard * grad_bytes
         optimizer_state += shard * per_element
     return ModelState(weights=int(weights + gathered), gradients=int(gradients + unsharded),
@@ -891,7 +972,8 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
                      expert_tensor: int | None = None,
                      recompute_modules: tuple[str, ...] | list[str] | None = None,
                      entrypoint: str = "labkit", transformer_impl: str = "local",
-                     optimizer_dtypes: OptimizerDtypes | None = None, evaluates: bool = False) -> list[StageMemory]:
+                     optimizer_dtypes: OptimizerDtypes | None = None, evaluates: bool = False,
+                     fp8_weights: FP8Weights | None = None) -> list[StageMemory]:
     """Peak memory of one GPU in each pipeline stage (GiB), without the CUDA context and allocator slack.
 
     Weights, gradients and optimizer state are megatron-core's (`model_state_bytes`, on the data x context rank that
@@ -903,7 +985,8 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
     `virtual_stages`. `expert`, `expert_tensor`: a mixture-of-experts model's expert-parallel and expert-tensor sizes
     (see `model_state_bytes`); each stage's MoE layers (shape.moe_layers, where its chunks fall) keep an MoE layer's
     activations (`activation_bytes_per_layer` with `moe`). `evaluates`: the run validates (train.eval_interval), a
-    forward between an optimizer step and the next zero_grad (StageMemory.evaluation).
+    forward between an optimizer step and the next zero_grad (StageMemory.evaluation). `fp8_weights`: what
+    Transformer Engine holds of the linear layers' weights (FP8Weights; None on CPUs and outside low precisions).
     """
     p = len(partition)
     chunks = chunks or [[n // virtual_stages + (k < n % virtual_stages) for k in range(virtual_stages)]
@@ -919,7 +1002,8 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
                                   grad_reduce_in_bf16=grad_reduce_in_bf16, optimizer=optimizer,
                                   overlap_grad_reduce=overlap_grad_reduce, zero_stage=zero_stage, expert=expert,
                                   expert_tensor=expert_tensor, first_layers=firsts[i], entrypoint=entrypoint,
-                                  transformer_impl=transformer_impl, optimizer_dtypes=optimizer_dtypes)
+                                  transformer_impl=transformer_impl, optimizer_dtypes=optimizer_dtypes,
+                                  fp8_weights=fp8_weights)
         return state.weights, state.gradients, state.optimizer, state.step_only, state.step_transient
 
     act_scale = 2 if precision == "fp32" else 1

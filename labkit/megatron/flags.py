@@ -242,6 +242,12 @@ FLAGS: tuple[Flag, ...] = (
          help="with --bf16: bf16 gradient buffers (else fp32)", group=PRECISION),
     Flag("--fp8-recipe", choices=("tensorwise", "delayed", "mxfp8", "blockwise"), default="delayed",
          help="how FP8 tensors are scaled; mxfp8 (32-element blocks) needs Blackwell", group=PRECISION),
+    Flag("--fp8-param-gather", action="store_true",
+         help="keep the linear layers' weights in FP8 and all-gather them so (with --fp8-format and the distributed "
+              "optimizer or Megatron-FSDP)", group=PRECISION),
+    Flag("--reuse-grad-buf-for-mxfp8-param-ag", action="store_true",
+         help="with --fp8-param-gather under MXFP8: all-gather the bf16 weights in the gradient buffer",
+         group=PRECISION),
     Flag("--fp4-format", choices=("e2m1",), help="FP4 GEMMs through Transformer Engine (with --bf16); needs Blackwell",
          group=PRECISION),
     Flag("--fp4-recipe", choices=("nvfp4",), default="nvfp4", help="NVFP4's 16-element block scaling",

@@ -534,6 +534,40 @@ def _sharding_problems(args, world_size: int, runtime: Runtime, name: Name) -> l
                                  "pretrain_gpt.py"))
     found += _deepspeed_problems(args, runtime, name)
     found += _precision_aware_problems(args, runtime, name)
+    found += _fp8_parameter_problems(args, name)
+    return found
+
+
+def _fp8_parameter_problems(args, name: Name) -> list[Problem]:
+    """--fp8-param-gather, as Megatron-LM core_v0.16.1 takes it: FP8 training (TransformerConfig refuses fp8_param
+    without fp8), weights sharded by the distributed optimizer or Megatron-FSDP (validate_args asserts it; under
+    --use-torch-fsdp2 it turns the flag off with Transformer Engine 2, a change refused here rather than made
+    silently); --reuse-grad-buf-for-mxfp8-param-ag beside it (DistributedDataParallelConfig asserts it), under MXFP8
+    only (with any other recipe the distributed optimizer would copy its updated weights into a buffer the model no
+    longer reads), and not under Megatron-FSDP (validate_args turns it off)."""
+    shard, found = sharding.from_args(args), []
+    if args.fp8_param_gather:
+        if not args.fp8_format:
+            found.append(Problem("fp8_param_gather", f"keeps the linear layers' weights in FP8 and needs FP8 training "
+                                 f"({name('fp8_format')}); leave it out"))
+        if shard.implementation == sharding.TORCH_FSDP2:
+            found.append(Problem("fp8_param_gather", f"ZeRO stage {shard.stage} runs as PyTorch FSDP2 "
+                                 f"({name('use_torch_fsdp2')}), under which Megatron-LM turns it off (Transformer "
+                                 "Engine 2); leave it out"))
+        elif shard.implementation not in (sharding.DISTRIBUTED_OPTIMIZER, sharding.MEGATRON_FSDP):
+            found.append(Problem("fp8_param_gather", "all-gathers sharded weights; needs "
+                                 f"{name('use_distributed_optimizer')} or Megatron-FSDP (Megatron-LM's validate_args); "
+                                 "add one, or leave it out"))
+    if args.reuse_grad_buf_for_mxfp8_param_ag:
+        if not args.fp8_param_gather:
+            found.append(Problem("reuse_grad_buf_for_mxfp8_param_ag", f"needs {name('fp8_param_gather')} (megatron-"
+                                 "core's DistributedDataParallelConfig asserts it); add it, or leave this out"))
+        elif args.fp8_recipe != "mxfp8" or not args.fp8_format:
+            found.append(Problem("reuse_grad_buf_for_mxfp8_param_ag", "gathers MXFP8 weights through the gradient "
+                                 f"buffer; needs {name('fp8_recipe')} mxfp8, or leave it out"))
+        elif shard.implementation == sharding.MEGATRON_FSDP:
+            found.append(Problem("reuse_grad_buf_for_mxfp8_param_ag", "Megatron-LM turns it off under Megatron-FSDP "
+                                 f"({name('use_megatron_fsdp')}); leave it out"))
     return found
 
 

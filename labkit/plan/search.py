@@ -23,8 +23,8 @@ from dataclasses import dataclass, field, replace
 from labkit import catalog
 from labkit.estimate import (Shape, allreduce_time, bytes_per_param, estimate, memory_per_stage, p2p_time,
                              pipeline_lower_bound, stage_params, stage_time)
-from labkit.estimate.estimator import (MEMORY_MARGIN, expert_params_per_stage, flash_attention, profile_fits,
-                                       profile_lookup, profiled_model)
+from labkit.estimate.estimator import (MEMORY_MARGIN, expert_params_per_stage, flash_attention, fp8_weights_of,
+                                       profile_fits, profile_lookup, profiled_model)
 from labkit.estimate.calibration import Calibration, resolve
 from labkit.estimate.memory import GIB, OptimizerDtypes, step_only_bytes
 from labkit.estimate.timing import ACTIVATION_BYTES, GRAD_REDUCE_BYTES, ExpertLinks, Pipeline
@@ -219,13 +219,18 @@ def expert_sizes(base: RunSpec, shape: Shape, tensor: int, pipeline: int, data: 
     limit = (1 - MEMORY_MARGIN) * memory_gb
     even = [shape.num_layers // pipeline + (i < shape.num_layers % pipeline) for i in range(pipeline)]
 
+    most = max(stages)  # the most sharded stage tried, which holds the least
+    fp8_weights = fp8_weights_of(replace(base, optimizer=replace(base.optimizer, zero_stage=most,
+                                                                 distributed=most >= 1)))
+
     def fits(ep: int, etp: int, recompute: str | None) -> bool:
         return max(m.total for m in memory_per_stage(
             shape, even, tensor=tensor, data_parallel=data, micro_batch=1, num_micro_batches=1,
             precision=base.precision, recompute=recompute, sequence_parallel=tensor > 1, zero_stage=max(stages),
             distributed_optimizer=max(stages) >= 1, flash_attention=flash, context=context, expert=ep,
             expert_tensor=etp, optimizer=base.optimizer.name, grad_reduce_in_bf16=base.optimizer.grad_reduce_in_bf16,
-            optimizer_dtypes=OptimizerDtypes.of(base.optimizer) if max(stages) == 1 else None)) <= limit
+            optimizer_dtypes=OptimizerDtypes.of(base.optimizer) if max(stages) == 1 else None,
+            fp8_weights=fp8_weights)) <= limit
 
     recompute = plain if fixed else "full"
     return [(ep, etp) for etp, eps in by_tensor.items() for ep in eps if fits(ep, etp, recompute)]
@@ -385,7 +390,7 @@ def _memory_caps(spec: RunSpec, shape: Shape, links: _Links, flash: bool) -> lis
               optimizer_dtypes=OptimizerDtypes.of(spec.optimizer),
               overlap_grad_reduce=spec.kernels.overlap_grad_reduce, entrypoint=spec.job.entrypoint,
               expert=spec.parallel.expert, expert_tensor=spec.parallel.expert_tensor,
-              evaluates=bool(spec.train.eval_interval))
+              evaluates=bool(spec.train.eval_interval), fp8_weights=fp8_weights_of(spec))
     zero, one = (memory_per_stage(shape, [n] * p, **kw) for n in (0, 1))
     # the cost of a layer from one to two per stage, where the model has that many (an MoE model's layer pattern
     # has no more); else from none to one, which counts full recompute's recomputed layer once more
@@ -449,6 +454,9 @@ class _MemoryFloor:
         if own_row:  # the step's fp32 gradient copies are freed before the activations are made
             per_param -= step_only_bytes(spec.precision, optimizer.grad_reduce_in_bf16, dtypes) / (
                 shards if zero >= 1 else 1)
+        fp8 = fp8_weights_of(spec)
+        if fp8 is not None and fp8.replaces_bf16 and fp8.quantized < 2:  # as if every parameter were a linear weight
+            per_param -= (2 - fp8.quantized) / (1 if own_row else shards)
         return per_param
 
     def _params(self, t: int, p: int, ep: int, etp: int) -> tuple[list[float], float]:

@@ -77,7 +77,8 @@ SPEC_FIELDS = {"num_attention_heads": "model.num_attention_heads", "hidden_size"
                "moe_shared_expert_intermediate_size": "model.moe_shared_expert_intermediate_size",
                "moe_token_dispatcher_type": "model.moe_token_dispatcher_type",
                "recompute_granularity": "recompute.granularity", "recompute_modules": "recompute.modules",
-               "use_precision_aware_optimizer": "optimizer.precision_aware"}
+               "use_precision_aware_optimizer": "optimizer.precision_aware", "fp8_format": "precision",
+               "fp8_recipe": "precision", "fp8_param_gather": "optimizer.fp8_param_gather"}
 """The spec field that sets each Megatron argument (argparse dest) labkit.megatron.rules speaks of, where the spec
 renders no flag for it: a rule may name an argument the command line lacks ("needs --use-distributed-optimizer")."""
 

@@ -66,6 +66,8 @@ def transformer_config(args, timers=None) -> TransformerConfig:
         **{name: on for name, (on, _) in fusions(args, torch.cuda.is_available()).items()},
         fp8=args.fp8_format,
         fp8_recipe=args.fp8_recipe,
+        # built under Transformer Engine's fp8_model_init (megatron-core's TransformerBlock): FP8 weights, no bf16 copy
+        fp8_param=args.fp8_param_gather,
         fp4=args.fp4_format,
         fp4_recipe=args.fp4_recipe,
         attention_backend=AttnBackend[args.attention_backend],
@@ -310,6 +312,8 @@ def build_model(args, config: TransformerConfig) -> list[torch.nn.Module]:
         overlap_grad_reduce=args.overlap_grad_reduce,
         overlap_param_gather=args.overlap_param_gather,
         use_distributed_optimizer=args.use_distributed_optimizer,
+        fp8_param_gather=args.fp8_param_gather,
+        reuse_grad_buf_for_mxfp8_param_ag=args.reuse_grad_buf_for_mxfp8_param_ag,
     )
     return [DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk,
                                     disable_bucketing=i > 0) for i, chunk in enumerate(chunks)]
