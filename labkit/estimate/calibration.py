@@ -76,6 +76,8 @@ class Calibration:
     chunk's transfer, the last one's, and the SMs the transfers take are not hidden).
     fp8_efficiency: GPU catalog name -> fraction of the FP8 peak the linear layers' FP8 GEMMs reach (with their
     casts and scaling); `efficiency` where a GPU has none.
+    mxfp8_share: MXFP8's linear layers run at this share of FP8's fp8_efficiency on the same GPU: the same FP8
+    peak, with a scale per 32 elements to compute and every tensor quantized in two block layouts.
     attention_head_dim_half: attention kernel ("unfused", "flash") -> the head dimension d_half at which attention's
     core (QK^T and attention x V, whose inner or outer size is the head dimension d) runs at half the layer GEMMs'
     efficiency; it runs at d / (d + d_half) of it.
@@ -95,6 +97,7 @@ class Calibration:
     tp_overlap_exposed: float
     stacks: Mapping[str, Stack]
     fp8_efficiency: Mapping[str, float] = field(default_factory=dict)
+    mxfp8_share: float = 1.0
     attention_head_dim_half: Mapping[str, float] = field(default_factory=lambda: {"unfused": 0.0, "flash": 0.0})
     default_stack: str = "megatron-core"
     cpu_host_s_per_pass: float = 0.0
@@ -117,9 +120,9 @@ class Calibration:
     def gemm_efficiency(self, gpu: str, precision: str) -> float:
         """Fraction of the GPU's peak at `precision` that the linear layers' GEMMs reach. Blackwell's block-scaled
         formats (mxfp8 at the FP8 peak, nvfp4 at the FP4 peak: labkit.catalog.BLOCK_SCALED) take the FP8 fraction,
-        which was fitted to FP8 and MXFP8 rows alike (calibration.yaml); for NVFP4 it is assumed."""
+        MXFP8 at `mxfp8_share` of it (both fitted: calibration.yaml); for NVFP4 it is assumed."""
         if precision in ("fp8", "mxfp8", "nvfp4") and gpu in self.fp8_efficiency:
-            return self.fp8_efficiency[gpu]
+            return self.fp8_efficiency[gpu] * (self.mxfp8_share if precision == "mxfp8" else 1.0)
         return self.gpu_efficiency(gpu)
 
     def attention_core_share(self, kernel: str, head_dim: float, gpu) -> float:
@@ -189,6 +192,7 @@ def calibration_from_dict(data: Mapping) -> Calibration:
     return Calibration(
         efficiency={gpu: value(f"efficiency.{gpu}", e) for gpu, e in data["efficiency"].items()},
         fp8_efficiency={gpu: value(f"fp8_efficiency.{gpu}", e) for gpu, e in data.get("fp8_efficiency", {}).items()},
+        mxfp8_share=value("mxfp8_share", data["mxfp8_share"]),
         attention_head_dim_half={kernel: value(f"attention_head_dim_half.{kernel}", e)
                                  for kernel, e in data["attention_head_dim_half"].items()},
         intra_node_gbps={gpu: value(f"intra_node_gbps.{gpu}", e) for gpu, e in data["intra_node_gbps"].items()},
