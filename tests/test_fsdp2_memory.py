@@ -110,3 +110,59 @@ def test_the_estimate_says_fsdp2_gathers_in_every_micro_batch_and_what_that_move
     # one micro-batch per step gathers once per step, and stage 2 (ZeRO-2) always does: nothing to warn of
     for once in (spec.replace(**{"batch.global": 4}), spec.replace(**{"optimizer.zero_stage": 2})):
         assert not [a for a in estimate(once).assumptions if a.startswith("the parameters are all-gathered")]
+
+
+def test_pytorchs_own_fsdp2_keeps_fp32_shards_as_the_master_weights():
+    """The pytorch-native stack's FSDP2 (Stack.fsdp_master_shards, torchtitan's defaults): fp32 shards stepped by a
+    plain AdamW, gathered in bf16, gradients reduced into fp32 shards: 16 bytes an element where megatron-core's
+    wrapper keeps 20."""
+    for stage in (2, 3):
+        whole = (ROOT[0] + EMBEDDING[0] + 4 * LAYER[0]) if stage == 2 else 0
+        s = state(stage, "bf16", fsdp_master_shards=True)
+        assert (s.weights - s.weights_working, s.gradients - s.gradients_working, s.optimizer, s.step_only) == \
+            (4 * SHARD + 2 * whole, 4 * SHARD, 8 * SHARD, 0)
+        megatron = state(stage, "bf16")
+        assert (s.weights + s.gradients + s.optimizer) - (s.weights_working + s.gradients_working) < \
+            (megatron.weights + megatron.gradients + megatron.optimizer) - (megatron.weights_working +
+                                                                          megatron.gradients_working)
+    # gathered in bf16; the unsharded gradients at the fp32 of the reduce-scatter's input
+    s3 = state(3, "bf16", fsdp_master_shards=True)
+    assert (s3.weights_working, s3.gradients_working) == (2 * (ROOT[0] + EMBEDDING[0]),
+                                                          4 * (ROOT[1] + EMBEDDING[1] + LAYER[0]))
+    assert state(3, "fp32", fsdp_master_shards=True) == state(3, "fp32")  # nothing mixed: the same bytes
+
+
+@pytest.mark.slow
+def test_pytorchs_own_fsdp2_holds_what_the_estimate_counts():
+    """torch's fully_shard with MixedPrecisionPolicy(bf16 parameters, fp32 reduction) on fp32 megatron-core layers, unit
+    by unit as labkit counts them (the embedding, each layer, the root), stepped by torch's AdamW on 4 gloo ranks: the
+    shards, their gradients and AdamW's moments each rank holds equal the estimate's to the byte."""
+    from labkit.train.model_state import held_bytes, on_driver_ranks
+
+    def measure(args):
+        from types import SimpleNamespace
+
+        import torch
+        from megatron.core.models.gpt import GPTModel
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        from labkit.train.model import layer_spec, transformer_config
+
+        config = transformer_config(args)
+        gpt = GPTModel(config=config, transformer_layer_spec=layer_spec(args, config, None),
+                       vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
+                       share_embeddings_and_output_weights=False, position_embedding_type=args.position_embedding_type)
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for unit in (gpt.embedding, *gpt.decoder.layers, gpt):
+            fully_shard(unit, mp_policy=policy)
+        adamw = torch.optim.AdamW(gpt.parameters())
+        for p in gpt.parameters():
+            p.grad = torch.zeros_like(p)
+        adamw.step()
+        return held_bytes([gpt], SimpleNamespace(optimizer=adamw))
+
+    spec = load_spec({"model": MODEL, "precision": "fp32", "batch": {"micro": 1, "global": 4},
+                      "cluster": {"nodes": [{"gpu": "cpu", "count": 1, "gpus_per_node": 4}]}})
+    held = on_driver_ranks([spec], measure)[0]
+    s = state(3, "bf16", fsdp_master_shards=True)
+    assert held[0] == [s.weights - s.weights_working, s.gradients - s.gradients_working, s.optimizer]

@@ -41,6 +41,11 @@ class Stack:
     moe_launch_s_per_local_expert: on a GPU, seconds an MoE layer adds per micro-batch (forward and backward) for
         each expert its rank holds, beyond its FLOPs and transfers: the layer waits on the host for its tokens per
         expert and then runs as fast as the host launches its many small kernels (see labkit.estimate.timing).
+    fsdp_master_shards: how the stack runs PyTorch FSDP2 (ZeRO stages 2 and 3 on labkit's driver): True as PyTorch's
+        own trainers do (torchtitan: fp32 parameters, MixedPrecisionPolicy with bf16 parameters and fp32
+        reduction), the fp32 shards are the master weights, gathered in bf16, and a plain optimizer steps them;
+        False as megatron-core's FSDP2 wrapper does, bf16 shards beside Megatron's optimizer's fp32 main copies
+        (see labkit.estimate.memory.torch_fsdp2_model_state_bytes).
     zero3_exposed: under ZeRO stage 3, the fraction of each micro-batch's parameter all-gathers and gradient
         reduce-scatters that stays exposed although the computation could cover them (the collectives' kernels take
         SMs and memory bandwidth from the layers', and each unit's gather waits on the one before); 0 for a stack
@@ -59,6 +64,7 @@ class Stack:
     compute_scale: float = 1.0
     moe_launch_s_per_local_expert: float = 0.0
     zero3_exposed: float = 0.0
+    fsdp_master_shards: bool = False
     overlaps: tuple[str, ...] = ()
     description: str = ""
 
@@ -187,6 +193,7 @@ def calibration_from_dict(data: Mapping) -> Calibration:
                              compute_scale=float(entry.get("compute_scale", 1.0)),
                              moe_launch_s_per_local_expert=float(entry.get("moe_launch_s_per_local_expert", 0.0)),
                              zero3_exposed=float(entry.get("zero3_exposed", 0.0)),
+                             fsdp_master_shards=bool(entry.get("fsdp_master_shards", False)),
                              overlaps=tuple(overlaps),
                              description=entry.get("description", ""))
     return Calibration(

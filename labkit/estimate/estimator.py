@@ -372,7 +372,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                            expert=ep, expert_tensor=etp, recompute_modules=recompute_modules,
                            entrypoint=spec.job.entrypoint, transformer_impl=transformer_impl,
                            optimizer_dtypes=OptimizerDtypes.of(spec.optimizer), evaluates=bool(spec.train.eval_interval),
-                           fp8_weights=fp8_weights)
+                           fp8_weights=fp8_weights, fsdp_master_shards=stack.fsdp_master_shards)
     limits = [catalog.gpu(g).memory_limit_gb for g in gpus]
     fits = all(s.total <= (1 - MEMORY_MARGIN) * lim for s, lim in zip(mem, limits))
 
@@ -386,6 +386,9 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                      if transformer_impl != "local" else
                      "each transformer layer and the embedding (the final norm and the output layer with the root)")
             runs += f": gathered unit by unit, {units}"
+            if stack.fsdp_master_shards and precision != "fp32":
+                runs += (f"; as the {stack.name} stack runs it, the fp32 shards are the master weights, gathered in "
+                         "bf16, their gradients reduced in fp32")
         assumptions.append(runs)
     # FSDP's stage 3 gathers parameters in every micro-batch, in the forward and again in the backward, having freed
     # each layer after its forward; stage 2 keeps them gathered and gathers once per step, after the optimizer's

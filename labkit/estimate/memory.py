@@ -542,7 +542,7 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
                       expert: int = 1, expert_tensor: int | None = None,
                       first_layers: list[int] | None = None, entrypoint: str = "labkit",
                       transformer_impl: str = "local", optimizer_dtypes: OptimizerDtypes | None = None,
-                      fp8_weights: FP8Weights | None = None) -> ModelState:
+                      fp8_weights: FP8Weights | None = None, fsdp_master_shards: bool = False) -> ModelState:
     """Weights, gradients and optimizer state in bytes on one GPU of pipeline stage `stage`, exactly as megatron-core
     0.16.1 allocates them (see the notes above). `chunks`: the transformer layers of each of the stage's model chunks
     (one without interleaving). `rank`: the GPU's rank in the data x context group; None: the one that updates the
@@ -561,7 +561,8 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
     per group). `first_layers`: the first layer of each chunk, which says which of its layers are MoE; None: the
     chunks of every stage as this one's. `optimizer_dtypes`: the precision-aware optimizer's (OptimizerDtypes), None
     without it. `fp8_weights`: what Transformer Engine holds of the linear layers' weights under a low precision on
-    GPUs (FP8Weights), None where it holds nothing of its own (other precisions, CPUs).
+    GPUs (FP8Weights), None where it holds nothing of its own (other precisions, CPUs). `fsdp_master_shards`: FSDP2
+    as PyTorch's own trainers run it (`torch_fsdp2_model_state_bytes`' master_shards).
 
     Taught in lab 09.
     """
@@ -577,7 +578,7 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
                                               tensor=tensor, data_parallel=data_parallel, context=context,
                                               precision=precision, optimizer=optimizer, expert=expert,
                                               expert_tensor=expert_tensor, first_layers=first_layers,
-                                              transformer_impl=transformer_impl)
+                                              transformer_impl=transformer_impl, master_shards=fsdp_master_shards)
         if fp8_weights is None:
             return state
         # Megatron-LM keeps no FP8 parameters under FSDP2 (labkit.megatron.rules): Transformer Engine's cached copies
@@ -745,15 +746,22 @@ def torch_fsdp2_model_state_bytes(shape: Shape, chunks: list[int], zero_stage: i
                                   pipeline: int = 1, tensor: int = 1, data_parallel: int = 1, context: int = 1,
                                   precision: str = "bf16", optimizer: str = "adam", expert: int = 1,
                                   expert_tensor: int | None = None, first_layers: list[int] | None = None,
-                                  transformer_impl: str = "local") -> ModelState:
+                                  transformer_impl: str = "local", master_shards: bool = False) -> ModelState:
     """One GPU's model state under PyTorch FSDP2 at ZeRO stage 2 (no resharding) or 3, in bytes (see the notes above):
     the shards it keeps between steps (and at stage 2 the whole parameters), and as working buffers what it holds
-    unsharded only in the backward. `transformer_impl`: "local" (the output layer in the root unit) or "transformer_engine" (the output layer
-    a unit of its own)."""
+    unsharded only in the backward. `transformer_impl`: "local" (the output layer in the root unit) or
+    "transformer_engine" (the output layer a unit of its own). `master_shards`: FSDP2 as PyTorch's own trainers run
+    it (Stack.fsdp_master_shards): under a 16-bit precision the shards are fp32 parameters, the master weights, which
+    a plain optimizer steps (no main copies, no gradient copies), gathered in bf16 (MixedPrecisionPolicy's
+    param_dtype), their gradients reduced into fp32 shards (reduce_dtype); the unsharded gradients are counted at the
+    fp32 of the reduce-scatter's input, a little over the bf16 gradient they are cast from."""
     if zero_stage not in (2, 3):
         raise ValueError(f"zero_stage: FSDP2 shards at stage 2 or 3, not {zero_stage}")
     # FSDP2 reduces in the parameters' dtype: Megatron's 16-bit optimizer then keeps fp32 copies of the gradients
     param_bytes, grad_bytes, per_element, copies = _state_dtypes(precision, True, optimizer)
+    gathered_bytes = param_bytes
+    if master_shards and precision != "fp32":
+        param_bytes, grad_bytes, per_element, copies = 4, 4, {"adam": 8, "sgd": 4}[optimizer], 0
     shards = data_parallel * context
     etp = sizes.expert_tensor_size(tensor, expert_tensor)
     if first_layers is None:
@@ -780,14 +788,14 @@ def torch_fsdp2_model_state_bytes(shape: Shape, chunks: list[int], zero_stage: i
         root = final_norm + ([] if output_unit else output)
         unit_sizes, root_sizes = [sizes_of(unit) for unit in units], sizes_of(root)
         sharded += (sum(padded for padded, _ in unit_sizes) + root_sizes[0]) // shards
-        params, grads = _fsdp2_backward_peak(unit_sizes, root_sizes, zero_stage, param_bytes, grad_bytes)
+        params, grads = _fsdp2_backward_peak(unit_sizes, root_sizes, zero_stage, gathered_bytes, grad_bytes)
         gathered += params
         unsharded_grads += grads
-    return ModelState(weights=int((sharded + gathered) * param_bytes),
+    return ModelState(weights=int(sharded * param_bytes + gathered * gathered_bytes),
                       gradients=int((sharded + unsharded_grads) * grad_bytes),
                       optimizer=int(sharded * per_element),
                       step_only=int(sharded * copies),
-                      weights_working=0 if zero_stage == 2 else int(gathered * param_bytes),
+                      weights_working=0 if zero_stage == 2 else int(gathered * gathered_bytes),
                       gradients_working=int(unsharded_grads * grad_bytes))
 
 
@@ -973,7 +981,7 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
                      recompute_modules: tuple[str, ...] | list[str] | None = None,
                      entrypoint: str = "labkit", transformer_impl: str = "local",
                      optimizer_dtypes: OptimizerDtypes | None = None, evaluates: bool = False,
-                     fp8_weights: FP8Weights | None = None) -> list[StageMemory]:
+                     fp8_weights: FP8Weights | None = None, fsdp_master_shards: bool = False) -> list[StageMemory]:
     """Peak memory of one GPU in each pipeline stage (GiB), without the CUDA context and allocator slack.
 
     Weights, gradients and optimizer state are megatron-core's (`model_state_bytes`, on the data x context rank that
@@ -987,6 +995,7 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
     activations (`activation_bytes_per_layer` with `moe`). `evaluates`: the run validates (train.eval_interval), a
     forward between an optimizer step and the next zero_grad (StageMemory.evaluation). `fp8_weights`: what
     Transformer Engine holds of the linear layers' weights (FP8Weights; None on CPUs and outside low precisions).
+    `fsdp_master_shards`: FSDP2 as PyTorch's own trainers run it (Stack.fsdp_master_shards).
     """
     p = len(partition)
     chunks = chunks or [[n // virtual_stages + (k < n % virtual_stages) for k in range(virtual_stages)]
@@ -1003,7 +1012,7 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
                                   overlap_grad_reduce=overlap_grad_reduce, zero_stage=zero_stage, expert=expert,
                                   expert_tensor=expert_tensor, first_layers=firsts[i], entrypoint=entrypoint,
                                   transformer_impl=transformer_impl, optimizer_dtypes=optimizer_dtypes,
-                                  fp8_weights=fp8_weights)
+                                  fp8_weights=fp8_weights, fsdp_master_shards=fsdp_master_shards)
         return state.weights, state.gradients, state.optimizer, state.step_only, state.step_transient
 
     act_scale = 2 if precision == "fp32" else 1

@@ -180,7 +180,8 @@ def splits(base: RunSpec, world: int, gpus_per_node: int, constraints: Constrain
 
 def expert_sizes(base: RunSpec, shape: Shape, tensor: int, pipeline: int, data: int, context: int,
                  constraints: Constraints = Constraints(), memory_gb: float | None = None,
-                 fully_sharded: bool = False, flash: bool = False) -> list[tuple[int, int]]:
+                 fully_sharded: bool = False, flash: bool = False,
+                 fsdp_master_shards: bool = False) -> list[tuple[int, int]]:
     """(expert, expert_tensor) sizes to try at one split: (1, tensor) for a dense model. For a mixture-of-experts
     model, expert sizes that divide its experts, each with expert_tensor 1 (whole experts, as most MoE recipes run
     them) or the tensor size (Megatron-LM's default), whose product divides the stage's tensor x context x data ranks
@@ -230,7 +231,7 @@ def expert_sizes(base: RunSpec, shape: Shape, tensor: int, pipeline: int, data: 
             distributed_optimizer=max(stages) >= 1, flash_attention=flash, context=context, expert=ep,
             expert_tensor=etp, optimizer=base.optimizer.name, grad_reduce_in_bf16=base.optimizer.grad_reduce_in_bf16,
             optimizer_dtypes=OptimizerDtypes.of(base.optimizer) if max(stages) == 1 else None,
-            fp8_weights=fp8_weights)) <= limit
+            fp8_weights=fp8_weights, fsdp_master_shards=fsdp_master_shards)) <= limit
 
     recompute = plain if fixed else "full"
     return [(ep, etp) for etp, eps in by_tensor.items() for ep in eps if fits(ep, etp, recompute)]
@@ -376,8 +377,10 @@ class _Links:
         return [p2p_time(message_bytes, gbps, latency) for gbps, latency in self.boundaries]
 
 
-def _memory_caps(spec: RunSpec, shape: Shape, links: _Links, flash: bool) -> list[int]:
-    """The most transformer layers each stage can hold within the estimator's memory verdict."""
+def _memory_caps(spec: RunSpec, shape: Shape, links: _Links, flash: bool,
+                 fsdp_master_shards: bool = False) -> list[int]:
+    """The most transformer layers each stage can hold within the estimator's memory verdict (`fsdp_master_shards`:
+    the spec's stack's, Stack.fsdp_master_shards)."""
     p = spec.parallel.pipeline
     kw = dict(tensor=spec.parallel.tensor, data_parallel=spec.data_parallel, micro_batch=spec.batch.micro,
               num_micro_batches=spec.num_micro_batches, precision=spec.precision,
@@ -390,7 +393,8 @@ def _memory_caps(spec: RunSpec, shape: Shape, links: _Links, flash: bool) -> lis
               optimizer_dtypes=OptimizerDtypes.of(spec.optimizer),
               overlap_grad_reduce=spec.kernels.overlap_grad_reduce, entrypoint=spec.job.entrypoint,
               expert=spec.parallel.expert, expert_tensor=spec.parallel.expert_tensor,
-              evaluates=bool(spec.train.eval_interval), fp8_weights=fp8_weights_of(spec))
+              evaluates=bool(spec.train.eval_interval), fp8_weights=fp8_weights_of(spec),
+              fsdp_master_shards=fsdp_master_shards)
     zero, one = (memory_per_stage(shape, [n] * p, **kw) for n in (0, 1))
     # the cost of a layer from one to two per stage, where the model has that many (an MoE model's layer pattern
     # has no more); else from none to one, which counts full recompute's recomputed layer once more
@@ -569,11 +573,12 @@ def _balanced_partition(spec: RunSpec, shape: Shape, costs: _StageCosts, links: 
                         caps: bool) -> list[int] | None:
     """The exact min-max split of a spec's layout, within memory when `caps` (None when nothing fits)."""
     par = spec.parallel
+    master_shards = costs.calibration.stack(spec.kernels.stack).fsdp_master_shards
     layers, _ = _split_and_bound(shape, spec.precision, par.tensor, par.pipeline, spec.data_parallel, spec.batch.micro,
                                  par.virtual_stages, spec.recompute.granularity if spec.recompute else None, links,
-                                 costs, _memory_caps(spec, shape, links, costs.kernels["flash_attention"]) if caps
-                                 else None, par.sequence_parallel, par.context,
-                                 expert=(par.expert, par.expert_tensor))
+                                 costs, _memory_caps(spec, shape, links, costs.kernels["flash_attention"],
+                                                     master_shards) if caps else None,
+                                 par.sequence_parallel, par.context, expert=(par.expert, par.expert_tensor))
     return layers
 
 
@@ -714,7 +719,8 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
     bounded = []
     for t, p, d, c in layout_splits:
         sp = parallel(t, p, d, c).sequence_parallel
-        experts = expert_sizes(base, shape, t, p, d, c, constraints, largest_gb, fully_sharded, flash)
+        experts = expert_sizes(base, shape, t, p, d, c, constraints, largest_gb, fully_sharded, flash,
+                               cal.stack(base.kernels.stack).fsdp_master_shards)
         for order in (placements(cluster, t, d * c, p) if orders == "all" else grouped_orders(kinds, counts)):
             for ep, etp in experts:
                 layout = parallel(t, p, d, c, ep=ep, etp=etp)
