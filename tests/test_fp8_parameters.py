@@ -74,13 +74,42 @@ def test_a_spec_keeps_fp8_parameters_where_megatron_lm_can_as_nvidias_recipes_do
     asked = load_spec({**fsdp2, "optimizer": {"zero_stage": 3, "fp8_param_gather": True}})
     assert [e for e in rule_errors(asked, layout="slurm") if e.startswith("optimizer.fp8_param_gather")] == [
         "optimizer.fp8_param_gather: ZeRO stage 3 runs as PyTorch FSDP2 (optimizer.zero_stage), under which "
-        "Megatron-LM turns it off (Transformer Engine 2); leave it out"]
+        "Megatron-LM turns it off (Transformer Engine 2); leave it out, or use ZeRO stage 1"]
     with pytest.raises(SpecError, match=r"optimizer.fp8_param_gather: keeps the linear layers' weights in FP8 and "
                                         r"needs FP8 training \(precision\)"):
         spec("bf16", fp8_param_gather=True)
     with pytest.raises(SpecError, match=r"optimizer.fp8_param_gather: all-gathers sharded weights; needs "
                                         r"optimizer.distributed or Megatron-FSDP"):
         spec("fp8", distributed=False, fp8_param_gather=True)
+
+
+def test_the_precision_aware_optimizer_keeps_bf16_weights():
+    """megatron-core hands Transformer Engine's FusedAdam the model's weights and keeps the master as the 16 bits bf16
+    lacks: with FP8 weights there are none. The default keeps bf16 weights beside it; asking for both is refused."""
+    both = dict(precision_aware=True, exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16")
+    assert "--fp8-param-gather" not in megatron_args(spec("fp8", **both))
+    with pytest.raises(SpecError, match="optimizer.fp8_param_gather: conflicts with optimizer.precision_aware"):
+        spec("fp8", fp8_param_gather=True, **both)
+
+
+def test_labkits_driver_refuses_the_mxfp8_reuse_beside_the_overlapped_gather():
+    """Megatron-LM's training loop copies MXFP8 weights back into the gradient buffer around its forwards,
+    evaluations and checkpoints under the overlapped gather; the driver's loop does not, and says so."""
+    args = build_parser().parse_args(DRIVER + ["--fp8-format", "e4m3", "--fp8-recipe", "mxfp8", "--fp8-param-gather",
+                                               "--use-distributed-optimizer", "--reuse-grad-buf-for-mxfp8-param-ag",
+                                               "--overlap-grad-reduce", "--overlap-param-gather"])
+    on_driver = rules.Runtime(driver=True, cuda=True, transformer_engine=True, fused_adam=True)
+    assert [p.argument for p in rules.problems(args, 8, on_driver)] == ["reuse_grad_buf_for_mxfp8_param_ag"]
+    assert rules.problems(args, 8, GPU) == []  # Megatron-LM's pretrain_gpt.py runs it
+    job = load_spec({"model": {"preset": "llama3-8b"}, "precision": "mxfp8", "batch": {"micro": 1, "global": 64},
+                     "optimizer": {"distributed": True},
+                     "kernels": {"overlap_grad_reduce": True, "overlap_param_gather": True},
+                     "cluster": {"nodes": [{"gpu": "B200", "count": 1, "gpus_per_node": 8}]}})
+    assert [e for e in rule_errors(job, layout="slurm") if e.startswith("optimizer.fp8_param_gather")] == [
+        "optimizer.fp8_param_gather: labkit's driver does not gather MXFP8 weights through the gradient buffer beside "
+        "kernels.overlap_param_gather (Megatron-LM's training loop copies them back around its evaluations and "
+        "checkpoints); leave out kernels.overlap_param_gather, keep bf16 weights (optimizer.fp8_param_gather off), or "
+        "run Megatron-LM's pretrain_gpt.py"]
 
 
 def test_the_driver_hands_them_to_megatron_core(monkeypatch):
@@ -95,6 +124,9 @@ def test_the_driver_hands_them_to_megatron_core(monkeypatch):
                       world_size=8, rank=0, cuda=True)
     config = driver_model.transformer_config(args)
     assert (config.fp8, config.fp8_recipe, config.fp8_param) == ("e4m3", "mxfp8", True)
+    ddp = driver_model.ddp_config(args)
+    assert (ddp.fp8_param_gather, ddp.reuse_grad_buf_for_mxfp8_param_ag, ddp.use_distributed_optimizer) == \
+        (True, True, True)
 
     from labkit.train import training
     handed = {}
@@ -159,6 +191,19 @@ def test_the_estimate_says_which_it_assumed():
     assert said == ["the linear layers' weights in bf16 with Transformer Engine's cached FP8 copy, 2 bytes each "
                     "beside their 2 (optimizer.fp8_param_gather false)"]
     assert not [a for a in estimate(spec("bf16")).assumptions if "linear layers' weights" in a]
+
+
+def test_deepspeed_holds_transformer_engines_cached_copies():
+    shape = Shape.of(spec().model)
+
+    def weights(precision):
+        return estimate(load_spec({"model": {"preset": "llama3-8b"}, "precision": precision,
+                                   "batch": {"micro": 1, "global": 64},
+                                   "optimizer": {"zero_stage": 1, "zero_backend": "deepspeed"},
+                                   "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 1, "gpus_per_node": 8}]}})
+                        ).memory_detail[0]["weights"]
+
+    assert weights("fp8") - weights("bf16") == pytest.approx(2 * linear_weight_elements(shape, 32) / GIB)
 
 
 def test_megatron_fsdp_keeps_its_weight_buffer_in_fp8():

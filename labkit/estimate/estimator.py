@@ -507,8 +507,9 @@ def _fp8_weights_assumption(spec, weights: FP8Weights) -> str:
     said = "" if spec.optimizer.fp8_param_gather is not None else ", the default where Megatron-LM can, as NVIDIA's " \
                                                                    "recipes set it"
     if weights.replaces_bf16:
-        return (f"the linear layers' weights kept in {spec.precision.upper()} at {weights.quantized:.3g} "
-                f"byte{'' if weights.quantized == 1 else 's'} each "
+        kept = f"{weights.quantized:.3g} byte{'' if weights.quantized == 1 else 's'} each" + (
+            " with its transpose" if spec.precision == "fp8" and weights.quantized == 2 else "")
+        return (f"the linear layers' weights kept in {spec.precision.upper()} at {kept} "
                 f"(--fp8-param-gather: optimizer.fp8_param_gather{said}), no bf16 copy")
     return (f"the linear layers' weights in bf16 with Transformer Engine's cached {spec.precision.upper()} copy, "
             f"{weights.quantized:.3g} byte{'' if weights.quantized == 1 else 's'} each beside their 2" + (" (optimizer.fp8_param_gather false)"

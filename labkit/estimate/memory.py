@@ -72,7 +72,8 @@ _MODEL_STATE = {
 }
 LOW_PRECISION = ("fp8", "mxfp8", "nvfp4")
 """Precisions whose GEMMs run on 8- or 4-bit inputs inside bf16 training (Transformer Engine's recipes): bf16
-weights and non-GEMM work, 1-byte GEMM inputs kept for the backward (FP8 and MXFP8; NVFP4's backward GEMMs run in
+weights (beside or, with FP8 parameters, in place of their quantized copies: FP8Weights) and non-GEMM work, 1-byte
+GEMM inputs kept for the backward (FP8 and MXFP8; NVFP4's backward GEMMs run in
 MXFP8 or bf16, and its saved inputs are counted at a byte too)."""
 _ZERO_MIXED = (2, 2, 12)
 
@@ -561,7 +562,9 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
     per group). `first_layers`: the first layer of each chunk, which says which of its layers are MoE; None: the
     chunks of every stage as this one's. `optimizer_dtypes`: the precision-aware optimizer's (OptimizerDtypes), None
     without it. `fp8_weights`: what Transformer Engine holds of the linear layers' weights under a low precision on
-    GPUs (FP8Weights), None where it holds nothing of its own (other precisions, CPUs). `fsdp_master_shards`: FSDP2
+    GPUs (FP8Weights), None where it holds nothing of its own (other precisions, CPUs); the FP8 weights are counted
+    from Transformer Engine's sizes, not megatron-core's objects (their uint8 buffer's own padding is left out).
+    `fsdp_master_shards`: FSDP2
     as PyTorch's own trainers run it (`torch_fsdp2_model_state_bytes`' master_shards).
 
     Taught in lab 09.
@@ -1004,8 +1007,13 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
 
     def model_state(i: int, params: float) -> tuple[float, float, float, float, float]:
         if zero_stage and sharding.choose(zero_stage, zero_backend, entrypoint).implementation == sharding.DEEPSPEED:
-            return *(params * n for n in bytes_per_param(precision, data_parallel, zero_stage=zero_stage,
-                                                         optimizer=optimizer)), 0.0, 0.0
+            weights, gradients, optimizer_state = (params * n for n in bytes_per_param(
+                precision, data_parallel, zero_stage=zero_stage, optimizer=optimizer))
+            if fp8_weights is not None:  # Transformer Engine's cached copies of the whole local linear weights
+                weights += fp8_weights.quantized * sum(linear_weight_elements(
+                    shape, layers, first_layer=first, tensor=tensor, expert=expert, expert_tensor=expert_tensor)
+                    for first, layers in zip(firsts[i], chunks[i]))
+            return weights, gradients, optimizer_state, 0.0, 0.0
         state = model_state_bytes(shape, chunks[i], stage=i, pipeline=p, tensor=tensor, data_parallel=data_parallel,
                                   context=context, precision=precision, distributed_optimizer=distributed_optimizer,
                                   grad_reduce_in_bf16=grad_reduce_in_bf16, optimizer=optimizer,

@@ -534,17 +534,20 @@ def _sharding_problems(args, world_size: int, runtime: Runtime, name: Name) -> l
                                  "pretrain_gpt.py"))
     found += _deepspeed_problems(args, runtime, name)
     found += _precision_aware_problems(args, runtime, name)
-    found += _fp8_parameter_problems(args, name)
+    found += _fp8_parameter_problems(args, runtime, name)
     return found
 
 
-def _fp8_parameter_problems(args, name: Name) -> list[Problem]:
+def _fp8_parameter_problems(args, runtime: Runtime, name: Name) -> list[Problem]:
     """--fp8-param-gather, as Megatron-LM core_v0.16.1 takes it: FP8 training (TransformerConfig refuses fp8_param
     without fp8), weights sharded by the distributed optimizer or Megatron-FSDP (validate_args asserts it; under
     --use-torch-fsdp2 it turns the flag off with Transformer Engine 2, a change refused here rather than made
     silently); --reuse-grad-buf-for-mxfp8-param-ag beside it (DistributedDataParallelConfig asserts it), under MXFP8
     only (with any other recipe the distributed optimizer would copy its updated weights into a buffer the model no
-    longer reads), and not under Megatron-FSDP (validate_args turns it off)."""
+    longer reads), and not under Megatron-FSDP (validate_args turns it off). labkit's driver does not run that reuse
+    beside the overlapped parameter gather: Megatron-LM's training loop copies the weights into the gradient buffer
+    before each forward and takes its forward pre-hooks off around evaluations and checkpoints, which the driver's
+    loop does not."""
     shard, found = sharding.from_args(args), []
     if args.fp8_param_gather:
         if not args.fp8_format:
@@ -553,7 +556,7 @@ def _fp8_parameter_problems(args, name: Name) -> list[Problem]:
         if shard.implementation == sharding.TORCH_FSDP2:
             found.append(Problem("fp8_param_gather", f"ZeRO stage {shard.stage} runs as PyTorch FSDP2 "
                                  f"({name('use_torch_fsdp2')}), under which Megatron-LM turns it off (Transformer "
-                                 "Engine 2); leave it out"))
+                                 "Engine 2); leave it out, or use ZeRO stage 1"))
         elif shard.implementation not in (sharding.DISTRIBUTED_OPTIMIZER, sharding.MEGATRON_FSDP):
             found.append(Problem("fp8_param_gather", "all-gathers sharded weights; needs "
                                  f"{name('use_distributed_optimizer')} or Megatron-FSDP (Megatron-LM's validate_args); "
@@ -568,6 +571,12 @@ def _fp8_parameter_problems(args, name: Name) -> list[Problem]:
         elif shard.implementation == sharding.MEGATRON_FSDP:
             found.append(Problem("reuse_grad_buf_for_mxfp8_param_ag", "Megatron-LM turns it off under Megatron-FSDP "
                                  f"({name('use_megatron_fsdp')}); leave it out"))
+        elif runtime.driver and args.overlap_param_gather:
+            found.append(Problem("reuse_grad_buf_for_mxfp8_param_ag", "labkit's driver does not gather MXFP8 weights "
+                                 f"through the gradient buffer beside {name('overlap_param_gather')} (Megatron-LM's "
+                                 "training loop copies them back around its evaluations and checkpoints); leave out "
+                                 f"{name('overlap_param_gather')}, keep bf16 weights ({name('fp8_param_gather')} "
+                                 "off), or run Megatron-LM's pretrain_gpt.py"))
     return found
 
 

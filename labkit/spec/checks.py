@@ -329,6 +329,11 @@ def _check_optimizer(spec: RunSpec) -> list[str]:
     if opt.grad_reduce_in_bf16 and spec.precision in ("fp16", "fp32"):
         errors.append(f"optimizer.grad_reduce_in_bf16: reduces bf16 gradients, and precision is {spec.precision}; "
                       "set precision: bf16 (or fp8, mxfp8, nvfp4), or leave it out")
+    if opt.fp8_param_gather and opt.precision_aware:
+        # megatron-core 0.16.1 hands Transformer Engine's FusedAdam the model's weights, whose master it keeps as the
+        # 16 bits bf16 lacks (store_param_remainders): with FP8 weights there are no bf16 bits to complete
+        errors.append("optimizer.fp8_param_gather: conflicts with optimizer.precision_aware, whose FusedAdam keeps the "
+                      "master weights as the low bits of bf16 weights that FP8 parameters do not have; leave one out")
     for key, choices in OPTIMIZER_DTYPES.items():
         if getattr(opt, key) not in choices:
             errors.append(f"optimizer.{key}: {quote(getattr(opt, key))} is not one of {', '.join(choices)}")

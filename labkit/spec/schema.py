@@ -250,13 +250,15 @@ class OptimizerSpec:
     nvfp4, all of which train under --bf16): half the gradient buffer and its data-parallel traffic, while the
     optimizer step makes fp32 copies of its shard."""
     fp8_param_gather: bool | None = None
-    """Keep the linear layers' weights in FP8 and all-gather them so (--fp8-param-gather; precision fp8 or mxfp8,
-    with the distributed optimizer or Megatron-FSDP): the optimizer's fp32 master weights are cast straight to FP8
-    after each step, and no bf16 copy is kept beside Transformer Engine's FP8 one (1 byte a weight on Blackwell,
-    2 with Hopper's transpose, about 2 under MXFP8's two block layouts, against 2 + those bytes without it). Under
-    mxfp8 with the distributed optimizer it also renders --reuse-grad-buf-for-mxfp8-param-ag, as NVIDIA's recipes
-    pair them. None: on wherever Megatron-LM runs it, as NVIDIA's FP8 and MXFP8 recipes set it (labkit.megatron.
-    sharding.fp8_param_gather); false keeps bf16 weights with Transformer Engine's cached FP8 copies."""
+    """Keep the linear layers' weights in FP8 (--fp8-param-gather; precision fp8 or mxfp8, with the distributed
+    optimizer or Megatron-FSDP): the optimizer's fp32 master weights are cast to FP8 after each step, and no bf16
+    copy is kept beside Transformer Engine's FP8 one (1 byte a weight on Blackwell, 2 with Hopper's transpose, about
+    2 under MXFP8's two block layouts, against 2 + those bytes without it). FP8 weights are all-gathered in FP8;
+    under mxfp8 with the distributed optimizer the bf16 values are gathered in the gradient buffer and quantized
+    after (--reuse-grad-buf-for-mxfp8-param-ag, which it also renders, as NVIDIA's recipes pair them). None: on
+    wherever Megatron-LM runs it and the precision-aware optimizer is off, as NVIDIA's FP8 and MXFP8 recipes set it
+    (labkit.megatron.sharding.fp8_param_gather); false keeps bf16 weights with Transformer Engine's cached FP8
+    copies."""
     precision_aware: bool = False
     """Megatron's precision-aware optimizer (--use-precision-aware-optimizer): Transformer Engine's FusedAdam keeps
     the master weights and Adam's moments in the four dtypes below, and steps on the gradient buffer itself (no fp32

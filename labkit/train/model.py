@@ -305,7 +305,13 @@ def build_model(args, config: TransformerConfig) -> list[torch.nn.Module]:
             for unit in (m for chunk in chunks for m in chunk.modules() if isinstance(m, FSDPModule)):
                 unit.set_reshard_after_backward(False, recurse=False)
         return chunks
-    ddp_config = DistributedDataParallelConfig(
+    return [DistributedDataParallel(config=config, ddp_config=ddp_config(args), module=chunk,
+                                    disable_bucketing=i > 0) for i, chunk in enumerate(chunks)]
+
+
+def ddp_config(args) -> DistributedDataParallelConfig:
+    """megatron-core's DDP settings from the driver's arguments, as Megatron-LM's get_model makes them."""
+    return DistributedDataParallelConfig(
         # Megatron-LM's validate_args: bf16 accumulates and reduces gradients in fp32 unless --grad-reduce-in-bf16 or
         # --main-grads-dtype bf16; fp16 keeps fp16 gradients (the optimizer step makes fp32 copies)
         grad_reduce_in_fp32=args.bf16 and not args.grad_reduce_in_bf16 and args.main_grads_dtype == "fp32",
@@ -315,5 +321,3 @@ def build_model(args, config: TransformerConfig) -> list[torch.nn.Module]:
         fp8_param_gather=args.fp8_param_gather,
         reuse_grad_buf_for_mxfp8_param_ag=args.reuse_grad_buf_for_mxfp8_param_ag,
     )
-    return [DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk,
-                                    disable_bucketing=i > 0) for i, chunk in enumerate(chunks)]
