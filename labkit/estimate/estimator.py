@@ -371,8 +371,9 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                            grad_reduce_in_bf16=spec.optimizer.grad_reduce_in_bf16, overlap_grad_reduce=overlap_dp,
                            expert=ep, expert_tensor=etp, recompute_modules=recompute_modules,
                            entrypoint=spec.job.entrypoint, transformer_impl=transformer_impl,
-                           optimizer_dtypes=OptimizerDtypes.of(spec.optimizer), evaluates=bool(spec.train.eval_interval),
-                           fp8_weights=fp8_weights, fsdp_master_shards=stack.fsdp_master_shards)
+                           optimizer_dtypes=OptimizerDtypes.of(spec.optimizer),
+                           evaluates=bool(spec.train.eval_interval), fp8_weights=fp8_weights,
+                           fsdp_master_shards=stack.fsdp_master_shards)
     limits = [catalog.gpu(g).memory_limit_gb for g in gpus]
     fits = all(s.total <= (1 - MEMORY_MARGIN) * lim for s, lim in zip(mem, limits))
 
@@ -504,19 +505,21 @@ def fp8_weights_of(spec) -> FP8Weights | None:
 
 def _fp8_weights_assumption(spec, weights: FP8Weights) -> str:
     """The estimate's words for FP8Weights, saying whether optimizer.fp8_param_gather was written or defaulted."""
-    said = "" if spec.optimizer.fp8_param_gather is not None else ", the default where Megatron-LM can, as NVIDIA's " \
-                                                                   "recipes set it"
+    each = f"{weights.quantized:.3g} byte{'' if weights.quantized == 1 else 's'} each"
     if weights.replaces_bf16:
-        kept = f"{weights.quantized:.3g} byte{'' if weights.quantized == 1 else 's'} each" + (
-            " with its transpose" if spec.precision == "fp8" and weights.quantized == 2 else "")
-        return (f"the linear layers' weights kept in {spec.precision.upper()} at {kept} "
+        said = "" if spec.optimizer.fp8_param_gather is not None else \
+            ", the default where Megatron-LM can, as NVIDIA's recipes set it"
+        transpose = " with its transpose" if spec.precision == "fp8" and weights.quantized == 2 else ""
+        return (f"the linear layers' weights kept in {spec.precision.upper()} at {each}{transpose} "
                 f"(--fp8-param-gather: optimizer.fp8_param_gather{said}), no bf16 copy")
+    if spec.optimizer.fp8_param_gather is False:
+        why = " (optimizer.fp8_param_gather false)"
+    elif spec.precision != "nvfp4":
+        why = " (optimizer.fp8_param_gather keeps no bf16 copy under the distributed optimizer or Megatron-FSDP)"
+    else:
+        why = ""
     return (f"the linear layers' weights in bf16 with Transformer Engine's cached {spec.precision.upper()} copy, "
-            f"{weights.quantized:.3g} byte{'' if weights.quantized == 1 else 's'} each beside their 2" + (" (optimizer.fp8_param_gather false)"
-                                                                  if spec.optimizer.fp8_param_gather is False else
-                                                                  " (optimizer.fp8_param_gather keeps no bf16 copy "
-                                                                  "under the distributed optimizer or Megatron-FSDP)"
-                                                                  if spec.precision != "nvfp4" else ""))
+            f"{each} beside their 2{why}")
 
 
 __all__ = ["Estimate", "estimate", "MEMORY_MARGIN", "GIB"]

@@ -99,9 +99,10 @@ def fp8_param_gather(spec) -> bool:
     optimizer.fp8_param_gather where it writes one; else wherever Megatron-LM core_v0.16.1 runs it, precision fp8 or
     mxfp8 with the distributed optimizer or Megatron-FSDP (validate_args; under PyTorch FSDP2 it turns the flag off
     with Transformer Engine 2) and without the precision-aware optimizer (whose FusedAdam would take the FP8 weights
-    for the bf16 ones it keeps the master's low bits beside), as NVIDIA's recipes set it: Megatron-Bridge's bf16_with_fp8_delayed_scaling_mixed,
-    bf16_with_fp8_current_scaling_mixed and bf16_with_mxfp8_mixed (src/megatron/bridge/training/mixed_precision.py,
-    github NVIDIA-NeMo/Megatron-Bridge), which its Llama and Qwen performance recipes take unchanged."""
+    for the bf16 ones it keeps the master's low bits beside), as NVIDIA's recipes set it: Megatron-Bridge's
+    bf16_with_fp8_delayed_scaling_mixed, bf16_with_fp8_current_scaling_mixed and bf16_with_mxfp8_mixed
+    (src/megatron/bridge/training/mixed_precision.py, github NVIDIA-NeMo/Megatron-Bridge), which its Llama and Qwen
+    performance recipes take unchanged."""
     if spec.optimizer.fp8_param_gather is not None:
         return spec.optimizer.fp8_param_gather
     return spec.precision in FP8_PARAMETER_PRECISIONS and not spec.optimizer.precision_aware and \
