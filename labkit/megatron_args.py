@@ -307,7 +307,7 @@ def spec_flags(spec: RunSpec, legacy: bool = False, save_dir: str | os.PathLike 
         out.add("optimizer.adam_beta1", F.adam_beta1, opt.adam_beta1)
         out.add("optimizer.adam_beta2", F.adam_beta2, opt.adam_beta2)
     shard = sharding.of_spec(spec)
-    if shard.implementation in (sharding.DISTRIBUTED_OPTIMIZER, sharding.MEGATRON_FSDP):
+    if shard.megatron_gathers:
         # Megatron-FSDP runs beside the distributed optimizer, as Megatron-LM's user guide runs it
         # (docs/discussions/megatron-fsdp-user-guide)
         out.add("optimizer.distributed", F.use_distributed_optimizer)

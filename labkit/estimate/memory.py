@@ -320,6 +320,13 @@ def linear_weight_elements(shape: Shape, layers: int, *, first_layer: int = 0, t
                for layer in range(first_layer, first_layer + layers))
 
 
+def stage_linear_weight_elements(shape: Shape, chunks: list[int], first_layers: list[int], *, tensor: int = 1,
+                                 expert: int = 1, expert_tensor: int | None = None) -> int:
+    """`linear_weight_elements` over a stage's model chunks (`chunks` their layers, `first_layers` their first)."""
+    return sum(linear_weight_elements(shape, layers, first_layer=first, tensor=tensor, expert=expert,
+                                      expert_tensor=expert_tensor) for first, layers in zip(first_layers, chunks))
+
+
 @dataclass(frozen=True)
 class FP8Weights:
     """What Transformer Engine holds of the linear layers' weights under FP8, MXFP8 or NVFP4 on GPUs. Without
@@ -564,8 +571,7 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
     without it. `fp8_weights`: what Transformer Engine holds of the linear layers' weights under a low precision on
     GPUs (FP8Weights), None where it holds nothing of its own (other precisions, CPUs); the FP8 weights are counted
     from Transformer Engine's sizes, not megatron-core's objects (their uint8 buffer's own padding is left out).
-    `fsdp_master_shards`: FSDP2
-    as PyTorch's own trainers run it (`torch_fsdp2_model_state_bytes`' master_shards).
+    `fsdp_master_shards`: FSDP2 as PyTorch's own trainers run it (`torch_fsdp2_model_state_bytes`' master_shards).
 
     Taught in lab 09.
     """
@@ -585,8 +591,8 @@ def model_state_bytes(shape: Shape, chunks: list[int], *, stage: int = 0, pipeli
         if fp8_weights is None:
             return state
         # Megatron-LM keeps no FP8 parameters under FSDP2 (labkit.megatron.rules): Transformer Engine's cached copies
-        linear = sum(linear_weight_elements(shape, layers, first_layer=first, tensor=tensor, expert=expert,
-                                            expert_tensor=expert_tensor) for first, layers in zip(first_layers, chunks))
+        linear = stage_linear_weight_elements(shape, chunks, first_layers, tensor=tensor, expert=expert,
+                                              expert_tensor=expert_tensor)
         return replace(state, weights=int(state.weights + linear * fp8_weights.quantized))
     if zero_stage in (2, 3):
         return fsdp_model_state_bytes(shape, chunks, zero_stage, stage=stage, pipeline=pipeline, tensor=tensor,
@@ -1010,9 +1016,8 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
             weights, gradients, optimizer_state = (params * n for n in bytes_per_param(
                 precision, data_parallel, zero_stage=zero_stage, optimizer=optimizer))
             if fp8_weights is not None:  # Transformer Engine's cached copies of the whole local linear weights
-                weights += fp8_weights.quantized * sum(linear_weight_elements(
-                    shape, layers, first_layer=first, tensor=tensor, expert=expert, expert_tensor=expert_tensor)
-                    for first, layers in zip(firsts[i], chunks[i]))
+                weights += fp8_weights.quantized * stage_linear_weight_elements(
+                    shape, chunks[i], firsts[i], tensor=tensor, expert=expert, expert_tensor=expert_tensor)
             return weights, gradients, optimizer_state, 0.0, 0.0
         state = model_state_bytes(shape, chunks[i], stage=i, pipeline=p, tensor=tensor, data_parallel=data_parallel,
                                   context=context, precision=precision, distributed_optimizer=distributed_optimizer,

@@ -557,7 +557,7 @@ def _fp8_parameter_problems(args, runtime: Runtime, name: Name) -> list[Problem]
             found.append(Problem("fp8_param_gather", f"ZeRO stage {shard.stage} runs as PyTorch FSDP2 "
                                  f"({name('use_torch_fsdp2')}), under which Megatron-LM turns it off (Transformer "
                                  "Engine 2); leave it out, or use ZeRO stage 1"))
-        elif shard.implementation not in (sharding.DISTRIBUTED_OPTIMIZER, sharding.MEGATRON_FSDP):
+        elif not shard.megatron_gathers:
             found.append(Problem("fp8_param_gather", "all-gathers sharded weights; needs "
                                  f"{name('use_distributed_optimizer')} or Megatron-FSDP (Megatron-LM's validate_args); "
                                  "add one, or leave it out"))

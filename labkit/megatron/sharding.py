@@ -51,6 +51,13 @@ class Sharding:
         return self.implementation in (TORCH_FSDP2, MEGATRON_FSDP)
 
     @property
+    def megatron_gathers(self) -> bool:
+        """megatron-core all-gathers the sharded parameters itself (the distributed optimizer after each step,
+        Megatron-FSDP layer by layer): what --overlap-param-gather and --fp8-param-gather act on, and why Megatron-LM
+        runs Megatron-FSDP beside --use-distributed-optimizer."""
+        return self.implementation in (DISTRIBUTED_OPTIMIZER, MEGATRON_FSDP)
+
+    @property
     def megatron_core(self) -> bool:
         """megatron-core's own buffers (DDP and the distributed optimizer), whose bytes it counts exactly."""
         return self.implementation in (DDP, DISTRIBUTED_OPTIMIZER)
@@ -106,4 +113,4 @@ def fp8_param_gather(spec) -> bool:
     if spec.optimizer.fp8_param_gather is not None:
         return spec.optimizer.fp8_param_gather
     return spec.precision in FP8_PARAMETER_PRECISIONS and not spec.optimizer.precision_aware and \
-        of_spec(spec).implementation in (DISTRIBUTED_OPTIMIZER, MEGATRON_FSDP)
+        of_spec(spec).megatron_gathers

@@ -216,8 +216,8 @@ def expert_sizes(base: RunSpec, shape: Shape, tensor: int, pipeline: int, data: 
     elif base.optimizer.precision_aware:
         stages = [1]
     elif base.optimizer.fp8_param_gather:  # it gathers the distributed optimizer's or Megatron-FSDP's shards
-        stages = [z for z in stages if sharding.choose(z, base.optimizer.zero_backend, base.job.entrypoint)
-                  .implementation in (sharding.DISTRIBUTED_OPTIMIZER, sharding.MEGATRON_FSDP)] or [1]
+        stages = [z for z in stages
+                  if sharding.choose(z, base.optimizer.zero_backend, base.job.entrypoint).megatron_gathers] or [1]
     fixed = constraints.recompute is not SEARCHED
     plain = (constraints.recompute.granularity if constraints.recompute else None) if fixed else None
     limit = (1 - MEMORY_MARGIN) * memory_gb
@@ -230,11 +230,11 @@ def expert_sizes(base: RunSpec, shape: Shape, tensor: int, pipeline: int, data: 
     def fits(ep: int, etp: int, recompute: str | None) -> bool:
         return max(m.total for m in memory_per_stage(
             shape, even, tensor=tensor, data_parallel=data, micro_batch=1, num_micro_batches=1,
-            precision=base.precision, recompute=recompute, sequence_parallel=tensor > 1, zero_stage=max(stages),
-            distributed_optimizer=max(stages) >= 1, flash_attention=flash, context=context, expert=ep,
+            precision=base.precision, recompute=recompute, sequence_parallel=tensor > 1, zero_stage=most,
+            distributed_optimizer=most >= 1, flash_attention=flash, context=context, expert=ep,
             entrypoint=base.job.entrypoint, zero_backend=base.optimizer.zero_backend,
             expert_tensor=etp, optimizer=base.optimizer.name, grad_reduce_in_bf16=base.optimizer.grad_reduce_in_bf16,
-            optimizer_dtypes=OptimizerDtypes.of(base.optimizer) if max(stages) == 1 else None,
+            optimizer_dtypes=OptimizerDtypes.of(base.optimizer) if most == 1 else None,
             fp8_weights=fp8_weights, fsdp_master_shards=fsdp_master_shards)) <= limit
 
     recompute = plain if fixed else "full"
@@ -617,8 +617,8 @@ def _variants(spec: RunSpec, constraints: Constraints, fully_sharded: bool):
     elif spec.optimizer.precision_aware:  # it keeps the distributed optimizer's shards
         stages = [1] if constraints.distributed_optimizer in (SEARCHED, True) else []
     elif spec.optimizer.fp8_param_gather:  # it gathers the distributed optimizer's or Megatron-FSDP's shards
-        stages = [z for z in stages if sharding.choose(z, spec.optimizer.zero_backend, spec.job.entrypoint)
-                  .implementation in (sharding.DISTRIBUTED_OPTIMIZER, sharding.MEGATRON_FSDP)]
+        stages = [z for z in stages
+                  if sharding.choose(z, spec.optimizer.zero_backend, spec.job.entrypoint).megatron_gathers]
     elif constraints.distributed_optimizer is not SEARCHED:
         stages = [z for z in stages if (z >= 1) == constraints.distributed_optimizer]
     for recompute in recomputes:
@@ -629,8 +629,8 @@ def _variants(spec: RunSpec, constraints: Constraints, fully_sharded: bool):
 def _with(spec: RunSpec, recompute, zero_stage: int) -> RunSpec:
     # the parameter gather overlaps the all-gather of parameters that the distributed optimizer or Megatron-FSDP
     # shards; FSDP2 and DeepSpeed gather their own
-    runs = sharding.choose(zero_stage, spec.optimizer.zero_backend, spec.job.entrypoint).implementation
-    gather = spec.kernels.overlap_param_gather and runs in (sharding.DISTRIBUTED_OPTIMIZER, sharding.MEGATRON_FSDP)
+    gather = spec.kernels.overlap_param_gather and \
+        sharding.choose(zero_stage, spec.optimizer.zero_backend, spec.job.entrypoint).megatron_gathers
     return replace(spec, recompute=recompute, kernels=replace(spec.kernels, overlap_param_gather=gather),
                    optimizer=replace(spec.optimizer, zero_stage=zero_stage, distributed=zero_stage >= 1))
 
