@@ -24,8 +24,8 @@ lab: $(STAMP)
 	$(BIN)/labkit lab
 	$(BIN)/labkit lab --lang ko
 
-# The whole suite on this environment's Python, then the wheel as a user installs it, then the fast suite on the other
-# supported Pythons found here.
+# The whole suite on this environment's Python, then the wheel as a user installs it, then the fast tests of what rests
+# on the interpreter on the other supported Pythons found here (tests/other_pythons.sh names them).
 test: test-suite wheel-check other-pythons
 
 test-suite: $(STAMP)

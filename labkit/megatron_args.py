@@ -110,9 +110,20 @@ def _kernel_flags(spec: RunSpec, out: RenderedFlags) -> None:
     elif k.attention_backend != "auto":
         out.add("kernels.attention_backend", F.attention_backend, k.attention_backend)
     for key, flag in (("overlap_grad_reduce", F.overlap_grad_reduce), ("overlap_param_gather", F.overlap_param_gather),
-                      ("tp_comm_overlap", F.tp_comm_overlap)):
+                      ("tp_comm_overlap", F.tp_comm_overlap),
+                      ("overlap_moe_expert_parallel_comm", F.overlap_moe_expert_parallel_comm)):
         if getattr(k, key):
             out.add(f"kernels.{key}", flag)
+    if k.cuda_graph_impl != F.cuda_graph_impl.default:
+        out.add("kernels.cuda_graph_impl", F.cuda_graph_impl, k.cuda_graph_impl)
+    if k.cuda_graph_scope:
+        out.add("kernels.cuda_graph_scope", F.cuda_graph_scope, *k.cuda_graph_scope)
+        if "full_iteration" in k.cuda_graph_scope:
+            # Megatron-LM's validate_args: a whole-iteration graph cannot stop on a NaN midway, and with expert
+            # parallelism the local graphs ask for the router's padding (an inference setting; training is unchanged)
+            out.add("kernels.cuda_graph_scope", F.no_check_for_nan_in_loss_and_grad)
+    if k.cuda_graph_impl == "local" and spec.parallel.expert > 1:
+        out.add("kernels.cuda_graph_impl", F.moe_pad_experts_for_cuda_graph_inference)
 
 
 def profile_steps(profile) -> tuple[int, int]:

@@ -194,7 +194,8 @@ def test_kernels_a_spec_writes_are_planned_with_what_they_need(tmp_path, capsys)
     out = run_json(capsys, str(spec), "--top", "30")
     assert out["rows"] and all(r["distributed_optimizer"] for r in out["rows"])
     assert {r["tp"] for r in out["rows"]} > {1}
-    assert out["spec"]["kernels"] == {**kernels, "stack": None,
+    assert out["spec"]["kernels"] == {**kernels, "stack": None, "overlap_moe_expert_parallel_comm": False,
+                                      "cuda_graph_impl": "none", "cuda_graph_scope": None,
                                       "tp_comm_overlap": out["spec"]["parallel"]["sequence_parallel"]}
     spec.write_text(yaml.safe_dump({"model": {"preset": "gpt-7.5b"}, "batch": {"global": 64},
                                     "kernels": {"overlap_param_gather": True}, "optimizer": {"distributed": False},

@@ -183,7 +183,10 @@ DERIVED = {
 REFUSED = {"tp_comm_overlap": ["--tp-comm-overlap"], "context_parallel_size": ["--context-parallel-size", "2"],
            "use_megatron_fsdp": ["--use-megatron-fsdp"],
            "data_parallel_sharding_strategy": ["--data-parallel-sharding-strategy", "optim"],
-           "ckpt_format": ["--ckpt-format", "torch_dcp"]}
+           "ckpt_format": ["--ckpt-format", "torch_dcp"], "cuda_graph_impl": ["--cuda-graph-impl", "local"],
+           "cuda_graph_scope": ["--cuda-graph-scope", "attn"],
+           "moe_pad_experts_for_cuda_graph_inference": ["--moe-pad-experts-for-cuda-graph-inference"],
+           "overlap_moe_expert_parallel_comm": ["--overlap-moe-expert-parallel-comm"]}
 
 
 def _attributes_read_outside_the_parser() -> set[str]:

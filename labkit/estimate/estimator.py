@@ -204,7 +204,9 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     t, p, d, v, c = par.tensor, par.pipeline, spec.data_parallel, par.virtual_stages, par.context
     ep, etp = (par.expert, par.expert_tensor) if shape.moe else (1, None)
     dispatcher = (spec.model.moe_token_dispatcher_type or "allgather") if shape.moe else None
-    expert = {"expert": ep, "expert_tensor": etp, "dispatcher": dispatcher}
+    expert = {"expert": ep, "expert_tensor": etp, "dispatcher": dispatcher,
+              "moe_comm_overlap": spec.kernels.overlap_moe_expert_parallel_comm,
+              "graphed_iteration": graphed_iteration(spec)}
     overlap_dp = overlap_dp or spec.kernels.overlap_grad_reduce
     m = spec.num_micro_batches
     partition = spec.layer_partition
@@ -424,6 +426,17 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     if shape.moe:
         assumptions.append(f"tokens spread over the experts {MOE_TOKEN_IMBALANCE:g} x evenly "
                            "(labkit.estimate.memory.MOE_TOKEN_IMBALANCE), none dropped")
+        if ep > 1 and spec.kernels.overlap_moe_expert_parallel_comm:
+            assumptions.append("the experts' all-to-all hidden behind another micro-batch's forward and backward "
+                               "(kernels.overlap_moe_expert_parallel_comm), exposed only where it outlasts them; its "
+                               "extra activation memory is not counted")
+        launch_ms = 1e3 * stack.moe_launch_s_per_local_expert
+        if on_gpus and launch_ms:
+            assumptions.append("no host launch cost per expert: the whole iteration is one CUDA graph"
+                               if graphed_iteration(spec) else
+                               f"the host launches each MoE layer's kernels at {launch_ms:g} ms per local expert and "
+                               "micro-batch (fitted with the router and the dispatch's preprocessing in CUDA graphs, "
+                               "as NVIDIA's recipes run them)")
 
     tokens_per_iteration = b.global_ * shape.seq_length
     days = tokens / tokens_per_iteration * iteration / F.SECONDS_PER_DAY if tokens is not None else None
@@ -490,6 +503,13 @@ def flash_attention(backend: str, gpus: list[str]) -> bool:
     if backend != "auto":
         return False
     return bool(found) and all(g.bf16 and not g.is_cpu for g in found)
+
+
+def graphed_iteration(spec) -> bool:
+    """Whether the whole training iteration replays as one CUDA graph (kernels.cuda_graph_impl local with
+    cuda_graph_scope full_iteration): the host launches no kernel per layer."""
+    k = spec.kernels
+    return k.cuda_graph_impl == "local" and "full_iteration" in (k.cuda_graph_scope or [])
 
 
 def fp8_weights_of(spec) -> FP8Weights | None:

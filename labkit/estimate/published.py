@@ -62,7 +62,8 @@ def published_runs(path=PUBLISHED_RUNS) -> list[PublishedRun]:
 
 def _spec(name: str, group: dict, run: dict, data: dict) -> tuple[RunSpec, str]:
     """One row as a run spec, and its label. A set may give several systems (`clusters`, by name), each row naming its
-    own (`system`); a row may give its own `precision` and expert-parallel size (`expert`)."""
+    own (`system`); a row may give its own `precision`, expert-parallel size (`expert`) and `kernels` (a mapping of
+    the spec's kernels fields its recipe sets, such as the MoE all-to-all's overlap or CUDA graphs)."""
     cluster = {**data["cluster"], **group.get("cluster", {}), **group.get("clusters", {}).get(run.get("system"), {})}
     gpus = run["gpus"]
     t, p, c = run["tensor"], run["pipeline"], run.get("context", 1)
@@ -91,8 +92,9 @@ def _spec(name: str, group: dict, run: dict, data: dict) -> tuple[RunSpec, str]:
         kernels["tp_comm_overlap"] = t > 1 and kernels.get("tp_comm_overlap", True)  # unless the set says none
     if "stack" in group:  # the software the set ran (labkit/data/calibration.yaml's stacks)
         kernels["stack"] = group["stack"]
+    kernels.update(run.get("kernels") or {})
     precision = run.get("precision", group.get("precision", "fp16"))
-    optimizer = {**group.get("optimizer", {}), **({"zero_stage": run["zero"]} if "zero" in run else {})}
+    optimizer = {**group.get("optimizer", {}), **({"zero_stage": run["zero"]} if run.get("zero") is not None else {})}
     spec = load_spec({
         "name": f"{name}-{label}".replace(" ", "-"),
         "model": model, "parallel": parallel,

@@ -212,7 +212,8 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
                cp_gbps: float | None = None, tp_comm_overlap: bool = False,
                sequence_parallel: bool = False, expert: int = 1, expert_tensor: int | None = None,
                expert_links: ExpertLinks | None = None, dispatcher: str | None = None,
-               recompute_modules: tuple[str, ...] | list[str] | None = None) -> StageTime:
+               recompute_modules: tuple[str, ...] | list[str] | None = None, moe_comm_overlap: bool = False,
+               graphed_iteration: bool = False) -> StageTime:
     """Forward + backward of one micro-batch through one pipeline stage.
 
     `source` is a Profile (measured forward seconds; its time already contains the tensor-parallel all-reduces it
@@ -240,6 +241,10 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
     Its MoE layers keep the tensor-parallel transfers of attention (and of the shared experts) and add the token
     dispatch over the expert groups (`expert_dispatch_time` with `expert`, `expert_tensor`, `expert_links` and the
     model's `dispatcher`), charged as `ep_comm_s`; their memory-bound passes stream an MoE layer's activations.
+    With `moe_comm_overlap` (--overlap-moe-expert-parallel-comm) megatron-core's combined 1F1B schedule runs one
+    micro-batch's forward beside another's backward, each one's dispatch and combine under the other's compute: only
+    what outlasts the stage's compute stays exposed. With `graphed_iteration` (a whole-iteration CUDA graph) the host
+    launches nothing per layer, and the MoE layers' launch cost below is not paid.
     """
     cal = resolve(calibration)
     stack = cal.stack(stack)
@@ -307,16 +312,17 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
         ends_s *= stack.compute_scale
     forward = layer_s + ends_s
     backward = 2 * forward + recompute_fraction * layer_s
-    if moe_share and layers and not gpu.is_cpu:
+    launch_s = 0.0
+    if moe_share and layers and not gpu.is_cpu and not graphed_iteration:
         # megatron-core's alltoall dispatcher copies each layer's tokens-per-expert counts to the host before its
         # all-to-all (token_dispatcher.py, preprocess): the GPU drains, then runs the layer's permutation, grouped GEMMs
         # and their FP8 casts as fast as the host launches them, a cost per micro-batch that grows with the experts a
         # rank holds and not with its tokens (the MoE README's "CPU Overhead Bottleneck"; calibration.yaml says where
         # the rate comes from). A third of it in the forward, as for the compute.
         local_experts = shape.experts / expert
-        launch = layers * moe_share * local_experts * stack.moe_launch_s_per_local_expert
-        forward += launch / 3
-        backward += 2 * launch / 3
+        launch_s = layers * moe_share * local_experts * stack.moe_launch_s_per_local_expert
+        forward += launch_s / 3
+        backward += 2 * launch_s / 3
     if flash_attention:
         # a flash kernel's backward recomputes the scores (Q K^T) it never stored beside its four other products: 2.5
         # times its forward's FLOPs where the rest of the layer takes 2 (Dao, arXiv:2205.14135, Algorithm 4)
@@ -340,6 +346,10 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
         core_step_s = core_s / tensor / context / context * stack.compute_scale
         comm += layers * 3 * (context - 1) * max(0.0, step - core_step_s)
         full += layers * 3 * (context - 1) * step
+    if moe_comm_overlap:
+        # the other micro-batch's forward and backward run while this one's tokens travel (megatron-core's
+        # combined_1f1b schedule); the GPU's compute is the cover, the host's launches are not
+        ep_comm = max(0.0, ep_comm - (forward + backward - launch_s))
     return StageTime(forward, backward, comm, source=f"analytic {gpu.name}", tp_comm_before_overlap_s=full,
                      ep_comm_s=ep_comm)
 

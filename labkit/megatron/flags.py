@@ -43,6 +43,13 @@ RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe", "moe_act", "shared_
 """Megatron-LM's --recompute-modules choices (megatron-core 0.16.1's TransformerConfig.recompute_modules): attention's
 core, the dense MLP, the two norms, the MoE layer, its experts' activation function, its shared experts, and
 multi-latent attention's up projection."""
+CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine")
+"""Megatron-LM's --cuda-graph-impl choices: no graphs, megatron-core's own CudaGraphManager (and the whole iteration),
+or Transformer Engine's make_graphed_callables per layer."""
+CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration")
+"""--cuda-graph-scope's choices for labkit's models (megatron-core 0.16.1's CudaGraphScope without mamba): attention,
+a dense layer's MLP, an MoE layer's MLP side, its router (with the shared experts), the dispatch's preprocessing, and
+the whole training iteration."""
 SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 """Megatron-LM's --data-parallel-sharding-strategy choices, ZeRO stages 0 to 3 in Megatron-FSDP's names."""
 OPTIMIZER_DTYPES = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype": ("fp32", "fp16"),
@@ -150,6 +157,13 @@ FLAGS: tuple[Flag, ...] = (
          help="how tokens reach their experts' ranks", group=MOE),
     Flag("--moe-grouped-gemm", action="store_true", help="one grouped GEMM for a rank's experts (GPUs only)",
          group=MOE),
+    Flag("--overlap-moe-expert-parallel-comm", action="store_true",
+         help="hide the experts' all-to-all behind another micro-batch's compute (megatron-core's combined 1F1B "
+              "schedule; needs --expert-model-parallel-size > 1, the alltoall or flex dispatcher, and with a pipeline "
+              "the interleaved schedule)", group=MOE),
+    Flag("--moe-pad-experts-for-cuda-graph-inference", action="store_true",
+         help="inference only: pad experts' inputs so that a CUDA graph holds no host sync; Megatron-LM asks for it "
+              "beside --cuda-graph-impl local with expert parallelism", group=MOE),
     Flag("--transformer-impl", choices=("local", "transformer_engine"),
          help="default: transformer_engine when it is importable and a GPU is present, else local", group=MODEL),
 
@@ -202,6 +216,16 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--tp-comm-overlap", action="store_true",
          help="overlap tensor-parallel communication with GEMMs (Transformer Engine userbuffers on GPUs)",
          group=PARALLEL),
+    Flag("--cuda-graph-impl", choices=CUDA_GRAPH_IMPLS, default="none",
+         help="capture kernels in CUDA graphs, replayed without the host launching each: transformer_engine "
+              "(per-layer graphs of --cuda-graph-scope) or local (megatron-core's, and the whole iteration)",
+         group=PARALLEL),
+    Flag("--cuda-graph-scope", nargs="+", choices=CUDA_GRAPH_SCOPES, default=(),
+         help="what a CUDA graph captures; default the whole transformer layer (Megatron-LM also has mamba, which "
+              "labkit's models lack)", group=PARALLEL),
+    Flag("--no-check-for-nan-in-loss-and-grad", action="store_false", dest="check_for_nan_in_loss_and_grad",
+         help="do not stop on a NaN loss or gradient (Megatron-LM requires it of a whole-iteration CUDA graph, "
+              "which cannot stop midway)", group=PARALLEL),
     Flag("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
          help="auto picks what megatron-core would (flash or fused with Transformer Engine); on GPUs without it, "
               "labkit's driver takes --sdpa-attention, on CPUs megatron-core's local attention", group=PARALLEL),

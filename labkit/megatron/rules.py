@@ -153,7 +153,7 @@ def problems(args, world_size: int, runtime: Runtime, name: Name = flag_name) ->
     if found:
         return found  # the rules below divide by these sizes
     for group in (_size_problems, _expert_problems, _recompute_problems, _pipeline_problems, _implementation_problems,
-                  _sharding_problems, _schedule_problems):
+                  _sharding_problems, _graph_and_overlap_problems, _schedule_problems):
         found += group(args, world_size, runtime, name)
     return found
 
@@ -640,6 +640,122 @@ def _deepspeed_problems(args, runtime: Runtime, name: Name) -> list[Problem]:
             found.append(Problem(key, f"{engine} {why}"))
     if args.deepspeed_config is None or args.zero_stage is None:
         found.append(Problem("deepspeed", f"needs {name('deepspeed_config')} FILE and {name('zero_stage')} N"))
+    return found
+
+
+def recompute_in_effect(args) -> tuple[str | None, list[str]]:
+    """The recompute granularity and modules the driver and Megatron-LM run, the legacy spellings mapped: (None, []),
+    ("full", []) or ("selective", modules), megatron-core's default module core_attn when none are named."""
+    if args.checkpoint_activations or args.recompute_granularity == "full":
+        return "full", []
+    if args.recompute_activations or args.recompute_granularity == "selective":
+        return "selective", list(args.recompute_modules or ["core_attn"])
+    return None, []
+
+
+def _every_layer_moe(args) -> bool:
+    """megatron-core's test for a model without dense layers: --moe-layer-freq 1, or a pattern without a 0 (a frequency
+    N > 1 counts as having dense layers, as TransformerConfig counts it)."""
+    if str(args.moe_layer_freq).strip() == "1":
+        return True
+    if str(args.moe_layer_freq).strip().isdigit():
+        return False
+    try:
+        return 0 not in sizes.moe_layer_pattern(args.moe_layer_freq, args.num_layers)
+    except sizes.SizeError:
+        return False  # _expert_problems reports the pattern
+
+
+def _graph_and_overlap_problems(args, world_size: int, runtime: Runtime, name: Name) -> list[Problem]:
+    """CUDA graphs and the MoE all-to-all's overlap, as megatron-core 0.16.1's TransformerConfig.__post_init__ checks
+    them (the scopes a model can graph, recomputation inside a graph, the combined 1F1B schedule's conditions), with
+    Megatron-LM's validate_args (a whole-iteration graph without the NaN check). Both run on GPUs under Megatron-LM's
+    training loop, which captures the graphs and schedules the overlap; labkit's driver does neither."""
+    impl, scopes, found = args.cuda_graph_impl, list(args.cuda_graph_scope or []), []
+    overlap = args.overlap_moe_expert_parallel_comm
+    granularity, modules = recompute_in_effect(args)
+    if runtime.driver:
+        for key, used, what in (("cuda_graph_impl", impl != "none", "captures no CUDA graph"),
+                                ("moe_pad_experts_for_cuda_graph_inference",
+                                 args.moe_pad_experts_for_cuda_graph_inference, "runs no inference"),
+                                ("overlap_moe_expert_parallel_comm", overlap,
+                                 "runs the plain 1F1B schedule, not megatron-core's combined one")):
+            if used:
+                found.append(Problem(key, f"labkit's driver {what}; leave it out, or run Megatron-LM's "
+                                     "pretrain_gpt.py"))
+    elif not runtime.cuda:
+        found += [Problem(key, "needs GPUs (CUDA streams and graphs); leave it out for a run on CPUs")
+                  for key, used in (("cuda_graph_impl", impl != "none"), ("overlap_moe_expert_parallel_comm", overlap))
+                  if used]
+    if scopes and impl == "none":
+        found.append(Problem("cuda_graph_scope", f"chooses what a CUDA graph captures; needs "
+                             f"{name('cuda_graph_impl')} transformer_engine or local"))
+    if impl != "none":
+        moe = args.num_experts is not None
+        whole = not scopes or "full_iteration" in scopes  # the graphs hold whole layers, or the whole step
+        if impl == "transformer_engine" and "full_iteration" in scopes:
+            found.append(Problem("cuda_graph_scope", f"full_iteration is captured by {name('cuda_graph_impl')} "
+                                 "local only; use local, or graph parts of each layer"))
+        if impl == "transformer_engine" and not runtime.transformer_engine:
+            found.append(Problem("cuda_graph_impl", NEEDS_TRANSFORMER_ENGINE))
+        if "moe" in scopes and "moe_router" in scopes:
+            found.append(Problem("cuda_graph_scope", "moe and moe_router overlap; keep one"))
+        if "moe_preprocess" in scopes and "moe_router" not in scopes:
+            found.append(Problem("cuda_graph_scope", "moe_preprocess is graphed together with moe_router; add it"))
+        if not moe:
+            found += [Problem("cuda_graph_scope", f"{scope} graphs a mixture-of-experts layer, and this model is dense")
+                      for scope in ("moe", "moe_router", "moe_preprocess") if scope in scopes]
+        else:
+            if "mlp" in scopes and _every_layer_moe(args):
+                found.append(Problem("cuda_graph_scope", f"mlp graphs a dense layer's MLP, and every layer of this "
+                                     f"model is MoE ({name('moe_layer_freq')} {args.moe_layer_freq}); use moe_router"))
+            if "moe" in scopes:
+                found.append(Problem("cuda_graph_scope", "moe graphs an MoE layer whose experts take a fixed number "
+                                     "of tokens (dropping and padding to a capacity), which labkit's dropless MoE "
+                                     "layers do not; use moe_router with moe_preprocess"))
+        if granularity == "full" and scopes != ["full_iteration"]:
+            found.append(Problem("recompute_granularity", f"full recomputes inside a graph only when "
+                                 f"{name('cuda_graph_scope')} is full_iteration alone; use selective, or graph the "
+                                 "whole iteration"))
+        if granularity == "selective":
+            if impl == "transformer_engine" and "moe" in modules and "moe_router" in scopes:
+                found.append(Problem("recompute_modules", f"moe recomputes the layer that "
+                                     f"{name('cuda_graph_scope')} moe_router graphs in part; recompute moe_act, or "
+                                     "graph less"))
+            # a graphed module recomputed in its backward replays without new random numbers: no dropout in it
+            for module, scope, dropout in (("core_attn", "attn", "attention_dropout"), ("mlp", "mlp", "hidden_dropout"),
+                                           ("moe", "moe", "hidden_dropout")):
+                if module in modules and (whole or scope in scopes) and getattr(args, dropout):
+                    found.append(Problem(dropout, f"{getattr(args, dropout)}: the graphed {module}, recomputed, "
+                                         "replays without new random numbers; use 0, or recompute it outside the "
+                                         f"graph ({name('cuda_graph_scope')})"))
+        if "full_iteration" in scopes and args.check_for_nan_in_loss_and_grad:
+            found.append(Problem("check_for_nan_in_loss_and_grad", "a whole-iteration CUDA graph cannot stop on a "
+                                 f"NaN; add {name('check_for_nan_in_loss_and_grad')}"))
+        if impl == "local" and args.expert_model_parallel_size > 1 and \
+                not args.moe_pad_experts_for_cuda_graph_inference:
+            found.append(Problem("moe_pad_experts_for_cuda_graph_inference", "Megatron-LM asks for it beside "
+                                 f"{name('cuda_graph_impl')} local with expert parallelism; add it"))
+    if overlap:
+        pp = args.pipeline_model_parallel_size
+        for argument, broken, why in (
+                ("expert_model_parallel_size", args.num_experts is None or args.expert_model_parallel_size == 1,
+                 "has no all-to-all to hide without expert parallelism; set it above 1"),
+                ("moe_token_dispatcher_type", args.moe_token_dispatcher_type not in ("alltoall", "flex"),
+                 f"{args.moe_token_dispatcher_type}: the overlap hides the alltoall and flex dispatchers' exchange; "
+                 "use one of them"),
+                ("num_layers_per_virtual_pipeline_stage", pp > 1 and virtual_stages(args) is None,
+                 f"the overlap pairs micro-batches inside the interleaved schedule; with "
+                 f"{name('pipeline_model_parallel_size')} {pp} set it"),
+                ("recompute_granularity", granularity == "full",
+                 "full: the combined schedule cannot re-run whole layers; use selective, or drop the overlap"),
+                ("bf16", not (args.bf16 or args.fp16), "the overlap runs in a bf16 or fp16 model only; train in one of them"),
+                ("cuda_graph_impl" if impl == "local" else "cuda_graph_scope",
+                 impl == "local" or any(s in scopes for s in ("moe", "mlp")),
+                 f"the overlap takes Transformer Engine's graphs of attention, moe_router and moe_preprocess only "
+                 f"({name('cuda_graph_impl')} transformer_engine)")):
+            if broken:
+                found.append(Problem(argument, f"{why} ({name('overlap_moe_expert_parallel_comm')})"))
     return found
 
 

@@ -24,7 +24,7 @@ from labkit import catalog
 from labkit.estimate import (Shape, allreduce_time, bytes_per_param, estimate, memory_per_stage, p2p_time,
                              pipeline_lower_bound, stage_params, stage_time)
 from labkit.estimate.estimator import (MEMORY_MARGIN, expert_params_per_stage, flash_attention, fp8_weights_of,
-                                       profile_fits, profile_lookup, profiled_model)
+                                       graphed_iteration, profile_fits, profile_lookup, profiled_model)
 from labkit.estimate.calibration import Calibration, resolve
 from labkit.estimate.memory import GIB, OptimizerDtypes, step_only_bytes
 from labkit.estimate.timing import ACTIVATION_BYTES, GRAD_REDUCE_BYTES, ExpertLinks, Pipeline
@@ -283,14 +283,16 @@ class _StageCosts:
     def __init__(self, shape: Shape, precision: str, global_batch: int, lookup,
                  calibration: Calibration | None = None, flash: bool = False, overlap_dp: bool = False,
                  overlap_tp: bool = False, sequence_parallel: bool = False, stack: str | None = None,
-                 on_gpus: bool = True, dispatcher: str | None = None):
+                 on_gpus: bool = True, dispatcher: str | None = None, moe_comm_overlap: bool = False,
+                 graphed_iteration: bool = False):
         self.shape, self.precision, self.global_batch, self.lookup = shape, precision, global_batch, lookup
         self.dispatcher = dispatcher  # an MoE model's token dispatcher, as the estimator reads the spec
         self.calibration, self.overlap_dp = resolve(calibration), overlap_dp
         # interleaved, the pipeline's sends overlap compute as the estimator plays them (NCCL, not gloo)
         self.overlap_p2p = on_gpus and self.calibration.stack(stack).overlap_p2p
         # as the estimator reads the spec
-        self.kernels = {"flash_attention": flash, "tp_comm_overlap": overlap_tp, "stack": stack}
+        self.kernels = {"flash_attention": flash, "tp_comm_overlap": overlap_tp, "stack": stack,
+                        "moe_comm_overlap": moe_comm_overlap, "graphed_iteration": graphed_iteration}
         self.sequence_parallel = sequence_parallel  # on every layout with tensor > 1
         self._cache: dict = {}
 
@@ -631,7 +633,14 @@ def _with(spec: RunSpec, recompute, zero_stage: int) -> RunSpec:
     # shards; FSDP2 and DeepSpeed gather their own
     gather = spec.kernels.overlap_param_gather and \
         sharding.choose(zero_stage, spec.optimizer.zero_backend, spec.job.entrypoint).megatron_gathers
-    return replace(spec, recompute=recompute, kernels=replace(spec.kernels, overlap_param_gather=gather),
+    # the MoE all-to-all's overlap where megatron-core's combined schedule runs: expert parallelism, interleaved when
+    # pipelined, no full recompute (labkit.megatron.rules)
+    par = spec.parallel
+    moe_overlap = spec.kernels.overlap_moe_expert_parallel_comm and par.expert > 1 and \
+        (par.pipeline == 1 or par.virtual_stages > 1) and (recompute is None or recompute.granularity != "full")
+    return replace(spec, recompute=recompute,
+                   kernels=replace(spec.kernels, overlap_param_gather=gather,
+                                   overlap_moe_expert_parallel_comm=moe_overlap),
                    optimizer=replace(spec.optimizer, zero_stage=zero_stage, distributed=zero_stage >= 1))
 
 
@@ -701,7 +710,9 @@ def search(base: RunSpec, *, objective: str = "time", max_step_s: float | None =
                         flash=flash_attention(base.kernels.attention_backend, [g.gpu for g in cluster.nodes]),
                         overlap_dp=base.kernels.overlap_grad_reduce, overlap_tp=base.kernels.tp_comm_overlap,
                         sequence_parallel=sequence_parallel, stack=base.kernels.stack, on_gpus=on_gpus,
-                        dispatcher=(base.model.moe_token_dispatcher_type or "allgather") if shape.moe else None)
+                        dispatcher=(base.model.moe_token_dispatcher_type or "allgather") if shape.moe else None,
+                        moe_comm_overlap=base.kernels.overlap_moe_expert_parallel_comm,
+                        graphed_iteration=graphed_iteration(base))
     flash = costs.kernels["flash_attention"]
     layout_splits = list(splits(base, world, tensor_domain(cluster), constraints,
                                 context_sizes(base, on_gpus, flash, constraints)))

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from labkit import catalog, deepspeed_config
 from labkit.megatron import rules, sharding, sizes
-from labkit.megatron.flags import (ATTENTION_BACKENDS, DRIVER_ATTENTION_BACKENDS, FLAG, MOE_LOAD_BALANCING_TYPES,
+from labkit.megatron.flags import (ATTENTION_BACKENDS, CUDA_GRAPH_IMPLS, CUDA_GRAPH_SCOPES, DRIVER_ATTENTION_BACKENDS,
+                                   FLAG, MOE_LOAD_BALANCING_TYPES,
                                    MOE_TOKEN_DISPATCHERS, OPTIMIZER_DTYPES,
                                    NORMALIZATIONS, POSITION_EMBEDDING_TYPES, RECOMPUTE_MODULES, TOKENIZER_TYPES,
                                    ArgumentError,
@@ -78,7 +79,11 @@ SPEC_FIELDS = {"num_attention_heads": "model.num_attention_heads", "hidden_size"
                "moe_token_dispatcher_type": "model.moe_token_dispatcher_type",
                "recompute_granularity": "recompute.granularity", "recompute_modules": "recompute.modules",
                "use_precision_aware_optimizer": "optimizer.precision_aware", "fp8_format": "precision",
-               "fp8_recipe": "precision", "fp8_param_gather": "optimizer.fp8_param_gather"}
+               "fp8_recipe": "precision", "fp8_param_gather": "optimizer.fp8_param_gather",
+               "overlap_moe_expert_parallel_comm": "kernels.overlap_moe_expert_parallel_comm",
+               "cuda_graph_impl": "kernels.cuda_graph_impl", "cuda_graph_scope": "kernels.cuda_graph_scope",
+               "recompute_method": "recompute.method", "attention_dropout": "model.attention_dropout",
+               "hidden_dropout": "model.hidden_dropout"}
 """The spec field that sets each Megatron argument (argparse dest) labkit.megatron.rules speaks of, where the spec
 renders no flag for it: a rule may name an argument the command line lacks ("needs --use-distributed-optimizer")."""
 
@@ -383,6 +388,15 @@ def _check_kernels(spec: RunSpec) -> list[str]:
                       "scaled_dot_product_attention in megatron-core's layers), and Megatron-LM's "
                       f"{FLAG.attention_backend} has no such choice (job.entrypoint megatron-lm); use flash or fused "
                       "(Transformer Engine), unfused or local, or job.entrypoint labkit")
+    if k.cuda_graph_impl not in CUDA_GRAPH_IMPLS:
+        errors.append(f"kernels.cuda_graph_impl: {quote(k.cuda_graph_impl)} is not one of "
+                      f"{', '.join(CUDA_GRAPH_IMPLS)}")
+    if k.cuda_graph_scope is not None:
+        if k.cuda_graph_impl == "none":
+            errors.append("kernels.cuda_graph_scope: chooses what a CUDA graph captures; set kernels.cuda_graph_impl "
+                          "(transformer_engine or local), or leave the scope out")
+        errors += [f"kernels.cuda_graph_scope[{i}]: {quote(scope)} is not one of {', '.join(CUDA_GRAPH_SCOPES)}"
+                   for i, scope in enumerate(k.cuda_graph_scope) if scope not in CUDA_GRAPH_SCOPES]
     gpus = {g.gpu for g in spec.cluster_or_default().nodes}
     known = {name: catalog.gpu(name) for name in gpus if catalog.resolve_gpu_name(name)}
     if spec.precision == "fp8":

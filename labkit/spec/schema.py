@@ -171,6 +171,26 @@ class KernelsSpec:
     tp_comm_overlap: bool = False
     """Overlap tensor-parallel all-gathers and reduce-scatters with the GEMMs (--tp-comm-overlap); needs sequence
     parallelism and Transformer Engine on GPUs."""
+    overlap_moe_expert_parallel_comm: bool = False
+    """Hide a mixture-of-experts model's token all-to-all behind another micro-batch's compute
+    (--overlap-moe-expert-parallel-comm): megatron-core's combined 1F1B schedule runs one micro-batch's forward beside
+    the previous one's backward, each one's dispatch and combine under the other's GEMMs. Needs parallel.expert > 1,
+    the alltoall or flex dispatcher, no full recompute, and with a pipeline the interleaved schedule; Megatron-LM
+    only (labkit's driver runs the plain 1F1B schedule)."""
+    cuda_graph_impl: str = "none"
+    """Capture kernels in CUDA graphs, replayed without the host launching each kernel (--cuda-graph-impl): none,
+    transformer_engine (Transformer Engine's graphs of each layer's `cuda_graph_scope`) or local (megatron-core's own,
+    the only one that captures the whole iteration). A graph replays with the host idle: the estimate drops the host's
+    launch cost that an MoE layer pays per expert when the whole iteration is captured. Megatron-LM only (labkit's
+    driver captures no graph)."""
+    cuda_graph_scope: list[str] | None = None
+    """What each graph captures (--cuda-graph-scope): attn, mlp (a dense layer's MLP), moe (an MoE layer's MLP side,
+    drop-and-pad MoE only), moe_router (the router and shared experts), moe_preprocess (the dispatch's preprocessing,
+    with moe_router) or full_iteration (the whole forward and backward of a step, cuda_graph_impl local); None: the
+    whole transformer layer. A whole-iteration graph cannot stop midway, so with it labkit renders
+    --no-check-for-nan-in-loss-and-grad as Megatron-LM requires (and, with expert parallelism,
+    --moe-pad-experts-for-cuda-graph-inference, which changes inference only). NVIDIA's Megatron-Bridge recipes graph
+    [moe_router, moe_preprocess] (with attn on GB200) and, from release 26.06, Qwen3 30B-A3B's whole iteration."""
     stack: str | None = None
     """The training software the estimate charges for: a stack of labkit/data/calibration.yaml (megatron-core;
     megatron-bridge for NVIDIA Megatron-Bridge's tuned 2025-26 recipes, which ran faster than the default's constants

@@ -420,7 +420,7 @@ def _run(args, exit_signal: ExitSignal | None) -> int:
             iteration += 1
             args.iteration = iteration
             args.consumed_train_samples += args.global_batch_size
-            if _loss_is_nan_anywhere(losses, device) and not skipped:
+            if args.check_for_nan_in_loss_and_grad and _loss_is_nan_anywhere(losses, device) and not skipped:
                 raise TrainingError(f"NaN loss at iteration {iteration} (lm loss {losses.get('lm loss', 'nan')}); "
                                     "lower --lr or --init-method-std, keep --clip-grad on, "
                                     "or use --bf16 instead of --fp16")

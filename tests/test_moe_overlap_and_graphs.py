@@ -1,0 +1,162 @@
+"""CUDA graphs (kernels.cuda_graph_impl, cuda_graph_scope) and the MoE all-to-all's overlap
+(kernels.overlap_moe_expert_parallel_comm): the rules megatron-core 0.16.1's TransformerConfig and Megatron-LM's
+validate_args hold, the flags a spec renders, where labkit's driver refuses them, and what the estimate charges."""
+import pytest
+from megatron.core.transformer import TransformerConfig
+
+from labkit.estimate import estimate
+from labkit.estimate.calibration import default_calibration
+from labkit.estimate.timing import ExpertLinks, stage_time
+from labkit.megatron import rules
+from labkit.megatron.flags import build_parser
+from labkit.megatron.shape import Shape
+from labkit.megatron_args import megatron_args
+from labkit.spec import SpecError, load_spec
+from labkit.spec.checks import rule_errors
+
+MOE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32", "--lr",
+       "1e-4", "--train-iters", "1", "--bf16", "--mock-data", "--num-experts", "8", "--moe-token-dispatcher-type",
+       "alltoall", "--expert-model-parallel-size", "4", "--hidden-dropout", "0", "--attention-dropout", "0"]
+GPU = rules.Runtime(driver=False, cuda=True, transformer_engine=True, fused_adam=True)
+CONFIG = dict(num_layers=2, hidden_size=64, num_attention_heads=4, bf16=True, num_moe_experts=8,
+              moe_token_dispatcher_type="alltoall", expert_model_parallel_size=4, hidden_dropout=0.0,
+              attention_dropout=0.0)
+"""megatron-core's TransformerConfig of the same MoE model as MOE's command line."""
+
+
+def problems(argv: list[str], base=MOE, runtime=GPU) -> list[str]:
+    return [p.argument for p in rules.problems(build_parser().parse_args(base + argv), 8, runtime)]
+
+
+def qwen(**kernels):
+    """Qwen3 30B-A3B on a GB200 rack's 8 GPUs as NVIDIA's 26.06 recipe lays it out, with Megatron-LM."""
+    return load_spec({"model": {"preset": "qwen3-30b-a3b"}, "parallel": {"expert": 8},
+                      "batch": {"micro": 4, "global": 512}, "precision": "mxfp8",
+                      "optimizer": {"distributed": True}, "kernels": kernels,
+                      "job": {"entrypoint": "megatron-lm", "megatron_lm": "/workspace/megatron-lm"},
+                      "cluster": {"nodes": [{"gpu": "GB200", "count": 2, "gpus_per_node": 4}]}})
+
+
+@pytest.mark.parametrize("config, argv, argument, message", [
+    (dict(cuda_graph_impl="transformer_engine", cuda_graph_scope=["full_iteration"]),
+     ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "full_iteration"], "cuda_graph_scope",
+     "please use cuda_graph_impl=local"),
+    (dict(cuda_graph_impl="transformer_engine", cuda_graph_scope=["moe", "moe_router"]),
+     ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "moe", "moe_router"], "cuda_graph_scope",
+     "must not contain both moe and moe_router"),
+    (dict(cuda_graph_impl="transformer_engine", cuda_graph_scope=["moe_preprocess"]),
+     ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "moe_preprocess"], "cuda_graph_scope",
+     "only supported with moe_router"),
+    (dict(cuda_graph_impl="transformer_engine", cuda_graph_scope=["mlp"]),
+     ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "mlp"], "cuda_graph_scope",
+     "mlp cuda graph is only supported for dense layers"),
+    (dict(cuda_graph_impl="transformer_engine", cuda_graph_scope=["moe"]),
+     ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "moe"], "cuda_graph_scope",
+     "only supported with drop-padding MoE"),
+    (dict(cuda_graph_impl="transformer_engine", cuda_graph_scope=["attn"], recompute_granularity="full",
+          recompute_method="uniform", recompute_num_layers=1),
+     ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "attn", "--recompute-granularity", "full",
+      "--recompute-method", "uniform", "--recompute-num-layers", "1"], "recompute_granularity",
+     "full recompute is only supported with full iteration CUDA graph"),
+    (dict(cuda_graph_impl="transformer_engine", recompute_granularity="selective", attention_dropout=0.1),
+     ["--cuda-graph-impl", "transformer_engine", "--recompute-granularity", "selective", "--attention-dropout", "0.1"],
+     "attention_dropout", "attention dropout is not supported with graphed attention recomputation"),
+    (dict(overlap_moe_expert_parallel_comm=True, expert_model_parallel_size=1),
+     ["--overlap-moe-expert-parallel-comm", "--expert-model-parallel-size", "1"], "expert_model_parallel_size",
+     "only supported with expert model parallelism"),
+    (dict(overlap_moe_expert_parallel_comm=True, moe_token_dispatcher_type="allgather"),
+     ["--overlap-moe-expert-parallel-comm", "--moe-token-dispatcher-type", "allgather"], "moe_token_dispatcher_type",
+     "supported with alltoall/flex token dispatcher"),
+    (dict(overlap_moe_expert_parallel_comm=True, recompute_granularity="full", recompute_method="uniform",
+          recompute_num_layers=1),
+     ["--overlap-moe-expert-parallel-comm", "--recompute-granularity", "full", "--recompute-method", "uniform",
+      "--recompute-num-layers", "1"], "recompute_granularity", "disable full recomputation"),
+    (dict(overlap_moe_expert_parallel_comm=True, cuda_graph_impl="local", cuda_graph_scope=["full_iteration"]),
+     ["--overlap-moe-expert-parallel-comm", "--cuda-graph-impl", "local", "--cuda-graph-scope", "full_iteration",
+      "--no-check-for-nan-in-loss-and-grad", "--moe-pad-experts-for-cuda-graph-inference"], "cuda_graph_impl",
+     "not supported with overlap_moe_expert_parallel_comm"),
+])
+def test_each_rule_is_megatron_cores(config, argv, argument, message):
+    with pytest.raises((AssertionError, ValueError), match=message):
+        TransformerConfig(**{**CONFIG, **config})
+    assert argument in problems(argv)
+
+
+def test_what_megatron_core_accepts_the_rules_accept():
+    for config, argv in (
+            (dict(cuda_graph_impl="transformer_engine", cuda_graph_scope=["attn", "moe_router", "moe_preprocess"]),
+             ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "attn", "moe_router", "moe_preprocess"]),
+            (dict(cuda_graph_impl="local", cuda_graph_scope=["full_iteration"], recompute_granularity="full",
+                  recompute_method="uniform", recompute_num_layers=1),
+             ["--cuda-graph-impl", "local", "--cuda-graph-scope", "full_iteration", "--recompute-granularity", "full",
+              "--recompute-method", "uniform", "--recompute-num-layers", "1", "--no-check-for-nan-in-loss-and-grad",
+              "--moe-pad-experts-for-cuda-graph-inference"]),
+            (dict(overlap_moe_expert_parallel_comm=True, cuda_graph_impl="transformer_engine",
+                  cuda_graph_scope=["moe_router", "moe_preprocess"]),
+             ["--overlap-moe-expert-parallel-comm", "--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope",
+              "moe_router", "moe_preprocess"])):
+        TransformerConfig(**{**CONFIG, **config})
+        assert problems(argv) == []
+    # Megatron-LM's validate_args on a whole-iteration graph: no NaN check, and the router's padding beside experts
+    assert problems(["--cuda-graph-impl", "local", "--cuda-graph-scope", "full_iteration"]) == [
+        "check_for_nan_in_loss_and_grad", "moe_pad_experts_for_cuda_graph_inference"]
+    # the overlap pairs micro-batches inside the interleaved schedule when there is a pipeline
+    assert "num_layers_per_virtual_pipeline_stage" in problems(["--overlap-moe-expert-parallel-comm",
+                                                                "--pipeline-model-parallel-size", "2"])
+
+
+def test_a_spec_renders_the_graphs_megatron_lm_needs_and_names_its_fields():
+    def flags(s):
+        return [a for a in megatron_args(s) if "graph" in a or "nan" in a or "overlap-moe" in a or a in ("local", "full_iteration")]
+
+    assert flags(qwen(cuda_graph_impl="local", cuda_graph_scope=["full_iteration"])) == [
+        "--cuda-graph-impl", "local", "--cuda-graph-scope", "full_iteration", "--no-check-for-nan-in-loss-and-grad",
+        "--moe-pad-experts-for-cuda-graph-inference"]
+    assert flags(qwen(overlap_moe_expert_parallel_comm=True)) == ["--overlap-moe-expert-parallel-comm"]
+    assert flags(qwen()) == []
+    with pytest.raises(SpecError) as refused:
+        qwen(cuda_graph_scope=["attn"])
+    assert "kernels.cuda_graph_scope: chooses what a CUDA graph captures; set kernels.cuda_graph_impl" in str(
+        refused.value)
+    with pytest.raises(SpecError, match=r"kernels.cuda_graph_scope\[1\]: 'whole' is not one of attn, mlp"):
+        qwen(cuda_graph_impl="transformer_engine", cuda_graph_scope=["attn", "whole"])
+    with pytest.raises(SpecError, match=r"kernels.cuda_graph_impl: the overlap takes Transformer Engine's graphs"):
+        qwen(overlap_moe_expert_parallel_comm=True, cuda_graph_impl="local", cuda_graph_scope=["full_iteration"])
+
+
+def test_labkits_driver_refuses_both_naming_the_field():
+    tiny = {"model": {"preset": "tiny", "num_experts": 4, "moe_token_dispatcher_type": "alltoall"},
+            "parallel": {"expert": 2}, "batch": {"micro": 1, "global": 2}, "precision": "bf16", "train": {"iters": 1, "log_interval": 1}, "data": {"mock": True},
+            "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 1, "gpus_per_node": 2}]}}
+    for kernels, field in (({"overlap_moe_expert_parallel_comm": True}, "kernels.overlap_moe_expert_parallel_comm"),
+                           ({"cuda_graph_impl": "transformer_engine"}, "kernels.cuda_graph_impl")):
+        errors = rule_errors(load_spec({**tiny, "kernels": kernels}), layout="slurm")
+        assert [e for e in errors if e.startswith(field)] == [
+            f"{field}: labkit's driver " + ("runs the plain 1F1B schedule, not megatron-core's combined one"
+                                             if "overlap" in field else "captures no CUDA graph")
+            + "; leave it out, or run Megatron-LM's pretrain_gpt.py"]
+
+
+def test_a_whole_iteration_graph_drops_the_host_launch_cost_and_nothing_else():
+    plain, graphed = estimate(qwen()), estimate(qwen(cuda_graph_impl="local", cuda_graph_scope=["full_iteration"]))
+    shape, rate = Shape.of(qwen().model), default_calibration().stack(None).moe_launch_s_per_local_expert
+    per_step = shape.num_layers * (shape.experts / 8) * rate * qwen().num_micro_batches
+    assert rate > 0
+    assert plain.iteration_time_s - graphed.iteration_time_s == pytest.approx(per_step, rel=1e-6)
+    assert graphed.memory_gb_per_stage == plain.memory_gb_per_stage
+    assert "no host launch cost per expert: the whole iteration is one CUDA graph" in graphed.assumptions
+    assert any(a.startswith("the host launches each MoE layer's kernels at") for a in plain.assumptions)
+
+
+def test_the_overlap_hides_the_all_to_all_up_to_the_other_micro_batchs_compute():
+    common = dict(shape=Shape.of(qwen().model), precision="bf16", expert=8, expert_tensor=1, dispatcher="alltoall",
+                  graphed_iteration=True)  # no host launches: the stage's forward and backward are all compute
+    for gbps, covered in ((900.0, True), (1.0, False)):  # NVLink's all-to-all, and one far slower than the compute
+        links = ExpertLinks(gbps, gbps, gbps)
+        exposed = stage_time("H100-SXM", 48, 1, expert_links=links, **common)
+        hidden = stage_time("H100-SXM", 48, 1, expert_links=links, moe_comm_overlap=True, **common)
+        compute = exposed.forward_s + exposed.backward_s
+        assert (hidden.forward_s, hidden.backward_s) == (exposed.forward_s, exposed.backward_s)
+        assert (exposed.ep_comm_s < compute) is covered
+        assert hidden.ep_comm_s == pytest.approx(max(0.0, exposed.ep_comm_s - compute))
+        assert exposed.ep_comm_s > 0
