@@ -2,8 +2,10 @@
 (kernels.overlap_moe_expert_parallel_comm): the rules megatron-core 0.16.1's TransformerConfig and Megatron-LM's
 validate_args hold, the flags a spec renders, where labkit's driver refuses them, and what the estimate charges."""
 import pytest
+import yaml
 from megatron.core.transformer import TransformerConfig
 
+from labkit.cli import main
 from labkit.estimate import estimate
 from labkit.estimate.calibration import default_calibration
 from labkit.estimate.timing import ExpertLinks, stage_time
@@ -11,6 +13,9 @@ from labkit.megatron import rules
 from labkit.megatron.flags import build_parser
 from labkit.megatron.shape import Shape
 from labkit.megatron_args import megatron_args
+from labkit.plan.cli import _assumed_line
+from labkit.plan.inputs import assumptions, planning_input
+from labkit.plan.search import search
 from labkit.spec import SpecError, load_spec
 from labkit.spec.checks import rule_errors
 
@@ -18,6 +23,7 @@ MOE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
        "1e-4", "--train-iters", "1", "--bf16", "--mock-data", "--num-experts", "8", "--moe-token-dispatcher-type",
        "alltoall", "--expert-model-parallel-size", "4", "--hidden-dropout", "0", "--attention-dropout", "0"]
 GPU = rules.Runtime(driver=False, cuda=True, transformer_engine=True, fused_adam=True)
+MEGATRON_LM = {"entrypoint": "megatron-lm", "megatron_lm": "/workspace/megatron-lm"}
 CONFIG = dict(num_layers=2, hidden_size=64, num_attention_heads=4, bf16=True, num_moe_experts=8,
               moe_token_dispatcher_type="alltoall", expert_model_parallel_size=4, hidden_dropout=0.0,
               attention_dropout=0.0)
@@ -33,7 +39,7 @@ def qwen(**kernels):
     return load_spec({"model": {"preset": "qwen3-30b-a3b"}, "parallel": {"expert": 8},
                       "batch": {"micro": 4, "global": 512}, "precision": "mxfp8",
                       "optimizer": {"distributed": True}, "kernels": kernels,
-                      "job": {"entrypoint": "megatron-lm", "megatron_lm": "/workspace/megatron-lm"},
+                      "job": MEGATRON_LM,
                       "cluster": {"nodes": [{"gpu": "GB200", "count": 2, "gpus_per_node": 4}]}})
 
 
@@ -160,3 +166,53 @@ def test_the_overlap_hides_the_all_to_all_up_to_the_other_micro_batchs_compute()
         assert (exposed.ep_comm_s < compute) is covered
         assert hidden.ep_comm_s == pytest.approx(max(0.0, exposed.ep_comm_s - compute))
         assert exposed.ep_comm_s > 0
+
+
+def test_a_local_graph_of_the_dispatch_takes_the_router_with_it_as_megatron_core_does():
+    config = dict(cuda_graph_impl="local", cuda_graph_scope=["moe_preprocess"])
+    TransformerConfig(**{**CONFIG, **config})
+    assert problems(["--cuda-graph-impl", "local", "--cuda-graph-scope", "moe_preprocess",
+                     "--moe-pad-experts-for-cuda-graph-inference"]) == []
+    assert problems(["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "moe_preprocess"]) == [
+        "cuda_graph_scope"]
+
+
+def planned(tmp_path, spec: dict, top: int) -> list:
+    """The planner's top rows for a spec file, each with the run spec it would write."""
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    base, constraints = planning_input(str(path))
+    return search(base, top=top, constraints=constraints).rows[:top]
+
+
+def test_the_planner_keeps_the_overlap_where_the_layout_runs_it_and_every_row_validates(capsys, tmp_path):
+    spec = {"model": {"preset": "qwen3-30b-a3b"}, "batch": {"global": 256}, "precision": "bf16",
+            "kernels": {"overlap_moe_expert_parallel_comm": True}, "job": MEGATRON_LM,
+            "cluster": {"nodes": [{"gpu": "H100-SXM", "count": 4, "gpus_per_node": 8}]}}
+    rows = planned(tmp_path, spec, 20)
+    assert rows
+    for row in rows:
+        chosen = load_spec(row.spec.to_dict())  # validated: the rule book accepts every row
+        runs_it = row.ep > 1 and (row.pp == 1 or row.virtual_stages > 1) and row.recompute_granularity != "full"
+        assert chosen.kernels.overlap_moe_expert_parallel_comm is runs_it
+    assert any(row.spec.kernels.overlap_moe_expert_parallel_comm for row in rows)
+    base, _ = planning_input(str(tmp_path / "spec.yaml"))
+    assert "overlap_moe_expert_parallel_comm on where the layout has expert ranks" in _assumed_line(assumptions(base))
+    # a dense model has no all-to-all to hide: refused before any search, naming the field
+    (tmp_path / "dense.yaml").write_text(yaml.safe_dump({**spec, "model": {"preset": "llama3-8b"}}))
+    assert main(["plan", str(tmp_path / "dense.yaml")]) == 2
+    assert "model.num_experts: missing: the overlap hides a mixture-of-experts model's all-to-all" in \
+        capsys.readouterr().err
+
+
+def test_the_planner_recomputes_only_as_the_graphs_allow(tmp_path):
+    # Llama 2 13B on 8 A100-40GB needs full recompute to fit; under Transformer Engine's per-layer graphs megatron-core
+    # recomputes whole layers only inside a whole-iteration graph, so the planner offers none
+    spec = {"model": {"preset": "llama2-13b"}, "batch": {"global": 128}, "precision": "bf16", "job": MEGATRON_LM,
+            "cluster": {"nodes": [{"gpu": "A100-40GB", "count": 1, "gpus_per_node": 8}]}}
+    plain = planned(tmp_path, spec, 20)
+    graphed = planned(tmp_path, {**spec, "kernels": {"cuda_graph_impl": "transformer_engine"}}, 20)
+    assert any(row.spec.recompute and row.spec.recompute.granularity == "full" for row in plain)
+    assert graphed and not any(row.spec.recompute and row.spec.recompute.granularity == "full" for row in graphed)
+    for row in graphed:
+        load_spec(row.spec.to_dict())

@@ -52,6 +52,7 @@ def random_spec(rng: random.Random, save_dir: str) -> dict:
                              add_bias_linear=rng.random() < 0.2)
         spec["parallel"].update(expert=rng.choice([1, 2, 2, 4]), expert_tensor=rng.choice([None, None, 1, 2]),
                                 tensor=1, sequence_parallel=False)
+        spec["kernels"]["overlap_moe_expert_parallel_comm"] = rng.random() < 0.1  # Megatron-LM's only
         spec["cluster"]["nodes"][0]["gpus_per_node"] = pipeline * data
     return spec
 

@@ -204,11 +204,12 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     t, p, d, v, c = par.tensor, par.pipeline, spec.data_parallel, par.virtual_stages, par.context
     ep, etp = (par.expert, par.expert_tensor) if shape.moe else (1, None)
     dispatcher = (spec.model.moe_token_dispatcher_type or "allgather") if shape.moe else None
-    expert = {"expert": ep, "expert_tensor": etp, "dispatcher": dispatcher,
-              "moe_comm_overlap": spec.kernels.overlap_moe_expert_parallel_comm,
-              "graphed_iteration": graphed_iteration(spec)}
     overlap_dp = overlap_dp or spec.kernels.overlap_grad_reduce
     m = spec.num_micro_batches
+    # the all-to-all's overlap pairs two micro-batches: a step of one has nothing to hide it behind
+    moe_overlap = spec.kernels.overlap_moe_expert_parallel_comm and m > 1
+    expert = {"expert": ep, "expert_tensor": etp, "dispatcher": dispatcher, "moe_comm_overlap": moe_overlap,
+              "graphed_iteration": graphed_iteration(spec)}
     partition = spec.layer_partition
     recompute = spec.recompute.granularity if spec.recompute is not None else None
     recompute_modules = spec.recompute.modules if spec.recompute is not None else None
@@ -426,10 +427,11 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     if shape.moe:
         assumptions.append(f"tokens spread over the experts {MOE_TOKEN_IMBALANCE:g} x evenly "
                            "(labkit.estimate.memory.MOE_TOKEN_IMBALANCE), none dropped")
-        if ep > 1 and spec.kernels.overlap_moe_expert_parallel_comm:
+        if ep > 1 and moe_overlap:
             assumptions.append("the experts' all-to-all hidden behind another micro-batch's forward and backward "
-                               "(kernels.overlap_moe_expert_parallel_comm), exposed only where it outlasts them; its "
-                               "extra activation memory is not counted")
+                               "(kernels.overlap_moe_expert_parallel_comm), exposed only where it outlasts them, "
+                               "the pipeline's warm-up and cool-down included; its extra activation memory is not "
+                               "counted")
         launch_ms = 1e3 * stack.moe_launch_s_per_local_expert
         if on_gpus and launch_ms:
             assumptions.append("no host launch cost per expert: the whole iteration is one CUDA graph"

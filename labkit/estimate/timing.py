@@ -276,6 +276,8 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
                             cal.link_latency_s, mlp_share, recompute_modules)
         forward = layer_s + ends_s
         backward = source.backward_factor_at(micro_batch) * forward + recompute_fraction * layer_s
+        if moe_comm_overlap:  # see below
+            ep_comm = max(0.0, ep_comm - (forward + backward))
         return StageTime(forward, backward, comm, source=f"profile {source.model}/{source.gpu}/tp{source.tensor}",
                          tp_comm_before_overlap_s=comm, ep_comm_s=ep_comm)
 

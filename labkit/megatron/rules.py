@@ -666,12 +666,53 @@ def _every_layer_moe(args) -> bool:
         return False  # _expert_problems reports the pattern
 
 
+NO_EXPERT_PARALLELISM = "has no all-to-all to hide without expert parallelism; set it above 1"
+"""The overlap's problem with a layout of one expert rank: the planner, which chooses the layout, sets it aside."""
+
+
+def graph_scopes(impl: str, scopes) -> list[str]:
+    """The scopes a CUDA graph captures as megatron-core 0.16.1 reads them: its local graphs do not tell the router from
+    the dispatch's preprocessing, and take both where either is named (TransformerConfig.__post_init__)."""
+    scopes = list(scopes or [])
+    if impl == "local" and ("moe_router" in scopes or "moe_preprocess" in scopes):
+        scopes += [scope for scope in ("moe_router", "moe_preprocess") if scope not in scopes]
+    return scopes
+
+
+def graph_recompute_problems(name: Name, *, impl: str, scopes, granularity: str | None, modules: list[str],
+                             attention_dropout: float, hidden_dropout: float) -> list[Problem]:
+    """Recomputation inside CUDA graphs (megatron-core 0.16.1's TransformerConfig.__post_init__): full recompute only
+    in a whole-iteration graph, and no dropout in a graphed module that is recomputed (its replay draws no new random
+    numbers). Also what the planner asks of each recompute it would try beside the spec's graphs."""
+    if impl == "none":
+        return []
+    scopes, found = graph_scopes(impl, scopes), []
+    whole = not scopes or "full_iteration" in scopes  # the graphs hold whole layers, or the whole step
+    if granularity == "full" and scopes != ["full_iteration"]:
+        found.append(Problem("recompute_granularity", f"full recomputes inside a graph only when "
+                             f"{name('cuda_graph_scope')} is full_iteration alone; use selective, or graph the "
+                             "whole iteration"))
+    if granularity == "selective":
+        if impl == "transformer_engine" and "moe" in modules and "moe_router" in scopes:
+            found.append(Problem("recompute_modules", f"moe recomputes the layer that {name('cuda_graph_scope')} "
+                                 "moe_router graphs in part; recompute moe_act, or graph less"))
+        for module, scope, dropout, rate in (("core_attn", "attn", "attention_dropout", attention_dropout),
+                                             ("mlp", "mlp", "hidden_dropout", hidden_dropout),
+                                             ("moe", "moe", "hidden_dropout", hidden_dropout)):
+            if module in modules and (whole or scope in scopes) and rate:
+                found.append(Problem(dropout, f"{rate}: the graphed {module}, recomputed, replays without new "
+                                     f"random numbers; use 0, or recompute it outside the graph "
+                                     f"({name('cuda_graph_scope')})"))
+    return found
+
+
 def _graph_and_overlap_problems(args, world_size: int, runtime: Runtime, name: Name) -> list[Problem]:
     """CUDA graphs and the MoE all-to-all's overlap, as megatron-core 0.16.1's TransformerConfig.__post_init__ checks
     them (the scopes a model can graph, recomputation inside a graph, the combined 1F1B schedule's conditions), with
     Megatron-LM's validate_args (a whole-iteration graph without the NaN check). Both run on GPUs under Megatron-LM's
     training loop, which captures the graphs and schedules the overlap; labkit's driver does neither."""
-    impl, scopes, found = args.cuda_graph_impl, list(args.cuda_graph_scope or []), []
+    impl, found = args.cuda_graph_impl, []
+    scopes = graph_scopes(impl, args.cuda_graph_scope)
     overlap = args.overlap_moe_expert_parallel_comm
     granularity, modules = recompute_in_effect(args)
     if runtime.driver:
@@ -692,7 +733,6 @@ def _graph_and_overlap_problems(args, world_size: int, runtime: Runtime, name: N
                              f"{name('cuda_graph_impl')} transformer_engine or local"))
     if impl != "none":
         moe = args.num_experts is not None
-        whole = not scopes or "full_iteration" in scopes  # the graphs hold whole layers, or the whole step
         if impl == "transformer_engine" and "full_iteration" in scopes:
             found.append(Problem("cuda_graph_scope", f"full_iteration is captured by {name('cuda_graph_impl')} "
                                  "local only; use local, or graph parts of each layer"))
@@ -713,23 +753,12 @@ def _graph_and_overlap_problems(args, world_size: int, runtime: Runtime, name: N
                 found.append(Problem("cuda_graph_scope", "moe graphs an MoE layer whose experts take a fixed number "
                                      "of tokens (dropping and padding to a capacity), which labkit's dropless MoE "
                                      "layers do not; use moe_router with moe_preprocess"))
-        if granularity == "full" and scopes != ["full_iteration"]:
-            found.append(Problem("recompute_granularity", f"full recomputes inside a graph only when "
-                                 f"{name('cuda_graph_scope')} is full_iteration alone; use selective, or graph the "
-                                 "whole iteration"))
-        if granularity == "selective":
-            if impl == "transformer_engine" and "moe" in modules and "moe_router" in scopes:
-                found.append(Problem("recompute_modules", f"moe recomputes the layer that "
-                                     f"{name('cuda_graph_scope')} moe_router graphs in part; recompute moe_act, or "
-                                     "graph less"))
-            # a graphed module recomputed in its backward replays without new random numbers: no dropout in it
-            for module, scope, dropout in (("core_attn", "attn", "attention_dropout"), ("mlp", "mlp", "hidden_dropout"),
-                                           ("moe", "moe", "hidden_dropout")):
-                if module in modules and (whole or scope in scopes) and getattr(args, dropout):
-                    found.append(Problem(dropout, f"{getattr(args, dropout)}: the graphed {module}, recomputed, "
-                                         "replays without new random numbers; use 0, or recompute it outside the "
-                                         f"graph ({name('cuda_graph_scope')})"))
-        if "full_iteration" in scopes and args.check_for_nan_in_loss_and_grad:
+        found += graph_recompute_problems(name, impl=impl, scopes=scopes, granularity=granularity, modules=modules,
+                                          attention_dropout=args.attention_dropout,
+                                          hidden_dropout=args.hidden_dropout)
+        # Megatron-LM turns the check off itself for fp16 with a dynamic loss scale (validate_args)
+        checks_nan = args.check_for_nan_in_loss_and_grad and not (args.fp16 and args.loss_scale is None)
+        if "full_iteration" in scopes and checks_nan:
             found.append(Problem("check_for_nan_in_loss_and_grad", "a whole-iteration CUDA graph cannot stop on a "
                                  f"NaN; add {name('check_for_nan_in_loss_and_grad')}"))
         if impl == "local" and args.expert_model_parallel_size > 1 and \
@@ -739,17 +768,20 @@ def _graph_and_overlap_problems(args, world_size: int, runtime: Runtime, name: N
     if overlap:
         pp = args.pipeline_model_parallel_size
         for argument, broken, why in (
-                ("expert_model_parallel_size", args.num_experts is None or args.expert_model_parallel_size == 1,
-                 "has no all-to-all to hide without expert parallelism; set it above 1"),
+                ("num_experts", args.num_experts is None,
+                 "missing: the overlap hides a mixture-of-experts model's all-to-all, and this model is dense"),
+                ("expert_model_parallel_size", args.num_experts is not None and args.expert_model_parallel_size == 1,
+                 NO_EXPERT_PARALLELISM),
                 ("moe_token_dispatcher_type", args.moe_token_dispatcher_type not in ("alltoall", "flex"),
                  f"{args.moe_token_dispatcher_type}: the overlap hides the alltoall and flex dispatchers' exchange; "
                  "use one of them"),
-                ("num_layers_per_virtual_pipeline_stage", pp > 1 and virtual_stages(args) is None,
-                 f"the overlap pairs micro-batches inside the interleaved schedule; with "
-                 f"{name('pipeline_model_parallel_size')} {pp} set it"),
+                ("num_layers_per_virtual_pipeline_stage", pp > 1 and (virtual_stages(args) or 1) <= 1,
+                 f"the overlap pairs micro-batches inside the interleaved schedule, which "
+                 f"{name('pipeline_model_parallel_size')} {pp} runs with two or more model chunks a stage; set it"),
                 ("recompute_granularity", granularity == "full",
                  "full: the combined schedule cannot re-run whole layers; use selective, or drop the overlap"),
-                ("bf16", not (args.bf16 or args.fp16), "the overlap runs in a bf16 or fp16 model only; train in one of them"),
+                ("bf16", not (args.bf16 or args.fp16),
+                 "the overlap runs in a bf16 or fp16 model only; train in one of them"),
                 ("cuda_graph_impl" if impl == "local" else "cuda_graph_scope",
                  impl == "local" or any(s in scopes for s in ("moe", "mlp")),
                  f"the overlap takes Transformer Engine's graphs of attention, moe_router and moe_preprocess only "

@@ -198,7 +198,8 @@ def _plan(args) -> int:
 
 # where a layout allows each overlap (labkit.megatron.rules' pairings)
 _WHERE = {"overlap_param_gather": " where the optimizer is sharded",
-          "tp_comm_overlap": " where sequence parallelism is"}
+          "tp_comm_overlap": " where sequence parallelism is",
+          "overlap_moe_expert_parallel_comm": " where the layout has expert ranks (interleaved when pipelined)"}
 
 
 def _assumed_line(assumed: dict) -> str:

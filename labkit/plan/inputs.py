@@ -153,10 +153,13 @@ def planning_input(target: str, model: str | None = None, global_batch: int | No
     spec_data.update(parallel={"tensor": 1, "pipeline": 1}, recompute=None)
     spec_data["batch"] = {**spec_data["batch"], "micro": 1}
     base = _load_on_gpus(spec_data, gpus)
+    overlap_moe = written_kernels.get("overlap_moe_expert_parallel_comm") is True
+    if overlap_moe:
+        _check_moe_overlap(spec_data, gpus, pending)
     # overlaps on wherever the planner's layout allows them (labkit.plan.search): tensor-parallel overlap where it has
     # sequence parallelism, the parameter gather where it shards the optimizer
     on_gpus = not any(catalog.gpu(g.gpu).is_cpu for g in checked.cluster.nodes)
-    kernels = replace(base.kernels, tp_comm_overlap=overlap_tp)
+    kernels = replace(base.kernels, tp_comm_overlap=overlap_tp, overlap_moe_expert_parallel_comm=overlap_moe)
     kernels = replace(kernels, **stack_overlaps(kernels.stack, on_gpus, written_kernels))
     return replace(base, cluster=checked.cluster, kernels=kernels), constraints
 
@@ -179,8 +182,9 @@ def stack_overlaps(stack: str | None, on_gpus: bool, written: dict | None = None
 def assumptions(base: RunSpec) -> dict:
     """What a plan of `base` (from `planning_input`) takes the software to do, for the plan to state: the stack and
     its overlaps (each on wherever the chosen layout allows it)."""
+    moe_overlap = {"overlap_moe_expert_parallel_comm": True} if base.kernels.overlap_moe_expert_parallel_comm else {}
     return {"stack": default_calibration().stack(base.kernels.stack).name,
-            **{name: getattr(base.kernels, name) for name in OVERLAPS}}
+            **{name: getattr(base.kernels, name) for name in OVERLAPS}, **moe_overlap}
 
 
 def _without_layout_checks(data: dict) -> tuple[dict, dict]:
@@ -198,11 +202,27 @@ def _without_layout_checks(data: dict) -> tuple[dict, dict]:
         if pending.get("sequence_parallel") is False:
             raise SpecError(["kernels.tp_comm_overlap: overlaps sequence parallelism's all-gathers and "
                              "reduce-scatters, and parallel.sequence_parallel is false; drop one of them"])
-        without["kernels"] = {**kernels, "tp_comm_overlap": False}
+        without["kernels"] = kernels = {**kernels, "tp_comm_overlap": False}
+    if kernels.get("overlap_moe_expert_parallel_comm") is True:  # needs expert ranks: `_check_moe_overlap`
+        without["kernels"] = {**kernels, "overlap_moe_expert_parallel_comm": False}
     optimizer = data.get("optimizer") if isinstance(data.get("optimizer"), dict) else {}
     if kernels.get("overlap_param_gather") is True and optimizer.get("distributed") is None:
         without["optimizer"] = {**optimizer, "distributed": True}
     return without, pending
+
+
+def _check_moe_overlap(spec_data: dict, gpus: list[str], pending: dict) -> None:
+    """The checks `load_spec` makes of kernels.overlap_moe_expert_parallel_comm (set aside by `_without_layout_checks`)
+    but the one on expert ranks, which the planner chooses (labkit.plan.search turns the overlap on wherever the
+    layout has them, and interleaves a pipeline), unless the spec wrote parallel.expert 1."""
+    kernels = {**(spec_data.get("kernels") or {}), "overlap_moe_expert_parallel_comm": True}
+    try:
+        _load_on_gpus({**spec_data, "kernels": kernels}, gpus)
+    except SpecError as exc:
+        layout = f"{SPEC_FIELDS['expert_model_parallel_size']}: {rules.NO_EXPERT_PARALLELISM}"
+        errors = [e for e in exc.errors if not e.startswith(layout) or pending.get("expert") == 1]
+        if errors:
+            raise SpecError(errors) from None
 
 
 def _load_on_gpus(data: dict, gpus: list[str]) -> RunSpec:

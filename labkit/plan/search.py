@@ -29,7 +29,9 @@ from labkit.estimate.calibration import Calibration, resolve
 from labkit.estimate.memory import GIB, OptimizerDtypes, step_only_bytes
 from labkit.estimate.timing import ACTIVATION_BYTES, GRAD_REDUCE_BYTES, ExpertLinks, Pipeline
 from labkit.estimate.topology import Topology
-from labkit.megatron import sharding, sizes
+from labkit.megatron import rules, sharding, sizes
+from labkit.megatron.flags import FLAG
+from labkit.megatron.flops import SELECTIVE_DEFAULT
 from labkit.plan.inputs import SEARCHED, Constraints
 from labkit.plan.partition import min_max_partition
 from labkit.plan.placement import as_cluster, grouped_orders, node_kinds, order_count, placements
@@ -624,8 +626,22 @@ def _variants(spec: RunSpec, constraints: Constraints, fully_sharded: bool):
     elif constraints.distributed_optimizer is not SEARCHED:
         stages = [z for z in stages if (z >= 1) == constraints.distributed_optimizer]
     for recompute in recomputes:
+        if not _graphs_allow(spec, recompute):
+            continue
         for stage in stages:
             yield _with(spec, recompute=recompute, zero_stage=stage)
+
+
+def _graphs_allow(spec: RunSpec, recompute) -> bool:
+    """Whether the spec's CUDA graphs let a layout recompute as `recompute` asks (labkit.megatron.rules: full
+    recompute only in a whole-iteration graph, no dropout in a graphed module that is recomputed)."""
+    k, m = spec.kernels, spec.model
+    granularity = recompute.granularity if recompute is not None else None
+    modules = list(recompute.modules or SELECTIVE_DEFAULT) if granularity == "selective" else []
+    dropout = {key: getattr(FLAG, key).default if getattr(m, key) is None else getattr(m, key)
+               for key in ("attention_dropout", "hidden_dropout")}
+    return not rules.graph_recompute_problems(str, impl=k.cuda_graph_impl, scopes=k.cuda_graph_scope,
+                                              granularity=granularity, modules=modules, **dropout)
 
 
 def _with(spec: RunSpec, recompute, zero_stage: int) -> RunSpec:

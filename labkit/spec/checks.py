@@ -83,7 +83,8 @@ SPEC_FIELDS = {"num_attention_heads": "model.num_attention_heads", "hidden_size"
                "overlap_moe_expert_parallel_comm": "kernels.overlap_moe_expert_parallel_comm",
                "cuda_graph_impl": "kernels.cuda_graph_impl", "cuda_graph_scope": "kernels.cuda_graph_scope",
                "recompute_method": "recompute.method", "attention_dropout": "model.attention_dropout",
-               "hidden_dropout": "model.hidden_dropout"}
+               "hidden_dropout": "model.hidden_dropout",
+               "num_layers_per_virtual_pipeline_stage": "parallel.virtual_stages"}
 """The spec field that sets each Megatron argument (argparse dest) labkit.megatron.rules speaks of, where the spec
 renders no flag for it: a rule may name an argument the command line lacks ("needs --use-distributed-optimizer")."""
 
