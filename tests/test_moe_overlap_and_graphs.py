@@ -151,6 +151,8 @@ def test_a_whole_iteration_graph_drops_the_host_launch_cost_and_nothing_else():
     assert plain.iteration_time_s - graphed.iteration_time_s == pytest.approx(per_step, rel=1e-6)
     assert graphed.memory_gb_per_stage == plain.memory_gb_per_stage
     assert "no host launch cost per expert: the whole iteration is one CUDA graph" in graphed.assumptions
+    assert "CUDA graphs (local: full_iteration); the static buffers they keep are not counted in memory" in \
+        graphed.assumptions
     assert any(a.startswith("the host launches each MoE layer's kernels at") for a in plain.assumptions)
 
 

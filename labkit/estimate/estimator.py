@@ -424,6 +424,10 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                            f"{o.exp_avg_sq_dtype}")
     if fp8_weights is not None:
         assumptions.append(_fp8_weights_assumption(spec, fp8_weights))
+    if spec.kernels.cuda_graph_impl != "none":
+        scope = ", ".join(spec.kernels.cuda_graph_scope or ["each transformer layer"])
+        assumptions.append(f"CUDA graphs ({spec.kernels.cuda_graph_impl}: {scope}); the static buffers they keep "
+                           "are not counted in memory")
     if shape.moe:
         assumptions.append(f"tokens spread over the experts {MOE_TOKEN_IMBALANCE:g} x evenly "
                            "(labkit.estimate.memory.MOE_TOKEN_IMBALANCE), none dropped")
