@@ -126,7 +126,10 @@ def test_a_spec_renders_the_graphs_megatron_lm_needs_and_names_its_fields():
         refused.value)
     with pytest.raises(SpecError, match=r"kernels.cuda_graph_scope\[1\]: 'whole' is not one of attn, mlp"):
         qwen(cuda_graph_impl="transformer_engine", cuda_graph_scope=["attn", "whole"])
-    with pytest.raises(SpecError, match=r"kernels.cuda_graph_impl: the overlap takes Transformer Engine's graphs"):
+    with pytest.raises(SpecError, match=r"kernels.cuda_graph_impl: megatron-core runs the overlap beside Transformer "
+                                        r"Engine's graphs of attn, moe_router and moe_preprocess only; use "
+                                        r"kernels.cuda_graph_impl transformer_engine without moe or mlp scopes "
+                                        r"\(kernels.overlap_moe_expert_parallel_comm\)"):
         qwen(overlap_moe_expert_parallel_comm=True, cuda_graph_impl="local", cuda_graph_scope=["full_iteration"])
 
 

@@ -784,8 +784,8 @@ def _graph_and_overlap_problems(args, world_size: int, runtime: Runtime, name: N
                  "the overlap runs in a bf16 or fp16 model only; train in one of them"),
                 ("cuda_graph_impl" if impl == "local" else "cuda_graph_scope",
                  impl == "local" or any(s in scopes for s in ("moe", "mlp")),
-                 f"the overlap takes Transformer Engine's graphs of attention, moe_router and moe_preprocess only "
-                 f"({name('cuda_graph_impl')} transformer_engine)")):
+                 f"megatron-core runs the overlap beside Transformer Engine's graphs of attn, moe_router and "
+                 f"moe_preprocess only; use {name('cuda_graph_impl')} transformer_engine without moe or mlp scopes")):
             if broken:
                 found.append(Problem(argument, f"{why} ({name('overlap_moe_expert_parallel_comm')})"))
     return found
