@@ -766,20 +766,12 @@ def _graph_and_overlap_problems(args, world_size: int, runtime: Runtime, name: N
             found.append(Problem("moe_pad_experts_for_cuda_graph_inference", "Megatron-LM asks for it beside "
                                  f"{name('cuda_graph_impl')} local with expert parallelism; add it"))
     if overlap:
-        pp = args.pipeline_model_parallel_size
         for argument, broken, why in (
                 ("num_experts", args.num_experts is None,
                  "missing: the overlap hides a mixture-of-experts model's all-to-all, and this model is dense"),
-                ("expert_model_parallel_size", args.num_experts is not None and args.expert_model_parallel_size == 1,
-                 NO_EXPERT_PARALLELISM),
                 ("moe_token_dispatcher_type", args.moe_token_dispatcher_type not in ("alltoall", "flex"),
                  f"{args.moe_token_dispatcher_type}: the overlap hides the alltoall and flex dispatchers' exchange; "
                  "use one of them"),
-                ("num_layers_per_virtual_pipeline_stage", pp > 1 and (virtual_stages(args) or 1) <= 1,
-                 f"the overlap pairs micro-batches inside the interleaved schedule, which "
-                 f"{name('pipeline_model_parallel_size')} {pp} runs with two or more model chunks a stage; set it"),
-                ("recompute_granularity", granularity == "full",
-                 "full: the combined schedule cannot re-run whole layers; use selective, or drop the overlap"),
                 ("bf16", not (args.bf16 or args.fp16),
                  "the overlap runs in a bf16 or fp16 model only; train in one of them"),
                 ("cuda_graph_impl" if impl == "local" else "cuda_graph_scope",
@@ -788,6 +780,28 @@ def _graph_and_overlap_problems(args, world_size: int, runtime: Runtime, name: N
                  f"moe_preprocess only; use {name('cuda_graph_impl')} transformer_engine without moe or mlp scopes")):
             if broken:
                 found.append(Problem(argument, f"{why} ({name('overlap_moe_expert_parallel_comm')})"))
+        if args.num_experts is not None:
+            found += overlap_layout_problems(name, expert=args.expert_model_parallel_size,
+                                             pipeline=args.pipeline_model_parallel_size,
+                                             virtual_stages=virtual_stages(args) or 1, granularity=granularity)
+    return found
+
+
+def overlap_layout_problems(name: Name, *, expert: int, pipeline: int, virtual_stages: int,
+                            granularity: str | None) -> list[Problem]:
+    """What the MoE all-to-all's overlap asks of a layout (megatron-core 0.16.1's TransformerConfig.__post_init__):
+    expert ranks to exchange tokens between, the interleaved schedule when pipelined, no full recompute. Also how the
+    planner tells the layouts that keep a written overlap."""
+    found = []
+    for argument, broken, why in (
+            ("expert_model_parallel_size", expert == 1, NO_EXPERT_PARALLELISM),
+            ("num_layers_per_virtual_pipeline_stage", pipeline > 1 and virtual_stages <= 1,
+             f"the overlap pairs micro-batches inside the interleaved schedule, which "
+             f"{name('pipeline_model_parallel_size')} {pipeline} runs with two or more model chunks a stage; set it"),
+            ("recompute_granularity", granularity == "full",
+             "full: the combined schedule cannot re-run whole layers; use selective, or drop the overlap")):
+        if broken:
+            found.append(Problem(argument, f"{why} ({name('overlap_moe_expert_parallel_comm')})"))
     return found
 
 

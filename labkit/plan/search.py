@@ -649,11 +649,11 @@ def _with(spec: RunSpec, recompute, zero_stage: int) -> RunSpec:
     # shards; FSDP2 and DeepSpeed gather their own
     gather = spec.kernels.overlap_param_gather and \
         sharding.choose(zero_stage, spec.optimizer.zero_backend, spec.job.entrypoint).megatron_gathers
-    # the MoE all-to-all's overlap where megatron-core's combined schedule runs: expert parallelism, interleaved when
-    # pipelined, no full recompute (labkit.megatron.rules)
+    # the MoE all-to-all's overlap where megatron-core's combined schedule runs it
     par = spec.parallel
-    moe_overlap = spec.kernels.overlap_moe_expert_parallel_comm and par.expert > 1 and \
-        (par.pipeline == 1 or par.virtual_stages > 1) and (recompute is None or recompute.granularity != "full")
+    moe_overlap = spec.kernels.overlap_moe_expert_parallel_comm and not rules.overlap_layout_problems(
+        str, expert=par.expert, pipeline=par.pipeline, virtual_stages=par.virtual_stages,
+        granularity=recompute.granularity if recompute is not None else None)
     return replace(spec, recompute=recompute,
                    kernels=replace(spec.kernels, overlap_param_gather=gather,
                                    overlap_moe_expert_parallel_comm=moe_overlap),
