@@ -186,6 +186,8 @@ def _expert_flags(m, out: RenderedFlags) -> None:
                       ("moe_aux_loss_coeff", F.moe_aux_loss_coeff),
                       ("moe_token_dispatcher_type", F.moe_token_dispatcher_type)):
         out.add(f"model.{key}", flag, getattr(m, key))
+    if m.moe_flex_dispatcher_backend is not None:
+        out.add("model.moe_flex_dispatcher_backend", F.moe_flex_dispatcher_backend, m.moe_flex_dispatcher_backend)
     if m.moe_grouped_gemm:
         out.add("model.moe_grouped_gemm", F.moe_grouped_gemm)
 

@@ -2,6 +2,7 @@
 expert-data-parallel ranks, an MoE layer's activations, the token all-to-all as exposed communication of kind "ep",
 the expert groups in megatron-core's rank order, and the Blackwell precisions."""
 import dataclasses
+import math
 
 import pytest
 
@@ -128,6 +129,28 @@ def test_the_all_to_all_grows_when_the_expert_group_leaves_the_node():
     # on four GB200 trays the 16 GPUs share one NVLink domain: the larger group costs about the same
     tray, rack = qwen(8, "GB200", 4, 4), qwen(16, "GB200", 4, 4)
     assert rack.exposed_comm_s["ep"] < 1.2 * tray.exposed_comm_s["ep"]
+
+
+def test_the_flex_dispatcher_sends_a_token_once_to_each_other_node_holding_its_experts():
+    # Qwen3 30B-A3B (topk 8 of 128 experts) at expert 16 on two nodes of 8 H100, as Megatron-Bridge's recipe runs it
+    def rate(dispatcher, nodes=2):
+        return Topology(spec("qwen3-30b-a3b", nodes=nodes, parallel={"pipeline": 1, "expert": 8 * nodes},
+                             model={"moe_token_dispatcher_type": dispatcher})).expert_links(0).alltoall_gbps
+    topo = Topology(spec("qwen3-30b-a3b", nodes=2, parallel={"pipeline": 1, "expert": 16}))
+    network = topo.calibration.bus_gbps(topo.slots[0].inter_gbps, inter_node=True) / 8
+    # the alltoall sends the half of a token's 8 copies bound for the other node's experts over the network
+    assert rate("alltoall") == pytest.approx(15 / 16 / (8 / 16 / network))
+    # the flex dispatcher sends it there once when any of its experts lie there (all but (64 choose 8)/(128 choose 8))
+    once = 1 - math.comb(64, 8) / math.comb(128, 8)
+    assert rate("flex") == pytest.approx(15 / 16 / (once / 8 / network))
+    assert rate("flex") > 3.5 * rate("alltoall")
+    # inside one node both run at NVLink's rate
+    assert rate("flex", nodes=1) == rate("alltoall", nodes=1)
+    across = estimate(spec("qwen3-30b-a3b", nodes=2, parallel={"pipeline": 1, "expert": 16}, global_=64,
+                           model={"moe_token_dispatcher_type": "flex"}))
+    assert any("flex dispatcher sends a token once" in line for line in across.assumptions)
+    assert across.exposed_comm_s["ep"] < estimate(spec("qwen3-30b-a3b", nodes=2, parallel={"pipeline": 1, "expert": 16},
+                                                       global_=64)).exposed_comm_s["ep"] / 2
 
 
 def test_the_all_to_all_moves_topk_copies_of_the_ranks_tokens():

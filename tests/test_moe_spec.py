@@ -127,6 +127,12 @@ def refused(**changes) -> list[str]:
     ({"model__moe_grouped_gemm": True}, "model.moe_grouped_gemm", "needs GPUs"),
     ({"model__moe_token_dispatcher_type": "flex"}, "model.moe_token_dispatcher_type", "needs GPUs"),
     ({"model__moe_token_dispatcher_type": "ring"}, "model.moe_token_dispatcher_type", "not one of"),
+    ({"model__moe_token_dispatcher_type": "flex"}, "model.moe_token_dispatcher_type",
+     "needs parallel.expert_tensor x parallel.expert above 1"),
+    ({"model__moe_flex_dispatcher_backend": "hybridep"}, "model.moe_flex_dispatcher_backend",
+     "set model.moe_token_dispatcher_type: flex"),
+    ({"model__moe_token_dispatcher_type": "flex", "model__moe_flex_dispatcher_backend": "nvl"},
+     "model.moe_flex_dispatcher_backend", "not one of deepep, hybridep"),
     ({"model__num_experts": 0}, "model.num_experts", "must be a positive number"),
     ({"parallel__expert_tensor": 2, "model__add_bias_linear": True}, "parallel.expert_tensor",
      "biases only when each expert is whole"),
@@ -147,6 +153,18 @@ def test_moe_keys_on_a_dense_model_are_refused_not_dropped():
     assert any(e.startswith("model.moe_ffn_hidden_size: applies to mixture-of-experts models only") for e in errors)
     errors = refused(model__num_experts=None, parallel__expert=2)
     assert any(e.startswith("parallel.expert:") and "needs model.num_experts" in e for e in errors)
+
+
+def test_the_flex_dispatchers_backend_renders_as_megatron_lm_spells_it():
+    data = {"model": {"preset": "qwen3-30b-a3b", "moe_token_dispatcher_type": "flex"}, "parallel": {"expert": 16},
+            "batch": {"global": 64}, "cluster": {"nodes": [{"gpu": "H100", "count": 2, "gpus_per_node": 8}]}}
+    assert "--moe-flex-dispatcher-backend" not in megatron_args(load_spec(data))  # megatron-core's default, deepep
+    data["model"]["moe_flex_dispatcher_backend"] = "hybridep"
+    args = build_parser().parse_args(megatron_args(load_spec(data)))
+    assert (args.moe_token_dispatcher_type, args.moe_flex_dispatcher_backend) == ("flex", "hybridep")
+    assert refused(model__moe_flex_dispatcher_backend="hybridep", model__num_experts=None) == [
+        "model.moe_flex_dispatcher_backend: applies to mixture-of-experts models only; set model.num_experts, or "
+        "leave it out"]
 
 
 def test_a_valid_moe_layout_is_accepted_on_cpus_and_a_tensor_split_asks_for_sequence_parallelism():

@@ -116,15 +116,16 @@ def expert_dispatch_time(shape: Shape, tokens: float, tensor: int, expert: int, 
       all-to-all of tokens x topk x hidden activations over the expert-parallel group (token_dispatch), then
       all-gathers what it received over the expert's tensor-parallel ranks (dispatch_postprocess,
       gather_from_sequence_parallel_region); the combine runs the reverse, a reduce-scatter and an all-to-all
-      (combine_preprocess, token_combine). The flex dispatcher (DeepEP, HybridEP) fuses the same exchange: timed as
-      alltoall, without DeepEP's removal of duplicate tokens bound for one node.
+      (combine_preprocess, token_combine). The flex dispatcher (DeepEP, HybridEP) fuses the same exchange and sends
+      a token once to each other NVLink domain holding its experts: timed as alltoall at the rate
+      Topology.alltoall_gbps gives it for that routing (`links.alltoall_gbps`).
     - allgather (MoEAllGatherTokenDispatcher, Megatron-LM's default): every rank all-gathers the tokens (not topk
       copies: each rank picks those of its own experts) over the expert-tensor x expert group, and the combine
       reduce-scatters them back; no topk factor, which is why the MoE README suggests it for large topk.
     The backward runs each collective's reverse (an all-to-all's is an all-to-all, an all-gather's a reduce-scatter),
     full recompute (or selective with the moe module) runs the forward's again. Each rank's traffic is scaled by
     MOE_TOKEN_IMBALANCE (1: drop-less and balanced). megatron-core leaves these transfers exposed unless
-    --overlap-moe-expert-parallel-comm, which labkit's spec does not set (the MoE README: "EP All-to-All can consume
+    --overlap-moe-expert-parallel-comm (stage_time's `moe_comm_overlap`; the MoE README: "EP All-to-All can consume
     30-40% of training time without optimization").
     0 for a dense model, and without expert or expert-tensor parallelism."""
     if not shape.moe:

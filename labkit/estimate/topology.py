@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from math import comb
 from typing import Iterable
 
 from labkit import catalog
@@ -62,6 +63,10 @@ class Topology:
         # ranks of one stage per expert-tensor x expert block (a spec whose sizes do not divide was refused)
         self.expert_data = max(1, self.layout.per_stage // (self.expert * self.expert_tensor))
         self._expert_links: dict = {}
+        model = spec.model
+        # the flex dispatcher's routing (topk of the experts), which decides how many copies of a token cross domains
+        self.flex_routing = ((model.moe_router_topk, model.num_experts)
+                             if model.num_experts and model.moe_token_dispatcher_type == "flex" else None)
         self._stage_gpus = stage_gpus(cluster.nodes, self.layout)
         slots, node, domain = [], 0, 0
         for group in cluster.nodes:
@@ -151,13 +156,20 @@ class Topology:
             return [base + et * e * j for j in range(self.expert_data)]
         raise ValueError(f"expert group kind {kind!r}: expected ep, etp, tp_ep or edp")
 
-    def alltoall_gbps(self, ranks: list[int]) -> float:
+    def alltoall_gbps(self, ranks: list[int], routing: tuple[int, int] | None = None) -> float:
         """What an all-to-all over `ranks` reaches (labkit.estimate.timing.alltoall_time's rate, for the (n - 1)/n of
         its bytes that leave each rank): inside one NVLink domain its bus bandwidth (group_link). Across domains each
         rank sends (n - g)/n of its bytes over the network, g the group's ranks in its own domain, and every GPU of a
         node does so at once (each node's GPUs all belong to groups of this shape), so a rank has 1/(its node's GPUs)
         of the node's network; the rest goes over NVLink at the same time. The slower of the two sets the pace.
-        An approximation of NCCL's all-to-all, which posts every send and receive at once."""
+        An approximation of NCCL's all-to-all, which posts every send and receive at once.
+
+        `routing` (topk, experts): an MoE layer's dispatch by the flex dispatcher, whose DeepEP and HybridEP kernels
+        send a token once to each other domain that holds any of its topk experts, over the network, and fan it out
+        there over NVLink to those experts' ranks (DeepEP's "asymmetric-domain bandwidth forwarding", github
+        deepseek-ai/DeepEP). With the experts spread evenly over the ranks and routing balanced, a token reaches
+        another domain holding h of the E experts with probability 1 - C(E - h, topk) / C(E, topk): the network
+        carries that many copies out of topk, and NVLink also passes on what arrives from other domains."""
         n = len(ranks)
         link = self.group_link(ranks)
         if n <= 1 or not link.inter_node:
@@ -170,7 +182,14 @@ class Topology:
             inside = per_domain[s.domain]
             network = self.calibration.bus_gbps(network_rate, inter_node=True) / gpus_per_node[s.node]
             nvlink = self.calibration.bus_gbps(s.intra_gbps, inter_node=False)
-            seconds_per_bit = max((n - inside) / n / network, (inside - 1) / n / nvlink)
+            leaving, passed_on = (n - inside) / n, 0.0
+            if routing:
+                topk, experts = routing
+                copies = sum(1 - comb(experts - experts * held // n, topk) / comb(experts, topk)
+                             for domain, held in per_domain.items() if domain != s.domain)
+                passed_on = leaving * (inside - 1) / inside
+                leaving = min(leaving, copies / topk)
+            seconds_per_bit = max(leaving / network, ((inside - 1) / n + passed_on) / nvlink)
             slowest = min(slowest, (n - 1) / n / seconds_per_bit)
         return slowest
 
@@ -181,7 +200,8 @@ class Topology:
         from labkit.estimate.timing import ExpertLinks
 
         if stage not in self._expert_links:
-            self._expert_links[stage] = ExpertLinks(self.alltoall_gbps(self.expert_group(stage, "ep")),
+            self._expert_links[stage] = ExpertLinks(self.alltoall_gbps(self.expert_group(stage, "ep"),
+                                                                       self.flex_routing),
                                                     self._ring_gbps(stage, self.expert_group(stage, "etp")),
                                                     self._ring_gbps(stage, self.expert_group(stage, "tp_ep")))
         return self._expert_links[stage]

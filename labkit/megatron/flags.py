@@ -39,6 +39,8 @@ MOE_LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sink
 (DeepSeek-V2), over the global batch, S-BASE's Sinkhorn routing, or none."""
 MOE_TOKEN_DISPATCHERS = ("allgather", "alltoall", "flex")
 """Megatron-LM's --moe-token-dispatcher-type choices."""
+MOE_FLEX_BACKENDS = ("deepep", "hybridep")
+"""Megatron-LM's --moe-flex-dispatcher-backend choices: the kernels the flex dispatcher runs, DeepEP's or HybridEP's."""
 RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe", "moe_act", "shared_experts", "mla_up_proj")
 """Megatron-LM's --recompute-modules choices (megatron-core 0.16.1's TransformerConfig.recompute_modules): attention's
 core, the dense MLP, the two norms, the MoE layer, its experts' activation function, its shared experts, and
@@ -155,6 +157,8 @@ FLAGS: tuple[Flag, ...] = (
          help="softmax over all experts before the top-k (needed at top-1)", group=MOE),
     Flag("--moe-token-dispatcher-type", choices=MOE_TOKEN_DISPATCHERS, default="allgather",
          help="how tokens reach their experts' ranks", group=MOE),
+    Flag("--moe-flex-dispatcher-backend", choices=MOE_FLEX_BACKENDS, default="deepep",
+         help="the flex dispatcher's kernels: DeepEP's or HybridEP's (GPUs only)", group=MOE),
     Flag("--moe-grouped-gemm", action="store_true", help="one grouped GEMM for a rank's experts (GPUs only)",
          group=MOE),
     Flag("--overlap-moe-expert-parallel-comm", action="store_true",

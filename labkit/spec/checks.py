@@ -17,7 +17,7 @@ from labkit import catalog, deepspeed_config
 from labkit.megatron import rules, sharding, sizes
 from labkit.megatron.flags import (ATTENTION_BACKENDS, CUDA_GRAPH_IMPLS, CUDA_GRAPH_SCOPES, DRIVER_ATTENTION_BACKENDS,
                                    FLAG, MOE_LOAD_BALANCING_TYPES,
-                                   MOE_TOKEN_DISPATCHERS, OPTIMIZER_DTYPES,
+                                   MOE_FLEX_BACKENDS, MOE_TOKEN_DISPATCHERS, OPTIMIZER_DTYPES,
                                    NORMALIZATIONS, POSITION_EMBEDDING_TYPES, RECOMPUTE_MODULES, TOKENIZER_TYPES,
                                    ArgumentError,
                                    build_parser, flag_errors)
@@ -36,7 +36,8 @@ RECOMPUTE_METHODS = ("uniform", "block")
 OPTIMIZERS = ("adam", "sgd")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
 MOE_KEYS = ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_layer_freq",
-            "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_token_dispatcher_type", "moe_grouped_gemm")
+            "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_token_dispatcher_type",
+            "moe_flex_dispatcher_backend", "moe_grouped_gemm")
 """model keys that shape or route experts."""
 MAX_WORLD = 2 ** 20
 """Most processes a spec may lay out (a million GPUs), and the bound of parallel.data and of a node group's figures:
@@ -77,6 +78,7 @@ SPEC_FIELDS = {"num_attention_heads": "model.num_attention_heads", "hidden_size"
                "moe_grouped_gemm": "model.moe_grouped_gemm", "moe_ffn_hidden_size": "model.moe_ffn_hidden_size",
                "moe_shared_expert_intermediate_size": "model.moe_shared_expert_intermediate_size",
                "moe_token_dispatcher_type": "model.moe_token_dispatcher_type",
+               "moe_flex_dispatcher_backend": "model.moe_flex_dispatcher_backend",
                "recompute_granularity": "recompute.granularity", "recompute_modules": "recompute.modules",
                "use_precision_aware_optimizer": "optimizer.precision_aware", "fp8_format": "precision",
                "fp8_recipe": "precision", "fp8_param_gather": "optimizer.fp8_param_gather",
@@ -268,6 +270,7 @@ def _check_architecture(spec: RunSpec) -> list[str]:
         if value is not None and not 0 <= value < 1:
             errors.append(f"model.{name}: a dropout probability is at least 0 and below 1, got {value}")
     for key, choices in (("moe_token_dispatcher_type", MOE_TOKEN_DISPATCHERS),
+                         ("moe_flex_dispatcher_backend", MOE_FLEX_BACKENDS),
                          ("moe_router_load_balancing_type", MOE_LOAD_BALANCING_TYPES)):
         value = getattr(m, key)
         if value is not None and value not in choices:
@@ -275,6 +278,9 @@ def _check_architecture(spec: RunSpec) -> list[str]:
     if not m.num_experts:  # a dense model renders none of them: text the user wrote would be dropped unseen
         errors += [f"model.{key}: applies to mixture-of-experts models only; set model.num_experts, or leave it out"
                    for key in MOE_KEYS if getattr(m, key) not in (None, False)]
+    elif m.moe_flex_dispatcher_backend is not None and m.moe_token_dispatcher_type != "flex":
+        errors.append(f"model.moe_flex_dispatcher_backend: chooses the flex dispatcher's kernels; set "
+                      f"model.moe_token_dispatcher_type: flex, or leave it out")
     if m.moe_aux_loss_coeff is not None and m.moe_aux_loss_coeff < 0:
         errors.append(f"model.moe_aux_loss_coeff: must be zero or more, got {m.moe_aux_loss_coeff}")
     tokenizer = spec.data.tokenizer

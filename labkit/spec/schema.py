@@ -87,7 +87,12 @@ class ModelSpec:
     preset's choice, else 0 (Megatron's default; 1e-2 is the usual start)."""
     moe_token_dispatcher_type: str | None = None
     """How tokens reach the ranks of their experts (--moe-token-dispatcher-type): allgather, alltoall or flex
-    (DeepEP/HybridEP, GPUs only); None: the preset's choice, else allgather."""
+    (DeepEP/HybridEP, GPUs only); None: the preset's choice, else allgather. The flex dispatcher sends a token once
+    to each other NVLink domain holding some of its experts and fans it out there over NVLink; the alltoall sends one
+    copy per expert (labkit.estimate.topology.Topology.alltoall_gbps)."""
+    moe_flex_dispatcher_backend: str | None = None
+    """The flex dispatcher's kernels (--moe-flex-dispatcher-backend): deepep or hybridep (NVIDIA's Megatron-Bridge
+    recipes run hybridep); only with moe_token_dispatcher_type flex. None: megatron-core's default, deepep."""
     moe_grouped_gemm: bool | None = None
     """Run a rank's experts as one grouped GEMM (--moe-grouped-gemm; GPUs only); None: the preset's choice, else
     false."""

@@ -103,6 +103,7 @@ def moe_fields(args, ffn: int) -> dict:
         moe_aux_loss_coeff=args.moe_aux_loss_coeff,
         moe_router_pre_softmax=args.moe_router_pre_softmax,
         moe_token_dispatcher_type=args.moe_token_dispatcher_type,
+        moe_flex_dispatcher_backend=args.moe_flex_dispatcher_backend,
         moe_grouped_gemm=args.moe_grouped_gemm,
         expert_model_parallel_size=args.expert_model_parallel_size,
         expert_tensor_parallel_size=sizes.expert_tensor_size(args.tensor_model_parallel_size,
