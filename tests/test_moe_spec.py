@@ -128,7 +128,7 @@ def refused(**changes) -> list[str]:
     ({"model__moe_token_dispatcher_type": "flex"}, "model.moe_token_dispatcher_type", "needs GPUs"),
     ({"model__moe_token_dispatcher_type": "ring"}, "model.moe_token_dispatcher_type", "not one of"),
     ({"model__moe_token_dispatcher_type": "flex"}, "model.moe_token_dispatcher_type",
-     "needs parallel.expert_tensor x parallel.expert above 1"),
+     "parallel.expert_tensor x parallel.expert is 1; raise either"),
     ({"model__moe_flex_dispatcher_backend": "hybridep"}, "model.moe_flex_dispatcher_backend",
      "set model.moe_token_dispatcher_type: flex"),
     ({"model__moe_token_dispatcher_type": "flex", "model__moe_flex_dispatcher_backend": "nvl"},

@@ -107,6 +107,22 @@ def test_a_spec_that_writes_the_expert_size_keeps_it(tmp_path):
         planning_input(str(path))
 
 
+def test_a_spec_with_the_flex_dispatcher_plans_layouts_with_expert_ranks_to_exchange_between(tmp_path):
+    path = tmp_path / "spec.yaml"
+    flex = {"preset": "qwen3-30b-a3b", "moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "hybridep"}
+    cluster = {"nodes": [{"gpu": "H100", "count": 2, "gpus_per_node": 8}]}
+    path.write_text(yaml.safe_dump({"model": flex, "batch": {"global": 64}, "cluster": cluster}))
+    base, constraints = planning_input(str(path))
+    assert (base.model.moe_token_dispatcher_type, base.model.moe_flex_dispatcher_backend) == ("flex", "hybridep")
+    plan = search(base, top=20, constraints=constraints)
+    assert plan.rows and all(r.ep * r.etp > 1 for r in plan.rows)
+    # one expert rank the spec wrote itself is refused, naming the dispatcher
+    path.write_text(yaml.safe_dump({"model": flex, "parallel": {"expert": 1}, "batch": {"global": 64},
+                                    "cluster": cluster}))
+    with pytest.raises(Exception, match="model.moe_token_dispatcher_type: flex: megatron-core's flex dispatcher"):
+        planning_input(str(path))
+
+
 def test_tensor_groups_may_span_the_trays_of_an_nvl72_rack():
     rack = load_spec({"model": {"preset": "mixtral-8x7b"}, "batch": {"micro": 1, "global": 576},
                       "cluster": {"nodes": [{"gpu": "GB200", "count": 18, "gpus_per_node": 4}]}})

@@ -431,7 +431,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
     if shape.moe:
         assumptions.append(f"tokens spread over the experts {MOE_TOKEN_IMBALANCE:g} x evenly "
                            "(labkit.estimate.memory.MOE_TOKEN_IMBALANCE), none dropped")
-        if ep > 1 and dispatcher == "flex":
+        if dispatcher == "flex" and any(topo.group_link(topo.expert_group(i, "ep")).inter_node for i in range(p)):
             assumptions.append("the flex dispatcher sends a token once to each other NVLink domain holding any of "
                                "its experts and fans it out there over NVLink (DeepEP's and HybridEP's forwarding)")
         if ep > 1 and moe_overlap:

@@ -25,6 +25,7 @@ from typing import Iterable
 from labkit import catalog
 from labkit.estimate.calibration import Calibration, resolve
 from labkit.megatron import sizes
+from labkit.megatron.shape import Shape
 from labkit.spec.layout import layout_of, stage_gpus
 
 
@@ -63,10 +64,10 @@ class Topology:
         # ranks of one stage per expert-tensor x expert block (a spec whose sizes do not divide was refused)
         self.expert_data = max(1, self.layout.per_stage // (self.expert * self.expert_tensor))
         self._expert_links: dict = {}
-        model = spec.model
+        shape = Shape.of(spec.model)
         # the flex dispatcher's routing (topk of the experts), which decides how many copies of a token cross domains
-        self.flex_routing = ((model.moe_router_topk, model.num_experts)
-                             if model.num_experts and model.moe_token_dispatcher_type == "flex" else None)
+        self.flex_routing = ((shape.topk, shape.experts)
+                             if shape.moe and spec.model.moe_token_dispatcher_type == "flex" else None)
         self._stage_gpus = stage_gpus(cluster.nodes, self.layout)
         slots, node, domain = [], 0, 0
         for group in cluster.nodes:

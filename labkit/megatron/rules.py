@@ -245,11 +245,6 @@ def _expert_problems(args, world_size: int, runtime: Runtime, name: Name) -> lis
         found.append(Problem("moe_aux_loss_coeff", f"{args.moe_aux_loss_coeff}: Sinkhorn routing balances the load "
                              "itself and takes no auxiliary loss; use 0, or another "
                              f"{name('moe_router_load_balancing_type')}"))
-    if args.moe_token_dispatcher_type == "flex" and etp * ep == 1:
-        # MoEFlexTokenDispatcher asserts "Flex token dispatcher requires TPxEP > 1", its TP the expert-tensor group
-        found.append(Problem("moe_token_dispatcher_type", f"flex: megatron-core's flex dispatcher exchanges tokens "
-                             f"between ranks and needs {name('expert_tensor_parallel_size')} x "
-                             f"{name('expert_model_parallel_size')} above 1; on one rank use alltoall or allgather"))
     if args.add_bias_linear and etp != 1:
         found.append(Problem("expert_tensor_parallel_size", f"{etp}: megatron-core keeps experts' biases only when each "
                              f"expert is whole; use {name('expert_tensor_parallel_size')} 1, or drop the linear layers' "
@@ -270,7 +265,17 @@ def _expert_problems(args, world_size: int, runtime: Runtime, name: Name) -> lis
                 found.append(Problem(key, f"needs GPUs ({what}); on CPUs use "
                                      + ("allgather or alltoall" if key == "moe_token_dispatcher_type"
                                         else "one GEMM per expert: leave it out")))
+    if args.moe_token_dispatcher_type == "flex" and etp * ep == 1:
+        # MoEFlexTokenDispatcher asserts "Flex token dispatcher requires TPxEP > 1", its TP the expert-tensor group
+        found.append(Problem("moe_token_dispatcher_type", f"flex: {FLEX_NEEDS_RANKS}: "
+                             f"{name('expert_tensor_parallel_size')} x {name('expert_model_parallel_size')} is 1; "
+                             "raise either, or on one rank use alltoall or allgather"))
     return found
+
+
+FLEX_NEEDS_RANKS = "megatron-core's flex dispatcher exchanges tokens between two or more expert ranks"
+"""The flex dispatcher's problem with a layout of one expert-tensor x expert rank: the planner, which chooses the
+layout, sets it aside."""
 
 
 def context_split_problems(name: Name, *, seq_length: int, context: int) -> list[Problem]:

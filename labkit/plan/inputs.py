@@ -153,6 +153,9 @@ def planning_input(target: str, model: str | None = None, global_batch: int | No
     spec_data.update(parallel={"tensor": 1, "pipeline": 1}, recompute=None)
     spec_data["batch"] = {**spec_data["batch"], "micro": 1}
     base = _load_on_gpus(spec_data, gpus)
+    written_model = (written_data or {}).get("model")
+    if not model and isinstance(written_model, dict) and written_model.get("moe_token_dispatcher_type") == "flex":
+        base = _flex_dispatcher(written_model, base, spec_data, gpus, pending)
     overlap_moe = written_kernels.get("overlap_moe_expert_parallel_comm") is True
     if overlap_moe:
         _check_moe_overlap(spec_data, gpus, pending)
@@ -205,6 +208,10 @@ def _without_layout_checks(data: dict) -> tuple[dict, dict]:
         without["kernels"] = kernels = {**kernels, "tp_comm_overlap": False}
     if kernels.get("overlap_moe_expert_parallel_comm") is True:  # needs expert ranks: `_check_moe_overlap`
         without["kernels"] = {**kernels, "overlap_moe_expert_parallel_comm": False}
+    model = data.get("model") if isinstance(data.get("model"), dict) else {}
+    if model.get("moe_token_dispatcher_type") == "flex":  # needs expert ranks too: `_flex_dispatcher`
+        without["model"] = {key: value for key, value in model.items() if key != "moe_flex_dispatcher_backend"}
+        without["model"]["moe_token_dispatcher_type"] = "alltoall"
     optimizer = data.get("optimizer") if isinstance(data.get("optimizer"), dict) else {}
     if kernels.get("overlap_param_gather") is True and optimizer.get("distributed") is None:
         without["optimizer"] = {**optimizer, "distributed": True}
@@ -223,6 +230,23 @@ def _check_moe_overlap(spec_data: dict, gpus: list[str], pending: dict) -> None:
         errors = [e for e in exc.errors if not e.startswith(layout) or pending.get("expert") == 1]
         if errors:
             raise SpecError(errors) from None
+
+
+def _flex_dispatcher(written_model: dict, base: RunSpec, spec_data: dict, gpus: list[str], pending: dict) -> RunSpec:
+    """`base` with the flex dispatcher a spec file wrote (set aside by `_without_layout_checks`), after the checks
+    `load_spec` makes of it but the one on expert ranks, which the planner chooses (labkit.plan.search gives flex
+    expert_tensor x expert ranks above 1), unless the spec wrote parallel.expert 1."""
+    flex = {"moe_token_dispatcher_type": "flex",
+            "moe_flex_dispatcher_backend": written_model.get("moe_flex_dispatcher_backend")}
+    try:
+        _load_on_gpus({**spec_data, "model": {**spec_data["model"], **flex}}, gpus)
+    except SpecError as exc:
+        layout = f"{SPEC_FIELDS['moe_token_dispatcher_type']}: flex: "
+        errors = [e for e in exc.errors
+                  if not (e.startswith(layout) and rules.FLEX_NEEDS_RANKS in e) or pending.get("expert") == 1]
+        if errors:
+            raise SpecError(errors) from None
+    return replace(base, model=replace(base.model, **flex))
 
 
 def _load_on_gpus(data: dict, gpus: list[str]) -> RunSpec:

@@ -200,11 +200,14 @@ def expert_sizes(base: RunSpec, shape: Shape, tensor: int, pipeline: int, data: 
     if not shape.moe:
         return [(1, tensor)]
     wanted_tensor = constraints.expert_tensor
+    flex = base.model.moe_token_dispatcher_type == "flex"
     by_tensor: dict[int, list[int]] = {}
     for etp in ([1] if shape.bias else sorted({1, tensor})):
         for ep in divisors(shape.experts):
             if ep == 1 and etp != (1 if shape.bias else tensor):
                 continue  # without expert parallelism each expert is tensor-parallel like the rest of the layer
+            if flex and ep * etp == 1:
+                continue  # the flex dispatcher needs ranks to exchange tokens between (the rule book)
             if (tensor * context * data) % (ep * etp) or not constraints.allows("expert", ep):
                 continue
             if wanted_tensor is not SEARCHED and sizes.expert_tensor_size(tensor, wanted_tensor) != etp:
@@ -600,8 +603,11 @@ def fully_sharded_runs(base: RunSpec) -> bool:
                                            account_for_loss_in_pipeline_split=False),
                     batch=replace(base.batch, micro=1, global_=world),
                     optimizer=replace(base.optimizer, zero_stage=3, distributed=True),
-                    # the overlaps the planner sets by layout (`search`, `_with`) are not what it asks about
-                    kernels=replace(base.kernels, overlap_param_gather=False, tp_comm_overlap=False))
+                    # the overlaps the planner sets by layout (`search`, `_with`) are not what it asks about, nor
+                    # the flex dispatcher's need of expert ranks, which this one-rank-per-expert probe lacks
+                    kernels=replace(base.kernels, overlap_param_gather=False, tp_comm_overlap=False),
+                    model=replace(base.model, moe_token_dispatcher_type="alltoall", moe_flex_dispatcher_backend=None)
+                    if base.model.moe_token_dispatcher_type == "flex" else base.model)
     return not rule_errors(probe, layout="local")
 
 
