@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # On the ends of the supported range (3.11 and 3.13) other than the main environment's Python, or on 3.12 where
-# neither is found, the fast tests (no training, no Slurm, no browser) of what rests on the interpreter and on the dependencies pip resolves for it: the command line (argparse's output
-# changed in 3.13), the spec and its errors (dataclasses, typing), Megatron's flags and rules against megatron-core's
-# own objects, the job scripts (jinja2), the estimate and the planner's command (pandas), the log parser, the run
-# records (file locks and renames), the driver's arguments and its CPU compatibility layer (torch, megatron-core), the
-# package's data and imports. The rest of the suite checks labkit's own arithmetic, the same on every Python, and runs
-# in full on the main environment.
+# neither is found, the fast tests (no training, no Slurm, no browser) of what rests on the interpreter and on the
+# dependencies pip resolves for it: the command line (argparse's output changed in 3.13), the spec and its errors (dataclasses, typing), Megatron's flags and rules against megatron-core's
+# own objects, the job scripts (jinja2), the estimate and the planner's command (pandas), the log parser, the
+# driver's arguments and its CPU compatibility layer (torch, megatron-core), the package's data and imports. The rest
+# of the suite checks labkit's own arithmetic and the operating system's file locks and renames (the run records),
+# the same on every Python, and runs in full on the main environment.
 # An interpreter that is not found is reported and skipped, not failed: each machine has the Pythons it has.
 # Usage: tests/other_pythons.sh MAIN_PYTHON
 set -euo pipefail
@@ -28,8 +28,7 @@ find_python() {  # the first interpreter for version $1 that runs: on PATH, else
 PORTABLE=(tests/test_cli_output.py tests/test_cli_pipe.py tests/test_spec.py tests/test_spec_input.py
           tests/test_megatron_flags.py tests/test_megatron_args.py tests/test_moe_overlap_and_graphs.py
           tests/test_jobs_render.py tests/test_estimate.py tests/test_plan_cli.py tests/test_logs_parse.py
-          tests/test_jobs_records.py tests/test_train_args.py tests/test_train_cpu_compat.py tests/test_packaging.py
-          tests/test_architecture.py)
+          tests/test_train_args.py tests/test_train_cpu_compat.py tests/test_packaging.py tests/test_architecture.py)
 
 # The ends of the range stand for what lies between: a Python between two that pass has shown no break of its own.
 versions=()
