@@ -166,15 +166,22 @@ class Topology:
         An approximation of NCCL's all-to-all, which posts every send and receive at once.
 
         `routing` (topk, experts): an MoE layer's dispatch by the flex dispatcher, whose DeepEP and HybridEP kernels
-        send a token once to each other domain that holds any of its topk experts, over the network, and fan it out
-        there over NVLink to those experts' ranks (DeepEP's "asymmetric-domain bandwidth forwarding", github
-        deepseek-ai/DeepEP). With the experts spread evenly over the ranks and routing balanced, a token reaches
-        another domain holding h of the E experts with probability 1 - C(E - h, topk) / C(E, topk): the network
-        carries that many copies out of topk, and NVLink also passes on what arrives from other domains."""
+        send a token once to each rank that holds any of its topk experts (the alltoall dispatcher sends one copy per
+        expert), and once over the network to each other NVLink domain that does, fanning it out there over NVLink
+        (DeepEP's "asymmetric-domain bandwidth forwarding", github deepseek-ai/DeepEP). With the experts spread evenly
+        over the ranks and routing balanced, a token reaches a rank, or a domain, holding h of the E experts with
+        probability 1 - C(E - h, topk) / C(E, topk); the rate returned is the alltoall's topk copies over the time the
+        fewer copies take, so that labkit.estimate.timing.alltoall_time reads the same for both dispatchers."""
         n = len(ranks)
         link = self.group_link(ranks)
-        if n <= 1 or not link.inter_node:
+        if n <= 1:
             return link.bus_gbps
+        rank_hit = 1.0
+        if routing:
+            topk, experts = routing
+            rank_hit = _hit(experts, experts // n, topk)
+        if not link.inter_node:  # (n - 1) x rank_hit copies where the alltoall sends topk x (n - 1) / n
+            return link.bus_gbps * (topk / (n * rank_hit) if routing else 1.0)
         slots = [self.slots[r] for r in ranks]
         per_domain = Counter(s.domain for s in slots)
         gpus_per_node = Counter(s.node for s in self.slots)
@@ -183,14 +190,14 @@ class Topology:
             inside = per_domain[s.domain]
             network = self.calibration.bus_gbps(network_rate, inter_node=True) / gpus_per_node[s.node]
             nvlink = self.calibration.bus_gbps(s.intra_gbps, inter_node=False)
-            leaving, passed_on = (n - inside) / n, 0.0
+            # shares of a token's topk copies: over the network, and over NVLink (its own domain's ranks)
+            leaving, staying = (n - inside) / n, (inside - 1) / n
             if routing:
-                topk, experts = routing
-                copies = sum(1 - comb(experts - experts * held // n, topk) / comb(experts, topk)
-                             for domain, held in per_domain.items() if domain != s.domain)
-                passed_on = leaving * (inside - 1) / inside
-                leaving = min(leaving, copies / topk)
-            seconds_per_bit = max(leaving / network, ((inside - 1) / n + passed_on) / nvlink)
+                leaving = sum(_hit(experts, experts * held // n, topk)
+                              for domain, held in per_domain.items() if domain != s.domain) / topk
+                # the ranks it reaches here, and those reached in other domains, passed on by their first rank
+                staying = (inside - 1 + (n - inside) * (inside - 1) / inside) * rank_hit / topk
+            seconds_per_bit = max(leaving / network, staying / nvlink)
             slowest = min(slowest, (n - 1) / n / seconds_per_bit)
         return slowest
 
@@ -228,3 +235,8 @@ class Topology:
                 gbps = bus(min(sa.inter_gbps, sb.inter_gbps), inter_node=True) / crossing[sa.node]
             slowest = min(slowest, gbps)
         return slowest
+
+
+def _hit(experts: int, held: int, topk: int) -> float:
+    """The chance that a token's topk distinct experts, drawn evenly from `experts`, include one of `held` of them."""
+    return 1 - comb(experts - held, topk) / comb(experts, topk)

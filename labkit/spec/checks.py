@@ -280,7 +280,7 @@ def _check_architecture(spec: RunSpec) -> list[str]:
                    for key in MOE_KEYS if getattr(m, key) not in (None, False)]
     elif m.moe_flex_dispatcher_backend is not None and m.moe_token_dispatcher_type != "flex":
         errors.append(f"model.moe_flex_dispatcher_backend: chooses the flex dispatcher's kernels; set "
-                      f"model.moe_token_dispatcher_type: flex, or leave it out")
+                      "model.moe_token_dispatcher_type: flex, or leave it out")
     if m.moe_aux_loss_coeff is not None and m.moe_aux_loss_coeff < 0:
         errors.append(f"model.moe_aux_loss_coeff: must be zero or more, got {m.moe_aux_loss_coeff}")
     tokenizer = spec.data.tokenizer
