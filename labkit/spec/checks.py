@@ -279,7 +279,7 @@ def _check_architecture(spec: RunSpec) -> list[str]:
         errors += [f"model.{key}: applies to mixture-of-experts models only; set model.num_experts, or leave it out"
                    for key in MOE_KEYS if getattr(m, key) not in (None, False)]
     elif m.moe_flex_dispatcher_backend is not None and m.moe_token_dispatcher_type != "flex":
-        errors.append(f"model.moe_flex_dispatcher_backend: chooses the flex dispatcher's kernels; set "
+        errors.append("model.moe_flex_dispatcher_backend: chooses the flex dispatcher's kernels; set "
                       "model.moe_token_dispatcher_type: flex, or leave it out")
     if m.moe_aux_loss_coeff is not None and m.moe_aux_loss_coeff < 0:
         errors.append(f"model.moe_aux_loss_coeff: must be zero or more, got {m.moe_aux_loss_coeff}")
