@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # On the ends of the supported range (3.11 and 3.13) other than the main environment's Python, or on 3.12 where
 # neither is found, the fast tests (no training, no Slurm, no browser) of what rests on the interpreter and on the
-# dependencies pip resolves for it: the command line (argparse's output changed in 3.13), the spec and its errors (dataclasses, typing), Megatron's flags and rules against megatron-core's
-# own objects, the job scripts (jinja2), the estimate and the planner's command (pandas), the log parser, the
-# driver's arguments and its CPU compatibility layer (torch, megatron-core), the package's data and imports. The rest
-# of the suite checks labkit's own arithmetic and the operating system's file locks and renames (the run records),
-# the same on every Python, and runs in full on the main environment.
+# dependencies pip resolves for it: the command line (argparse's output changed in 3.13), the spec and its errors
+# (dataclasses, typing), Megatron's flags and rules against megatron-core's own objects, the job scripts (jinja2), the
+# estimate and the planner's command (pandas), the log parser, the driver's arguments and its CPU compatibility
+# layer (torch, megatron-core), the package's data and imports. The rest of the suite checks labkit's own arithmetic
+# and the operating system's file locks and renames (the run records), the same on every Python, and runs in full on
+# the main environment.
 # An interpreter that is not found is reported and skipped, not failed: each machine has the Pythons it has.
 # Usage: tests/other_pythons.sh MAIN_PYTHON
 set -euo pipefail

@@ -12,7 +12,7 @@ from labkit.plan.explain import experts_bought
 from labkit.plan.inputs import Constraints, planning_input
 from labkit.plan.search import expert_sizes, search, splits, tensor_domain
 from labkit.plan.views import ranked_table
-from labkit.spec import load_spec
+from labkit.spec import SpecError, load_spec
 
 H100_64 = {"nodes": [{"gpu": "H100", "count": 8, "gpus_per_node": 8}]}
 
@@ -116,10 +116,20 @@ def test_a_spec_with_the_flex_dispatcher_plans_layouts_with_expert_ranks_to_exch
     assert (base.model.moe_token_dispatcher_type, base.model.moe_flex_dispatcher_backend) == ("flex", "hybridep")
     plan = search(base, top=20, constraints=constraints)
     assert plan.rows and all(r.ep * r.etp > 1 for r in plan.rows)
-    # one expert rank the spec wrote itself is refused, naming the dispatcher
+    # expert 1 leaves the experts split over the tensor ranks: those layouts are planned
     path.write_text(yaml.safe_dump({"model": flex, "parallel": {"expert": 1}, "batch": {"global": 64},
                                     "cluster": cluster}))
-    with pytest.raises(Exception, match="model.moe_token_dispatcher_type: flex: megatron-core's flex dispatcher"):
+    base, constraints = planning_input(str(path))
+    rows = search(base, top=20, constraints=constraints).rows
+    assert rows and all(r.ep == 1 and r.etp == r.tp > 1 for r in rows)
+    # one expert-tensor x expert rank the spec wrote itself is refused, naming the dispatcher, as on one GPU
+    path.write_text(yaml.safe_dump({"model": flex, "parallel": {"expert": 1, "expert_tensor": 1},
+                                    "batch": {"global": 64}, "cluster": cluster}))
+    with pytest.raises(SpecError, match="model.moe_token_dispatcher_type: flex: megatron-core's flex dispatcher"):
+        planning_input(str(path))
+    path.write_text(yaml.safe_dump({"model": flex, "batch": {"global": 8},
+                                    "cluster": {"nodes": [{"gpu": "H100", "count": 1, "gpus_per_node": 1}]}}))
+    with pytest.raises(SpecError, match="keep one expert rank with alltoall or allgather"):
         planning_input(str(path))
 
 

@@ -65,7 +65,7 @@ class Topology:
         self.expert_data = max(1, self.layout.per_stage // (self.expert * self.expert_tensor))
         self._expert_links: dict = {}
         shape = Shape.of(spec.model)
-        # the flex dispatcher's routing (topk of the experts), which decides how many copies of a token cross domains
+        # the flex dispatcher's routing (topk of the experts), which decides how many copies of a token it sends
         self.flex_routing = ((shape.topk, shape.experts)
                              if shape.moe and spec.model.moe_token_dispatcher_type == "flex" else None)
         self._stage_gpus = stage_gpus(cluster.nodes, self.layout)

@@ -269,7 +269,7 @@ def _expert_problems(args, world_size: int, runtime: Runtime, name: Name) -> lis
         # MoEFlexTokenDispatcher asserts "Flex token dispatcher requires TPxEP > 1", its TP the expert-tensor group
         found.append(Problem("moe_token_dispatcher_type", f"flex: {FLEX_NEEDS_RANKS}: "
                              f"{name('expert_tensor_parallel_size')} x {name('expert_model_parallel_size')} is 1; "
-                             "raise either, or on one rank use alltoall or allgather"))
+                             "raise either, or keep one expert rank with alltoall or allgather"))
     return found
 
 

@@ -155,7 +155,8 @@ def planning_input(target: str, model: str | None = None, global_batch: int | No
     base = _load_on_gpus(spec_data, gpus)
     written_model = (written_data or {}).get("model")
     if not model and isinstance(written_model, dict) and written_model.get("moe_token_dispatcher_type") == "flex":
-        base = _flex_dispatcher(written_model, base, spec_data, gpus, pending)
+        base = _flex_dispatcher(written_model, base, spec_data, gpus,
+                                pinned=_one_expert_rank(pending, constraints, _world(cluster["nodes"])))
     overlap_moe = written_kernels.get("overlap_moe_expert_parallel_comm") is True
     if overlap_moe:
         _check_moe_overlap(spec_data, gpus, pending)
@@ -232,21 +233,29 @@ def _check_moe_overlap(spec_data: dict, gpus: list[str], pending: dict) -> None:
             raise SpecError(errors) from None
 
 
-def _flex_dispatcher(written_model: dict, base: RunSpec, spec_data: dict, gpus: list[str], pending: dict) -> RunSpec:
+def _flex_dispatcher(written_model: dict, base: RunSpec, spec_data: dict, gpus: list[str], pinned: bool) -> RunSpec:
     """`base` with the flex dispatcher a spec file wrote (set aside by `_without_layout_checks`), after the checks
     `load_spec` makes of it but the one on expert ranks, which the planner chooses (labkit.plan.search gives flex
-    expert_tensor x expert ranks above 1), unless the spec wrote parallel.expert 1."""
+    expert_tensor x expert ranks above 1), unless the spec or the cluster left one such rank (`pinned`)."""
     flex = {"moe_token_dispatcher_type": "flex",
             "moe_flex_dispatcher_backend": written_model.get("moe_flex_dispatcher_backend")}
     try:
         _load_on_gpus({**spec_data, "model": {**spec_data["model"], **flex}}, gpus)
     except SpecError as exc:
         layout = f"{SPEC_FIELDS['moe_token_dispatcher_type']}: flex: "
-        errors = [e for e in exc.errors
-                  if not (e.startswith(layout) and rules.FLEX_NEEDS_RANKS in e) or pending.get("expert") == 1]
+        errors = [e for e in exc.errors if not (e.startswith(layout) and rules.FLEX_NEEDS_RANKS in e) or pinned]
         if errors:
             raise SpecError(errors) from None
     return replace(base, model=replace(base.model, **flex))
+
+
+def _one_expert_rank(pending: dict, constraints: Constraints, world: int) -> bool:
+    """Whether every layout the planner may choose has one expert-tensor x expert rank: one GPU, or parallel.expert 1
+    written with parallel.expert_tensor 1 (or left to the tensor size, written as 1)."""
+    expert_tensor = pending.get("expert_tensor")
+    if expert_tensor is None and constraints.tensor is not SEARCHED:
+        expert_tensor = constraints.tensor
+    return world == 1 or (pending.get("expert") == 1 and expert_tensor == 1)
 
 
 def _load_on_gpus(data: dict, gpus: list[str]) -> RunSpec:

@@ -604,7 +604,7 @@ def fully_sharded_runs(base: RunSpec) -> bool:
                     batch=replace(base.batch, micro=1, global_=world),
                     optimizer=replace(base.optimizer, zero_stage=3, distributed=True),
                     # the overlaps the planner sets by layout (`search`, `_with`) are not what it asks about, nor
-                    # the flex dispatcher's need of expert ranks, which this one-rank-per-expert probe lacks
+                    # the flex dispatcher's need of expert ranks, which this probe (every expert on each rank) lacks
                     kernels=replace(base.kernels, overlap_param_gather=False, tp_comm_overlap=False),
                     model=replace(base.model, moe_token_dispatcher_type="alltoall", moe_flex_dispatcher_backend=None)
                     if base.model.moe_token_dispatcher_type == "flex" else base.model)
