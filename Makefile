@@ -24,9 +24,11 @@ lab: $(STAMP)
 	$(BIN)/labkit lab
 	$(BIN)/labkit lab --lang ko
 
-# The whole suite on this environment's Python, then the wheel as a user installs it, then the fast tests of what rests
-# on the interpreter on the other supported Pythons found here (tests/other_pythons.sh names them).
-test: test-suite wheel-check other-pythons
+# The whole suite on this environment's Python, then side by side (each installs into an environment of its own, most
+# of their time; each one's output is printed whole when it ends) the wheel as a user installs it and the fast tests
+# of what rests on the interpreter on the other supported Pythons found here (tests/other_pythons.sh names them).
+test: test-suite
+	@$(MAKE) --no-print-directory -j2 --output-sync=target wheel-check other-pythons
 
 test-suite: $(STAMP)
 	$(BIN)/python -m pytest

@@ -27,9 +27,9 @@ find_python() {  # the first interpreter for version $1 that runs: on PATH, else
 }
 
 PORTABLE=(tests/test_cli_output.py tests/test_cli_pipe.py tests/test_spec.py tests/test_spec_input.py
-          tests/test_megatron_flags.py tests/test_megatron_args.py tests/test_moe_overlap_and_graphs.py
-          tests/test_jobs_render.py tests/test_estimate.py tests/test_plan_cli.py tests/test_logs_parse.py
-          tests/test_train_args.py tests/test_train_cpu_compat.py tests/test_packaging.py tests/test_architecture.py)
+          tests/test_megatron_flags.py tests/test_megatron_args.py tests/test_jobs_render.py tests/test_estimate.py
+          tests/test_plan_cli.py tests/test_logs_parse.py tests/test_train_args.py tests/test_train_cpu_compat.py
+          tests/test_packaging.py tests/test_architecture.py)
 
 # The ends of the range stand for what lies between: a Python between two that pass has shown no break of its own.
 versions=()

@@ -11,8 +11,17 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 
 echo "wheel check: building the wheel"
-rm -rf "$repo/build"  # setuptools reuses build/lib and would ship modules deleted since the last build
-"$python" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$scratch/dist" "$repo"
+# From a copy of the checkout's files (tracked, and new ones git does not ignore): setuptools writes build/ and
+# *.egg-info where it builds, which `make test` is meanwhile installing from (tests/other_pythons.sh), and would
+# ship a stale build/lib's modules.
+mkdir "$scratch/source"
+if git -C "$repo" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  git -C "$repo" ls-files -z --cached --others --exclude-standard |
+    tar -C "$repo" --null -T - --ignore-failed-read -cf - | tar -xf - -C "$scratch/source"
+else  # a tree without git (an unpacked source archive): all of it but the environments and earlier builds
+  tar -C "$repo" --exclude='./.venv*' --exclude=./build -cf - . | tar -xf - -C "$scratch/source"
+fi
+"$python" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$scratch/dist" "$scratch/source"
 wheel=$(echo "$scratch"/dist/labkit-*.whl)
 # The base interpreter, not the project's venv: the throwaway environment sees nothing of the checkout.
 base=$("$python" -c 'import sys; print(sys._base_executable)')
