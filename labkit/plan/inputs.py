@@ -224,13 +224,9 @@ def _check_moe_overlap(spec_data: dict, gpus: list[str], pending: dict) -> None:
     but the one on expert ranks, which the planner chooses (labkit.plan.search turns the overlap on wherever the
     layout has them, and interleaves a pipeline), unless the spec wrote parallel.expert 1."""
     kernels = {**(spec_data.get("kernels") or {}), "overlap_moe_expert_parallel_comm": True}
-    try:
-        _load_on_gpus({**spec_data, "kernels": kernels}, gpus)
-    except SpecError as exc:
-        layout = f"{SPEC_FIELDS['expert_model_parallel_size']}: {rules.NO_EXPERT_PARALLELISM}"
-        errors = [e for e in exc.errors if not e.startswith(layout) or pending.get("expert") == 1]
-        if errors:
-            raise SpecError(errors) from None
+    _load_but_layout({**spec_data, "kernels": kernels}, gpus,
+                     f"{SPEC_FIELDS['expert_model_parallel_size']}: {rules.NO_EXPERT_PARALLELISM}",
+                     pinned=pending.get("expert") == 1)
 
 
 def _flex_dispatcher(written_model: dict, base: RunSpec, spec_data: dict, gpus: list[str], pinned: bool) -> RunSpec:
@@ -239,14 +235,21 @@ def _flex_dispatcher(written_model: dict, base: RunSpec, spec_data: dict, gpus: 
     expert_tensor x expert ranks above 1), unless the spec or the cluster left one such rank (`pinned`)."""
     flex = {"moe_token_dispatcher_type": "flex",
             "moe_flex_dispatcher_backend": written_model.get("moe_flex_dispatcher_backend")}
+    _load_but_layout({**spec_data, "model": {**spec_data["model"], **flex}}, gpus,
+                     f"{SPEC_FIELDS['moe_token_dispatcher_type']}: flex: {rules.FLEX_NEEDS_RANKS}", pinned=pinned)
+    return replace(base, model=replace(base.model, **flex))
+
+
+def _load_but_layout(data: dict, gpus: list[str], layout_problem: str, pinned: bool) -> None:
+    """`data` checked as `_load_on_gpus` checks it, every problem raised but the one that starts `layout_problem`: a
+    setting's need of the layout the planner has yet to choose, raised too where the spec or the cluster leaves no
+    layout that meets it (`pinned`)."""
     try:
-        _load_on_gpus({**spec_data, "model": {**spec_data["model"], **flex}}, gpus)
+        _load_on_gpus(data, gpus)
     except SpecError as exc:
-        layout = f"{SPEC_FIELDS['moe_token_dispatcher_type']}: flex: "
-        errors = [e for e in exc.errors if not (e.startswith(layout) and rules.FLEX_NEEDS_RANKS in e) or pinned]
+        errors = [e for e in exc.errors if pinned or not e.startswith(layout_problem)]
         if errors:
             raise SpecError(errors) from None
-    return replace(base, model=replace(base.model, **flex))
 
 
 def _one_expert_rank(pending: dict, constraints: Constraints, world: int) -> bool:
