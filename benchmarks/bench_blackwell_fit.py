@@ -1,5 +1,5 @@
-"""Fits the Blackwell GPUs' FP8 efficiency and the MoE launch cost to Megatron-Bridge 25.11, and checks them on later
-releases.
+"""Fits the Blackwell GPUs' FP8 efficiency and the MoE launch cost to Megatron-Bridge 25.11, Hopper's multiple of that
+cost to the H100 MoE rows of 25.11-26.06, and checks them on later releases.
 
     .venv/bin/python benchmarks/bench_blackwell_fit.py
 
@@ -10,12 +10,15 @@ releases.
    share on a 0.01 grid from 0.85 to 1 whose per-GPU fits leave the least mean |log error| over all those rows (the
    set runs four layouts in both FP8-CS and MXFP8, MXFP8 4-6% slower).
 2. With those held, the stacks' `moe_launch_s_per_local_expert` is the median over that set's five Blackwell Qwen3
-   rows of the value that makes each row's estimate equal its measurement (the H100 rows are left out: their recipes
-   overlap the all-to-all with compute, which labkit does not model).
-3. Prints the errors of the set's rows, and of benchmarks/data/megatron_bridge_26_runs.yaml's rows (releases 26.02 to
-   26.06, nothing fitted to them), with the Blackwell FP8 efficiencies at H100-SXM's (what was assumed before this
-   fit; the launch cost as shipped) and with the fitted calibration, with each row's memory verdict, by GPU and model
-   family, and whether the fit is the shipped calibration (labkit/data/calibration.yaml).
+   rows of the value that makes each row's estimate equal its measurement.
+3. With those held, `moe_launch_scale.H100-SXM` (what Hopper spends per local expert, as a multiple of that launch
+   cost) is the value on a 0.05 grid from 1 to 3 with the least mean |log error| over every H100 MoE row of both
+   files (the 25.11 set's and benchmarks/data/megatron_bridge_26_runs.yaml's: all seven read 10-47% fast at
+   Blackwell's cost), printed with each row's error when the fit leaves that row out.
+4. Prints the errors of the set's rows, and of benchmarks/data/megatron_bridge_26_runs.yaml's rows (releases 26.02 to
+   26.06, nothing but the H100 scale fitted to them), as assumed before these fits (the Blackwell FP8 efficiencies
+   at H100-SXM's, Blackwell's launch cost on Hopper too) and with the fitted calibration, with each row's memory
+   verdict, by GPU and model family, and whether the fit is the shipped calibration (labkit/data/calibration.yaml).
 
 The error is estimated / measured iteration time - 1 (negative: the estimate is fast).
 """
@@ -41,6 +44,8 @@ LATER = ROOT / "benchmarks" / "data" / "megatron_bridge_26_runs.yaml"
 BLACKWELL = ("B200", "GB200", "GB300")
 GRID = [round(0.30 + 0.01 * i, 2) for i in range(41)]
 SHARE_GRID = [round(0.85 + 0.01 * i, 2) for i in range(16)]
+SCALE_GRID = [round(1 + 0.05 * i, 2) for i in range(41)]
+HOPPER = "H100-SXM"
 
 
 def gpu(run: PublishedRun) -> str:
@@ -110,6 +115,27 @@ def fit(dev: list[PublishedRun], base: Calibration) -> tuple[Calibration, list[s
     return with_moe_launch(fitted, seconds), lines
 
 
+def best_scale(rows: list[PublishedRun], calibration: Calibration) -> float:
+    return min(SCALE_GRID, key=lambda v: mean_log_error(rows, calibration.with_moe_launch_scale(HOPPER, v)))
+
+
+def fit_hopper_scale(rows: list[PublishedRun], calibration: Calibration) -> tuple[Calibration, list[str]]:
+    """H100's moe_launch_scale over its MoE rows, the rest of `calibration` held, and each row's error when the fit
+    leaves it out."""
+    scale = best_scale(rows, calibration)
+    fitted = calibration.with_moe_launch_scale(HOPPER, scale)
+    lines = [f"moe_launch_scale.{HOPPER}: {scale:.2f} over {len(rows)} MoE rows (mean |log error| "
+             f"{mean_log_error(rows, calibration.with_moe_launch_scale(HOPPER, 1.0)):.3f} at 1 -> "
+             f"{mean_log_error(rows, fitted):.3f}); each row left out of the fit:"]
+    for row in rows:
+        others = [r for r in rows if r is not row]
+        left_out = best_scale(others, calibration)
+        without = error(row, calibration.with_moe_launch_scale(HOPPER, left_out))
+        lines.append(f"  {row.label:36s} scale {left_out:.2f}  error {without:+.3f} (in the fit "
+                     f"{error(row, fitted):+.3f})")
+    return fitted, lines
+
+
 def family(run: PublishedRun) -> str:
     return "MoE" if run.spec.model.num_experts else "dense"
 
@@ -142,16 +168,22 @@ def main() -> int:
     for name in BLACKWELL:  # as before this fit: H100-SXM's FP8 fraction, MXFP8's the same
         assumed = assumed.with_fp8_efficiency(name, shipped.fp8_efficiency["H100-SXM"])
     dev = [r for r in published_runs() if r.set == DEV_SET]
+    later = published_runs(LATER)
+    assumed = assumed.with_moe_launch_scale(HOPPER, 1.0)
     fitted, lines = fit(dev, assumed)
-    print("\n".join(lines))
+    hopper = [r for r in dev + later if gpu(r) == HOPPER and r.spec.model.num_experts]
+    fitted, hopper_lines = fit_hopper_scale(hopper, fitted)
+    print("\n".join(lines + hopper_lines))
     same = all(fitted.fp8_efficiency[n] == shipped.fp8_efficiency[n] for n in BLACKWELL) and \
         fitted.mxfp8_share == shipped.mxfp8_share and math.isclose(
         fitted.stack("megatron-bridge").moe_launch_s_per_local_expert,
-        shipped.stack("megatron-bridge").moe_launch_s_per_local_expert, rel_tol=0.03)
+        shipped.stack("megatron-bridge").moe_launch_s_per_local_expert, rel_tol=0.03) and \
+        fitted.moe_launch_scale[HOPPER] == shipped.moe_launch_scale.get(HOPPER)
     print(f"the shipped calibration {'is' if same else 'is NOT'} this fit (the launch cost to 3%)")
     calibrations = {"as H100": assumed, "fitted": fitted}
     names = list(calibrations)
-    for title, runs in (("25.11 rows (the fit's)", dev), ("26.02-26.06 rows (nothing fitted)", published_runs(LATER))):
+    for title, runs in (("25.11 rows (the fit's)", dev),
+                        ("26.02-26.06 rows (nothing fitted but H100's MoE scale)", later)):
         frame = table(runs, calibrations)
         print(f"\n{title}:")
         print(frame.to_string(index=False))

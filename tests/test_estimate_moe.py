@@ -207,7 +207,8 @@ def test_dense_estimates_carry_no_expert_terms():
 
 def test_an_moe_layers_launch_cost_grows_with_the_experts_a_rank_holds_not_with_its_tokens():
     """The stack's moe_launch_s_per_local_expert, charged per MoE layer and micro-batch on a GPU: a micro-batch twice
-    as large pays it once, expert parallelism twice as wide halves it, a CPU host pays none."""
+    as large pays it once, expert parallelism twice as wide halves it, a CPU host pays none, and a Hopper GPU its
+    fitted multiple of it (calibration.yaml moe_launch_scale), which `labkit estimate` states."""
     from labkit.estimate.calibration import default_calibration
     from labkit.estimate.timing import stage_time
 
@@ -225,6 +226,12 @@ def test_an_moe_layers_launch_cost_grows_with_the_experts_a_rank_holds_not_with_
     assert launch_s("B200", 4, 8) == pytest.approx(launch_s("B200", 1, 8))
     assert launch_s("B200", 1, 16) == pytest.approx(launch_s("B200", 1, 8) / 2)
     assert launch_s("cpu", 1, 8) == 0
+    hopper = default_calibration().moe_launch_scale["H100-SXM"]
+    assert hopper > 1 and default_calibration().sources["moe_launch_scale.H100-SXM"].startswith("fitted:")
+    assert launch_s("H100", 1, 8) == pytest.approx(4 * 16 * rate * hopper)
+    assert default_calibration().moe_launch_scale.get("B200", 1.0) == 1.0
+    stated = estimate(spec(preset="qwen3-30b-a3b", gpu="H100", nodes=1, parallel={"pipeline": 1}, global_=64))
+    assert any(f"{1e3 * rate * hopper:.2g} ms on H100-SXM per local expert" in line for line in stated.assumptions)
     assert estimate(spec(preset="qwen3-30b-a3b", gpu="B200", nodes=1, parallel={"pipeline": 1}, global_=64)) \
         .iteration_time_s > estimate(spec(preset="qwen3-30b-a3b", gpu="B200", nodes=1, parallel={"pipeline": 1},
                                           micro=4, global_=64)).iteration_time_s

@@ -87,6 +87,8 @@ class Calibration:
     attention_head_dim_half: attention kernel ("unfused", "flash") -> the head dimension d_half at which attention's
     core (QK^T and attention x V, whose inner or outer size is the head dimension d) runs at half the layer GEMMs'
     efficiency; it runs at d / (d + d_half) of it.
+    moe_launch_scale: GPU catalog name -> multiple of a stack's moe_launch_s_per_local_expert (fitted on Blackwell)
+    that an MoE layer spends per local expert and micro-batch on that GPU; 1 where a GPU has none.
     cpu_host_s_per_pass, cpu_host_s_per_step: on CPUs, the training loop's host time around each model chunk's
     forward and backward pass of a micro-batch, and once per step (the optimizer's work per tensor, the loop's own),
     which a GPU's asynchronous launches hide and labkit profile's timing of the layers leaves out.
@@ -104,6 +106,7 @@ class Calibration:
     stacks: Mapping[str, Stack]
     fp8_efficiency: Mapping[str, float] = field(default_factory=dict)
     mxfp8_share: float = 1.0
+    moe_launch_scale: Mapping[str, float] = field(default_factory=dict)
     attention_head_dim_half: Mapping[str, float] = field(default_factory=lambda: {"unfused": 0.0, "flash": 0.0})
     default_stack: str = "megatron-core"
     cpu_host_s_per_pass: float = 0.0
@@ -112,7 +115,8 @@ class Calibration:
 
     def __post_init__(self):
         # read-only views, so that a Calibration cannot be changed through its mappings either
-        for name in ("efficiency", "fp8_efficiency", "attention_head_dim_half", "intra_node_gbps", "stacks", "sources"):
+        for name in ("efficiency", "fp8_efficiency", "moe_launch_scale", "attention_head_dim_half", "intra_node_gbps",
+                     "stacks", "sources"):
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
         if self.default_stack not in self.stacks:
             raise ValueError(f"default_stack: {self.default_stack!r} is not one of {', '.join(self.stacks)}")
@@ -130,6 +134,11 @@ class Calibration:
         if precision in ("fp8", "mxfp8", "nvfp4") and gpu in self.fp8_efficiency:
             return self.fp8_efficiency[gpu] * (self.mxfp8_share if precision == "mxfp8" else 1.0)
         return self.gpu_efficiency(gpu)
+
+    def moe_launch_s(self, stack: Stack, gpu: str) -> float:
+        """Seconds an MoE layer adds per micro-batch and local expert on `gpu` under `stack`: the stack's cost, fitted
+        on Blackwell GPUs, at the GPU's `moe_launch_scale`."""
+        return stack.moe_launch_s_per_local_expert * self.moe_launch_scale.get(gpu, 1.0)
 
     def attention_core_share(self, kernel: str, head_dim: float, gpu) -> float:
         """Attention's core runs at this fraction of the layer GEMMs' efficiency on `gpu` (a catalog.GPU):
@@ -164,6 +173,9 @@ class Calibration:
 
     def with_fp8_efficiency(self, gpu: str, value: float) -> Calibration:
         return replace(self, fp8_efficiency={**self.fp8_efficiency, gpu: value})
+
+    def with_moe_launch_scale(self, gpu: str, value: float) -> Calibration:
+        return replace(self, moe_launch_scale={**self.moe_launch_scale, gpu: value})
 
     def with_intra_node_gbps(self, gpu: str, value: float) -> Calibration:
         return replace(self, intra_node_gbps={**self.intra_node_gbps, gpu: value})
@@ -200,6 +212,8 @@ def calibration_from_dict(data: Mapping) -> Calibration:
         efficiency={gpu: value(f"efficiency.{gpu}", e) for gpu, e in data["efficiency"].items()},
         fp8_efficiency={gpu: value(f"fp8_efficiency.{gpu}", e) for gpu, e in data.get("fp8_efficiency", {}).items()},
         mxfp8_share=value("mxfp8_share", data["mxfp8_share"]),
+        moe_launch_scale={gpu: value(f"moe_launch_scale.{gpu}", e)
+                          for gpu, e in data.get("moe_launch_scale", {}).items()},
         attention_head_dim_half={kernel: value(f"attention_head_dim_half.{kernel}", e)
                                  for kernel, e in data["attention_head_dim_half"].items()},
         intra_node_gbps={gpu: value(f"intra_node_gbps.{gpu}", e) for gpu, e in data["intra_node_gbps"].items()},

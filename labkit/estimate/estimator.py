@@ -442,13 +442,15 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                                "(kernels.overlap_moe_expert_parallel_comm), exposed only where it outlasts them, "
                                "the pipeline's warm-up and cool-down included; its extra activation memory is not "
                                "counted")
-        launch_ms = 1e3 * stack.moe_launch_s_per_local_expert
-        if on_gpus and launch_ms:
+        launch_ms = {gpu: 1e3 * cal.moe_launch_s(stack, gpu) for gpu in dict.fromkeys(gpus)}
+        if on_gpus and any(launch_ms.values()):
+            rates = ", ".join(f"{ms:.2g} ms on {gpu}" for gpu, ms in launch_ms.items())
             assumptions.append("no host launch cost per expert: the whole iteration is one CUDA graph"
                                if graphed_iteration(spec) else
-                               f"the host launches each MoE layer's kernels at {launch_ms:g} ms per local expert and "
-                               "micro-batch (fitted with the router and the dispatch's preprocessing in CUDA graphs, "
-                               "as NVIDIA's recipes run them)")
+                               f"the host launches each MoE layer's kernels at {rates} per local expert and "
+                               "micro-batch (calibration.yaml: moe_launch_s_per_local_expert, fitted on Blackwell "
+                               "with the router and the dispatch's preprocessing in CUDA graphs as NVIDIA's recipes "
+                               "run them, at the GPU's moe_launch_scale)")
 
     tokens_per_iteration = b.global_ * shape.seq_length
     days = tokens / tokens_per_iteration * iteration / F.SECONDS_PER_DAY if tokens is not None else None

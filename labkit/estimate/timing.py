@@ -323,7 +323,7 @@ def stage_time(source, layers: int, micro_batch: int, tensor: int = 1, *, shape:
         # rank holds and not with its tokens (the MoE README's "CPU Overhead Bottleneck"; calibration.yaml says where
         # the rate comes from). A third of it in the forward, as for the compute.
         local_experts = shape.experts / expert
-        launch_s = layers * moe_share * local_experts * stack.moe_launch_s_per_local_expert
+        launch_s = layers * moe_share * local_experts * cal.moe_launch_s(stack, gpu.name)
         forward += launch_s / 3
         backward += 2 * launch_s / 3
     if flash_attention:
