@@ -313,7 +313,7 @@ def test_calibration_is_immutable_and_says_where_each_constant_comes_from():
     with pytest.raises(TypeError):
         cal.efficiency["A10"] = 1.0
     constants = ([f"efficiency.{g}" for g in cal.efficiency] + [f"intra_node_gbps.{g}" for g in cal.intra_node_gbps]
-                 + [f"stacks.{s}" for s in cal.stacks]
+                 + [f"stacks.{s}" for s in cal.stacks] + [f"moe_launch_scale.{g}" for g in cal.moe_launch_scale]
                  + ["nvlink_bus_fraction", "pcie_bus_fraction", "network_bus_fraction", "link_latency_s"])
     kinds = ("fitted", "derived", "published", "assumed", "as A100-80GB (same compute)")
     assert all(cal.sources.get(c, "").split(":")[0] in kinds for c in constants), cal.sources
@@ -321,6 +321,7 @@ def test_calibration_is_immutable_and_says_where_each_constant_comes_from():
     assert "AMP" in cal.sources["stacks.deepspeed-megatron-2020"]
     # every GPU the catalog knows can be estimated analytically
     assert set(catalog.gpus()) <= set(cal.efficiency)
+    assert set(cal.moe_launch_scale) <= set(catalog.gpus()) and "moe_launch_scale.H100-SXM" in constants
 
 
 def test_fitted_link_rates_take_the_catalogs_place_unless_the_spec_names_one():

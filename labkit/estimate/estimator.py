@@ -450,7 +450,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                                f"the host launches each MoE layer's kernels at {rates} per local expert and "
                                "micro-batch (calibration.yaml: moe_launch_s_per_local_expert, fitted on Blackwell "
                                "with the router and the dispatch's preprocessing in CUDA graphs as NVIDIA's recipes "
-                               "run them, at the GPU's moe_launch_scale)")
+                               "run them, at the GPU's moe_launch_scale, 1 where it has none)")
 
     tokens_per_iteration = b.global_ * shape.seq_length
     days = tokens / tokens_per_iteration * iteration / F.SECONDS_PER_DAY if tokens is not None else None

@@ -121,11 +121,13 @@ pd.DataFrame(layouts).T.round(3)
 # 전문가 병렬 1에서는 스테이지의 모든 랭크가 자기 레이어 8개의 전문가 8개를 모두 가지며, 그 스테이지는 H100의 80 GB에
 # 들어가지 않습니다. 크기를 두 배로 할 때마다 전문가 몫이 절반이 되는데, 이것이 가중치의 거의 전부입니다(연습 문제 2).
 # 대가는 토큰 분배입니다. MoE 레이어마다 보내고 돌려받는 all-to-all이 순전파(forward)에서, 그리고 역전파(backward)에서
-# 다시 일어나며, 추정은 이를 드러난(exposed) `ep` 통신으로 셉니다. 한 노드인 8까지는 NVLink 위에 머물러 반복 시간이
-# 거의 변하지 않습니다. `labkit plan`도 `parallel.expert`를 탐색할 때 같은 저울질을 합니다.
+# 다시 일어나며, 추정은 이를 드러난(exposed) `ep` 통신으로 셉니다. 한 노드인 8까지는 NVLink 위에 머물고, 반복 시간은
+# 오히려 짧아집니다. 랭크마다 레이어당 더 적은 전문가의 작은 커널을 돌리고, 호스트는 그 커널을 하나씩 띄우기
+# 때문입니다(추정은 로컬 전문가마다 비용을 매깁니다). `labkit plan`도 `parallel.expert`를 탐색할 때 같은 저울질을 합니다.
 
 # %% tags=["check-claim"]
 assert not layouts["ep 1"]["fits"] and all(layouts[f"ep {e}"]["fits"] for e in (2, 4, 8)), layouts
+assert layouts["ep 8"]["iteration (s)"] < layouts["ep 4"]["iteration (s)"] < layouts["ep 2"]["iteration (s)"], layouts
 
 # %% [markdown]
 # ## 10.3 라우팅과 분배를 처음부터 구현하기 (과제)
