@@ -376,7 +376,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                            entrypoint=spec.job.entrypoint, transformer_impl=transformer_impl,
                            optimizer_dtypes=OptimizerDtypes.of(spec.optimizer),
                            evaluates=bool(spec.train.eval_interval), fp8_weights=fp8_weights,
-                           fsdp_master_shards=stack.fsdp_master_shards)
+                           fsdp_master_shards=stack.fsdp_master_shards, moe_overlap=moe_overlap)
     limits = [catalog.gpu(g).memory_limit_gb for g in gpus]
     fits = all(s.total <= (1 - MEMORY_MARGIN) * lim for s, lim in zip(mem, limits))
 
@@ -440,8 +440,9 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         if ep > 1 and moe_overlap:
             assumptions.append("the experts' all-to-all hidden behind another micro-batch's forward and backward "
                                "(kernels.overlap_moe_expert_parallel_comm), exposed only where it outlasts them, "
-                               "the pipeline's warm-up and cool-down included; its extra activation memory is not "
-                               "counted")
+                               "the pipeline's warm-up and cool-down included"
+                               + ("; one more model chunk's activations held, the combined schedule's extra warm-up "
+                                  "forward" if v > 1 and p > 1 else ""))
         launch_ms = {gpu: 1e3 * cal.moe_launch_s(stack, gpu) for gpu in dict.fromkeys(gpus)}
         if on_gpus and any(launch_ms.values()):
             rates = ", ".join(f"{ms:.2g} ms on {gpu}" for gpu, ms in launch_ms.items())
