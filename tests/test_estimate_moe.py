@@ -230,8 +230,16 @@ def test_an_moe_layers_launch_cost_grows_with_the_experts_a_rank_holds_not_with_
     assert hopper > 1 and default_calibration().sources["moe_launch_scale.H100-SXM"].startswith("fitted:")
     assert launch_s("H100", 1, 8) == pytest.approx(4 * 16 * rate * hopper)
     assert default_calibration().moe_launch_scale.get("B200", 1.0) == 1.0
-    stated = estimate(spec(preset="qwen3-30b-a3b", gpu="H100", nodes=1, parallel={"pipeline": 1}, global_=64))
+    on_h100 = spec(preset="qwen3-30b-a3b", gpu="H100", nodes=1, parallel={"pipeline": 1}, global_=64)
+    stated = estimate(on_h100)
     assert any(f"{1e3 * rate * hopper:.2g} ms on H100-SXM per local expert" in line for line in stated.assumptions)
+    # a stage timed from a profile of its GPU: the host's launches are in the profile's time, and not said to be added
+    from labkit.estimate.profiles import Profile
+    profiled = estimate(on_h100, profiles={("H100-SXM", 1): Profile(
+        model="qwen3", gpu="H100-SXM", tensor=1, embedding_s=1e-3, layers_s=[4e-3] * 48, output_s=2e-3,
+        seq_length=on_h100.model.seq_length)})
+    assert profiled.stage_sources == ["profile qwen3/H100-SXM/tp1"]
+    assert not any("per local expert" in line for line in profiled.assumptions)
     assert estimate(spec(preset="qwen3-30b-a3b", gpu="B200", nodes=1, parallel={"pipeline": 1}, global_=64)) \
         .iteration_time_s > estimate(spec(preset="qwen3-30b-a3b", gpu="B200", nodes=1, parallel={"pipeline": 1},
                                           micro=4, global_=64)).iteration_time_s

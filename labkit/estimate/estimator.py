@@ -443,7 +443,9 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
                                "the pipeline's warm-up and cool-down included"
                                + ("; one more model chunk's activations held, the combined schedule's extra warm-up "
                                   "forward" if v > 1 and p > 1 else ""))
-        launch_ms = {gpu: 1e3 * cal.moe_launch_s(stack, gpu) for gpu in dict.fromkeys(gpus)}
+        # a stage timed from a profile of its GPU has its host's launches in the profile's time
+        analytic = [gpu for gpu, source in zip(gpus, sources_by_stage) if not isinstance(source, Profile)]
+        launch_ms = {gpu: 1e3 * cal.moe_launch_s(stack, gpu) for gpu in dict.fromkeys(analytic)}
         if on_gpus and any(launch_ms.values()):
             rates = ", ".join(f"{ms:.2g} ms on {gpu}" for gpu, ms in launch_ms.items())
             assumptions.append("no host launch cost per expert: the whole iteration is one CUDA graph"
