@@ -150,10 +150,28 @@ def test_the_flex_dispatcher_sends_a_token_once_to_each_other_node_holding_its_e
     assert rate("flex", nodes=1) == pytest.approx(rate("alltoall", nodes=1) * 8 * 7 / 8 / (7 * per_rank))
     across = estimate(spec("qwen3-30b-a3b", nodes=2, parallel={"pipeline": 1, "expert": 16}, global_=64,
                            model={"moe_token_dispatcher_type": "flex"}))
-    assert any("flex dispatcher sends a token once to each rank" in line and "other NVLink domain" in line
-               for line in across.assumptions)
+    assert any("flex dispatcher sends a token once to each rank" in line and "other node" in line
+               for line in across.assumptions)  # DeepEP, megatron-core's default backend
     assert across.exposed_comm_s["ep"] < estimate(spec("qwen3-30b-a3b", nodes=2, parallel={"pipeline": 1, "expert": 16},
                                                        global_=64)).exposed_comm_s["ep"] / 2
+
+
+def test_deepep_crosses_a_racks_trays_over_the_network_where_hybridep_stays_on_nvlink():
+    """megatron-core 0.16.1 runs DeepEP inside a node only (moe_flex_dispatcher_backend: "only hybridep supports the
+    MNNVL case"): on four GB200 trays of one NVL72 rack, DeepEP's expert group of 16 sends between trays over their
+    network cards, HybridEP's over NVLink; on H100 nodes, whose NVLink domain is the node, the two read the same."""
+    def dispatch(backend, gpu="GB200", nodes=4, per_node=4):
+        return spec("qwen3-30b-a3b", gpu=gpu, nodes=nodes, per_node=per_node, parallel={"pipeline": 1, "expert": 16},
+                    global_=64, model={"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": backend})
+
+    deepep, hybridep = (Topology(dispatch(b)).expert_links(0).alltoall_gbps for b in ("deepep", "hybridep"))
+    assert Topology(dispatch("deepep")).flex_crosses_network(list(range(16)))
+    assert not Topology(dispatch("hybridep")).flex_crosses_network(list(range(16)))
+    assert deepep < hybridep / 2
+    assert any("other node" in line and "use hybridep" in line for line in estimate(dispatch("deepep")).assumptions)
+    assert not any("over the network" in line for line in estimate(dispatch("hybridep")).assumptions)
+    on_h100 = [Topology(dispatch(b, "H100", 2, 8)).expert_links(0).alltoall_gbps for b in ("deepep", "hybridep")]
+    assert on_h100[0] == pytest.approx(on_h100[1])
 
 
 def test_the_all_to_all_moves_topk_copies_of_the_ranks_tokens():

@@ -432,11 +432,15 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         assumptions.append(f"tokens spread over the experts {MOE_TOKEN_IMBALANCE:g} x evenly "
                            "(labkit.estimate.memory.MOE_TOKEN_IMBALANCE), none dropped")
         if dispatcher == "flex" and ep > 1:
+            deepep = topo.flex_forwards_within == "node"
             assumptions.append("the flex dispatcher sends a token once to each rank holding any of its experts"
-                               + (", and once over the network to each other NVLink domain, where NVLink fans it out "
-                                  "(DeepEP's and HybridEP's forwarding)"
-                                  if any(topo.group_link(topo.expert_group(i, "ep")).inter_node for i in range(p))
-                                  else ""))
+                               + ((", and once over the network to each other node, where NVLink fans it out "
+                                   "(DeepEP's forwarding, which megatron-core 0.16.1 runs inside a node only, also on "
+                                   "a multi-node NVLink rack: use hybridep there)") if deepep else
+                                  (", and once over the network to each other NVLink domain, where NVLink fans it out "
+                                   "(HybridEP's forwarding)"))
+                               if any(topo.flex_crosses_network(topo.expert_group(i, "ep")) for i in range(p))
+                               else "")
         if ep > 1 and moe_overlap:
             assumptions.append("the experts' all-to-all hidden behind another micro-batch's forward and backward "
                                "(kernels.overlap_moe_expert_parallel_comm), exposed only where it outlasts them, "

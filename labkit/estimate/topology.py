@@ -68,6 +68,11 @@ class Topology:
         # the flex dispatcher's routing (topk of the experts), which decides how many copies of a token it sends
         self.flex_routing = ((shape.topk, shape.experts)
                              if shape.moe and spec.model.moe_token_dispatcher_type == "flex" else None)
+        # DeepEP forwards over NVLink inside a node only, and crosses between nodes over the network even where they
+        # share an NVLink domain: megatron-core 0.16.1 leaves multi-node NVLink to HybridEP
+        # (TransformerConfig.moe_flex_dispatcher_backend; deepep is its default)
+        self.flex_forwards_within = ("node" if self.flex_routing and
+                                     (spec.model.moe_flex_dispatcher_backend or "deepep") == "deepep" else "domain")
         self._stage_gpus = stage_gpus(cluster.nodes, self.layout)
         slots, node, domain = [], 0, 0
         for group in cluster.nodes:
@@ -157,7 +162,13 @@ class Topology:
             return [base + et * e * j for j in range(self.expert_data)]
         raise ValueError(f"expert group kind {kind!r}: expected ep, etp, tp_ep or edp")
 
-    def alltoall_gbps(self, ranks: list[int], routing: tuple[int, int] | None = None) -> float:
+    def flex_crosses_network(self, ranks: list[int]) -> bool:
+        """Whether the flex dispatcher sends between `ranks` over the network: they span NVLink domains, or, under
+        DeepEP, nodes."""
+        return len({getattr(self.slots[r], self.flex_forwards_within) for r in ranks}) > 1
+
+    def alltoall_gbps(self, ranks: list[int], routing: tuple[int, int] | None = None,
+                      forwards_within: str = "domain") -> float:
         """What an all-to-all over `ranks` reaches (labkit.estimate.timing.alltoall_time's rate, for the (n - 1)/n of
         its bytes that leave each rank): inside one NVLink domain its bus bandwidth (group_link). Across domains each
         rank sends (n - g)/n of its bytes over the network, g the group's ranks in its own domain, and every GPU of a
@@ -171,7 +182,9 @@ class Topology:
         (DeepEP's "asymmetric-domain bandwidth forwarding", github deepseek-ai/DeepEP). With the experts spread evenly
         over the ranks and routing balanced, a token reaches a rank, or a domain, holding h of the E experts with
         probability 1 - C(E - h, topk) / C(E, topk); the rate returned is the alltoall's topk copies over the time the
-        fewer copies take, so that labkit.estimate.timing.alltoall_time reads the same for both dispatchers."""
+        fewer copies take, so that labkit.estimate.timing.alltoall_time reads the same for both dispatchers.
+        `forwards_within` "node": the domains whose ranks the dispatcher forwards to over NVLink are nodes (DeepEP,
+        Topology.flex_forwards_within), so that ranks on two trays of one NVL72 rack exchange over the network."""
         n = len(ranks)
         link = self.group_link(ranks)
         if n <= 1:
@@ -180,21 +193,23 @@ class Topology:
         if routing:
             topk, experts = routing
             rank_hit = _hit(experts, experts // n, topk)
-        if not link.inter_node:  # (n - 1) x rank_hit copies where the alltoall sends topk x (n - 1) / n
-            return link.bus_gbps * (topk / (n * rank_hit) if routing else 1.0)
         slots = [self.slots[r] for r in ranks]
-        per_domain = Counter(s.domain for s in slots)
+        within = "node" if routing and forwards_within == "node" else "domain"
+        if len({getattr(s, within) for s in slots}) == 1:
+            # (n - 1) x rank_hit copies where the alltoall sends topk x (n - 1) / n
+            return link.bus_gbps * (topk / (n * rank_hit) if routing else 1.0)
+        per_domain = Counter(getattr(s, within) for s in slots)
         gpus_per_node = Counter(s.node for s in self.slots)
         slowest, network_rate = float("inf"), min(x.inter_gbps for x in slots)
         for s in slots:
-            inside = per_domain[s.domain]
+            inside = per_domain[getattr(s, within)]
             network = self.calibration.bus_gbps(network_rate, inter_node=True) / gpus_per_node[s.node]
             nvlink = self.calibration.bus_gbps(s.intra_gbps, inter_node=False)
             # shares of a token's topk copies: over the network, and over NVLink (its own domain's ranks)
             leaving, staying = (n - inside) / n, (inside - 1) / n
             if routing:
                 leaving = sum(_hit(experts, experts * held // n, topk)
-                              for domain, held in per_domain.items() if domain != s.domain) / topk
+                              for domain, held in per_domain.items() if domain != getattr(s, within)) / topk
                 # the ranks it reaches here, and those reached in other domains, passed on by their first rank
                 staying = (inside - 1 + (n - inside) * (inside - 1) / inside) * rank_hit / topk
             seconds_per_bit = max(leaving / network, staying / nvlink)
@@ -209,7 +224,7 @@ class Topology:
 
         if stage not in self._expert_links:
             self._expert_links[stage] = ExpertLinks(self.alltoall_gbps(self.expert_group(stage, "ep"),
-                                                                       self.flex_routing),
+                                                                       self.flex_routing, self.flex_forwards_within),
                                                     self._ring_gbps(stage, self.expert_group(stage, "etp")),
                                                     self._ring_gbps(stage, self.expert_group(stage, "tp_ep")))
         return self._expert_links[stage]

@@ -92,7 +92,9 @@ class ModelSpec:
     there over NVLink; the alltoall sends one copy per expert (labkit.estimate.topology.Topology.alltoall_gbps)."""
     moe_flex_dispatcher_backend: str | None = None
     """The flex dispatcher's kernels (--moe-flex-dispatcher-backend): deepep or hybridep (NVIDIA's Megatron-Bridge
-    recipes run hybridep); only with moe_token_dispatcher_type flex. None: megatron-core's default, deepep."""
+    recipes run hybridep); only with moe_token_dispatcher_type flex. None: megatron-core's default, deepep. DeepEP
+    forwards over NVLink inside a node only, so that on a multi-node NVLink rack (GB200, GB300 NVL72) its tokens
+    cross trays over the network; HybridEP uses the rack's NVLink."""
     moe_grouped_gemm: bool | None = None
     """Run a rank's experts as one grouped GEMM (--moe-grouped-gemm; GPUs only); None: the preset's choice, else
     false."""
