@@ -432,11 +432,15 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         assumptions.append(f"tokens spread over the experts {MOE_TOKEN_IMBALANCE:g} x evenly "
                            "(labkit.estimate.memory.MOE_TOKEN_IMBALANCE), none dropped")
         if dispatcher == "flex" and ep > 1:
+            groups = [[topo.slots[r] for r in topo.expert_group(i, "ep")] for i in range(p)]
+            # an expert group over several nodes of one NVLink domain (a GB200 or GB300 rack's trays)
+            rack = any(len({(s.domain, s.node) for s in g}) > len({s.domain for s in g}) for g in groups)
             deepep = topo.flex_forwards_within == "node"
             assumptions.append("the flex dispatcher sends a token once to each rank holding any of its experts"
                                + ((", and once over the network to each other node, where NVLink fans it out "
-                                   "(DeepEP's forwarding, which megatron-core 0.16.1 runs inside a node only, also on "
-                                   "a multi-node NVLink rack: use hybridep there)") if deepep else
+                                   "(DeepEP's forwarding" + (", which megatron-core 0.16.1 runs inside a node only, "
+                                                             "also on a multi-node NVLink rack: use hybridep there)"
+                                                             if rack else ")")) if deepep else
                                   (", and once over the network to each other NVLink domain, where NVLink fans it out "
                                    "(HybridEP's forwarding)"))
                                if any(topo.flex_crosses_network(topo.expert_group(i, "ep")) for i in range(p))
@@ -444,9 +448,8 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         if ep > 1 and moe_overlap:
             assumptions.append("the experts' all-to-all hidden behind another micro-batch's forward and backward "
                                "(kernels.overlap_moe_expert_parallel_comm), exposed only where it outlasts them, "
-                               "the pipeline's warm-up and cool-down included"
-                               + ("; one more model chunk's activations held, the combined schedule's extra warm-up "
-                                  "forward" if v > 1 and p > 1 else ""))
+                               "the pipeline's warm-up and cool-down included; one more layer's activations held, "
+                               "a forward's beside its backward partner's")
         # a stage timed from a profile of its GPU has its host's launches in the profile's time
         analytic = [gpu for gpu, source in zip(gpus, sources_by_stage) if not isinstance(source, Profile)]
         launch_ms = {gpu: 1e3 * cal.moe_launch_s(stack, gpu) for gpu in dict.fromkeys(analytic)}

@@ -971,8 +971,7 @@ def activation_bytes_per_layer(shape: Shape, micro_batch: int, tensor: int = 1, 
     return s * b * h * (outside / split + (inside + scores) / t) + per_layer
 
 
-def in_flight_micro_batches(stage: int, pipeline: int, num_micro_batches: int, virtual_stages: int = 1,
-                            moe_overlap: bool = False) -> float:
+def in_flight_micro_batches(stage: int, pipeline: int, num_micro_batches: int, virtual_stages: int = 1) -> float:
     """Micro-batches whose activations stage `stage` holds at its peak under 1F1B: its warm-up forwards and the first
     steady step's. Interleaved (v > 1), the first stage's count, p + (p - 1) / v (Narayanan et al.,
     arXiv:2104.04473, section 2.2; megatron-core's warm-up, schedules.get_pp_rank_microbatches, plus one, in model
@@ -980,14 +979,11 @@ def in_flight_micro_batches(stage: int, pipeline: int, num_micro_batches: int, v
     two chunks fewer a stage, so that later stages hold more than this scaling gives (its last stage the forwards of
     its earlier chunks); counted so, three GB200 Llama 3.1 405B rows of Megatron-Bridge 26.02-26.06 that trained
     would not fit by 5 GiB, so the bytes of a layer or the margin are pessimistic there, and this count is kept
-    until they are measured. With `moe_overlap` (--overlap-moe-expert-parallel-comm) the interleaved schedule runs
-    one more chunk's forward before its first combined step, whose forward then takes a layer's activations as its
-    backward partner frees one (combined_1f1b.py): 1 / v more; without a pipeline the combined steps pair
-    micro-batches the same way, and the peak stays one micro-batch."""
+    until they are measured. The MoE all-to-all's overlap runs the first steady step's forward in the warm-up
+    instead, which leaves the count as it is (memory_per_stage's `moe_overlap`)."""
     held = min(pipeline - stage, num_micro_batches)
     if virtual_stages > 1:
         held *= 1 + (pipeline - 1) / (pipeline * virtual_stages)
-        held += moe_overlap / virtual_stages
     return min(held, num_micro_batches)
 
 
@@ -1018,7 +1014,9 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
     forward between an optimizer step and the next zero_grad (StageMemory.evaluation). `fp8_weights`: what
     Transformer Engine holds of the linear layers' weights (FP8Weights; None on CPUs and outside low precisions).
     `fsdp_master_shards`: FSDP2 as PyTorch's own trainers run it (Stack.fsdp_master_shards). `moe_overlap`: the MoE
-    all-to-all's overlap, whose combined 1F1B schedule holds one more model chunk (`in_flight_micro_batches`).
+    all-to-all's overlap (--overlap-moe-expert-parallel-comm), whose combined 1F1B steps run one micro-batch's forward
+    beside another's backward layer by layer (combined_1f1b.py), the forward taking a layer's activations as the
+    backward frees one: at most one layer's more than the in-flight count, the stage's largest.
     """
     p = len(partition)
     chunks = chunks or [[n // virtual_stages + (k < n % virtual_stages) for k in range(virtual_stages)]
@@ -1050,7 +1048,7 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
                        if shape.moe else stage_params(shape, partition, tensor))
     out = []
     for i, (layers, params) in enumerate(zip(partition, params_by_stage)):
-        held = in_flight_micro_batches(i, p, num_micro_batches, virtual_stages, moe_overlap)
+        held = in_flight_micro_batches(i, p, num_micro_batches, virtual_stages)
         per_layer = activation_bytes_per_layer(shape, b, t, sequence_parallel, recompute, precision, **kernels)
         if not shape.moe:
             acts = held * layers * per_layer
@@ -1058,6 +1056,8 @@ def memory_per_stage(shape: Shape, partition: list[int], *, tensor: int = 1, dat
             moe = sum(sum(moe_pattern(shape)[first:first + n]) for first, n in zip(firsts[i], chunks[i]))
             per_moe = activation_bytes_per_layer(shape, b, t, sequence_parallel, recompute, precision, **moe_kernels)
             acts = held * ((layers - moe) * per_layer + moe * per_moe)
+        if moe_overlap and layers:  # the combined step's forward beside its backward partner
+            acts += per_moe if shape.moe and moe else per_layer
         if recompute == "full" and layers:
             # the layers being recomputed hold their full activations during their backward
             full = activation_bytes_per_layer(shape, b, t, sequence_parallel, None, precision, **kernels)

@@ -117,7 +117,8 @@ def expert_dispatch_time(shape: Shape, tokens: float, tensor: int, expert: int, 
       all-gathers what it received over the expert's tensor-parallel ranks (dispatch_postprocess,
       gather_from_sequence_parallel_region); the combine runs the reverse, a reduce-scatter and an all-to-all
       (combine_preprocess, token_combine). The flex dispatcher (DeepEP, HybridEP) fuses the same exchange and sends
-      a token once to each rank, and once over the network to each other NVLink domain, holding any of its experts:
+      a token once to each rank, and once over the network to each other node (DeepEP) or NVLink domain (HybridEP),
+      holding any of its experts:
       timed as alltoall at the rate Topology.alltoall_gbps gives it for that routing (`links.alltoall_gbps`).
     - allgather (MoEAllGatherTokenDispatcher, Megatron-LM's default): every rank all-gathers the tokens (not topk
       copies: each rank picks those of its own experts) over the expert-tensor x expert group, and the combine

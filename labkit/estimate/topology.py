@@ -179,7 +179,8 @@ class Topology:
         `routing` (topk, experts): an MoE layer's dispatch by the flex dispatcher, whose DeepEP and HybridEP kernels
         send a token once to each rank that holds any of its topk experts (the alltoall dispatcher sends one copy per
         expert), and once over the network to each other NVLink domain that does, fanning it out there over NVLink
-        (DeepEP's "asymmetric-domain bandwidth forwarding", github deepseek-ai/DeepEP). With the experts spread evenly
+        (DeepEP's "asymmetric-domain bandwidth forwarding", github deepseek-ai/DeepEP, whose domain is the node;
+        HybridEP's is the NVLink domain, `forwards_within`). With the experts spread evenly
         over the ranks and routing balanced, a token reaches a rank, or a domain, holding h of the E experts with
         probability 1 - C(E - h, topk) / C(E, topk); the rate returned is the alltoall's topk copies over the time the
         fewer copies take, so that labkit.estimate.timing.alltoall_time reads the same for both dispatchers.

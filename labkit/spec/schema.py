@@ -88,8 +88,9 @@ class ModelSpec:
     moe_token_dispatcher_type: str | None = None
     """How tokens reach the ranks of their experts (--moe-token-dispatcher-type): allgather, alltoall or flex
     (DeepEP/HybridEP, GPUs only); None: the preset's choice, else allgather. The flex dispatcher sends a token once
-    to each rank holding some of its experts, and once over the network to each other NVLink domain, fanning it out
-    there over NVLink; the alltoall sends one copy per expert (labkit.estimate.topology.Topology.alltoall_gbps)."""
+    to each rank holding some of its experts, and once over the network to each other node (DeepEP) or NVLink domain
+    (HybridEP), fanning it out there over NVLink; the alltoall sends one copy per expert
+    (labkit.estimate.topology.Topology.alltoall_gbps)."""
     moe_flex_dispatcher_backend: str | None = None
     """The flex dispatcher's kernels (--moe-flex-dispatcher-backend): deepep or hybridep (NVIDIA's Megatron-Bridge
     recipes run hybridep); only with moe_token_dispatcher_type flex. None: megatron-core's default, deepep. DeepEP
