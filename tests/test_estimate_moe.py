@@ -169,7 +169,9 @@ def test_deepep_crosses_a_racks_trays_over_the_network_where_hybridep_stays_on_n
     assert not Topology(dispatch("hybridep")).flex_crosses_network(list(range(16)))
     assert deepep < hybridep / 2
     assert any("other node" in line and "use hybridep" in line for line in estimate(dispatch("deepep")).assumptions)
-    assert not any("over the network" in line for line in estimate(dispatch("hybridep")).assumptions)
+    on_nvlink = estimate(dispatch("hybridep")).assumptions
+    assert "the flex dispatcher sends a token once to each rank holding any of its experts" in on_nvlink
+    assert "" not in on_nvlink and not any("over the network" in line for line in on_nvlink)
     on_h100 = [Topology(dispatch(b, "H100", 2, 8)).expert_links(0).alltoall_gbps for b in ("deepep", "hybridep")]
     assert on_h100[0] == pytest.approx(on_h100[1])
 

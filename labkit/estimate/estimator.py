@@ -432,19 +432,7 @@ def estimate(spec, profiles=None, *, tokens: float | None = None, overlap_dp: bo
         assumptions.append(f"tokens spread over the experts {MOE_TOKEN_IMBALANCE:g} x evenly "
                            "(labkit.estimate.memory.MOE_TOKEN_IMBALANCE), none dropped")
         if dispatcher == "flex" and ep > 1:
-            groups = [[topo.slots[r] for r in topo.expert_group(i, "ep")] for i in range(p)]
-            # an expert group over several nodes of one NVLink domain (a GB200 or GB300 rack's trays)
-            rack = any(len({(s.domain, s.node) for s in g}) > len({s.domain for s in g}) for g in groups)
-            deepep = topo.flex_forwards_within == "node"
-            assumptions.append("the flex dispatcher sends a token once to each rank holding any of its experts"
-                               + ((", and once over the network to each other node, where NVLink fans it out "
-                                   "(DeepEP's forwarding" + (", which megatron-core 0.16.1 runs inside a node only, "
-                                                             "also on a multi-node NVLink rack: use hybridep there)"
-                                                             if rack else ")")) if deepep else
-                                  (", and once over the network to each other NVLink domain, where NVLink fans it out "
-                                   "(HybridEP's forwarding)"))
-                               if any(topo.flex_crosses_network(topo.expert_group(i, "ep")) for i in range(p))
-                               else "")
+            assumptions.append(_flex_assumption(topo, [topo.expert_group(i, "ep") for i in range(p)]))
         if ep > 1 and moe_overlap:
             assumptions.append("the experts' all-to-all hidden behind another micro-batch's forward and backward "
                                "(kernels.overlap_moe_expert_parallel_comm), exposed only where it outlasts them, "
@@ -545,6 +533,21 @@ def fp8_weights_of(spec) -> FP8Weights | None:
     if any(g.is_cpu for g in gpus):
         return None
     return FP8Weights.of(spec.precision, sharding.fp8_param_gather(spec), all(g.fp8_gemm_any_layout for g in gpus))
+
+
+def _flex_assumption(topo: Topology, groups: list[list[int]]) -> str:
+    """What the estimate assumes of the flex dispatcher's forwarding over the stages' expert-parallel `groups`."""
+    text = "the flex dispatcher sends a token once to each rank holding any of its experts"
+    if not any(topo.flex_crosses_network(g) for g in groups):
+        return text
+    if topo.flex_forwards_within == "domain":
+        return text + (", and once over the network to each other NVLink domain, where NVLink fans it out (HybridEP's "
+                       "forwarding)")
+    text += ", and once over the network to each other node, where NVLink fans it out (DeepEP's forwarding"
+    if any(topo.spans_nodes_of_one_domain(g) for g in groups):
+        text += (", which megatron-core 0.16.1 runs inside a node only, also on a multi-node NVLink rack: use hybridep "
+                 "there")
+    return text + ")"
 
 
 def _fp8_weights_assumption(spec, weights: FP8Weights) -> str:

@@ -117,6 +117,11 @@ class Topology:
     def crosses_nodes(self, ranks: list[int]) -> bool:
         return len({self.slots[r].node for r in ranks}) > 1
 
+    def spans_nodes_of_one_domain(self, ranks: list[int]) -> bool:
+        """Whether some of the ranks sit on different nodes of one NVLink domain (a GB200 or GB300 rack's trays)."""
+        slots = [self.slots[r] for r in ranks]
+        return len({(s.domain, s.node) for s in slots}) > len({s.domain for s in slots})
+
     def crosses_network(self, ranks: list[int]) -> bool:
         """Whether the ranks span NVLink domains, so that their traffic goes over the network."""
         return len({self.slots[r].domain for r in ranks}) > 1
