@@ -296,19 +296,19 @@ refused where megatron-core builds its local layers (no Transformer Engine, or n
 
 def _recompute_problems(args, world_size: int, runtime: Runtime, name: Name) -> list[Problem]:
     """Recomputation, the legacy spellings (the NVIDIA workshop's) included."""
-    granularity, method, layers = args.recompute_granularity, args.recompute_method, args.recompute_num_layers
+    granularity, _ = recompute_in_effect(args)
+    method, layers = args.recompute_method, args.recompute_num_layers
     found = []
     if args.checkpoint_activations:
-        if granularity not in (None, "full"):
+        if args.recompute_granularity not in (None, "full"):
             found.append(Problem("checkpoint_activations", f"conflicts with {name('recompute_granularity')} "
-                                 f"{granularity}"))
-        granularity, method = "full", method or args.activations_checkpoint_method or "uniform"
+                                 f"{args.recompute_granularity}"))
+        method = method or args.activations_checkpoint_method or "uniform"
         layers = layers if layers is not None else args.activations_checkpoint_num_layers
     elif args.activations_checkpoint_method:
         found.append(Problem("activations_checkpoint_method", f"needs {name('checkpoint_activations')}"))
-    if args.recompute_activations:
-        if granularity == "full":
-            found.append(Problem("recompute_activations", f"conflicts with {name('recompute_granularity')} full"))
+    if args.recompute_activations and granularity == "full":
+        found.append(Problem("recompute_activations", f"conflicts with {name('recompute_granularity')} full"))
         granularity = "selective"
     if granularity == "full":
         if method is None:
