@@ -1,24 +1,26 @@
-"""Fits the Blackwell GPUs' FP8 efficiency and the MoE launch cost to Megatron-Bridge 25.11, Hopper's multiple of that
-cost to the H100 MoE rows of 25.11-26.06, and checks them on later releases.
+"""Fits the Blackwell GPUs' FP8 efficiency to Megatron-Bridge's dense rows of 25.11-26.06, the MoE launch cost to
+25.11's, Hopper's multiple of that cost to the H100 MoE rows of 25.11-26.06, and checks them on the rest.
 
     .venv/bin/python benchmarks/bench_blackwell_fit.py
 
 1. For each of B200, GB200 and GB300, `fp8_efficiency` (the share of the FP8 peak the linear layers' GEMMs reach)
-   is the value on a 0.01 grid with the least mean |log error| over that GPU's dense Llama rows of
-   labkit/data/published_runs.yaml's megatron-bridge-25.11-moe-blackwell set (the GPUs' catalog peaks say GB300 =
-   GB200 = 1.11 x B200, where the measured rows say 1.2 x and 1.03 x), MXFP8's rows at `mxfp8_share` of it: the
-   share on a 0.01 grid from 0.85 to 1 whose per-GPU fits leave the least mean |log error| over all those rows (the
-   set runs four layouts in both FP8-CS and MXFP8, MXFP8 4-6% slower).
-2. With those held, the stacks' `moe_launch_s_per_local_expert` is the median over that set's five Blackwell Qwen3
-   rows of the value that makes each row's estimate equal its measurement.
+   is the value on a 0.01 grid with the least mean |log error| over that GPU's dense Llama rows of both files
+   (labkit/data/published_runs.yaml's megatron-bridge-25.11-moe-blackwell set and
+   benchmarks/data/megatron_bridge_26_runs.yaml's 26.02-26.06 rows; the GPUs' catalog peaks say GB300 = GB200 =
+   1.11 x B200, where the measured rows say 1.2 x and 1.03 x), MXFP8's rows at `mxfp8_share` of it: the share on a
+   0.01 grid from 0.85 to 1 whose per-GPU fits leave the least mean |log error| over all those rows (most layouts run
+   in both FP8-CS and MXFP8). Each release's dense rows are then predicted by the efficiencies fitted without them.
+2. With those held, the stacks' `moe_launch_s_per_local_expert` is the median over the 25.11 set's five Blackwell
+   Qwen3 rows of the value that makes each row's estimate equal its measurement.
 3. With those held, `moe_launch_scale.H100-SXM` (what Hopper spends per local expert, as a multiple of that launch
    cost) is the value on a 0.05 grid from 1 to 3 with the least mean |log error| over every H100 MoE row of both
-   files (the 25.11 set's and benchmarks/data/megatron_bridge_26_runs.yaml's: all seven read 10-47% fast at
-   Blackwell's cost), printed with each row's error when the fit leaves that row out.
-4. Prints the errors of the set's rows, and of benchmarks/data/megatron_bridge_26_runs.yaml's rows (releases 26.02 to
-   26.06, nothing but the H100 scale fitted to them), as assumed before these fits (the Blackwell FP8 efficiencies
-   at H100-SXM's, Blackwell's launch cost on Hopper too) and with the fitted calibration, with each row's memory
-   verdict, by GPU and model family, and whether the fit is the shipped calibration (labkit/data/calibration.yaml).
+   files (all seven read 10-47% fast at Blackwell's cost), printed with each row's error when the fit leaves that row
+   out.
+4. Prints the errors of the 25.11 set's rows, and of benchmarks/data/megatron_bridge_26_runs.yaml's rows (releases
+   26.02 to 26.08: its Blackwell MoE rows, its H100 dense rows and all of 26.08 fitted to nothing), as assumed before
+   these fits (the Blackwell FP8 efficiencies at H100-SXM's, Blackwell's launch cost on Hopper too) and with the
+   fitted calibration, with each row's memory verdict, by GPU and model family, and whether the fit is the shipped
+   calibration (labkit/data/calibration.yaml).
 
 The error is estimated / measured iteration time - 1 (negative: the estimate is fast).
 """
@@ -84,29 +86,46 @@ def dense_rows(dev: list[PublishedRun], gpus=BLACKWELL) -> list[PublishedRun]:
     return [r for r in dev if gpu(r) in gpus and not r.spec.model.num_experts]
 
 
-def fit_fp8_efficiency(dev: list[PublishedRun], base: Calibration) -> Calibration:
-    """Each Blackwell GPU's fp8_efficiency on its dense rows, the rest of `base` held."""
+def fit_fp8_efficiency(rows: list[PublishedRun], base: Calibration) -> Calibration:
+    """Each Blackwell GPU's fp8_efficiency on its dense rows, the rest of `base` held (a GPU without rows keeps
+    `base`'s)."""
     fitted = base
     for name in BLACKWELL:
-        dense = dense_rows(dev, (name,))
+        dense = dense_rows(rows, (name,))
+        if not dense:
+            continue
         fitted = fitted.with_fp8_efficiency(name, min(GRID, key=lambda v: mean_log_error(
             dense, base.with_fp8_efficiency(name, v))))
     return fitted
 
 
-def fit(dev: list[PublishedRun], base: Calibration) -> tuple[Calibration, list[str]]:
-    dense = dense_rows(dev)
-    by_share = {share: fit_fp8_efficiency(dev, replace(base, mxfp8_share=share)) for share in SHARE_GRID}
+def release(run: PublishedRun) -> str:
+    return "25.11" if run.set == DEV_SET else run.label.split()[0]
+
+
+def fit(dense: list[PublishedRun], moe: list[PublishedRun], base: Calibration) -> tuple[Calibration, list[str]]:
+    """mxfp8_share and each Blackwell GPU's fp8_efficiency on the `dense` rows, then the launch cost on the `moe`
+    rows; each release's dense rows' errors when the efficiencies are fitted without them."""
+    by_share = {share: fit_fp8_efficiency(dense, replace(base, mxfp8_share=share)) for share in SHARE_GRID}
     share = min(SHARE_GRID, key=lambda s: (mean_log_error(dense, by_share[s]), abs(1 - s)))
     fitted = by_share[share]
     lines = [f"mxfp8_share: {share:.2f} over {len(dense)} dense rows (mean |log error| with each GPU's own fit "
              f"{mean_log_error(dense, by_share[1.0]):.3f} at 1.00 -> {mean_log_error(dense, fitted):.3f})"]
     for name in BLACKWELL:
-        rows = dense_rows(dev, (name,))
+        rows = dense_rows(dense, (name,))
         lines.append(f"fp8_efficiency.{name}: {fitted.fp8_efficiency[name]:.2f} over {len(rows)} dense rows (mean "
                      f"|log error| {mean_log_error(rows, base):.3f} at {base.fp8_efficiency[name]:.2f} -> "
                      f"{mean_log_error(rows, fitted):.3f})")
-    moe = [r for r in dev if gpu(r) in BLACKWELL and r.spec.model.num_experts]
+    lines.append("each release's dense rows when the efficiencies are fitted without them (mxfp8_share held; rows "
+                 "of a GPU no other release has are left out):")
+    for name in sorted({release(r) for r in dense}):
+        rest = [r for r in dense if release(r) != name]
+        left_out = [r for r in dense if release(r) == name and dense_rows(rest, (gpu(r),))]
+        without = fit_fp8_efficiency(rest, replace(base, mxfp8_share=share))
+        values = ", ".join(f"{g} {without.fp8_efficiency[g]:.2f}" for g in BLACKWELL if dense_rows(rest, (g,)))
+        out, inside = [abs(error(r, without)) for r in left_out], [abs(error(r, fitted)) for r in left_out]
+        lines.append(f"  {name}: {len(left_out)} rows, median |error| {statistics.median(out):.3f}, max {max(out):.3f} "
+                     f"({values}; in the fit {statistics.median(inside):.3f}, {max(inside):.3f})")
     launches = sorted(launch_that_explains(r, fitted) for r in moe)
     seconds = statistics.median(launches)
     lines.append(f"moe_launch_s_per_local_expert: {1e3 * seconds:.2f} ms, the median over {len(moe)} rows of "
@@ -170,7 +189,9 @@ def main() -> int:
     dev = [r for r in published_runs() if r.set == DEV_SET]
     later = published_runs(LATER)
     assumed = assumed.with_moe_launch_scale(HOPPER, 1.0)
-    fitted, lines = fit(dev, assumed)
+    dense = dense_rows(dev + later)
+    moe = [r for r in dev if gpu(r) in BLACKWELL and r.spec.model.num_experts]
+    fitted, lines = fit(dense, moe, assumed)
     hopper = [r for r in dev + later if gpu(r) == HOPPER and r.spec.model.num_experts]
     fitted, hopper_lines = fit_hopper_scale(hopper, fitted)
     print("\n".join(lines + hopper_lines))
@@ -183,7 +204,8 @@ def main() -> int:
     calibrations = {"as H100": assumed, "fitted": fitted}
     names = list(calibrations)
     for title, runs in (("25.11 rows (the fit's)", dev),
-                        ("26.02-26.06 rows (nothing fitted but H100's MoE scale)", later)):
+                        ("26.02-26.08 rows (the Blackwell dense rows of 26.02-26.06 in step 1's fit, the H100 "
+                         "MoE rows in step 3's)", later)):
         frame = table(runs, calibrations)
         print(f"\n{title}:")
         print(frame.to_string(index=False))

@@ -63,13 +63,14 @@ def test_megatron_core_h100_runs_are_predicted_within_ten_percent_median(table):
 
 
 def test_blackwell_dense_runs_are_predicted_within_eight_percent(table):
-    """Megatron-Bridge 25.11's dense Llama rows on B200, GB200 and GB300, to which each GPU's FP8 share of its peak
-    was fitted (benchmarks/bench_blackwell_fit.py): the catalog's equal peaks would read GB200 fast and GB300 slow."""
+    """Megatron-Bridge 25.11's dense Llama rows on B200, GB200 and GB300, to which (with 26.02-26.06's) each GPU's FP8
+    share of its peak was fitted (benchmarks/bench_blackwell_fit.py): GB300 and GB200 have the same peaks in the
+    catalog, and GB300 measured 1.19 x GB200 on the same layout, so its share is the larger."""
     rows = table[(table["set"] == "megatron-bridge-25.11-moe-blackwell") & table["run"].str.contains("Llama")]
     assert len(rows) == 9
     assert rows["error"].abs().max() < 0.08, rows[["run", "measured", "predicted"]]
     cal = default_calibration()
-    assert cal.fp8_efficiency["GB300"] > cal.fp8_efficiency["B200"] > cal.fp8_efficiency["GB200"]
+    assert cal.fp8_efficiency["GB300"] > max(cal.fp8_efficiency["B200"], cal.fp8_efficiency["GB200"])
 
 
 def test_every_published_run_fits_in_the_memory_it_trained_in(table):
