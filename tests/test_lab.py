@@ -26,11 +26,15 @@ def series(tmp_path_factory):
     notebooks.mkdir()
     params = new_code_cell("backend = 'local'\niterations = 2")
     params.metadata["tags"] = ["parameters"]
+    # tagged as the labs tag their widget cells: the notebook client can otherwise sit on the reply for the whole
+    # cell timeout (labkit.lab.WIDGETS_TAG)
+    widget = new_code_cell("import ipywidgets as w\n_ = w.interact(lambda n=3: n * 2, n=(1, 5))")
+    widget.metadata["tags"] = [lab.WIDGETS_TAG]
     _notebook(notebooks / "01_figure.ipynb", [
         new_markdown_cell("# A figure and a widget"), params,
         new_code_cell("import plotly.graph_objects as go\n"
                       "go.Figure(go.Bar(x=['a', 'b'], y=[1, iterations])).show()"),
-        new_code_cell("import ipywidgets as w\n_ = w.interact(lambda n=3: n * 2, n=(1, 5))"),
+        widget,
     ])
     _notebook(notebooks / "02_broken.ipynb", [new_code_cell("raise RuntimeError('the lab broke here')")])
     params3 = new_code_cell("iterations = 2")
