@@ -8,8 +8,9 @@ Prints each row (measured and estimated seconds per iteration, the error of the 
 the estimate's exposed all-to-all and its memory), then the median and the largest |error| by system and by model
 family. The published figure is tokens per second per GPU, turned into seconds per iteration; the error of the
 throughput (tokens or model TFLOP/s per GPU: the same FLOPs per token on both sides) is measured / estimated time - 1.
-The Blackwell GPUs' FP8 efficiencies and the MoE launch cost were fitted to these rows, and Hopper's multiple of
-that cost to their H100 Qwen3 rows with the later releases' (benchmarks/bench_blackwell_fit.py); nothing else was.
+The Blackwell GPUs' FP8 efficiencies were fitted to these rows' dense ones with the later releases' dense rows, the
+MoE launch cost to their Blackwell Qwen3 rows, and Hopper's multiple of that cost to their H100 Qwen3 rows with the
+later releases' (benchmarks/bench_blackwell_fit.py); nothing else was.
 `--all` adds the other sets of the file for comparison.
 """
 from __future__ import annotations

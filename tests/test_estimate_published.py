@@ -79,6 +79,8 @@ def test_nemo_blackwell_dense_runs_nothing_was_fitted_to_are_predicted_within_tw
     stack of their release: the Blackwell FP8 efficiencies were fitted to Megatron-Bridge's rows, not to these."""
     rows = table[table["set"] == "nemo-dense-blackwell"]
     assert len(rows) == 7 and rows["fits"].all()
+    gb200_8b = rows[rows["run"] == "NeMo 25.04 GB200 Llama 3 8B"].iloc[0]
+    assert gb200_8b["measured"] == pytest.approx(128 * 8192 / (33099 * 8))  # 33,099 tokens/s a GPU on 8 GB200
     assert rows["error"].abs().median() < 0.06 and rows["error"].abs().max() < 0.12, rows[["run", "error"]]
 
 
