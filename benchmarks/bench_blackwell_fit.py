@@ -11,7 +11,7 @@
    0.01 grid from 0.85 to 1 whose per-GPU fits leave the least mean |log error| over all those rows (most layouts run
    in both FP8-CS and MXFP8). Each release's dense rows are then predicted by the efficiencies fitted without them.
 2. With those held, the stacks' `moe_launch_s_per_local_expert` is the median over the 25.11 set's five Blackwell
-   Qwen3 rows of the value that makes each row's estimate equal its measurement.
+   Qwen3 rows of the value that makes each row's estimate equal its measurement, to 0.01 ms.
 3. With those held, `moe_launch_scale.H100-SXM` (what Hopper spends per local expert, as a multiple of that launch
    cost) is the value on a 0.05 grid from 1 to 3 with the least mean |log error| over every H100 MoE row of both
    files (all seven read 10-47% fast at Blackwell's cost), printed with each row's error when the fit leaves that row
@@ -204,10 +204,11 @@ def main() -> int:
         fitted.moe_launch_scale[HOPPER] == shipped.moe_launch_scale.get(HOPPER)
     print(f"the shipped calibration {'is' if same else 'is NOT'} this fit")
     calibrations = {"as H100": assumed, "fitted": fitted}
+    releases = sorted({release(r) for r in later})
     names = list(calibrations)
     for title, runs in (("25.11 rows (the fit's)", dev),
-                        (f"{release(later[0])}-{release(later[-1])} rows (the Blackwell dense rows in step 1's fit, "
-                         "the H100 MoE rows in step 3's)", later)):
+                        (f"{releases[0]}-{releases[-1]} rows (the Blackwell dense rows in step 1's fit, the H100 MoE "
+                         "rows in step 3's)", later)):
         frame = table(runs, calibrations)
         print(f"\n{title}:")
         print(frame.to_string(index=False))
